@@ -1,0 +1,170 @@
+"""The seeds' attention modules in Flax NNX, twins of ``torch_ref/attention.py``.
+
+- ``SelfAttention`` (seed 001): the seq2seq model's multi-head attention.
+- ``scaled_dot_product_attention`` and ``MultiHeadAttention`` (seed 002).
+- ``PerHeadSelfAttention`` (seed 003): one K x K projection shared by all heads.
+- ``MultiHeadSelfAttention`` (seed 004): no bias, returns the attention weights too.
+
+Masks are keep-masks broadcastable to (B, H, T, S): 1/True = attend. Scores and the
+softmax are computed in float32 whatever the compute dtype, as is usual for bfloat16.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxformer_mini.primitives import linear
+
+# Masked scores are set to this before the softmax (torch_ref uses the same value). A row
+# whose keys are all masked becomes a row of equal values: uniform weights, never NaN.
+MASK_FILL_VALUE = -1e20
+
+
+def _as_rank4(mask):
+    # torch broadcasts a (S,) or (B, S)-shaped mask silently; make the leading 1s explicit so
+    # the code also runs under jax_numpy_rank_promotion="raise".
+    mask = jnp.asarray(mask)
+    return mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+
+
+def masked_fill(scores, mask):
+    """torch's ``scores.masked_fill(mask == 0, MASK_FILL_VALUE)``: jnp.where, out of place."""
+    if mask is None:
+        return scores
+    return jnp.where(_as_rank4(mask) == 0, MASK_FILL_VALUE, scores)
+
+
+def _softmax_f32(scores, axis=-1):
+    return jax.nn.softmax(scores.astype(jnp.float32), axis=axis)
+
+
+class SelfAttention(nnx.Module):
+    """Seed 001's multi-head attention: project, split into H heads, attend, merge, project."""
+
+    def __init__(self, embed_size, heads, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.embed_size = embed_size
+        self.heads = heads
+        self.head_dim = embed_size // heads
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        # Same order as the seed (W_k first), though in Flax the order changes nothing.
+        self.W_k = linear(embed_size, embed_size, **kw)
+        self.W_q = linear(embed_size, embed_size, **kw)
+        self.W_v = linear(embed_size, embed_size, **kw)
+        self.fc = linear(heads * self.head_dim, embed_size, **kw)
+
+    def __call__(self, query, key, value, mask):
+        B, T, _ = query.shape
+        S = key.shape[1]
+        H, K = self.heads, self.head_dim
+
+        q = self.W_q(query).reshape(B, T, H, K)
+        k = self.W_k(key).reshape(B, S, H, K)
+        v = self.W_v(value).reshape(B, S, H, K)
+
+        scores = jnp.einsum("BTHK,BSHK->BHTS", q, k).astype(jnp.float32)
+        # As in the seed: fill first, then scale by 1/sqrt(K) (torch_ref SelfAttention).
+        weights = _softmax_f32(masked_fill(scores, mask) / (K**0.5))  # (B, H, T, S)
+
+        out = jnp.einsum("BHTS,BSHK->BTHK", weights.astype(v.dtype), v).reshape(B, T, H * K)
+        return self.fc(out)
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None):
+    """Seed 002: softmax(Q K^T / sqrt(d_k)) V over the last two axes; the mask is applied
+    after the scaling (the seed takes none; see torch_ref)."""
+    d_k = Q.shape[-1]
+    # torch divides by torch.sqrt(torch.tensor(d_k)), a float32 square root; so do we, since
+    # sqrt(d_k) rounded from float64 can differ from it in the last bit.
+    scores = jnp.matmul(Q, jnp.swapaxes(K, -2, -1)).astype(jnp.float32) / jnp.sqrt(jnp.float32(d_k))
+    weights = _softmax_f32(masked_fill(scores, mask))
+    return jnp.matmul(weights.astype(V.dtype), V)
+
+
+class MultiHeadAttention(nnx.Module):
+    """Seed 002's multi-head attention with ``W_q, W_k, W_v, W_o``."""
+
+    def __init__(self, d_model, num_heads, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        self.d_k = d_model // num_heads
+        self.num_heads = num_heads
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.W_q = linear(d_model, d_model, **kw)
+        self.W_k = linear(d_model, d_model, **kw)
+        self.W_v = linear(d_model, d_model, **kw)
+        self.W_o = linear(d_model, d_model, **kw)
+
+    def __call__(self, Q, K, V, mask=None):
+        B = Q.shape[0]
+        H, Dk = self.num_heads, self.d_k
+
+        def split(x):  # (B, T, D) -> (B, H, T, K): torch's .view(B, -1, H, K).transpose(1, 2)
+            return x.reshape(B, -1, H, Dk).transpose(0, 2, 1, 3)
+
+        out = scaled_dot_product_attention(split(self.W_q(Q)), split(self.W_k(K)), split(self.W_v(V)), mask)
+        out = out.transpose(0, 2, 1, 3).reshape(B, -1, H * Dk)
+        return self.W_o(out)
+
+
+class PerHeadSelfAttention(nnx.Module):
+    """Seed 003: heads are split first, then one K x K projection, shared by every head."""
+
+    def __init__(self, embed_size, heads, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.embed_size = embed_size
+        self.heads = heads
+        self.head_dim = embed_size // heads
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.queries = linear(self.head_dim, self.head_dim, use_bias=False, **kw)
+        self.keys = linear(self.head_dim, self.head_dim, use_bias=False, **kw)
+        self.values = linear(self.head_dim, self.head_dim, use_bias=False, **kw)
+        self.fc_out = linear(heads * self.head_dim, embed_size, **kw)
+
+    def __call__(self, query, keys, values, mask):
+        B, T, _ = query.shape
+        S = keys.shape[1]
+        H, K = self.heads, self.head_dim
+
+        # The seed creates these projections and never applies them (torch_ref, slip 7).
+        q = self.queries(query.reshape(B, T, H, K))
+        k = self.keys(keys.reshape(B, S, H, K))
+        v = self.values(values.reshape(B, S, H, K))
+
+        energy = jnp.einsum("BTHK,BSHK->BHTS", q, k).astype(jnp.float32)
+        attention = _softmax_f32(masked_fill(energy, mask) / math.sqrt(K))
+
+        out = jnp.einsum("BHTS,BSHK->BTHK", attention.astype(v.dtype), v).reshape(B, T, H * K)
+        return self.fc_out(out)
+
+
+class MultiHeadSelfAttention(nnx.Module):
+    """Seed 004: bias-free multi-head self-attention. Returns ``(out, attn_weights)``, the
+    weights of shape (B, H, T, T)."""
+
+    def __init__(self, d_model=4, num_heads=2, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        if d_model % num_heads:
+            raise ValueError("d_model must be divisible by num_heads")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        kw = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.W_Q = linear(d_model, d_model, **kw)
+        self.W_K = linear(d_model, d_model, **kw)
+        self.W_V = linear(d_model, d_model, **kw)
+        self.out_proj = linear(d_model, d_model, **kw)
+
+    def __call__(self, x):
+        B, T, _ = x.shape
+        H, K = self.num_heads, self.head_dim
+
+        def split(y):  # (B, T, D) -> (B, H, T, K)
+            return y.reshape(B, T, H, K).transpose(0, 2, 1, 3)
+
+        Q, Kh, V = split(self.W_Q(x)), split(self.W_K(x)), split(self.W_V(x))
+        scores = jnp.matmul(Q, jnp.swapaxes(Kh, -1, -2)).astype(jnp.float32) / (K**0.5)
+        attn_weights = _softmax_f32(scores)  # (B, H, T, T)
+        context = jnp.matmul(attn_weights.astype(V.dtype), V)  # (B, H, T, K)
+
+        context = context.transpose(0, 2, 1, 3).reshape(B, T, self.d_model)
+        return self.out_proj(context), attn_weights

@@ -1,0 +1,73 @@
+"""The seeds' blocks in Flax NNX, twins of ``torch_ref/layers.py``: post-LayerNorm encoder
+and decoder blocks (seed 001), learned positional encoding and feed-forward (seed 004).
+"""
+
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxformer_mini.attention import SelfAttention
+from flaxformer_mini.primitives import ReLU, embedding, layer_norm, linear, sequential
+
+
+class TransformerBlock(nnx.Module):
+    """Seed 001's post-LN block: attention, Add & Norm, dropout, feed-forward, Add & Norm."""
+
+    def __init__(self, embed_size, heads, dropout, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.attention = SelfAttention(embed_size, heads, **kw)
+        self.norm1 = layer_norm(embed_size, **kw)
+        self.norm2 = layer_norm(embed_size, **kw)
+        # nnx.List keeps torch's nn.Sequential indices in the parameter paths: fc/0, fc/2.
+        self.fc = nnx.List([linear(embed_size, embed_size, **kw), ReLU(), linear(embed_size, embed_size, **kw)])
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    def __call__(self, query, key, value, mask):
+        attention = self.attention(query, key, value, mask)
+        fc_in = self.dropout(self.norm1(attention + query))
+        fc_out = sequential(self.fc, fc_in)
+        return self.norm2(fc_out + fc_in)
+
+
+class DecoderBlock(nnx.Module):
+    """Seed 001: masked self-attention + Add & Norm, then a TransformerBlock whose attention
+    reads the encoder output (cross-attention)."""
+
+    def __init__(self, embed_size, heads, dropout, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.attention = SelfAttention(embed_size, heads, **kw)
+        self.transformer_block = TransformerBlock(embed_size, heads, dropout, **kw)
+        self.norm = layer_norm(embed_size, **kw)
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    def __call__(self, input, key, value, source_mask, target_mask):
+        x = self.attention(input, input, input, target_mask)
+        query = self.dropout(self.norm(x + input))
+        return self.transformer_block(query, key, value, source_mask)
+
+
+class LearnedPositionalEncoding(nnx.Module):
+    """Seed 004: adds a learned embedding of each position 0..T-1 to ``x`` of shape (B, T, D)."""
+
+    def __init__(self, d_model, max_len=512, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.max_len = max_len
+        self.pos_embedding = embedding(max_len, d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x):
+        T = x.shape[1]
+        if T > self.max_len:  # a JAX gather would clamp to the last position, silently
+            raise ValueError(f"sequence length {T} exceeds max_len={self.max_len} (the positional table's size)")
+        positions = jnp.arange(T)[None, :]  # (1, T)
+        return x + self.pos_embedding(positions)  # (1, T, D) broadcasts over B
+
+
+class FeedForward(nnx.Module):
+    """Seed 004: Linear(D -> hidden) -> ReLU -> Linear(hidden -> D), applied per token."""
+
+    def __init__(self, d_model=4, hidden_dim=8, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.linear1 = linear(d_model, hidden_dim, **kw)
+        self.relu = ReLU()
+        self.linear2 = linear(hidden_dim, d_model, **kw)
+
+    def __call__(self, x):
+        return self.linear2(self.relu(self.linear1(x)))

@@ -1,0 +1,109 @@
+"""Seed 001's seq2seq Transformer in Flax NNX, twin of ``torch_ref/model.py``.
+
+Masks are keep-masks (True = attend): the source mask (B, 1, 1, S) hides padding, the
+target mask (B, 1, T, T) is causal.
+"""
+
+import jax.numpy as jnp
+from flax import nnx
+
+from flaxformer_mini.config import ModelConfig
+from flaxformer_mini.layers import DecoderBlock, TransformerBlock
+from flaxformer_mini.primitives import embedding, linear
+from flaxformer_mini.validation import check_same_batch, check_tokens
+
+
+def _positions(B, T):
+    # (B, T) like the seed's torch.arange(T).expand(B, T): the embedding outputs then have the
+    # same (B, T, D) shape in both twins, which the parity harness compares.
+    return jnp.broadcast_to(jnp.arange(T), (B, T))
+
+
+class Encoder(nnx.Module):
+    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks."""
+
+    def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout, *,
+                 dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.num_embeddings = num_embeddings
+        self.max_len = max_len
+        self.embedding_layer = embedding(num_embeddings, embed_size, **kw)
+        self.positional_encoding = embedding(max_len, embed_size, **kw)
+        self.transformer_layers = nnx.List(
+            [TransformerBlock(embed_size, heads, dropout, **kw) for _ in range(num_layers)]
+        )
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    def __call__(self, input, mask):
+        check_tokens(input, self.num_embeddings, self.max_len, "source input")
+        B, S = input.shape
+        out = self.dropout(self.embedding_layer(input) + self.positional_encoding(_positions(B, S)))
+        for block in self.transformer_layers:
+            out = block(out, out, out, mask)
+        return out  # (B, S, D)
+
+
+class Decoder(nnx.Module):
+    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits."""
+
+    def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *,
+                 dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.target_vocab_size = target_vocab_size
+        self.max_len = max_len
+        self.embedding_layer = embedding(target_vocab_size, embed_size, **kw)
+        self.positional_embedding = embedding(max_len, embed_size, **kw)
+        self.decoder_layers = nnx.List(
+            [DecoderBlock(embed_size, heads, dropout, **kw) for _ in range(num_layers)]
+        )
+        self.fc = linear(embed_size, target_vocab_size, **kw)
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    def __call__(self, input, enc_out, source_mask, target_mask):
+        check_tokens(input, self.target_vocab_size, self.max_len, "target input")
+        B, T = input.shape
+        x = self.dropout(self.embedding_layer(input) + self.positional_embedding(_positions(B, T)))
+        for layer in self.decoder_layers:
+            x = layer(x, enc_out, enc_out, source_mask, target_mask)
+        # Logits, no softmax: the loss applies log-softmax itself.
+        return self.fc(x)  # (B, T, V)
+
+
+class Transformer(nnx.Module):
+    """Seed 001's encoder-decoder. ``model(source_input, target_input)`` -> logits (B, T, V).
+
+    ``dtype`` is the compute dtype (e.g. ``jnp.bfloat16``), ``param_dtype`` the dtype the
+    parameters are stored in; softmax and LayerNorm statistics stay in float32.
+    """
+
+    def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads,
+                 num_layers, dropout, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        # Validates the arguments (divisible heads, pad id inside the vocabulary, ...).
+        self.config = ModelConfig(src_pad_idx, source_vocab_size, target_vocab_size, max_len,
+                                  embed_size, heads, num_layers, dropout)
+        self.src_pad_idx = src_pad_idx
+        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
+        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        return cls(**config.to_dict(), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def create_source_mask(self, source_input):
+        return (source_input != self.src_pad_idx)[:, None, None, :]  # (B, 1, 1, S)
+
+    def create_target_mask(self, target_input):
+        B, T = target_input.shape
+        return jnp.tril(jnp.ones((B, 1, T, T), dtype=jnp.bool_))  # (B, 1, T, T), causal
+
+    def encode(self, source_input):
+        """Encoder output (B, S, D) and the source mask (B, 1, 1, S)."""
+        source_mask = self.create_source_mask(source_input)
+        return self.encoder(source_input, source_mask), source_mask
+
+    def __call__(self, source_input, target_input):
+        check_same_batch(source_input, target_input)
+        enc_out, source_mask = self.encode(source_input)
+        target_mask = self.create_target_mask(target_input)
+        return self.decoder(target_input, enc_out, source_mask, target_mask)

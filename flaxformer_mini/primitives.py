@@ -1,0 +1,89 @@
+"""Flax layers built with PyTorch's defaults, so a freshly initialised twin is drawn from
+the same distributions as its torch counterpart (the values differ: different RNGs).
+
+Where the defaults differ:
+
+| layer     | PyTorch default                              | Flax default                 |
+| --------- | -------------------------------------------- | ---------------------------- |
+| Linear    | weight (out, in), U(+-1/sqrt(in)); bias same  | kernel (in, out), LeCun normal; bias 0 |
+| Embedding | N(0, 1)                                      | N(0, 1/D) (variance scaling)  |
+| LayerNorm | eps 1e-5, two-pass variance                  | eps 1e-6, E[x^2] - E[x]^2     |
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# nn.LayerNorm's default; Flax's nnx.LayerNorm defaults to 1e-6.
+LAYER_NORM_EPS = 1e-5
+
+
+def _uniform(bound):
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+def linear(in_features, out_features, *, use_bias=True, dtype=None, param_dtype=jnp.float32, rngs):
+    """nnx.Linear initialised like torch.nn.Linear: kaiming_uniform(a=sqrt(5)) is U(+-1/sqrt(in))."""
+    bound = 1.0 / math.sqrt(in_features)
+    return nnx.Linear(
+        in_features,
+        out_features,
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=_uniform(bound),
+        bias_init=_uniform(bound),
+        rngs=rngs,
+    )
+
+
+def embedding(num_embeddings, features, *, dtype=None, param_dtype=jnp.float32, rngs):
+    """nnx.Embed initialised like torch.nn.Embedding: N(0, 1)."""
+    return nnx.Embed(
+        num_embeddings,
+        features,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        embedding_init=nnx.initializers.normal(stddev=1.0),
+        rngs=rngs,
+    )
+
+
+def layer_norm(num_features, *, dtype=None, param_dtype=jnp.float32, rngs):
+    """nnx.LayerNorm with torch's epsilon and torch's two-pass variance.
+
+    Flax computes its statistics in float32 even when ``dtype`` is bfloat16, which is what
+    the project wants. ``use_fast_variance=False`` computes E[(x - mean)^2] like PyTorch
+    instead of E[x^2] - mean^2, which loses precision when |mean| >> std.
+    """
+    return nnx.LayerNorm(
+        num_features,
+        epsilon=LAYER_NORM_EPS,
+        use_fast_variance=False,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        rngs=rngs,
+    )
+
+
+class ReLU(nnx.Module):
+    """A parameter-free module, so ``fc`` keeps torch's indices: fc.0, fc.1 (ReLU), fc.2."""
+
+    def __call__(self, x):
+        return jax.nn.relu(x)
+
+
+def sequential(layers, x):
+    """Apply an nnx.List of layers in order, as torch's nn.Sequential does.
+
+    The list is applied by its owner rather than given a ``__call__`` of its own: nnx.capture
+    (used by the parity harness) cannot record the output of a list that also holds children.
+    """
+    for layer in layers:
+        x = layer(x)
+    return x

@@ -1,0 +1,92 @@
+"""Reading and writing torch state dicts: ``.safetensors`` (preferred) and ``.pt``/``.pth``.
+
+A pickle can run arbitrary code when it is loaded. ``.pt`` files are therefore read with
+``torch.load(..., weights_only=True)``, whose unpickler accepts tensors and plain
+containers only and refuses anything else before it runs. ``.safetensors`` holds no code
+at all, which is why it is preferred.
+"""
+
+import os
+import pickle
+from pathlib import Path
+
+import torch
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+SAFETENSORS_SUFFIX = ".safetensors"
+# Common wrappers: torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, ...).
+_WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file cannot be used: unknown type, unsafe, truncated or corrupt."""
+
+
+def _read_torch(path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path}: refused to load: the pickle asks for objects other than tensors, which could "
+            f"run code (read with weights_only=True). Re-save it as a plain state dict or as "
+            f".safetensors. Detail: {str(e).splitlines()[0]}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, EOFError, ... for bad files
+        raise CheckpointError(f"{path}: not a readable torch checkpoint (truncated or corrupt?): {e}") from None
+
+
+def _read_safetensors(path):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path, device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
+
+
+def load_state_dict(path):
+    """Read a torch state dict {key: tensor} from ``.pt``/``.pth``/``.bin`` or ``.safetensors``."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == SAFETENSORS_SUFFIX:
+        obj = _read_safetensors(path)
+    elif suffix in TORCH_SUFFIXES:
+        obj = _read_torch(path)
+    else:
+        raise CheckpointError(
+            f"{path}: unknown checkpoint type {suffix or '(no suffix)'!r}; "
+            f"expected one of {', '.join((SAFETENSORS_SUFFIX, *TORCH_SUFFIXES))}"
+        )
+    if isinstance(obj, dict) and not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        for key in _WRAPPER_KEYS:
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a state dict (a mapping of name -> tensor), got {type(obj).__name__}")
+    not_tensors = sorted(k for k, v in obj.items() if not isinstance(v, torch.Tensor))
+    if not_tensors:
+        raise CheckpointError(f"{path}: these entries are not tensors: {', '.join(map(str, not_tensors))}")
+    return dict(obj)
+
+
+def save_state_dict(state_dict, path):
+    """Write {key: tensor} as ``.safetensors`` or ``.pt``, chosen by the suffix; atomically, so
+    an interrupted write never leaves a truncated file under the final name."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    tmp = path.with_name(path.name + ".tmp")
+    tensors = {k: v.contiguous() for k, v in state_dict.items()}
+    if suffix == SAFETENSORS_SUFFIX:
+        from safetensors.torch import save_file
+
+        save_file(tensors, tmp)
+    elif suffix in TORCH_SUFFIXES:
+        torch.save(tensors, tmp)
+    else:
+        raise CheckpointError(f"{path}: unknown checkpoint type {suffix!r}; use .safetensors or .pt")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,199 @@
+"""Run a torch twin and a Flax twin side by side and compare every named intermediate.
+
+Both sides record the output of every submodule, named by its path:
+
+- torch: a forward hook on each of ``model.named_modules()``;
+- Flax: ``nnx.capture(model, method_outputs=nnx.Intermediate)``, which records each
+  submodule's ``__call__`` output under the same path.
+
+Rows come in the order torch finished computing them, so the first row beyond tolerance is
+where the two implementations first diverge: the place to look for the bug.
+"""
+
+import dataclasses
+import json
+import re
+from collections import defaultdict
+
+import jax
+import numpy as np
+import torch
+from flax import nnx
+
+from parity.convert import tensor_to_numpy
+
+# Friendlier names for the seed Transformer's landmarks; every other row keeps its path.
+ALIASES = {
+    "": "logits",
+    "encoder.dropout": "encoder.embeddings",
+    "decoder.dropout": "decoder.embeddings",
+}
+# Rows shown by default: embeddings, each block, encoder and decoder outputs, logits.
+_LANDMARK = re.compile(r"^(encoder|decoder|(encoder|decoder)\.dropout|encoder\.transformer_layers\.\d+|"
+                       r"decoder\.decoder_layers\.\d+|decoder\.fc|)$")
+
+
+@dataclasses.dataclass
+class Row:
+    name: str  # module path, e.g. "encoder.transformer_layers.3.norm1" ("" is the whole model)
+    shape: tuple
+    max_abs: float
+    max_rel: float
+    ok: bool
+    note: str = ""  # why a row could not be compared
+
+    @property
+    def label(self):
+        base, _, suffix = self.name.partition("#")
+        alias = ALIASES.get(base, base)
+        return alias + ("#" + suffix if suffix else "")
+
+    @property
+    def landmark(self):
+        return bool(_LANDMARK.match(self.name.split("#")[0].split("[")[0]))
+
+
+@dataclasses.dataclass
+class Report:
+    rows: list
+    atol: float
+
+    @property
+    def ok(self):
+        return all(r.ok for r in self.rows)
+
+    @property
+    def first_divergence(self):
+        return next((r for r in self.rows if not r.ok), None)
+
+    @property
+    def max_abs(self):
+        return max((r.max_abs for r in self.rows if r.note == ""), default=0.0)
+
+    def format_table(self, show_all=False):
+        rows = [r for r in self.rows if show_all or r.landmark or not r.ok]
+        width = max([len(r.label) for r in rows] + [12])
+        lines = [f"{'intermediate':<{width}}  {'shape':<16} {'max abs diff':>12}  {'max rel diff':>12}  within {self.atol:g}"]
+        for r in rows:
+            status = "yes" if r.ok else ("NO  " + r.note if r.note else "NO")
+            lines.append(f"{r.label:<{width}}  {str(r.shape):<16} {r.max_abs:>12.3e}  {r.max_rel:>12.3e}  {status}")
+        hidden = len(self.rows) - len(rows)
+        if hidden:
+            lines.append(f"({hidden} more submodule outputs compared, all within tolerance; --all shows them)")
+        first = self.first_divergence
+        if first is None:
+            lines.append(f"all {len(self.rows)} intermediates within {self.atol:g} (largest difference {self.max_abs:.3e})")
+        else:
+            lines.append(f"first divergence: {first.label} (max abs diff {first.max_abs:.3e} > {self.atol:g})")
+        return "\n".join(lines)
+
+    def to_dict(self):
+        first = self.first_divergence
+        return {
+            "atol": self.atol,
+            "ok": self.ok,
+            "first_divergence": first.label if first else None,
+            "rows": [dict(dataclasses.asdict(r), label=r.label, shape=list(r.shape)) for r in self.rows],
+        }
+
+    def to_json(self, **kw):
+        return json.dumps(self.to_dict(), **kw)
+
+
+def _leaves(name, value):
+    """Flatten a module output (array, or tuple of arrays) into (name, array) pairs."""
+    if isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _leaves(f"{name}[{i}]", v)
+    elif value is not None:
+        yield name, value
+
+
+def _number_calls(records):
+    """[(name, value)] in call order -> {name or name#i: value}, numbering repeated calls."""
+    counts = defaultdict(int)
+    for name, _ in records:
+        counts[name] += 1
+    seen, out = defaultdict(int), {}
+    for name, value in records:
+        key = name if counts[name] == 1 else f"{name}#{seen[name]}"
+        seen[name] += 1
+        out.update(_leaves(key, value))
+    return out
+
+
+def torch_intermediates(model, *inputs):
+    """Run ``model(*inputs)`` without grad; return (output, {name: numpy array}) in completion order."""
+    records, handles = [], []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Sequential):
+            # Its output is its last child's, which is recorded; the Flax twin applies an
+            # nnx.List of the same children, which has no output of its own to capture.
+            continue
+
+        def hook(_module, _args, output, name=name):
+            records.append((name, output))
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            output = model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    named = _number_calls(records)
+    return output, {k: tensor_to_numpy(v) for k, v in named.items()}
+
+
+def flax_intermediates(model, *inputs):
+    """Run ``model(*inputs)``; return (output, {name: numpy array}) for every submodule call."""
+    output, captured = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)(*inputs)
+    records = []
+    for path, var in nnx.to_flat_state(captured):
+        if path[-1] != "__call__":
+            continue
+        name = ".".join(str(p) for p in path[:-1])
+        for value in var.get_value():  # one entry per call of that module
+            records.append((name, value))
+    named = _number_calls(records)
+    return output, {k: np.asarray(jax.device_get(v)) for k, v in named.items()}
+
+
+def diff(a, b):
+    """(max absolute, max relative) difference in float64. Relative is |a-b| / max(|a|, |b|),
+    with 0/0 taken as 0, so it is symmetric and bounded by 2."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    d = np.abs(a - b)
+    if d.size == 0:
+        return 0.0, 0.0
+    scale = np.maximum(np.abs(a), np.abs(b))
+    rel = np.divide(d, scale, out=np.zeros_like(d), where=scale > 0)
+    return float(d.max()), float(rel.max())
+
+
+def compare_intermediates(torch_named, flax_named, atol):
+    """Match both sides' intermediates by name, in torch's order, into a Report."""
+    rows = []
+    for name, t in torch_named.items():
+        if name not in flax_named:
+            rows.append(Row(name, tuple(t.shape), float("inf"), float("inf"), False, "missing on the Flax side"))
+            continue
+        f = flax_named[name]
+        if tuple(f.shape) != tuple(t.shape):
+            rows.append(Row(name, tuple(t.shape), float("inf"), float("inf"), False,
+                            f"shape differs: Flax {tuple(f.shape)}"))
+            continue
+        max_abs, max_rel = diff(f, t)
+        rows.append(Row(name, tuple(t.shape), max_abs, max_rel, bool(max_abs <= atol)))
+    for name, f in flax_named.items():
+        if name not in torch_named:
+            rows.append(Row(name, tuple(f.shape), float("inf"), float("inf"), False, "missing on the torch side"))
+    return Report(rows, atol)
+
+
+def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=1e-5):
+    """Run both twins (in eval mode) on the same inputs and compare every intermediate."""
+    _, t = torch_intermediates(torch_model, *torch_inputs)
+    _, f = flax_intermediates(flax_model, *flax_inputs)
+    return compare_intermediates(t, f, atol)

@@ -1,0 +1,61 @@
+"""Build a torch twin and a Flax twin holding the same weights, and inputs to feed both."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
+
+import flaxformer_mini
+import torch_ref
+from parity.convert import torch_to_flax
+
+
+def parity_numerics():
+    """Numerics settings for a parity run: exact float32 matmuls on both sides.
+
+    On TPU (and GPU) JAX's default matmul precision uses bfloat16 passes; on Ampere+ GPUs
+    torch may use TF32. Either alone is ~1e-3 off float32, far above the 1e-5 tolerance.
+    """
+    jax.config.update("jax_default_matmul_precision", "highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def transformer_pair(config, seed=0):
+    """(torch_ref.Transformer, flaxformer_mini.Transformer) with identical weights, both in
+    eval mode. The torch twin is initialised from ``torch.manual_seed(seed)``; its weights
+    are converted into the Flax twin."""
+    torch.manual_seed(seed)
+    torch_model = torch_ref.Transformer(**config.to_dict()).eval()
+    # Built abstractly: the Flax initialisation is thrown away, so don't pay for it.
+    flax_model = nnx.eval_shape(lambda: flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(seed)))
+    torch_to_flax(torch_model.state_dict(), flax_model)
+    flax_model.eval()
+    return torch_model, flax_model
+
+
+def sample_batch(config, batch=4, seed=0, source_len=None, target_len=None):
+    """Seeded (source, target) int64 numpy arrays with padding.
+
+    Row 0 is full length, later rows are padded with ``src_pad_idx`` after a random length.
+    Target rows have padding as well (the seed masks only the source; the decoder's mask is
+    causal), with ids drawn from the whole target vocabulary.
+    """
+    rng = np.random.default_rng(seed)
+    S = source_len or config.max_len
+    T = target_len or max(config.max_len - 1, 1)
+    pad = config.src_pad_idx
+    ids = [i for i in range(config.source_vocab_size) if i != pad] or [pad]
+    source = rng.choice(ids, size=(batch, S))
+    lengths = np.concatenate([[S], rng.integers(1, S + 1, size=batch - 1)])
+    source[np.arange(S)[None, :] >= lengths[:, None]] = pad
+    target = rng.integers(0, config.target_vocab_size, size=(batch, T))
+    target_lengths = np.concatenate([[T], rng.integers(1, T + 1, size=batch - 1)])
+    target[np.arange(T)[None, :] >= target_lengths[:, None]] = 0
+    return source.astype(np.int64), target.astype(np.int64)
+
+
+def as_inputs(*arrays):
+    """The same int arrays as torch tensors and as JAX arrays."""
+    return tuple(torch.from_numpy(a) for a in arrays), tuple(jnp.asarray(a) for a in arrays)

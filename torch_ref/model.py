@@ -1,0 +1,122 @@
+"""Seed 001's seq2seq Transformer in PyTorch: Encoder, Decoder and the model that builds
+its own masks.
+
+Shapes: B batch, S source length, T target length, D model width, V vocabulary (legend in
+``flaxformer_mini/__init__.py``). Masks are keep-masks: 1/True = attend, 0/False = don't.
+"""
+
+import torch
+import torch.nn as nn
+
+from torch_ref.layers import DecoderBlock, TransformerBlock
+
+
+def check_tokens(tokens, vocab_size, max_len, name="input"):
+    """Raise a clear error for token ids the embedding tables cannot look up.
+
+    PyTorch would raise too, but as "index out of range in self" from deep inside
+    nn.Embedding, without saying which input, which limit, or whether it was the
+    position table (sequence too long) or the vocabulary that overflowed.
+    """
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of token ids, got {type(tokens).__name__}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise TypeError(f"{name}: token ids must be integers, got dtype {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"{name}: expected shape (batch, length), got {tuple(tokens.shape)}")
+    if tokens.shape[1] > max_len:
+        raise ValueError(f"{name}: length {tokens.shape[1]} exceeds max_len={max_len} (the positional table's size)")
+    if tokens.numel():
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"{name}: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+class Encoder(nn.Module):
+    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks."""
+
+    def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout):
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.max_len = max_len
+        self.embedding_layer = nn.Embedding(num_embeddings, embed_size)
+        self.positional_encoding = nn.Embedding(max_len, embed_size)
+        self.transformer_layers = nn.ModuleList(
+            [TransformerBlock(embed_size, heads, dropout) for _ in range(num_layers)]
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input, mask):
+        check_tokens(input, self.num_embeddings, self.max_len, "source input")
+        B, S = input.shape
+        # Seed slip 3: the seed's torch.arange is made on the CPU whatever input's device.
+        input_position = torch.arange(0, S, device=input.device).expand(B, S)
+
+        out = self.dropout(self.embedding_layer(input) + self.positional_encoding(input_position))
+        for transformerBlock in self.transformer_layers:
+            out = transformerBlock(out, out, out, mask)
+        return out  # (B, S, D)
+
+
+class Decoder(nn.Module):
+    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits."""
+
+    def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout):
+        super().__init__()
+        self.target_vocab_size = target_vocab_size
+        self.max_len = max_len
+        self.embedding_layer = nn.Embedding(num_embeddings=target_vocab_size, embedding_dim=embed_size)
+        self.positional_embedding = nn.Embedding(num_embeddings=max_len, embedding_dim=embed_size)
+        self.decoder_layers = nn.ModuleList(
+            [DecoderBlock(embed_size, heads, dropout) for _ in range(num_layers)]
+        )
+        self.fc = nn.Linear(embed_size, target_vocab_size)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input, enc_out, source_mask, target_mask):
+        check_tokens(input, self.target_vocab_size, self.max_len, "target input")
+        B, T = input.shape
+        # Seed slip 3, as in the Encoder.
+        positions = torch.arange(0, T, device=input.device).expand((B, T))
+
+        x = self.dropout(self.embedding_layer(input) + self.positional_embedding(positions))
+        for decoder_layer in self.decoder_layers:
+            x = decoder_layer(x, enc_out, enc_out, source_mask, target_mask)
+        # No softmax: the logits go to a cross-entropy loss, which applies log-softmax itself.
+        return self.fc(x)  # (B, T, V)
+
+
+class Transformer(nn.Module):
+    """Seed 001's encoder-decoder. ``forward(source_input, target_input)`` -> logits (B, T, V)."""
+
+    def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads, num_layers, dropout):
+        super().__init__()
+        self.src_pad_idx = src_pad_idx
+        self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout)
+        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout)
+
+    def create_source_mask(self, source_input):
+        mask = source_input != self.src_pad_idx
+        # Seed slip 2: the seed builds this mask and returns nothing, so it never masks.
+        return mask.unsqueeze(1).unsqueeze(2)  # (B, 1, 1, S): every head, every query
+
+    def create_target_mask(self, target_input):
+        B, T = target_input.shape
+        # Causal: query t sees keys 0..t. (Seed slip 4 is in the prose next to this: tril of
+        # the scores is not a softmax; the softmax happens inside SelfAttention.)
+        return torch.tril(torch.ones((B, 1, T, T), device=target_input.device))  # (B, 1, T, T)
+
+    def encode(self, source_input):
+        """Encoder output (B, S, D) and the source mask (B, 1, 1, S)."""
+        source_mask = self.create_source_mask(source_input)
+        return self.encoder(source_input, source_mask), source_mask
+
+    def forward(self, source_input, target_input):
+        if source_input.shape[0] != target_input.shape[0]:
+            raise ValueError(
+                f"source and target batch sizes differ: {source_input.shape[0]} vs {target_input.shape[0]}"
+            )
+        enc_out, source_mask = self.encode(source_input)
+        target_mask = self.create_target_mask(target_input)
+        return self.decoder(target_input, enc_out, source_mask, target_mask)
