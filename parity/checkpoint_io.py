@@ -26,10 +26,15 @@ def _read_torch(path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        # torch raises this for a refused global and for garbage bytes alike, and its first
+        # line is boilerplate; the line naming the cause starts with "WeightsUnpickler error".
+        text = str(e)
+        detail = text[text.find("WeightsUnpickler error"):] if "WeightsUnpickler error" in text else text
+        detail = " ".join(detail.split("Check the documentation")[0].split())
         raise CheckpointError(
             f"{path}: refused to load: the pickle asks for objects other than tensors, which could "
-            f"run code (read with weights_only=True). Re-save it as a plain state dict or as "
-            f".safetensors. Detail: {str(e).splitlines()[0]}"
+            f"run code, or is not a torch checkpoint at all (read with weights_only=True). Re-save it "
+            f"as a plain state dict or as .safetensors. Detail: {detail}"
         ) from None
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, EOFError, ... for bad files
         raise CheckpointError(f"{path}: not a readable torch checkpoint (truncated or corrupt?): {e}") from None
@@ -67,7 +72,8 @@ def load_state_dict(path):
                 break
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a state dict (a mapping of name -> tensor), got {type(obj).__name__}")
-    not_tensors = sorted(k for k, v in obj.items() if not isinstance(v, torch.Tensor))
+    # key=str: a pickle may mix int and str keys, which plain sorted() cannot compare.
+    not_tensors = sorted((k for k, v in obj.items() if not isinstance(v, torch.Tensor)), key=str)
     if not_tensors:
         raise CheckpointError(f"{path}: these entries are not tensors: {', '.join(map(str, not_tensors))}")
     return dict(obj)

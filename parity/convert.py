@@ -124,7 +124,9 @@ def tensor_to_numpy(value):
 def numpy_to_tensor(array):
     array = np.ascontiguousarray(array)
     if array.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        # .copy(), as below: np.asarray of a jax array is a read-only view of its buffer, and a
+        # tensor wrapping it would let in-place torch ops write into the Flax parameter.
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(array.copy())
 
 
@@ -182,7 +184,10 @@ def check_state_dict(state_dict, model):
             continue
         param = entry.param.get_value()
         # Cast to the parameter's dtype, as torch's load_state_dict copies into its own.
-        converted[key] = jnp.asarray(entry.rule.to_flax(value), dtype=param.dtype)
+        # copy=True: on CPU jnp.asarray may wrap the numpy buffer without copying, and that
+        # buffer is the torch tensor's own memory (Tensor.numpy() shares it), so an in-place
+        # torch update after loading (an optimizer step) would silently change the Flax params.
+        converted[key] = jnp.array(entry.rule.to_flax(value), dtype=param.dtype, copy=True)
 
     if missing or unexpected or mismatched or invalid:
         lines = [f"state dict does not fit {type(model).__name__}:"]
@@ -190,7 +195,9 @@ def check_state_dict(state_dict, model):
         for key in missing:
             lines.append(f"  missing key {key!r}{_closest(key, unexpected)}")
         for key in unexpected:
-            lines.append(f"  unexpected key {key!r}{_closest(key, missing or list(plan))}")
+            # Suggest only keys that are missing: a key the checkpoint already supplies is never
+            # what an extra key was meant to be (an extra layer would "mean" the layer before it).
+            lines.append(f"  unexpected key {key!r}{_closest(key, missing)}")
         for key, (got, want) in mismatched.items():
             hint = ""
             if len(got) == 2 and got == want[::-1] and plan[key].rule.to_flax is _transpose:
