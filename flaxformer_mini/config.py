@@ -51,6 +51,12 @@ PRESETS = {
         src_pad_idx=0, source_vocab_size=23, target_vocab_size=19, max_len=17,
         embed_size=30, heads=5, num_layers=2, dropout=0.1,
     ),
+    # The default for `flaxformer-mini train`: small enough to learn the synthetic tasks on
+    # a 2-core CPU in minutes. Vocabularies and max_len come from the data.
+    "small": ModelConfig(
+        src_pad_idx=0, source_vocab_size=16, target_vocab_size=16, max_len=11,
+        embed_size=64, heads=4, num_layers=2, dropout=0.0,
+    ),
     # The seed's width and depth with a realistic vocabulary and length (benchmarks).
     "base": ModelConfig(
         src_pad_idx=0, source_vocab_size=1000, target_vocab_size=1000, max_len=128,

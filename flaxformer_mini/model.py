@@ -99,10 +99,18 @@ class Transformer(nnx.Module):
 
     def encode(self, source_input):
         """Encoder output (B, S, D) and the source mask (B, 1, 1, S)."""
+        check_tokens(source_input, self.config.source_vocab_size, self.config.max_len, "source input")
+        source_input = jnp.asarray(source_input)
         source_mask = self.create_source_mask(source_input)
         return self.encoder(source_input, source_mask), source_mask
 
     def __call__(self, source_input, target_input):
+        # Both inputs are checked before any layer runs (the encoder would otherwise run on
+        # a batch whose target is unusable).
+        c = self.config
+        check_tokens(source_input, c.source_vocab_size, c.max_len, "source input")
+        check_tokens(target_input, c.target_vocab_size, c.max_len, "target input")
+        source_input, target_input = jnp.asarray(source_input), jnp.asarray(target_input)
         check_same_batch(source_input, target_input)
         enc_out, source_mask = self.encode(source_input)
         target_mask = self.create_target_mask(target_input)

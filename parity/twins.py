@@ -28,8 +28,9 @@ def transformer_pair(config, seed=0):
     are converted into the Flax twin."""
     torch.manual_seed(seed)
     torch_model = torch_ref.Transformer(**config.to_dict()).eval()
-    # Built abstractly: the Flax initialisation is thrown away, so don't pay for it.
-    flax_model = nnx.eval_shape(lambda: flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(seed)))
+    # Built concretely (not with nnx.eval_shape): its dropout RNG state must be real arrays
+    # for train mode and for jit, even though the initial weights are overwritten.
+    flax_model = flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(seed))
     torch_to_flax(torch_model.state_dict(), flax_model)
     flax_model.eval()
     return torch_model, flax_model

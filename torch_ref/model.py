@@ -109,10 +109,14 @@ class Transformer(nn.Module):
 
     def encode(self, source_input):
         """Encoder output (B, S, D) and the source mask (B, 1, 1, S)."""
+        check_tokens(source_input, self.encoder.num_embeddings, self.encoder.max_len, "source input")
         source_mask = self.create_source_mask(source_input)
         return self.encoder(source_input, source_mask), source_mask
 
     def forward(self, source_input, target_input):
+        # Both inputs are checked before any layer runs.
+        check_tokens(source_input, self.encoder.num_embeddings, self.encoder.max_len, "source input")
+        check_tokens(target_input, self.decoder.target_vocab_size, self.decoder.max_len, "target input")
         if source_input.shape[0] != target_input.shape[0]:
             raise ValueError(
                 f"source and target batch sizes differ: {source_input.shape[0]} vs {target_input.shape[0]}"

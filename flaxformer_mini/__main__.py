@@ -1,0 +1,5 @@
+import sys
+
+from flaxformer_mini.cli import main
+
+sys.exit(main())

@@ -1,0 +1,98 @@
+"""Rotating orbax checkpoints of the train state.
+
+What is saved: the step, the parameters and the optimizer state. The dropout RNG state is
+not: every step reseeds it from (seed, step), so it carries no information.
+
+orbax writes each checkpoint into a temporary directory and renames it when complete, so a
+run killed mid-save (even with ``kill -9``) leaves the previous checkpoints intact and no
+half-written one that a restore could pick up.
+"""
+
+import logging
+
+import jax
+import orbax.checkpoint as ocp
+
+from flaxformer_mini.training import TrainState
+
+# orbax logs every save at INFO through absl; the progress bar already says what happens.
+logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint does not fit the model it is restored into (another size or structure)."""
+
+
+def _saved(state: TrainState):
+    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+
+
+def open_manager(directory, max_to_keep=3):
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True)
+    return ocp.CheckpointManager(directory, options=options)
+
+
+def save(manager, state: TrainState):
+    step = int(jax.device_get(state.step))
+    manager.save(step, args=ocp.args.StandardSave(_saved(state)), force=True)
+    manager.wait_until_finished()
+    return step
+
+
+def _key_name(entry):
+    for attr in ("key", "idx", "name"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
+
+
+def _shapes(tree):
+    """{'encoder/embedding_layer/embedding': shape} for a params tree, whether it is an
+    nnx.State or orbax's stored metadata (string keys, leaves under 'value')."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))
+    return {
+        "/".join(n for n in map(_key_name, path) if n != "value"): tuple(leaf.shape)
+        for path, leaf in flat
+        if hasattr(leaf, "shape")
+    }
+
+
+def _stored_params(manager, step):
+    try:
+        meta = ocp.StandardCheckpointer().metadata(manager.directory / str(step) / "default")
+    except Exception:  # noqa: BLE001 - no readable metadata: the restore itself will complain
+        return None
+    tree = getattr(meta, "item_metadata", meta)
+    try:
+        return tree["params"]
+    except (KeyError, TypeError):
+        return None
+
+
+def restore(manager, template: TrainState, step=None) -> TrainState:
+    """Restore checkpoint ``step`` (default: the latest) into the structure of ``template``.
+
+    Raises CheckpointMismatchError naming the parameters whose shapes differ when the
+    checkpoint comes from a model of another size.
+    """
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {manager.directory}")
+    wanted = _saved(template)
+    stored = _stored_params(manager, step)
+    if stored is not None:
+        have, want = _shapes(stored), _shapes(wanted["params"])
+        bad = sorted(k for k in want if k in have and have[k] != want[k])
+        missing = sorted(set(want) - set(have))
+        if bad or missing:
+            details = [f"{k}: checkpoint {have[k]}, model {want[k]}" for k in bad[:10]]
+            details += [f"{k}: not in the checkpoint" for k in missing[:10]]
+            more = len(bad) + len(missing) - len(details)
+            raise CheckpointMismatchError(
+                f"checkpoint {step} in {manager.directory} is from a different model: "
+                + "; ".join(details) + (f"; and {more} more" if more > 0 else "")
+            )
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, wanted)
+    restored = manager.restore(step, args=ocp.args.StandardRestore(target))
+    return template.replace(step=restored["step"], params=restored["params"], opt_state=restored["opt_state"])
+

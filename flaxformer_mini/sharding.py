@@ -1,0 +1,220 @@
+"""Multi-device training with ``jax.sharding``: data parallelism and FSDP-style parameters.
+
+One 1-D device mesh with the axis ``'data'``:
+
+- every batch array is split along its batch axis B over the mesh (``P('data')``): each
+  device runs the step on B / n rows, and the gradient is summed across devices by the
+  collectives XLA inserts;
+- the training state is either ``'replicated'`` (plain data parallelism: every device holds
+  all parameters and optimizer moments, ``P()``) or ``'fsdp'`` (each parameter, and the Adam
+  moments of the same shape, is split over ``'data'`` along its largest dimension divisible
+  by the device count; XLA gathers a parameter where the computation needs it whole).
+
+``jax.jit`` follows the shardings of its inputs ("computation follows data"), so
+``Trainer.train_step`` runs sharded as it is once its arguments are placed::
+
+    mesh = make_mesh()                                  # all devices
+    state = shard_state(trainer.init_state(), mesh, "fsdp")
+    for step in range(n):
+        batch = task.batch(seed, step, batch_size)      # numpy
+        check_batch(batch, trainer.model_config)        # on the host, before sharding
+        state, metrics = trainer.train_step(state, shard_batch(batch, mesh))
+
+``sharded_train_step`` compiles the same step with the shardings pinned (``in_shardings`` /
+``out_shardings``), for callers who want the output layout guaranteed rather than inferred.
+
+Multi-host (a TPU pod slice, several GPU machines). Not tested here: the test suite only
+simulates 8 devices in one process (``XLA_FLAGS=--xla_force_host_platform_device_count=8``).
+
+- Run one process per host, every host the same command with the same arguments.
+- Call ``initialize_distributed()`` first on each host, before anything else touches JAX
+  (``jax.devices()``, creating arrays, building the model). On Cloud TPU, and under SLURM or
+  Open MPI, JAX finds the coordinator, process count and process id itself; elsewhere pass
+  them, or set ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0),
+  ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` in each host's environment.
+- ``jax.devices()`` then lists every device of every host, and ``make_mesh()`` spans them all
+  (use all devices: a mesh over a subset would leave some hosts without a slice).
+- Each host feeds only its own rows: ``shard_batch(local_batch, mesh)`` calls
+  ``jax.make_array_from_process_local_data`` with this host's slice, and the global batch
+  is the hosts' slices laid out in mesh order (B = per-host batch x number of hosts).
+  The data here are functions of ``(seed, step)``, so every host can draw the same global
+  batch and keep its rows with ``process_local_rows(global_batch, mesh)``.
+- Model initialisation must be identical on every host (same seed). orbax's checkpoint
+  manager is called on every process (it coordinates the writes of a sharded state);
+  logs and plots should be written by process 0 alone (``jax.process_index() == 0``).
+- ``Trainer.step``/``check_batch`` read token values with ``np.asarray``, which cannot read
+  an array spread over several hosts: check the host's numpy batch before ``shard_batch``.
+"""
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA_AXIS = "data"
+STRATEGIES = ("replicated", "fsdp")
+
+
+def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
+    """``jax.distributed.initialize`` for a multi-host run; call it on every host first.
+
+    With no arguments JAX detects the cluster (Cloud TPU, SLURM, Open MPI) or reads
+    ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``. A single-host
+    run does not need it. Returns ``(process_index, process_count)``.
+    """
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+    )
+    return jax.process_index(), jax.process_count()
+
+
+def make_mesh(num_devices=None, axis_name=DATA_AXIS):
+    """A 1-D mesh over the first ``num_devices`` of ``jax.devices()`` (all by default)."""
+    devices = jax.devices()
+    if num_devices is None:
+        num_devices = len(devices)
+    if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)):
+        raise TypeError(f"num_devices must be an integer, got {num_devices!r}")
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+    if num_devices > len(devices):
+        raise ValueError(
+            f"asked for {num_devices} devices but only {len(devices)} are available "
+            f"({devices[0].platform}); on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
+            "simulates N devices"
+        )
+    return Mesh(np.asarray(devices[:num_devices]), (axis_name,))
+
+
+def _axis(mesh):
+    if len(mesh.axis_names) != 1:
+        raise ValueError(f"expected a 1-D mesh (make_mesh), got axes {mesh.axis_names}")
+    return mesh.axis_names[0]
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def batch_sharding(mesh):
+    """Every batch array is split along its first (batch) axis: ``P('data')``."""
+    return NamedSharding(mesh, P(_axis(mesh)))
+
+
+def _check_divisible(batch_size, num_devices, what="batch size"):
+    if batch_size % num_devices:
+        raise ValueError(
+            f"{what} {batch_size} is not divisible by {num_devices} devices; "
+            f"use --batch-size a multiple of {num_devices}"
+        )
+
+
+def local_row_range(mesh, global_batch_size):
+    """``(start, stop)``: the rows of a global batch that live on this process's devices.
+
+    Read from the sharding itself (``addressable_devices_indices_map``), so it holds
+    whatever order the mesh puts the hosts' devices in. In a single process: ``(0, B)``.
+    """
+    _check_divisible(global_batch_size, mesh.size, "global batch size")
+    index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size,))
+    ranges = sorted(index[0].indices(global_batch_size)[:2] for index in index_map.values())
+    start, stop = ranges[0][0], ranges[-1][1]
+    if sum(b - a for a, b in ranges) != stop - start:  # never on a 1-D mesh from make_mesh
+        raise ValueError(f"this process's rows of the batch are not contiguous: {ranges}")
+    return start, stop
+
+
+def process_local_rows(global_batch, mesh):
+    """The rows of a global batch that this process feeds to ``shard_batch`` (multi-host).
+
+    Every host can draw the same global batch (the data are functions of (seed, step)) and
+    keep its own rows. In a single process this is the whole batch.
+    """
+    if jax.process_count() == 1:
+        return global_batch
+    start, stop = local_row_range(mesh, np.shape(jax.tree.leaves(global_batch)[0])[0])
+    return jax.tree.map(lambda a: np.asarray(a)[start:stop], global_batch)
+
+
+def shard_batch(batch, mesh):
+    """Put a ``Batch`` (or any pytree of arrays with a leading batch axis) on the mesh.
+
+    Single process: ``batch`` is the whole batch, placed with ``jax.device_put``. Multi-host:
+    ``batch`` is this host's slice (``process_local_rows``) and the result is the global
+    array, assembled with ``jax.make_array_from_process_local_data``.
+    """
+    sharding = batch_sharding(mesh)
+    leaves = jax.tree.leaves(batch)
+    sizes = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
+    if None in sizes:
+        raise ValueError("every batch array needs a leading batch axis; got a scalar")
+    if len(sizes) != 1:
+        raise ValueError(f"batch arrays disagree on the batch size: {sorted(sizes)}")
+    (size,) = sizes
+    if jax.process_count() == 1:
+        _check_divisible(size, mesh.size)
+        return jax.device_put(batch, sharding)
+    # Multi-host: this host holds size rows for its len(mesh.local_devices) devices.
+    _check_divisible(size, len(mesh.local_devices), "per-host batch size")
+    return jax.tree.map(lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), batch)
+
+
+# ----------------------------------------------------------------------------- training state
+
+
+def _is_key_array(x):
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def fsdp_spec(shape, num_devices, axis_name=DATA_AXIS):
+    """The PartitionSpec of one array under FSDP: its largest dimension divisible by
+    ``num_devices`` (the first of equal ones) is split over ``axis_name``; an array with
+    no such dimension, and a scalar, is replicated."""
+    candidates = [(size, -i) for i, size in enumerate(shape) if size >= num_devices and size % num_devices == 0]
+    if num_devices == 1 or not candidates:
+        return P()
+    _, neg_i = max(candidates)
+    spec = [None] * len(shape)
+    spec[-neg_i] = axis_name
+    return P(*spec)
+
+
+def state_shardings(state, mesh, strategy="replicated"):
+    """A pytree of ``NamedSharding`` matching ``state`` (a ``TrainState`` or any pytree).
+
+    ``'replicated'``: every leaf ``P()``. ``'fsdp'``: each leaf by ``fsdp_spec`` of its shape,
+    so a parameter and its Adam moments (same shape) are split alike; scalars (the step,
+    optimizer counts, RNG counters) and PRNG key arrays stay replicated.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown sharding strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    axis = _axis(mesh)
+    replicated = NamedSharding(mesh, P())
+
+    def choose(leaf):
+        if strategy == "replicated" or _is_key_array(leaf) or not np.ndim(leaf):
+            return replicated
+        return NamedSharding(mesh, fsdp_spec(np.shape(leaf), mesh.shape[axis], axis))
+
+    return jax.tree.map(choose, state)
+
+
+def shard_state(state, mesh, strategy="replicated"):
+    """``jax.device_put(state, state_shardings(state, mesh, strategy))``."""
+    return jax.device_put(state, state_shardings(state, mesh, strategy))
+
+
+def sharded_train_step(trainer, state_sharding, batch_sharding):
+    """``trainer``'s train step compiled with pinned shardings, its state donated.
+
+    ``state_sharding`` is ``state_shardings(state, mesh, strategy)``, ``batch_sharding`` is
+    ``batch_sharding(mesh)``. The output state gets exactly ``state_sharding`` (the metrics
+    are replicated scalars), so a loop never drifts to a layout XLA chose.
+    Returns ``step(state, batch) -> (state, metrics)``; check the batch on the host first.
+    """
+    replicated = NamedSharding(batch_sharding.mesh, P())
+    return jax.jit(
+        trainer._train_step,
+        in_shardings=(state_sharding, batch_sharding),
+        out_shardings=(state_sharding, replicated),
+        donate_argnums=0,
+    )

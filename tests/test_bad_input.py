@@ -1,0 +1,315 @@
+"""Bad input gets a clear error, in both twins, before the Flax twin runs any layer.
+
+PyTorch's embedding lookup raises on an id outside its table; JAX's gather does not (it
+returns NaN, or wraps a negative id around like numpy), so the Flax twin checks its token
+inputs on the host. These tests pin the messages of both twins (they name the input and
+the limit), show what JAX does without the check, and check the limits themselves are
+accepted (no off-by-one in either direction).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import flaxformer_mini as fm
+import torch_ref
+
+TINY = fm.get_preset("tiny")  # source V 23, target V 19, max_len 17, D 30, H 5
+# Distinct sizes, so a swapped axis shows: batch 2, source length 5, target length 4.
+B, S, T = 2, 5, 4
+
+
+def _good_batch(batch=B, source_len=S, target_len=T, target_batch=None):
+    rng = np.random.default_rng(0)
+    source = rng.integers(1, TINY.source_vocab_size, size=(batch, source_len))
+    target = rng.integers(0, TINY.target_vocab_size, size=(target_batch or batch, target_len))
+    return source, target
+
+
+def _with(array, value):
+    array = array.copy()
+    array[-1, 1] = value  # not in row 0 or column 0, so a check of the first item misses it
+    return array
+
+
+def _source_id(value):
+    source, target = _good_batch()
+    return _with(source, value), target
+
+
+def _target_id(value):
+    source, target = _good_batch()
+    return source, _with(target, value)
+
+
+def _floats(which):
+    source, target = _good_batch()
+    if which == "source":
+        return source.astype(np.float32), target
+    return source, target.astype(np.float32)
+
+
+# name -> (build (source, target) numpy arrays, exception type, message pattern, bad side)
+BAD_INPUTS = {
+    "source_id_equal_to_vocab_size": (
+        lambda: _source_id(TINY.source_vocab_size), ValueError,
+        r"source input: token id 23 is outside the vocabulary \[0, 23\)", "source"),
+    "target_id_equal_to_vocab_size": (
+        lambda: _target_id(TINY.target_vocab_size), ValueError,
+        r"target input: token id 19 is outside the vocabulary \[0, 19\)", "target"),
+    "source_id_far_above_vocab": (
+        lambda: _source_id(10_000), ValueError, r"source input: token id 10000 is outside the vocabulary", "source"),
+    "negative_source_id": (
+        lambda: _source_id(-1), ValueError, r"source input: token id -1 is outside the vocabulary", "source"),
+    "negative_target_id": (
+        lambda: _target_id(-3), ValueError, r"target input: token id -3 is outside the vocabulary", "target"),
+    "float_source_ids": (
+        lambda: _floats("source"), TypeError, r"source input: token ids must be integers", "source"),
+    "float_target_ids": (
+        lambda: _floats("target"), TypeError, r"target input: token ids must be integers", "target"),
+    "source_longer_than_max_len": (
+        lambda: _good_batch(source_len=TINY.max_len + 1), ValueError,
+        r"source input: length 18 exceeds max_len=17", "source"),
+    "target_longer_than_max_len": (
+        lambda: _good_batch(target_len=TINY.max_len + 1), ValueError,
+        r"target input: length 18 exceeds max_len=17", "target"),
+    "source_and_target_batch_sizes_differ": (
+        lambda: _good_batch(batch=2, target_batch=3), ValueError,
+        r"source and target batch sizes differ: 2 vs 3", "both"),
+}
+CASES = [pytest.param(*spec, id=name) for name, spec in BAD_INPUTS.items()]
+
+
+@pytest.fixture(scope="module")
+def torch_model():
+    torch.manual_seed(0)
+    return torch_ref.Transformer(**TINY.to_dict()).eval()
+
+
+@pytest.fixture(scope="module")
+def flax_model():
+    model = fm.Transformer.from_config(TINY, rngs=nnx.Rngs(0))
+    model.eval()
+    return model
+
+
+# --- the whole model, both twins ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, exc, match, side", CASES)
+def test_torch_twin_rejects_bad_input_with_a_message_naming_it(torch_model, make, exc, match, side):
+    source, target = make()
+    with pytest.raises(exc, match=match):
+        torch_model(torch.from_numpy(source), torch.from_numpy(target))
+
+
+@pytest.mark.parametrize("make, exc, match, side", CASES)
+def test_flax_twin_rejects_bad_input_with_a_message_naming_it(flax_model, make, exc, match, side):
+    source, target = make()
+    with pytest.raises(exc, match=match):
+        flax_model(jnp.asarray(source), jnp.asarray(target))
+
+
+@pytest.mark.parametrize("make, exc, match, side", CASES)
+def test_flax_twin_accepts_numpy_input_and_checks_it_the_same_way(flax_model, make, exc, match, side):
+    source, target = make()
+    with pytest.raises(exc, match=match):
+        flax_model(source, target)
+
+
+def test_both_twins_accept_ids_and_lengths_at_the_limits(torch_model, flax_model):
+    # The largest valid id (V - 1), id 0 and a sequence of exactly max_len: no off-by-one.
+    source, target = _good_batch(source_len=TINY.max_len, target_len=TINY.max_len)
+    source[0, :2] = [0, TINY.source_vocab_size - 1]
+    target[1, :2] = [0, TINY.target_vocab_size - 1]
+    with torch.no_grad():
+        torch_logits = torch_model(torch.from_numpy(source), torch.from_numpy(target))
+    flax_logits = flax_model(jnp.asarray(source), jnp.asarray(target))
+    assert tuple(torch_logits.shape) == flax_logits.shape == (B, TINY.max_len, TINY.target_vocab_size)
+    assert torch.isfinite(torch_logits).all() and bool(jnp.isfinite(flax_logits).all())
+
+
+# --- the Flax check runs before any layer ------------------------------------------------
+
+
+@pytest.fixture
+def layer_calls(monkeypatch):
+    """Record every call of an Embed, Linear or LayerNorm: the compiled work of a forward."""
+    calls = []
+    for cls in (nnx.Embed, nnx.Linear, nnx.LayerNorm):
+        original = cls.__call__
+
+        def spy(self, *args, _original=original, _name=cls.__name__, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__call__", spy)
+    return calls
+
+
+def test_layer_spy_sees_the_layers_of_a_good_forward_pass(flax_model, layer_calls):
+    # Without this, the test below would pass vacuously if the spy saw nothing.
+    source, target = _good_batch()
+    flax_model(jnp.asarray(source), jnp.asarray(target))
+    assert {"Embed", "Linear", "LayerNorm"} <= set(layer_calls)
+
+
+@pytest.mark.parametrize(
+    "make, exc, match, side",
+    [
+        pytest.param(*spec, id=name)
+        for name, spec in BAD_INPUTS.items()
+    ],
+)
+def test_flax_twin_rejects_bad_input_before_any_layer_runs(flax_model, layer_calls, make, exc, match, side):
+    source, target = make()
+    with pytest.raises(exc, match=match):
+        flax_model(jnp.asarray(source), jnp.asarray(target))
+    assert layer_calls == [], f"layers ran before the error: {layer_calls}"
+
+
+# --- why the check exists: JAX alone is silently wrong ------------------------------------
+
+
+def test_nnx_embed_alone_returns_numbers_for_out_of_range_ids():
+    """Without the check, JAX's gather raises nothing: an id past the table gives NaN (or the
+    clamped last row, depending on the gather mode), and -1 wraps around to the last row."""
+    V, D = 5, 3
+    embed = nnx.Embed(V, D, rngs=nnx.Rngs(0))
+    table = np.asarray(embed.embedding.get_value())
+    out = np.asarray(embed(jnp.array([V, -1, 2])))  # no exception
+    assert out.shape == (3, D)
+    past_end = out[0]
+    assert np.isnan(past_end).all() or np.array_equal(past_end, table[-1])
+    np.testing.assert_array_equal(out[1], table[-1])  # -1 is silently the last row
+    np.testing.assert_array_equal(out[2], table[2])
+
+
+@pytest.mark.parametrize("bad_id", [5, -1], ids=["past_the_end", "negative"])
+def test_torch_embedding_alone_raises_for_out_of_range_ids(bad_id):
+    # What the Flax check restores: PyTorch refuses, though with a message naming nothing.
+    embedding = torch.nn.Embedding(5, 3)
+    with pytest.raises(IndexError, match="index out of range"):
+        embedding(torch.tensor([bad_id]))
+
+
+@pytest.mark.parametrize("as_array", [np.asarray, jnp.asarray], ids=["numpy", "jax"])
+@pytest.mark.parametrize(
+    "tokens, exc, match",
+    [
+        pytest.param([[0, 4, 5]], ValueError, r"token id 5 is outside the vocabulary \[0, 5\)", id="id_equal_to_vocab"),
+        pytest.param([[0, -2, 4]], ValueError, r"token id -2 is outside the vocabulary", id="negative_id"),
+        pytest.param([[0.0, 1.0]], TypeError, r"token ids must be integers, got dtype float", id="float_ids"),
+        pytest.param([[True, False]], TypeError, r"token ids must be integers, got dtype bool", id="bool_ids"),
+        pytest.param([[0] * 8], ValueError, r"length 8 exceeds max_len=7", id="too_long"),
+        pytest.param([0, 1, 2], ValueError, r"expected shape \(batch, length\), got \(3,\)", id="one_dimensional"),
+    ],
+)
+def test_check_tokens_raises_for_concrete_arrays(as_array, tokens, exc, match):
+    with pytest.raises(exc, match=match):
+        fm.check_tokens(as_array(tokens), vocab_size=5, max_len=7, name="ids")
+    fm.check_tokens(as_array([[0, 4], [1, 2]]), vocab_size=5, max_len=7)  # valid ids pass
+
+
+def test_check_tokens_under_jit_sees_dtype_and_length_but_not_values():
+    """Dtype and shape are static, so they are checked even while tracing; values are not
+    known then, which is why compiled entry points must check their ids on the host first."""
+
+    def lookup(tokens):
+        fm.check_tokens(tokens, vocab_size=5, max_len=7)
+        return tokens
+
+    with pytest.raises(TypeError, match="must be integers"):
+        jax.jit(lookup)(jnp.zeros((1, 2), jnp.float32))
+    with pytest.raises(ValueError, match="exceeds max_len=7"):
+        jax.jit(lookup)(jnp.zeros((1, 8), jnp.int32))
+    jax.jit(lookup)(jnp.array([[99]]))  # out-of-range value: invisible under jit, no error
+
+
+# --- Encoder and Decoder called directly ---------------------------------------------------
+
+V_ENC, V_DEC, MAX_LEN, D, H, LAYERS = TINY.source_vocab_size, TINY.target_vocab_size, TINY.max_len, 30, 5, 1
+
+BAD_IDS = [
+    pytest.param(lambda v: np.array([[1, v]]), ValueError, "is outside the vocabulary", id="id_equal_to_vocab"),
+    pytest.param(lambda v: np.array([[1, -1]]), ValueError, "token id -1 is outside the vocabulary", id="negative_id"),
+    pytest.param(lambda v: np.array([[1.0, 2.0]], np.float32), TypeError, "must be integers", id="float_ids"),
+    pytest.param(lambda v: np.ones((1, MAX_LEN + 1), np.int64), ValueError, "exceeds max_len=17", id="too_long"),
+]
+
+
+@pytest.mark.parametrize("make, exc, match", BAD_IDS)
+def test_flax_encoder_called_directly_rejects_bad_ids(make, exc, match):
+    encoder = fm.Encoder(V_ENC, MAX_LEN, D, H, LAYERS, 0.0, rngs=nnx.Rngs(0))
+    with pytest.raises(exc, match=f"source input: .*{match}"):
+        encoder(jnp.asarray(make(V_ENC)), None)
+
+
+@pytest.mark.parametrize("make, exc, match", BAD_IDS)
+def test_flax_decoder_called_directly_rejects_bad_ids(make, exc, match):
+    decoder = fm.Decoder(V_DEC, MAX_LEN, D, H, LAYERS, 0.0, rngs=nnx.Rngs(0))
+    enc_out = jnp.zeros((1, 3, D))
+    with pytest.raises(exc, match=f"target input: .*{match}"):
+        decoder(jnp.asarray(make(V_DEC)), enc_out, None, None)
+
+
+@pytest.mark.parametrize("make, exc, match", BAD_IDS)
+def test_torch_encoder_and_decoder_called_directly_reject_bad_ids(make, exc, match):
+    encoder = torch_ref.Encoder(V_ENC, MAX_LEN, D, H, LAYERS, 0.0)
+    decoder = torch_ref.Decoder(V_DEC, MAX_LEN, D, H, LAYERS, 0.0)
+    with pytest.raises(exc, match=f"source input: .*{match}"):
+        encoder(torch.from_numpy(make(V_ENC)), None)
+    with pytest.raises(exc, match=f"target input: .*{match}"):
+        decoder(torch.from_numpy(make(V_DEC)), torch.zeros(1, 3, D), None, None)
+
+
+# --- LearnedPositionalEncoding (seed 004) -------------------------------------------------
+
+
+def test_positional_encoding_rejects_length_beyond_max_len_in_both_twins():
+    d_model, max_len = 6, 4
+    too_long = np.zeros((2, max_len + 1, d_model), np.float32)
+    # torch needs no check of its own: nn.Embedding raises, if with a message naming nothing.
+    with pytest.raises(IndexError, match="index out of range"):
+        torch_ref.LearnedPositionalEncoding(d_model, max_len=max_len)(torch.from_numpy(too_long))
+    # JAX would clamp to the last position silently; the twin raises and names the limit.
+    with pytest.raises(ValueError, match=r"sequence length 5 exceeds max_len=4"):
+        fm.LearnedPositionalEncoding(d_model, max_len=max_len, rngs=nnx.Rngs(0))(jnp.asarray(too_long))
+
+
+def test_positional_encoding_accepts_length_equal_to_max_len_in_both_twins():
+    d_model, max_len = 6, 4
+    x = np.zeros((2, max_len, d_model), np.float32)
+    assert tuple(torch_ref.LearnedPositionalEncoding(d_model, max_len=max_len)(torch.from_numpy(x)).shape) == x.shape
+    assert fm.LearnedPositionalEncoding(d_model, max_len=max_len, rngs=nnx.Rngs(0))(jnp.asarray(x)).shape == x.shape
+
+
+# --- ModelConfig ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        pytest.param(dict(embed_size=31), r"embed_size=31 is not divisible by heads=5", id="embed_size_not_divisible"),
+        pytest.param(dict(heads=4), r"embed_size=30 is not divisible by heads=4", id="heads_not_dividing"),
+        pytest.param(dict(src_pad_idx=23), r"src_pad_idx=23 is outside the source vocabulary \[0, 23\)",
+                     id="pad_id_equal_to_vocab"),
+        pytest.param(dict(src_pad_idx=-1), r"src_pad_idx=-1 is outside the source vocabulary", id="negative_pad_id"),
+        pytest.param(dict(max_len=0), r"max_len must be >= 1, got 0", id="zero_max_len"),
+        pytest.param(dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0", id="dropout_one"),
+    ],
+)
+def test_model_config_rejects_invalid_fields_naming_them(changes, match):
+    with pytest.raises(ValueError, match=match):
+        TINY.replace(**changes)
+    # The Flax twin validates its constructor arguments through ModelConfig too.
+    with pytest.raises(ValueError, match=match):
+        fm.Transformer(**{**TINY.to_dict(), **changes}, rngs=nnx.Rngs(0))
+
+
+def test_model_config_lists_every_problem_at_once():
+    with pytest.raises(ValueError, match=r"embed_size=31 is not divisible by heads=5; src_pad_idx=40"):
+        TINY.replace(embed_size=31, src_pad_idx=40)

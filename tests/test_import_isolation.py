@@ -1,0 +1,158 @@
+"""Each side works alone (DESIGN.md, import rules): ``flaxformer_mini`` with no PyTorch
+installed, ``torch_ref`` with no JAX.
+
+"Not installed" is simulated in a fresh interpreter by a meta-path finder that refuses the
+other side's packages. Each subprocess first proves the block works (``import torch`` does
+raise ImportError), so the test cannot pass vacuously, then builds a model and runs it, and
+finally checks that nothing blocked slipped into ``sys.modules`` another way.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+BLOCKER = textwrap.dedent(
+    """
+    import importlib.abc
+    import sys
+
+    BLOCKED = {blocked!r}
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname.partition(".")[0] in BLOCKED:
+                raise ImportError(f"{{fullname}} is blocked by test_import_isolation")
+            return None
+
+    sys.meta_path.insert(0, Block())
+    assert not BLOCKED & set(sys.modules), "imported before the block: " + repr(BLOCKED & set(sys.modules))
+
+    # The block works: each blocked package really fails to import.
+    for name in sorted(BLOCKED):
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+        else:
+            raise SystemExit(f"block failed: import {{name}} succeeded")
+    """
+)
+
+FLAX_ALONE = textwrap.dedent(
+    """
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import flaxformer_mini as fm
+
+    cfg = fm.get_preset("tiny")
+    model = fm.Transformer.from_config(cfg, rngs=nnx.Rngs(0))
+    model.eval()
+    source = jnp.array([[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]])
+    target = jnp.array([[1, 2, 3], [4, 5, 6]])
+    logits = model(source, target)
+    assert logits.shape == (2, 3, cfg.target_vocab_size), logits.shape
+    assert bool(jnp.isfinite(logits).all())
+    """
+)
+
+TORCH_ALONE = textwrap.dedent(
+    """
+    import torch
+
+    import torch_ref
+
+    torch.manual_seed(0)
+    model = torch_ref.Transformer(
+        src_pad_idx=0, source_vocab_size=23, target_vocab_size=19, max_len=17,
+        embed_size=30, heads=5, num_layers=2, dropout=0.1,
+    ).eval()
+    source = torch.tensor([[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]])
+    target = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with torch.no_grad():
+        logits = model(source, target)
+    assert tuple(logits.shape) == (2, 3, 19), logits.shape
+    assert bool(torch.isfinite(logits).all())
+    """
+)
+
+AFTER = textwrap.dedent(
+    """
+    leaked = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
+    assert not leaked, f"blocked modules were imported anyway: {leaked}"
+    print("OK")
+    """
+)
+
+
+def _run_blocking(blocked, body):
+    script = BLOCKER.format(blocked=set(blocked)) + body + AFTER
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("OK"), (
+        f"subprocess failed (rc {result.returncode}):\n{result.stdout}\n{result.stderr}"
+    )
+
+
+def test_flaxformer_mini_runs_without_torch_torch_ref_or_parity():
+    _run_blocking({"torch", "torch_ref", "parity"}, FLAX_ALONE)
+
+
+def test_torch_ref_runs_without_jax_flax_flaxformer_mini_or_parity():
+    _run_blocking({"jax", "jaxlib", "flax", "flaxformer_mini", "parity"}, TORCH_ALONE)
+
+
+def test_block_fails_the_subprocess_when_a_blocked_package_is_needed():
+    # The harness itself can fail: blocking jax must break the Flax forward.
+    with pytest.raises(AssertionError, match="subprocess failed"):
+        _run_blocking({"jax"}, FLAX_ALONE)
+
+
+# --- static check over the source ----------------------------------------------------------
+
+
+def _imports_of(path, names):
+    """Lines of ``path`` that import one of ``names`` (import x, from x import, from x.y
+    import, importlib.import_module("x"), __import__("x"))."""
+    alternatives = "|".join(map(re.escape, names))
+    statement = re.compile(rf"^\s*(?:import|from)\s+(?:{alternatives})(?:\.|\s|,|$)", re.MULTILINE)
+    dynamic = re.compile(rf"(?:import_module|__import__)\(\s*['\"](?:{alternatives})(?:\.|['\"])")
+    text = path.read_text()
+    hits = [m.group(0).strip() for m in statement.finditer(text)]
+    hits += [m.group(0) for m in dynamic.finditer(text)]
+    # `import os, torch` also counts.
+    for line in re.findall(r"^\s*import\s+(.+)$", text, re.MULTILINE):
+        if any(name.strip().split(" ")[0].partition(".")[0] in names for name in line.split(",")[1:]):
+            hits.append(line)
+    return hits
+
+
+@pytest.mark.parametrize(
+    "package, forbidden",
+    [
+        ("flaxformer_mini", ("torch", "torch_ref", "parity")),
+        ("torch_ref", ("jax", "jaxlib", "flax", "flaxformer_mini", "parity")),
+    ],
+)
+def test_package_source_never_imports_the_other_side(package, forbidden):
+    files = sorted((REPO / package).rglob("*.py"))
+    assert files, f"no source files found under {package}/"
+    offenders = {str(f.relative_to(REPO)): hits for f in files if (hits := _imports_of(f, forbidden))}
+    assert not offenders, f"{package} must not import {', '.join(forbidden)}: {offenders}"
+
+
+def test_static_import_check_finds_real_imports():
+    # The regex is not blind: it sees torch_ref's own torch imports and parity's of both sides.
+    assert _imports_of(REPO / "torch_ref" / "model.py", ("torch",))
+    assert _imports_of(REPO / "parity" / "twins.py", ("flaxformer_mini",))
+    assert _imports_of(REPO / "parity" / "twins.py", ("jax",))
+    assert _imports_of(REPO / "flaxformer_mini" / "attention.py", ("flax",))
