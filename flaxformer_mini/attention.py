@@ -55,13 +55,21 @@ class SelfAttention(nnx.Module):
         self.fc = linear(heads * self.head_dim, embed_size, **kw)
 
     def __call__(self, query, key, value, mask):
-        B, T, _ = query.shape
-        S = key.shape[1]
-        H, K = self.heads, self.head_dim
+        return self.attend(query, *self.project_kv(key, value), mask)
 
+    def project_kv(self, key, value):
+        """Keys and values split into heads, (B, S, H, K) each. Cached decoding computes these
+        once for the encoder output and once per new target token."""
+        B, S, _ = key.shape
+        k = self.W_k(key).reshape(B, S, self.heads, self.head_dim)
+        v = self.W_v(value).reshape(B, S, self.heads, self.head_dim)
+        return k, v
+
+    def attend(self, query, k, v, mask):
+        """Attention of ``query`` (B, T, D) over projected keys/values (B, S, H, K)."""
+        B, T, _ = query.shape
+        H, K = self.heads, self.head_dim
         q = self.W_q(query).reshape(B, T, H, K)
-        k = self.W_k(key).reshape(B, S, H, K)
-        v = self.W_v(value).reshape(B, S, H, K)
 
         scores = jnp.einsum("BTHK,BSHK->BHTS", q, k).astype(jnp.float32)
         # As in the seed: fill first, then scale by 1/sqrt(K) (torch_ref SelfAttention).

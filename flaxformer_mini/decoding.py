@@ -1,13 +1,25 @@
-"""Autoregressive decoding: the jitted greedy decoder and exact-match scoring.
+"""Autoregressive decoding with a key/value cache: greedy, beam search and sampling.
 
-``greedy_decode`` recomputes the decoder over a fixed-size target buffer at every step,
-the way the seed describes inference: simple, and compiled once (fixed shapes, the loop
-inside ``lax.fori_loop``). Position t's logits depend only on tokens 0..t (the mask is
-causal), so the not-yet-written tail of the buffer never matters.
+Decoding is split into small pure functions, as in gpt-fast:
+
+- ``prefill(model, source, N)``: encodes the source once, computes every decoder layer's
+  cross-attention keys/values of the encoder output once, and allocates the self-attention
+  cache for N target positions;
+- ``decode_one_token(model, cache, tokens, t)``: runs one new token per sequence through the
+  decoder, writing its keys/values into the cache at position t.
+
+The search loops (``lax.while_loop``) run inside ``jax.jit`` with fixed shapes, so one
+compilation serves every step. ``greedy_decode_uncached`` recomputes the whole decoder for
+every new token, the way the seed describes inference; tests use it as the reference the
+cached path must match, and the benchmark compares the two.
+
+Shapes: B batch, S source length, N decode positions, L decoder layers, H heads, K head
+width, V target vocabulary, W beams.
 """
 
 import functools
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,35 +28,58 @@ from flax import nnx
 from flaxformer_mini.data import BOS, EOS, PAD
 from flaxformer_mini.validation import check_tokens
 
+# The Flax WMT example's default length penalty: score = log p / ((5 + length) / 6) ** alpha.
+DEFAULT_LENGTH_PENALTY = 0.6
+_NEG = -1e9  # a score no hypothesis reaches; finite, so no inf - inf = NaN anywhere
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _greedy(graphdef, state, source, max_new_tokens):
-    model = nnx.merge(graphdef, state)
+
+@flax.struct.dataclass
+class DecodeCache:
+    self_k: jax.Array  # (L, B, N, H, K): keys of the target positions written so far
+    self_v: jax.Array  # (L, B, N, H, K)
+    cross_k: jax.Array  # (L, B, S, H, K): encoder output projected once per layer
+    cross_v: jax.Array  # (L, B, S, H, K)
+    source_mask: jax.Array  # (B, 1, 1, S)
+
+
+def prefill(model, source, max_positions):
+    """Encode ``source`` (B, S) and build the cache for ``max_positions`` target positions."""
     enc_out, source_mask = model.encode(source)
+    layers = model.decoder.decoder_layers
+    cross = [layer.transformer_block.attention.project_kv(enc_out, enc_out) for layer in layers]
     B = source.shape[0]
-    N = max_new_tokens
-    # buf[:, 0] is BOS, buf[:, t + 1] the token chosen at step t. The decoder reads the first N
-    # slots only: the last token is emitted, never fed back, so N positions suffice.
-    buf = jnp.full((B, N + 1), PAD, source.dtype).at[:, 0].set(BOS)  # (B, 1 + N)
-    target_mask = model.create_target_mask(buf[:, :N])
-
-    def step(t, carry):
-        buf, done = carry
-        logits = model.decoder(buf[:, :N], enc_out, source_mask, target_mask)  # (B, N, V)
-        token = jnp.argmax(logits[:, t], axis=-1).astype(buf.dtype)
-        token = jnp.where(done, PAD, token)  # after EOS, only padding
-        return buf.at[:, t + 1].set(token), done | (token == EOS)
-
-    buf, _ = jax.lax.fori_loop(0, max_new_tokens, step, (buf, jnp.zeros((B,), jnp.bool_)))
-    return buf[:, 1:]
+    attn = layers[0].attention
+    dtype = cross[0][0].dtype
+    empty = jnp.zeros((len(layers), B, max_positions, attn.heads, attn.head_dim), dtype)
+    return DecodeCache(
+        self_k=empty, self_v=empty,
+        cross_k=jnp.stack([k for k, _ in cross]), cross_v=jnp.stack([v for _, v in cross]),
+        source_mask=source_mask,
+    )
 
 
-def greedy_decode(model, source, max_new_tokens):
-    """Greedy tokens (B, max_new_tokens) for ``source`` (B, S): EOS included, PAD after it.
+def decode_one_token(model, cache: DecodeCache, tokens, t):
+    """Logits (B, V) for the next token after ``tokens`` (B,) at position ``t``; the cache
+    with position t's keys/values written."""
+    decoder = model.decoder
+    N = cache.self_k.shape[2]
+    position = jnp.full((tokens.shape[0], 1), t)
+    # Same as Decoder.__call__ for one position: token + position embedding, (eval) dropout.
+    x = decoder.dropout(decoder.embedding_layer(tokens[:, None]) + decoder.positional_embedding(position))  # (B, 1, D)
+    # Query t sees positions 0..t; positions past t hold zeros, masked like the causal mask.
+    self_mask = (jnp.arange(N) <= t)[None, None, None, :]  # (1, 1, 1, N)
+    self_k, self_v = cache.self_k, cache.self_v
+    for i, layer in enumerate(decoder.decoder_layers):
+        k, v = layer.attention.project_kv(x, x)  # (B, 1, H, K)
+        start = (i, 0, t, 0, 0)  # layer i, position t
+        self_k = jax.lax.dynamic_update_slice(self_k, k[None].astype(self_k.dtype), start)
+        self_v = jax.lax.dynamic_update_slice(self_v, v[None].astype(self_v.dtype), start)
+        x = layer.step(x, (self_k[i], self_v[i]), (cache.cross_k[i], cache.cross_v[i]), cache.source_mask, self_mask)
+    logits = decoder.fc(x)[:, 0]  # (B, V)
+    return logits, cache.replace(self_k=self_k, self_v=self_v)
 
-    ``model`` is a ``Transformer`` (switched to eval mode for the call). ``max_new_tokens``
-    may be at most ``max_len``: the decoder reads BOS and the first N - 1 tokens.
-    """
+
+def _check(model, source, max_new_tokens):
     c = model.config
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -54,15 +89,176 @@ def greedy_decode(model, source, max_new_tokens):
             f"holds {c.max_len} decoder positions (BOS + {c.max_len - 1} fed-back tokens)"
         )
     check_tokens(source, c.source_vocab_size, c.max_len, "source")
+    if source.shape[1] == 0:
+        raise ValueError("source: empty input (length 0)")
     model.eval()
-    graphdef, state = nnx.split(model)
-    return _greedy(graphdef, state, jnp.asarray(source), max_new_tokens)
+    return nnx.split(model)
+
+
+# --- greedy and sampling --------------------------------------------------------------
+
+
+def _pick(rule, logits, t, key):
+    """The next token (B,) from logits (B, V). ``rule`` is ("greedy",) or ("sample",
+    temperature, top_k): a hashable value, so each rule compiles once."""
+    if rule[0] == "greedy":
+        return jnp.argmax(logits, axis=-1)
+    _, temperature, top_k = rule
+    logits = logits.astype(jnp.float32) / temperature
+    if top_k:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]  # (B, 1): the k-th largest logit
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(jax.random.fold_in(key, t), logits, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _token_by_token(graphdef, state, source, max_new_tokens, rule, key):
+    model = nnx.merge(graphdef, state)
+    B = source.shape[0]
+    cache = prefill(model, source, max_new_tokens)
+
+    def cond(carry):
+        t, _, _, _, done = carry
+        return (t < max_new_tokens) & ~jnp.all(done)
+
+    def body(carry):
+        t, tokens, cache, out, done = carry
+        logits, cache = decode_one_token(model, cache, tokens, t)
+        token = jnp.where(done, PAD, _pick(rule, logits, t, key).astype(tokens.dtype))  # after EOS, padding
+        return t + 1, token, cache, out.at[:, t].set(token), done | (token == EOS)
+
+    init = (0, jnp.full((B,), BOS, source.dtype), cache, jnp.full((B, max_new_tokens), PAD, source.dtype),
+            jnp.zeros((B,), jnp.bool_))
+    return jax.lax.while_loop(cond, body, init)[3]
+
+
+def greedy_decode(model, source, max_new_tokens):
+    """Greedy tokens (B, max_new_tokens) for ``source`` (B, S), with the KV cache: EOS
+    included, PAD after it. ``max_new_tokens`` may be at most ``max_len``."""
+    graphdef, state = _check(model, source, max_new_tokens)
+    return _token_by_token(graphdef, state, jnp.asarray(source), max_new_tokens, ("greedy",), jax.random.key(0))
+
+
+def sample(model, source, max_new_tokens, *, temperature=1.0, top_k=None, seed=0):
+    """Sampled tokens (B, max_new_tokens): softmax(logits / temperature), restricted to the
+    ``top_k`` most likely tokens when given. The same seed gives the same tokens."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (greedy decoding is temperature -> 0)")
+    if top_k is not None and not 1 <= top_k <= model.config.target_vocab_size:
+        raise ValueError(f"top_k must be in [1, {model.config.target_vocab_size}], got {top_k}")
+    graphdef, state = _check(model, source, max_new_tokens)
+    rule = ("sample", float(temperature), top_k)
+    return _token_by_token(graphdef, state, jnp.asarray(source), max_new_tokens, rule, jax.random.key(seed))
+
+
+# --- beam search ----------------------------------------------------------------------
+
+
+def length_penalty(length, alpha):
+    """GNMT's ((5 + length) / 6) ** alpha (Wu et al. 2016), as in the Flax WMT example."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _take(x, index):
+    """x (B, M, ...) gathered along axis 1 by index (B, W) -> (B, W, ...)."""
+    return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _beam(graphdef, state, source, max_new_tokens, beam_size, alpha):
+    model = nnx.merge(graphdef, state)
+    B, W, N = source.shape[0], beam_size, max_new_tokens
+    cache = prefill(model, jnp.repeat(source, W, axis=0), N)  # beams of item b at rows b*W..b*W+W-1
+    V = model.config.target_vocab_size
+
+    def cond(carry):
+        t, *_, fin_score = carry
+        return (t < N) & ~jnp.all(fin_score[:, -1] > _NEG / 2)  # every item has W finished
+
+    def body(carry):
+        t, tokens, cache, alive_seq, alive_logp, fin_seq, fin_score = carry
+        logits, cache = decode_one_token(model, cache, tokens, t)  # (B*W, V)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(B, W, V) + alive_logp[..., None]
+        # 2W candidates: even if W of them end in EOS, W remain to continue.
+        cand_logp, flat = jax.lax.top_k(logp.reshape(B, W * V), 2 * W)  # (B, 2W)
+        beam, token = flat // V, (flat % V).astype(tokens.dtype)
+        cand_seq = _take(alive_seq, beam).at[:, :, t].set(token)  # (B, 2W, N)
+        is_eos = token == EOS
+
+        # Finished hypotheses, as in fairseq: an EOS candidate is final only if it ranks among
+        # the top W candidates, and an item is done once it has W final hypotheses (later
+        # candidates no longer enter). With W = 1 this is exactly greedy decoding.
+        done = fin_score[:, -1] > _NEG / 2
+        top_w = jnp.arange(2 * W) < W
+        cand_score = jnp.where(is_eos & top_w & ~done[:, None], cand_logp / length_penalty(t + 1, alpha), _NEG)
+        fin_score, keep = jax.lax.top_k(jnp.concatenate([fin_score, cand_score], axis=1), W)
+        fin_seq = _take(jnp.concatenate([fin_seq, cand_seq], axis=1), keep)
+
+        # Alive hypotheses: the best W that did not end.
+        alive_logp, keep = jax.lax.top_k(jnp.where(is_eos, _NEG, cand_logp), W)
+        alive_seq, parent = _take(cand_seq, keep), _take(beam, keep)  # (B, W, N), (B, W)
+        rows = (jnp.arange(B)[:, None] * W + parent).reshape(-1)
+        cache = cache.replace(self_k=cache.self_k[:, rows], self_v=cache.self_v[:, rows])
+        return t + 1, _take(token, keep).reshape(-1), cache, alive_seq, alive_logp, fin_seq, fin_score
+
+    alive_logp = jnp.full((B, W), _NEG).at[:, 0].set(0.0)  # one live beam at the start
+    init = (0, jnp.full((B * W,), BOS, source.dtype), cache, jnp.full((B, W, N), PAD, source.dtype), alive_logp,
+            jnp.full((B, W, N), PAD, source.dtype), jnp.full((B, W), _NEG))
+    t, _, _, alive_seq, alive_logp, fin_seq, fin_score = jax.lax.while_loop(cond, body, init)
+
+    # Items that ran out of positions before W hypotheses finished: their live beams compete,
+    # scored at the length they reached.
+    done = fin_score[:, -1] > _NEG / 2
+    alive_score = jnp.where(done[:, None] | (alive_logp <= _NEG / 2), _NEG, alive_logp / length_penalty(t, alpha))
+    scores, keep = jax.lax.top_k(jnp.concatenate([fin_score, alive_score], axis=1), W)
+    return _take(jnp.concatenate([fin_seq, alive_seq], axis=1), keep), scores
+
+
+def beam_search(model, source, max_new_tokens, *, beam_size=4, alpha=DEFAULT_LENGTH_PENALTY):
+    """Beam search: (tokens (B, W, N), scores (B, W)), beams sorted best first. A score is
+    the hypothesis's log-probability divided by ``length_penalty(length, alpha)``."""
+    if beam_size < 1:
+        raise ValueError(f"beam size must be >= 1, got {beam_size}")
+    if alpha < 0:
+        raise ValueError(f"length penalty alpha must be >= 0, got {alpha}")
+    graphdef, state = _check(model, source, max_new_tokens)
+    return _beam(graphdef, state, jnp.asarray(source), max_new_tokens, beam_size, float(alpha))
+
+
+# --- the uncached reference -----------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _greedy_uncached(graphdef, state, source, max_new_tokens):
+    model = nnx.merge(graphdef, state)
+    enc_out, source_mask = model.encode(source)
+    B, N = source.shape[0], max_new_tokens
+    # buf[:, 0] is BOS, buf[:, t + 1] the token chosen at step t. The decoder reads the first N
+    # slots only: the last token is emitted, never fed back, so N positions suffice.
+    buf = jnp.full((B, N + 1), PAD, source.dtype).at[:, 0].set(BOS)
+    target_mask = model.create_target_mask(buf[:, :N])
+
+    def step(t, carry):
+        buf, done = carry
+        logits = model.decoder(buf[:, :N], enc_out, source_mask, target_mask)  # (B, N, V)
+        token = jnp.where(done, PAD, jnp.argmax(logits[:, t], axis=-1).astype(buf.dtype))
+        return buf.at[:, t + 1].set(token), done | (token == EOS)
+
+    buf, _ = jax.lax.fori_loop(0, N, step, (buf, jnp.zeros((B,), jnp.bool_)))
+    return buf[:, 1:]
+
+
+def greedy_decode_uncached(model, source, max_new_tokens):
+    """Greedy decoding that runs the full decoder over the whole target buffer for every new
+    token (no cache): the reference for ``greedy_decode``, and the benchmark's baseline."""
+    graphdef, state = _check(model, source, max_new_tokens)
+    return _greedy_uncached(graphdef, state, jnp.asarray(source), max_new_tokens)
 
 
 def exact_match(predicted, target_out):
     """Per-sequence exact match: every labelled position (EOS included) predicted right.
 
-    ``predicted`` (B, N) from ``greedy_decode``; ``target_out`` (B, T) labels padded with PAD.
+    ``predicted`` (B, N) from a decoder; ``target_out`` (B, T) labels padded with PAD.
     """
     predicted, target_out = np.asarray(predicted), np.asarray(target_out)
     T = target_out.shape[1]

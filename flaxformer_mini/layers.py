@@ -22,7 +22,13 @@ class TransformerBlock(nnx.Module):
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, query, key, value, mask):
-        attention = self.attention(query, key, value, mask)
+        return self._add_norm_feed_forward(query, self.attention(query, key, value, mask))
+
+    def attend(self, query, k, v, mask):
+        """The block given projected keys/values (B, S, H, K): cached decoding's entry point."""
+        return self._add_norm_feed_forward(query, self.attention.attend(query, k, v, mask))
+
+    def _add_norm_feed_forward(self, query, attention):
         fc_in = self.dropout(self.norm1(attention + query))
         fc_out = sequential(self.fc, fc_in)
         return self.norm2(fc_out + fc_in)
@@ -43,6 +49,15 @@ class DecoderBlock(nnx.Module):
         x = self.attention(input, input, input, target_mask)
         query = self.dropout(self.norm(x + input))
         return self.transformer_block(query, key, value, source_mask)
+
+    def step(self, input, self_kv, cross_kv, source_mask, target_mask):
+        """The block for new target positions ``input`` (B, T, D), given the self-attention
+        keys/values of every position so far (cache included) and the cross-attention
+        keys/values of the encoder output: what ``__call__`` computes, without recomputing
+        the projections of earlier positions."""
+        x = self.attention.attend(input, *self_kv, target_mask)
+        query = self.dropout(self.norm(x + input))
+        return self.transformer_block.attend(query, *cross_kv, source_mask)
 
 
 class LearnedPositionalEncoding(nnx.Module):

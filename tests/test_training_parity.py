@@ -268,9 +268,8 @@ def _train_both(config):
     optimizer, scheduler = _torch_optimizer(torch_model, config)
     trainer = Trainer(flax_model, config)
     state = trainer.init_state()
-    # From here on only `state` holds the Flax parameters: the compiled step donates its input
-    # buffers, and the first state shares them with flax_model, which must not be used again.
-    del flax_model
+    # From here on the Flax parameters being trained live in `state` (init_state copies the
+    # model's arrays, which the compiled step then donates); flax_model keeps the initial ones.
 
     flax_metrics, torch_metrics = {}, {}
     for step in range(NUM_STEPS):
