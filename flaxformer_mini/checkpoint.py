@@ -59,10 +59,10 @@ def _shapes(tree):
 
 def _stored_params(manager, step):
     try:
-        meta = ocp.StandardCheckpointer().metadata(manager.directory / str(step) / "default")
+        meta = ocp.StandardCheckpointHandler().metadata(manager.directory / str(step) / "default")
     except Exception:  # noqa: BLE001 - no readable metadata: the restore itself will complain
         return None
-    tree = getattr(meta, "item_metadata", meta)
+    tree = getattr(meta, "tree", meta)
     try:
         return tree["params"]
     except (KeyError, TypeError):

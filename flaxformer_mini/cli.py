@@ -1,8 +1,9 @@
-"""``flaxformer-mini``: train, evaluate.
+"""``flaxformer-mini``: train, evaluate, generate.
 
     flaxformer-mini train --task reverse --out runs/reverse
     flaxformer-mini train --data train.tsv --valid valid.tsv --out runs/mt
     flaxformer-mini evaluate --checkpoint runs/reverse --json
+    flaxformer-mini generate --checkpoint runs/reverse 5 3 9 2 7
 
 Running the same ``train`` command again with the same ``--out`` resumes the run.
 Exit codes: 0 done, 1 the run failed (a NaN loss), 2 unusable options or files, 130
@@ -66,12 +67,30 @@ def _train(args):
 def _evaluate(args):
     from flaxformer_mini.fit import evaluate_run
 
-    result = evaluate_run(args.checkpoint, batch_size=args.batch_size)
+    if args.beam_size < 1:
+        raise ValueError(f"--beam-size must be >= 1, got {args.beam_size}")
+    result = evaluate_run(args.checkpoint, batch_size=args.batch_size, beam_size=args.beam_size)
     if args.json:
         print(json.dumps({k: result[k] for k in ("loss", "token_accuracy", "exact_match")}))
     else:
         print(f"{args.checkpoint} at step {result['step']}: loss {result['loss']:.4f}, "
               f"token accuracy {result['token_accuracy']:.4f}, exact match {result['exact_match']:.4f}")
+    return EXIT_OK
+
+
+def _generate(args):
+    from flaxformer_mini.generation import generate
+
+    # Each argument is one input; `generate --checkpoint r 5 3 9` (words split by the shell)
+    # is one input too, so join bare words into a single line.
+    texts = [" ".join(args.text)] if args.text else [line.strip() for line in sys.stdin if line.strip()]
+    outputs = generate(args.checkpoint, texts, max_new_tokens=args.max_new_tokens, beam_size=args.beam_size,
+                       temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    for i, out in enumerate(outputs, 1):
+        if out.unknown_words:
+            print(f"note: input {i}: {len(out.unknown_words)} unknown word(s) mapped to <unk>: "
+                  f"{', '.join(out.unknown_words)}", file=sys.stderr)
+        print(out.text)
     return EXIT_OK
 
 
@@ -129,7 +148,20 @@ def build_parser():
     e.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
     e.add_argument("--json", action="store_true", help="print one JSON object: loss, token_accuracy, exact_match")
     e.add_argument("--batch-size", type=_positive(int), default=None)
+    e.add_argument("--beam-size", type=int, default=1, help="exact match of the best beam (1: greedy)")
     e.set_defaults(run=_evaluate)
+
+    g = sub.add_parser("generate", help="decode inputs with a run's latest checkpoint",
+                       description="Decode TEXT (the words given), or one input per line of standard input. "
+                                   "Greedy by default; --beam-size K for beam search; --temperature/--top-k to sample.")
+    g.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
+    g.add_argument("--beam-size", type=int, default=1, metavar="K")
+    g.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="default: the model's max_len")
+    g.add_argument("--temperature", type=float, default=None, metavar="T")
+    g.add_argument("--top-k", type=int, default=None, metavar="K")
+    g.add_argument("--seed", type=int, default=0, help="seed for sampling")
+    g.add_argument("text", nargs="*", help="the input; if absent, one input per line of standard input")
+    g.set_defaults(run=_generate)
     return parser
 
 

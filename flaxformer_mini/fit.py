@@ -9,6 +9,7 @@ The loop reads each step's metrics one step late, so the host never waits for th
 except at logging, evaluation and checkpoint steps.
 """
 
+import dataclasses
 import math
 import signal
 import time
@@ -20,7 +21,7 @@ from flax import nnx
 
 from flaxformer_mini import checkpoint
 from flaxformer_mini.data import PAD
-from flaxformer_mini.decoding import exact_match, greedy_decode
+from flaxformer_mini.decoding import beam_search, exact_match, greedy_decode
 from flaxformer_mini.model import Transformer
 from flaxformer_mini.run import RunConfig, RunDir, load_data, save_vocabularies
 from flaxformer_mini.sharding import STRATEGIES, make_mesh, shard_batch, shard_state
@@ -45,12 +46,20 @@ def eval_batches(config: RunConfig, eval_data):
     return list(eval_data.iter_eval_batches(config.batch_size))
 
 
-def evaluate(trainer, state, batches, with_exact_match=True):
-    """Teacher-forced loss and token accuracy, and greedy exact-match accuracy."""
+def evaluate(trainer, state, batches, with_exact_match=True, beam_size=1):
+    """Teacher-forced loss and token accuracy, and exact-match accuracy of cached greedy
+    decoding (or of the best beam, with ``beam_size`` > 1)."""
     result = trainer.evaluate(state, batches)
     if with_exact_match:
         model = trainer.model(state)
-        hits = [exact_match(greedy_decode(model, b.source, b.target_out.shape[1]), b.target_out) for b in batches]
+        hits = []
+        for b in batches:
+            n = b.target_out.shape[1]
+            if beam_size > 1:
+                predicted = beam_search(model, b.source, n, beam_size=beam_size)[0][:, 0]
+            else:
+                predicted = greedy_decode(model, b.source, n)
+            hits.append(exact_match(predicted, b.target_out))
         result["exact_match"] = float(np.concatenate(hits).mean())
     return result
 
@@ -217,18 +226,23 @@ def plot_metrics(run: RunDir):
     return run.plot_path
 
 
-def evaluate_run(out, batch_size=None, with_exact_match=True):
-    """Evaluate the latest checkpoint of the run in ``out`` on its held-out data."""
+def load_run(out):
+    """(run config, trainer, state restored from the latest checkpoint) of the run in ``out``."""
     run = RunDir(out)
     config = run.load_config()
-    if batch_size:
-        config = type(config)(config.model, config.train, config.data, batch_size, config.dtype)
-    _, eval_data, _ = load_data(config.data, run)
     trainer = build_trainer(config)
     manager = checkpoint.open_manager(run.checkpoints.absolute())
     if manager.latest_step() is None:
         raise FileNotFoundError(f"{run.path}: the run has no checkpoint yet")
-    state = checkpoint.restore(manager, trainer.init_state())
-    result = evaluate(trainer, state, eval_batches(config, eval_data), with_exact_match)
+    return config, trainer, checkpoint.restore(manager, trainer.init_state())
+
+
+def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1):
+    """Evaluate the latest checkpoint of the run in ``out`` on its held-out data."""
+    config, trainer, state = load_run(out)
+    if batch_size:
+        config = dataclasses.replace(config, batch_size=batch_size)
+    _, eval_data, _ = load_data(config.data, RunDir(out))
+    result = evaluate(trainer, state, eval_batches(config, eval_data), with_exact_match, beam_size)
     return {"step": int(state.step), **result}
 

@@ -1,8 +1,10 @@
 """`flaxformer-mini train` and `evaluate` as a user runs them: real processes, real signals."""
 
+import contextlib
+import io
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from flaxformer_mini import checkpoint
+from flaxformer_mini.cli import main
 from flaxformer_mini.fit import build_trainer
 from flaxformer_mini.run import RunDir
 
@@ -21,8 +24,27 @@ TINY_RUN = ["--task", "copy", "--preset", "tiny", "--vocab-size", "11", "--max-l
             "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every", "5", "--no-progress"]
 
 
-def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "flaxformer_mini", *args], capture_output=True, text=True, timeout=timeout)
+def run_process(*args, env=None, stdin=None):
+    """The CLI in a process of its own, as a user runs it (needed for signals and env)."""
+    return subprocess.run([sys.executable, "-m", "flaxformer_mini", *args], capture_output=True, text=True,
+                          timeout=300, env=env, input=stdin)
+
+
+def cli(*args, stdin=""):
+    """The CLI in this process: the same main(), without paying JAX's start-up and the
+    compilation of every jitted function again for each call."""
+    out, err = io.StringIO(), io.StringIO()
+    old_stdin = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # argparse errors
+                code = e.code
+    finally:
+        sys.stdin = old_stdin
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def start(*args):
@@ -58,7 +80,7 @@ def wait_for_checkpoint(out, at_least, proc, timeout=240):
 def straight_run(tmp_path_factory):
     """The uninterrupted reference: 60 steps, checkpoints every 10."""
     out = tmp_path_factory.mktemp("straight") / "run"
-    proc = cli("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
+    proc = run_process("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     return out, proc
 
@@ -77,7 +99,7 @@ def test_kill_9_then_resume_ends_bit_identical_to_the_uninterrupted_run(straight
     wait_for_checkpoint(out, 20, proc)
     proc.send_signal(signal.SIGKILL)  # no chance to clean up or save
     proc.wait()
-    resumed = cli("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
+    resumed = run_process("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
     (s1, a), (s2, b) = latest_state(straight_run[0]), latest_state(out)
@@ -95,7 +117,7 @@ def test_ctrl_c_saves_then_resume_ends_bit_identical(straight_run, tmp_path):
     assert "interrupted: saved step" in err
     saved = int(err.split("interrupted: saved step ")[1].split(";")[0])
     assert latest_state(out)[0] == saved  # the step it was at, not only the last periodic save
-    resumed = cli("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
+    resumed = run_process("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
     assert resumed.returncode == 0, resumed.stderr
     assert_same_training_state(latest_state(straight_run[0])[1], latest_state(out)[1])
 
@@ -119,6 +141,10 @@ def test_text_run_builds_its_vocabulary_and_trains(tmp_path):
     vocab = json.loads((out / "vocab_source.json").read_text())["tokens"]
     assert vocab[:4] == ["<pad>", "<bos>", "<eos>", "<unk>"] and set(vocab[4:]) == {"a", "b", "c"}
     assert RunDir(out).load_config().model.source_vocab_size == 7
+    gen = cli("generate", "--checkpoint", str(out), "a zebra c")
+    assert gen.returncode == 0, gen.stderr
+    assert "1 unknown word(s) mapped to <unk>: zebra" in gen.stderr
+    assert set(gen.stdout.split()) <= {"x", "y", "z", "<unk>"}
 
 
 @pytest.mark.parametrize("content, message", [
@@ -159,8 +185,7 @@ def test_unusable_options_exit_2():
 def test_batch_size_not_divisible_by_the_device_count_is_refused_before_anything_is_written(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "flaxformer_mini", "train", *TINY_RUN, "--devices", "8",
-                           "--batch-size", "30", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_process("train", *TINY_RUN, "--devices", "8", "--batch-size", "30", "--out", str(out), env=env)
     assert proc.returncode == 2
     assert "--batch-size 30 is not divisible by 8 devices" in proc.stderr
     assert not out.exists()
@@ -170,3 +195,62 @@ def test_more_devices_than_the_machine_has_is_refused(tmp_path):
     proc = cli("train", *TINY_RUN, "--devices", "3", "--out", str(tmp_path / "run"))
     assert proc.returncode == 2
     assert "asked for 3 devices" in proc.stderr
+
+
+def library_greedy(out, texts):
+    """What the library's cached greedy decoder gives for ``texts``, rendered as generate does."""
+    from flaxformer_mini.data import SyntheticTask, make_source
+    from flaxformer_mini.decoding import greedy_decode
+    from flaxformer_mini.fit import load_run
+
+    config, trainer, state = load_run(out)
+    d = config.data
+    task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
+    tokens = greedy_decode(trainer.model(state), make_source([task.encode_text(t) for t in texts]), config.model.max_len)
+    return [task.decode_ids(row) for row in np.asarray(tokens).tolist()]
+
+
+def test_generate_prints_one_line_per_input_in_the_runs_token_format(straight_run):
+    out = straight_run[0]
+    texts = ["5 3 6 2", "1", "0 0 4"]
+    proc = run_process("generate", "--checkpoint", str(out), stdin="".join(t + "\n" for t in texts))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines == library_greedy(out, texts)
+    assert all(re.fullmatch(r"(\d+( \d+)*)?", line) for line in lines)
+    # Words given as arguments are one input.
+    args = cli("generate", "--checkpoint", str(out), "5", "3", "6", "2")
+    assert args.returncode == 0 and args.stdout.splitlines() == lines[:1]
+
+
+def test_generate_beam_and_sampling_run(straight_run):
+    out = str(straight_run[0])
+    beam = cli("generate", "--checkpoint", out, "--beam-size", "3", "4 1 2")
+    sampled = [cli("generate", "--checkpoint", out, "--temperature", "1.5", "--top-k", "4", "--seed", "7", "4 1 2")
+               for _ in range(2)]
+    assert beam.returncode == 0 and len(beam.stdout.splitlines()) == 1
+    assert sampled[0].returncode == 0 and sampled[0].stdout == sampled[1].stdout  # seeded
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-new-tokens", "99", "1 2"], "max_new_tokens=99 exceeds max_len=6"),
+    (["--beam-size", "0", "1 2"], "--beam-size must be >= 1"),
+    (["1 2 3 4 5 6"], "at most 5 tokens fit"),
+    (["x"], "token 'x' is not an integer"),
+    (["--beam-size", "2", "--temperature", "0.5", "1"], "exclude each other"),
+])
+def test_generate_bad_input_names_the_limit(straight_run, args, message):
+    proc = cli("generate", "--checkpoint", str(straight_run[0]), *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr
+
+
+def test_generate_with_empty_input_is_refused(straight_run):
+    proc = cli("generate", "--checkpoint", str(straight_run[0]), stdin="\n\n")
+    assert proc.returncode == 2 and "empty input" in proc.stderr
+
+
+def test_evaluate_with_beam_size_reports_the_best_beams_exact_match(straight_run):
+    proc = cli("evaluate", "--checkpoint", str(straight_run[0]), "--beam-size", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert 0.0 <= json.loads(proc.stdout)["exact_match"] <= 1.0
