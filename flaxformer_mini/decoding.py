@@ -142,7 +142,8 @@ def greedy_decode(model, source, max_new_tokens):
 def sample(model, source, max_new_tokens, *, temperature=1.0, top_k=None, seed=0):
     """Sampled tokens (B, max_new_tokens): softmax(logits / temperature), restricted to the
     ``top_k`` most likely tokens when given. The same seed gives the same tokens."""
-    if temperature <= 0:
+    # `not > 0`, not `<= 0`: a NaN temperature fails every comparison and would slip through.
+    if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature} (greedy decoding is temperature -> 0)")
     if top_k is not None and not 1 <= top_k <= model.config.target_vocab_size:
         raise ValueError(f"top_k must be in [1, {model.config.target_vocab_size}], got {top_k}")
@@ -189,7 +190,9 @@ def _beam(graphdef, state, source, max_new_tokens, beam_size, alpha):
         # the top W candidates, and an item is done once it has W final hypotheses (later
         # candidates no longer enter). With W = 1 this is exactly greedy decoding.
         done = fin_score[:, -1] > _NEG / 2
-        top_w = jnp.arange(2 * W) < W
+        # (1, 2W), not (2W,): under jax_numpy_rank_promotion="raise" (the tests' setting) the
+        # implicit (B, 2W) & (2W,) broadcast is an error, and beam search failed to trace.
+        top_w = (jnp.arange(2 * W) < W)[None, :]
         cand_score = jnp.where(is_eos & top_w & ~done[:, None], cand_logp / length_penalty(t + 1, alpha), _NEG)
         fin_score, keep = jax.lax.top_k(jnp.concatenate([fin_score, cand_score], axis=1), W)
         fin_seq = _take(jnp.concatenate([fin_seq, cand_seq], axis=1), keep)
@@ -219,7 +222,7 @@ def beam_search(model, source, max_new_tokens, *, beam_size=4, alpha=DEFAULT_LEN
     the hypothesis's log-probability divided by ``length_penalty(length, alpha)``."""
     if beam_size < 1:
         raise ValueError(f"beam size must be >= 1, got {beam_size}")
-    if alpha < 0:
+    if not alpha >= 0:  # NaN included (it fails every comparison)
         raise ValueError(f"length penalty alpha must be >= 0, got {alpha}")
     graphdef, state = _check(model, source, max_new_tokens)
     return _beam(graphdef, state, jnp.asarray(source), max_new_tokens, beam_size, float(alpha))

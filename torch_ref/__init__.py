@@ -18,6 +18,8 @@ from torch_ref.attention import (
 )
 from torch_ref.layers import FeedForward, LearnedPositionalEncoding, TransformerBlock, DecoderBlock
 from torch_ref.model import Decoder, Encoder, Transformer, check_tokens
+from torch_ref.decoding import greedy_decode
+from torch_ref.training import make_optimizer, token_cross_entropy, train_step
 
 __all__ = [
     "MASK_FILL_VALUE",
@@ -34,4 +36,8 @@ __all__ = [
     "MultiHeadSelfAttention",
     "FeedForward",
     "check_tokens",
+    "greedy_decode",
+    "make_optimizer",
+    "token_cross_entropy",
+    "train_step",
 ]
