@@ -84,6 +84,8 @@ def save_state_dict(state_dict, path):
     an interrupted write never leaves a truncated file under the final name."""
     path = Path(path)
     suffix = path.suffix.lower()
+    if not path.absolute().parent.is_dir():  # torch.save would say so as a RuntimeError
+        raise CheckpointError(f"{path}: the directory {path.absolute().parent} does not exist")
     tmp = path.with_name(path.name + ".tmp")
     tensors = {k: v.contiguous() for k, v in state_dict.items()}
     if suffix == SAFETENSORS_SUFFIX:

@@ -1,7 +1,13 @@
-"""``parity`` command line: ``parity check --preset seed``.
+"""``parity`` command line.
 
-Exit codes: 0 every intermediate within tolerance, 1 some difference beyond it, 2 the
-options or inputs are unusable (the message says which).
+    parity check --preset seed
+    parity check --torch-checkpoint model.pt --heads 5 [--grads] [--json OUT] [--plot OUT.png]
+    parity convert model.pt model.safetensors     # torch state dict -> Flax parameters
+    parity convert model.safetensors back.pt      # and back, bit for bit
+
+Exit codes: 0 every compared tensor within tolerance (``convert``: written), 1 some
+difference beyond it, 2 the options or inputs are unusable (the message says which key,
+file or option).
 """
 
 import argparse
@@ -9,56 +15,226 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_DIVERGED, EXIT_UNUSABLE = 0, 1, 2
+DEFAULT_ATOL = 1e-5  # DESIGN.md's parity policy, as parity.check.DEFAULT_ATOL
+
+
+class UsageError(ValueError):
+    """An option or a combination of options that cannot be used."""
+
+
+# ----------------------------------------------------------------------------- check
+
+
+def _check_parent(option, path):
+    """Fail before the work, not after it, when its result cannot be written."""
+    parent = Path(path).absolute().parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: the directory {parent} does not exist")
+
+
+def _check_output_paths(args):
+    from parity.plot import PLOT_SUFFIXES
+
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            _check_parent(option, path)
+    if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(f"--plot {args.plot}: unknown image type {Path(args.plot).suffix or '(no suffix)'!r}; "
+                         f"use one of {', '.join(PLOT_SUFFIXES)}")
+
+
+def _where(value, option, config_key, overrides):
+    if value is not None:
+        return option
+    return "config file" if config_key in overrides else "default"
+
+
+def _load_checkpoint(args):
+    """(state dict, config, description of where heads and padding came from)."""
+    from parity.checkpoint_io import CheckpointError, load_state_dict
+    from parity.flax_io import checkpoint_kind
+    from parity.infer import infer_config, read_config_file
+
+    path = args.torch_checkpoint
+    if checkpoint_kind(path) != "torch":
+        raise CheckpointError(f"{path}: holds Flax parameters, not a torch state dict; "
+                              f"`parity convert {path} OUT.pt` turns it back into one")
+    state_dict = load_state_dict(path)
+    overrides = read_config_file(args.config) if args.config else {}
+    config = infer_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx, overrides=overrides)
+    sources = {"heads": _where(args.heads, "--heads", "heads", overrides),
+               "src_pad_idx": _where(args.pad_idx, "--pad-idx", "src_pad_idx", overrides)}
+    return state_dict, config, sources
 
 
 def _check(args):
     # Imported here so that `parity --help` answers without loading torch and JAX.
     from flaxformer_mini.config import get_preset
-    from parity.compare import compare_models
-    from parity.twins import as_inputs, parity_numerics, sample_batch, transformer_pair
+    from parity.check import check_twins
+    from parity.twins import parity_numerics, transformer_pair, twins_from_state_dict
 
+    if args.torch_checkpoint is None:
+        for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
+            if value is not None:
+                raise UsageError(f"{option} applies to --torch-checkpoint only; a preset fixes the whole config")
+    _check_output_paths(args)
     parity_numerics()
-    config = get_preset(args.preset)
-    torch_model, flax_model = transformer_pair(config, seed=args.seed)
-    torch_inputs, flax_inputs = as_inputs(*sample_batch(config, batch=args.batch, seed=args.seed))
-    report = compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=args.atol)
+
+    if args.torch_checkpoint is None:
+        preset = args.preset or "seed"
+        config = get_preset(preset)
+        torch_model, flax_model = transformer_pair(config, seed=args.seed)
+        what = f"preset {preset}"
+        heads, pad = f"{config.heads} heads", ""
+    else:
+        state_dict, config, sources = _load_checkpoint(args)
+        torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=args.seed)
+        what = f"checkpoint {args.torch_checkpoint}"
+        # The weights do not record H, and the twins agree for any H dividing D: say where it came from.
+        heads = f"{config.heads} heads ({sources['heads']}; not in the weights)"
+        pad = f", src_pad_idx {config.src_pad_idx} ({sources['src_pad_idx']})"
+    report = check_twins(torch_model, flax_model, config, batch=args.batch, seed=args.seed, atol=args.atol,
+                         grads=args.grads)
 
     c = config
-    print(f"preset {args.preset}: vocab {c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, "
-          f"embed {c.embed_size}, {c.heads} heads, {c.num_layers}+{c.num_layers} layers; "
-          f"batch {args.batch} with padding, float32, highest matmul precision, seed {args.seed}")
+    print(f"{what}: vocab {c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, "
+          f"embed {c.embed_size}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}; "
+          f"batch {args.batch} with padding, float32, highest matmul precision, seed {args.seed}"
+          + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
     print(report.format_table(show_all=args.all))
     if args.json:
         Path(args.json).write_text(report.to_json(indent=2) + "\n")
         print(f"report written to {args.json}")
+    if args.plot:
+        from parity.plot import plot_report
+
+        plot_report(report, args.plot, title=f"torch vs Flax, {what}")
+        print(f"plot written to {args.plot}")
     return EXIT_OK if report.ok else EXIT_DIVERGED
+
+
+# ----------------------------------------------------------------------------- convert
+
+
+def _convert(args):
+    from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
+    from parity.flax_io import (
+        checkpoint_kind,
+        flax_params_from_state_dict,
+        is_orbax_path,
+        load_flax_params,
+        save_flax_params,
+        state_dict_from_flax_params,
+    )
+    from parity.infer import infer_config, read_config_file
+
+    source, out = args.input, args.output
+    if Path(source).absolute() == Path(out).absolute():
+        raise UsageError(f"IN and OUT are the same path ({source}); write the conversion elsewhere")
+    out_suffix = "" if is_orbax_path(out) else Path(out).suffix.lower()
+    kind = checkpoint_kind(source)
+    _check_parent("OUT", Path(out.rstrip("/") or out))
+
+    if kind == "torch":
+        if out_suffix not in ("", SAFETENSORS_SUFFIX):
+            raise UsageError(f"OUT {out}: a torch checkpoint converts to Flax parameters, written as "
+                             f"{SAFETENSORS_SUFFIX} or an orbax directory (a path without a suffix, or ending "
+                             f"in '/'), not {out_suffix!r}")
+        state_dict = load_state_dict(source)
+        overrides = read_config_file(args.config) if args.config else {}
+        config = infer_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx, overrides=overrides)
+        params = flax_params_from_state_dict(state_dict, config)
+        written = save_flax_params(params, config, out)
+        form = "an orbax directory" if out_suffix == "" else SAFETENSORS_SUFFIX
+        print(f"{source} (torch state dict, {len(state_dict)} tensors) -> {written} "
+              f"(Flax parameters, {len(params)} arrays in Flax layout, {form}; the config in its metadata)")
+    else:
+        for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
+            if value is not None:
+                raise UsageError(f"{option} applies to a torch IN only; {source} holds Flax parameters and its config")
+        if out_suffix not in (SAFETENSORS_SUFFIX, *TORCH_SUFFIXES):
+            raise UsageError(f"OUT {out}: Flax parameters convert to a torch state dict, written as "
+                             f"{', '.join((SAFETENSORS_SUFFIX, *TORCH_SUFFIXES))}, not "
+                             f"{out_suffix or 'a directory'!r}")
+        params, config = load_flax_params(source)
+        state_dict = state_dict_from_flax_params(params, config)
+        save_state_dict(state_dict, out)
+        print(f"{source} (Flax parameters, {len(params)} arrays) -> {out} (torch state dict, {len(state_dict)} "
+              f"tensors, torch layout)")
+    c = config
+    print(f"config: src_pad_idx {c.src_pad_idx}, vocab {c.source_vocab_size}/{c.target_vocab_size}, "
+          f"max_len {c.max_len}, embed {c.embed_size}, {c.heads} heads, {c.num_layers}+{c.num_layers} layers")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _config_options(parser, what):
+    group = parser.add_argument_group(
+        "what the weights cannot tell",
+        f"Sizes (vocabularies, max_len, width, depth) are read from the {what}'s shapes; these are not."
+    )
+    group.add_argument("--heads", type=int, metavar="H", help="attention heads; must divide the width (default 8, the seed's)")
+    group.add_argument("--pad-idx", type=int, metavar="P", help="source padding id, masked out by the encoder (default 0)")
+    group.add_argument("--config", metavar="FILE.json",
+                       help="JSON object of ModelConfig fields (heads, src_pad_idx, ...); options override it")
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="parity", description="Prove the torch and Flax twins compute the same numbers.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    check = sub.add_parser("check", help="run both twins with the same weights and compare every intermediate")
-    check.add_argument("--preset", default="seed", help="model preset (default: seed, the seed tutorial's config)")
-    check.add_argument("--atol", type=float, default=1e-5, help="max absolute difference allowed (default 1e-5)")
+    check = sub.add_parser(
+        "check", help="run both twins with the same weights and compare every intermediate",
+        description="Run the torch and Flax twins with the same weights on seeded, padded inputs and compare "
+                    "every intermediate; name the first one that diverges.",
+    )
+    source = check.add_mutually_exclusive_group()
+    source.add_argument("--preset", help="model preset with torch's initialisation (default: seed, the seed tutorial's config)")
+    source.add_argument("--torch-checkpoint", metavar="FILE",
+                        help="a seed 001 Transformer state dict (.pt/.pth/.bin, read with weights_only=True, or .safetensors)")
+    _config_options(check, "checkpoint")
+    check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="max absolute difference allowed (default 1e-5)")
     check.add_argument("--batch", type=int, default=4, help="batch size of the seeded inputs (default 4)")
-    check.add_argument("--seed", type=int, default=0, help="seed for the weights and the inputs (default 0)")
-    check.add_argument("--all", action="store_true", help="show every submodule's output, not only the landmarks")
+    check.add_argument("--seed", type=int, default=0, help="seed for the inputs (and a preset's weights) (default 0)")
+    check.add_argument("--grads", action="store_true",
+                       help="also compare the loss and every parameter's gradient (token cross-entropy, next-token labels)")
+    check.add_argument("--all", action="store_true", help="show every row, not only the landmarks")
     check.add_argument("--json", metavar="OUT", help="also write the whole report as JSON")
+    check.add_argument("--plot", metavar="OUT.png", help="also draw each intermediate's difference (.png, .svg or .pdf)")
     check.set_defaults(run=_check)
+
+    convert = sub.add_parser(
+        "convert", help="torch checkpoint <-> Flax parameters, bit for bit",
+        description="A torch state dict (.pt/.pth/.bin/.safetensors) to Flax parameters (OUT.safetensors with Flax "
+                    "paths as keys and the config in its metadata, or an orbax directory: OUT without a suffix or "
+                    "ending in /); or Flax parameters written by this command back to a torch state dict "
+                    "(OUT .pt/.pth/.bin/.safetensors). The direction follows IN.",
+    )
+    convert.add_argument("input", metavar="IN", help="torch checkpoint, or Flax .safetensors / orbax directory")
+    convert.add_argument("output", metavar="OUT", help="where to write the other framework's parameters")
+    _config_options(convert, "torch checkpoint")
+    convert.set_defaults(run=_convert)
     return parser
 
 
 def main(argv=None):
+    """Run the command line; returns the exit code (also for argparse's own errors)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on bad options, 0 after --help
+        return e.code
     if getattr(args, "batch", 1) < 1:
-        parser.error(f"--batch must be >= 1, got {args.batch}")
+        print(f"parity {args.command}: error: --batch must be >= 1, got {args.batch}", file=sys.stderr)
+        return EXIT_UNUSABLE
     if getattr(args, "atol", 0.0) < 0:
-        parser.error(f"--atol must be >= 0, got {args.atol}")
+        print(f"parity {args.command}: error: --atol must be >= 0, got {args.atol}", file=sys.stderr)
+        return EXIT_UNUSABLE
     try:
         return args.run(args)
-    except ValueError as e:  # unknown preset, unreadable checkpoint, conversion error, ...
+    except (ValueError, OSError) as e:  # unknown preset, unreadable checkpoint, conversion error, unwritable OUT...
         print(f"parity {args.command}: error: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
 

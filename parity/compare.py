@@ -22,6 +22,9 @@ from flax import nnx
 
 from parity.convert import tensor_to_numpy
 
+# Rows beyond the forward pass (``parity.gradients``): the loss, then one per parameter.
+GRAD_PREFIX = "grad:"
+LOSS_ROW = "loss"
 # Friendlier names for the seed Transformer's landmarks; every other row keeps its path.
 ALIASES = {
     "": "logits",
@@ -50,7 +53,14 @@ class Row:
 
     @property
     def landmark(self):
-        return bool(_LANDMARK.match(self.name.split("#")[0].split("[")[0]))
+        return self.name == LOSS_ROW or bool(_LANDMARK.match(self.name.split("#")[0].split("[")[0]))
+
+    @property
+    def kind(self):
+        """'intermediate' (a submodule's output), 'loss' or 'gradient'."""
+        if self.name == LOSS_ROW:
+            return "loss"
+        return "gradient" if self.name.startswith(GRAD_PREFIX) else "intermediate"
 
 
 @dataclasses.dataclass
@@ -71,18 +81,29 @@ class Report:
         return max((r.max_abs for r in self.rows if r.note == ""), default=0.0)
 
     def format_table(self, show_all=False):
-        rows = [r for r in self.rows if show_all or r.landmark or not r.ok]
-        width = max([len(r.label) for r in rows] + [12])
+        shown = [r for r in self.rows if show_all or r.landmark or not r.ok]
+        width = max([len(r.label) for r in shown] + [12])
         lines = [f"{'intermediate':<{width}}  {'shape':<16} {'max abs diff':>12}  {'max rel diff':>12}  within {self.atol:g}"]
-        for r in rows:
+        for r in shown:
             status = "yes" if r.ok else ("NO  " + r.note if r.note else "NO")
             lines.append(f"{r.label:<{width}}  {str(r.shape):<16} {r.max_abs:>12.3e}  {r.max_rel:>12.3e}  {status}")
-        hidden = len(self.rows) - len(rows)
-        if hidden:
-            lines.append(f"({hidden} more submodule outputs compared, all within tolerance; --all shows them)")
+        shown_ids = {id(r) for r in shown}
+        hidden = [r for r in self.rows if id(r) not in shown_ids]
+        hidden_outputs = sum(r.kind == "intermediate" for r in hidden)
+        hidden_grads = sum(r.kind == "gradient" for r in hidden)
+        if hidden_outputs:
+            lines.append(f"({hidden_outputs} more submodule outputs compared, all within tolerance; --all shows them)")
+        grads = [r for r in self.rows if r.kind == "gradient"]
+        if hidden_grads:
+            largest = max(grads, key=lambda r: r.max_abs)
+            lines.append(f"({hidden_grads} parameter gradients compared, all within tolerance, largest difference "
+                         f"{largest.max_abs:.3e} in {largest.label}; --all shows them)")
         first = self.first_divergence
         if first is None:
-            lines.append(f"all {len(self.rows)} intermediates within {self.atol:g} (largest difference {self.max_abs:.3e})")
+            counted = f"{sum(r.kind == 'intermediate' for r in self.rows)} intermediates"
+            if grads:
+                counted += f", the loss and {len(grads)} gradients"
+            lines.append(f"all {counted} within {self.atol:g} (largest difference {self.max_abs:.3e})")
         else:
             lines.append(f"first divergence: {first.label} (max abs diff {first.max_abs:.3e} > {self.atol:g})")
         return "\n".join(lines)
@@ -93,7 +114,7 @@ class Report:
             "atol": self.atol,
             "ok": self.ok,
             "first_divergence": first.label if first else None,
-            "rows": [dict(dataclasses.asdict(r), label=r.label, shape=list(r.shape)) for r in self.rows],
+            "rows": [dict(dataclasses.asdict(r), label=r.label, kind=r.kind, shape=list(r.shape)) for r in self.rows],
         }
 
     def to_json(self, **kw):

@@ -70,6 +70,11 @@ RULES = {
 class _Entry:
     module: nnx.Module
     rule: Rule
+    module_path: tuple
+
+    @property
+    def flax_path(self):
+        return "/".join(map(str, (*self.module_path, self.rule.flax_name)))
 
     @property
     def param(self) -> nnx.Param:
@@ -93,7 +98,7 @@ def _plan(model):
             if param is None:  # e.g. a Linear built with use_bias=False
                 continue
             key = ".".join(str(p) for p in (*path, rule.torch_name))
-            plan[key] = _Entry(module, rule)
+            plan[key] = _Entry(module, rule, tuple(path))
             covered.add((*path, rule.flax_name))
     uncovered = sorted(
         "/".join(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param)) if path not in covered
@@ -109,6 +114,27 @@ def _plan(model):
 def torch_key_shapes(model):
     """{torch key: torch-layout shape} that ``torch_to_flax`` expects for ``model``."""
     return {key: entry.torch_shape for key, entry in _plan(model).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamLink:
+    """One parameter as both frameworks name and lay it out."""
+
+    torch_key: str  # 'encoder.transformer_layers.0.attention.W_q.weight'
+    flax_path: str  # 'encoder/transformer_layers/0/attention/W_q/kernel'
+    rule: Rule
+    torch_shape: tuple
+    flax_shape: tuple
+
+
+def param_links(model):
+    """A ``ParamLink`` for every parameter of the Flax model ``model`` (which may be abstract,
+    from ``nnx.eval_shape``), in the model's order. For converters that move arrays without
+    JAX (files, any dtype): ``rule.to_flax`` / ``rule.to_torch`` do the layout change."""
+    return [
+        ParamLink(key, e.flax_path, e.rule, e.torch_shape, tuple(e.param.get_value().shape))
+        for key, e in _plan(model).items()
+    ]
 
 
 def tensor_to_numpy(value):

@@ -8,7 +8,7 @@ from flax import nnx
 
 import flaxformer_mini
 import torch_ref
-from parity.convert import torch_to_flax
+from parity.convert import ConversionError, torch_to_flax
 
 
 def parity_numerics():
@@ -30,6 +30,32 @@ def transformer_pair(config, seed=0):
     torch_model = torch_ref.Transformer(**config.to_dict()).eval()
     # Built concretely (not with nnx.eval_shape): its dropout RNG state must be real arrays
     # for train mode and for jit, even though the initial weights are overwritten.
+    flax_model = flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(seed))
+    torch_to_flax(torch_model.state_dict(), flax_model)
+    flax_model.eval()
+    return torch_model, flax_model
+
+
+def twins_from_state_dict(state_dict, config, seed=0):
+    """(torch_ref.Transformer, flaxformer_mini.Transformer) of ``config`` holding the weights
+    of ``state_dict``, both in eval mode.
+
+    The torch twin loads it with ``strict=True`` (a key missing, unexpected or of the wrong
+    shape raises ConversionError with torch's list of them); the Flax twin is converted from
+    the torch twin's state, so both hold the same float32 values even when the file holds
+    another dtype. ``seed`` only seeds the Flax twin's dropout streams.
+    """
+    torch_model = torch_ref.Transformer(**config.to_dict())
+    try:
+        torch_model.load_state_dict(state_dict, strict=True)
+    except RuntimeError as e:  # torch's message lists every offending key
+        c = config
+        raise ConversionError(
+            f"state dict does not fit torch_ref.Transformer(src_pad_idx={c.src_pad_idx}, vocab "
+            f"{c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, embed {c.embed_size}, "
+            f"{c.heads} heads, {c.num_layers} layers): {str(e).strip()}"
+        ) from None
+    torch_model.eval()
     flax_model = flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(seed))
     torch_to_flax(torch_model.state_dict(), flax_model)
     flax_model.eval()

@@ -1,0 +1,39 @@
+"""One parity check: both twins on the same seeded, padded batch; every intermediate and,
+optionally, the gradients of the training loss.
+
+The pieces stay separate so that a test can change one twin between building and checking
+(a planted fault) without any hook in the command line::
+
+    torch_model, flax_model = twins_from_state_dict(state_dict, config)
+    flax_model.encoder.transformer_layers[1].norm2.epsilon = 1e-1
+    report = check_twins(torch_model, flax_model, config)
+    report.first_divergence.name  # 'encoder.transformer_layers.1.norm2'
+
+Call ``parity_numerics()`` first (the command line does): parity needs exact float32 matmuls.
+"""
+
+from parity.compare import Report, compare_models
+from parity.gradients import gradient_rows
+from parity.twins import as_inputs, sample_batch, twins_from_state_dict
+
+DEFAULT_ATOL = 1e-5  # DESIGN.md's parity policy (Hugging Face's PT/Flax standard)
+
+
+def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False) -> Report:
+    """Compare two twins (both in eval mode) of ``config`` on ``sample_batch(config, batch, seed)``.
+
+    Rows: every submodule output in torch's execution order; with ``grads``, then the loss and
+    every parameter's gradient in torch's parameter order.
+    """
+    source, target = sample_batch(config, batch=batch, seed=seed)
+    torch_inputs, flax_inputs = as_inputs(source, target)
+    report = compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=atol)
+    if grads:
+        report.rows.extend(gradient_rows(torch_model, flax_model, source, target, atol))
+    return report
+
+
+def check_checkpoint(state_dict, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False) -> Report:
+    """Load ``state_dict`` into both twins of ``config`` (strictly) and check them."""
+    torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=seed)
+    return check_twins(torch_model, flax_model, config, batch=batch, seed=seed, atol=atol, grads=grads)

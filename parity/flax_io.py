@@ -1,0 +1,268 @@
+"""Flax parameter files: what ``parity convert`` writes from a torch checkpoint, and reads back.
+
+Two formats, both holding the Flax twin's parameters under their Flax paths, in Flax layout
+(a Linear's ``kernel`` is (in, out), the transpose of torch's ``weight``), with the model's
+``ModelConfig`` beside them (the weights alone do not say how many heads there are):
+
+- ``.safetensors``: keys ``'encoder/transformer_layers/0/attention/W_q/kernel'``; metadata
+  ``{'format': FLAX_FORMAT, 'model_config': '{"src_pad_idx": 0, ...}'}``. Readable with
+  ``safetensors.numpy`` alone: no torch needed on the JAX side.
+- an orbax directory (a path without a suffix, or ending in ``/``): item ``params``, the
+  parameters as a nested dict (``{'encoder': {'transformer_layers': {'0': ...}}}``), and item
+  ``config``, JSON ``{"format": FLAX_FORMAT, "model_config": {...}}``.
+
+Arrays move between layouts by ``parity.RULES`` (``param_links``) as numpy arrays, never
+through JAX, so every dtype survives bit for bit (JAX would narrow float64 without x64).
+"""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from flax import nnx
+
+import flaxformer_mini
+import torch_ref
+from flaxformer_mini.config import ModelConfig
+from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError
+from parity.convert import ConversionError, check_state_dict, numpy_to_tensor, param_links, tensor_to_numpy
+
+FLAX_FORMAT = "flaxformer_mini.flax_params"
+CONFIG_METADATA_KEY = "model_config"
+_FLAX_SEP, _TORCH_SEP = "/", "."
+
+
+# ----------------------------------------------------------------------------- which file is it
+
+
+def is_orbax_path(path):
+    """An orbax directory: an existing directory, or a path ending in '/' or without a suffix."""
+    text = os.fspath(path)
+    return os.path.isdir(text) or text.endswith(("/", os.sep)) or Path(text).suffix == ""
+
+
+def checkpoint_kind(path):
+    """'flax' or 'torch' for an existing checkpoint ``path``; CheckpointError if it is neither."""
+    path = Path(path)
+    if is_orbax_path(path):
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: no such orbax directory")
+        return "flax"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix in TORCH_SUFFIXES:
+        return "torch"
+    if suffix != SAFETENSORS_SUFFIX:
+        raise CheckpointError(f"{path}: unknown checkpoint type {suffix!r}; expected "
+                              f"{', '.join((SAFETENSORS_SUFFIX, *TORCH_SUFFIXES))} or an orbax directory")
+    metadata, keys = _safetensors_header(path)
+    if metadata.get("format") == FLAX_FORMAT:
+        return "flax"
+    if keys and all(_FLAX_SEP in k and _TORCH_SEP not in k for k in keys):
+        return "flax"  # Flax paths without our metadata: reading it will say what is missing
+    return "torch"
+
+
+def _safetensors_header(path):
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="numpy") as f:
+            return dict(f.metadata() or {}), list(f.keys())
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
+
+
+# ----------------------------------------------------------------------------- layouts
+
+
+def abstract_model(config: ModelConfig):
+    """The Flax twin of ``config`` with shapes but no arrays (``nnx.eval_shape``): enough for
+    the conversion plan, and free whatever the model's size."""
+    return nnx.eval_shape(lambda: flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(0)))
+
+
+def flax_params_from_state_dict(state_dict, config: ModelConfig):
+    """{Flax path: numpy array in Flax layout} from a torch state dict of the model ``config``.
+
+    Strict, as ``torch_to_flax``: a missing, unexpected or misshapen key raises ConversionError
+    naming every one. Dtypes are kept as they are in ``state_dict``.
+    """
+    model = abstract_model(config)
+    check_state_dict(state_dict, model)  # raises with every offending key
+    return {
+        link.flax_path: np.array(link.rule.to_flax(tensor_to_numpy(state_dict[link.torch_key])), copy=True)
+        for link in param_links(model)
+    }
+
+
+def state_dict_from_flax_params(params, config: ModelConfig):
+    """The torch state dict (torch keys, torch layout) of Flax parameters {Flax path: array}."""
+    links = param_links(abstract_model(config))
+    _check_flax_params(params, links, f"the Transformer of {_describe(config)}")
+    by_key = {link.torch_key: link for link in links}
+    # In the torch twin's order (its state_dict()'s), as the seed would have saved it; a
+    # model on the meta device has the keys and no storage.
+    with torch.device("meta"):
+        torch_order = list(torch_ref.Transformer(**config.to_dict()).state_dict())
+    assert set(torch_order) == set(by_key), "torch_ref and the conversion plan disagree on the keys"
+    return {
+        key: numpy_to_tensor(by_key[key].rule.to_torch(np.asarray(params[by_key[key].flax_path])))
+        for key in torch_order
+    }
+
+
+def _check_flax_params(params, links, what):
+    missing = [link.flax_path for link in links if link.flax_path not in params]
+    expected = {link.flax_path for link in links}
+    unexpected = [path for path in params if path not in expected]
+    mismatched = {
+        link.flax_path: (tuple(np.shape(params[link.flax_path])), link.flax_shape)
+        for link in links
+        if link.flax_path in params and tuple(np.shape(params[link.flax_path])) != link.flax_shape
+    }
+    if missing or unexpected or mismatched:
+        lines = [f"Flax parameters do not fit {what}:"]
+        lines += [f"  missing parameter {p!r}" for p in missing]
+        lines += [f"  unexpected parameter {p!r}" for p in unexpected]
+        lines += [f"  shape mismatch for {p!r}: file {got}, model expects {want}" for p, (got, want) in mismatched.items()]
+        raise ConversionError("\n".join(lines), missing=missing, unexpected=unexpected, mismatched=mismatched)
+
+
+def _describe(config):
+    return ", ".join(f"{k}={v}" for k, v in config.to_dict().items())
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def save_flax_params(params, config: ModelConfig, path):
+    """Write {Flax path: array} and ``config`` as ``.safetensors`` or an orbax directory."""
+    params = {k: np.ascontiguousarray(v) for k, v in params.items()}
+    if is_orbax_path(path):
+        return _save_orbax(params, config, Path(path))
+    path = Path(path)
+    if path.suffix.lower() != SAFETENSORS_SUFFIX:
+        raise CheckpointError(f"{path}: Flax parameters are written as {SAFETENSORS_SUFFIX} or an orbax directory "
+                              f"(a path without a suffix, or ending in '/'), not {path.suffix!r}")
+    from safetensors.numpy import save_file
+
+    metadata = {"format": FLAX_FORMAT, CONFIG_METADATA_KEY: json.dumps(config.to_dict())}
+    tmp = path.with_name(path.name + ".tmp")  # atomic, as save_state_dict
+    save_file(params, tmp, metadata=metadata)
+    os.replace(tmp, path)
+    return path
+
+
+def load_flax_params(path):
+    """({Flax path: numpy array}, ModelConfig) from a file written by ``save_flax_params``."""
+    if is_orbax_path(path):
+        return _load_orbax(Path(path))
+    path = Path(path)
+    if checkpoint_kind(path) != "flax":
+        raise CheckpointError(f"{path}: holds a torch state dict (torch keys), not Flax parameters")
+    from safetensors.numpy import load_file
+
+    metadata, _ = _safetensors_header(path)
+    config = _config_from_json(metadata.get(CONFIG_METADATA_KEY), path)
+    try:
+        params = load_file(path)
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types for a bad file
+        raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
+    return params, config
+
+
+def _config_from_json(data, path):
+    if data is None:
+        raise CheckpointError(f"{path}: no {CONFIG_METADATA_KEY!r} in its metadata; it was not written by "
+                              f"`parity convert`, and the weights alone do not say the number of heads")
+    try:
+        return ModelConfig(**(json.loads(data) if isinstance(data, str) else data))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: unusable {CONFIG_METADATA_KEY!r} in its metadata: {e}") from None
+
+
+def _orbax():
+    import orbax.checkpoint as ocp
+
+    # orbax logs every save and restore at INFO through absl.
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    return ocp
+
+
+def _nest(flat):
+    tree = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split(_FLAX_SEP)
+        node = tree
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
+    return tree
+
+
+def _flatten(tree, prefix=""):
+    for name, value in tree.items():
+        path = f"{prefix}{_FLAX_SEP}{name}" if prefix else str(name)
+        if isinstance(value, dict):
+            yield from _flatten(value, path)
+        else:
+            yield path, np.asarray(value)
+
+
+def _save_orbax(params, config, path):
+    path = path.absolute()
+    if path.exists():
+        if not path.is_dir() or any(path.iterdir()):
+            raise CheckpointError(f"{path}: already exists; orbax writes a new directory (remove it or choose another)")
+        path.rmdir()  # an empty directory: orbax creates its own
+    if not path.parent.is_dir():
+        raise CheckpointError(f"{path}: its parent directory does not exist")
+    ocp = _orbax()
+    meta = {"format": FLAX_FORMAT, CONFIG_METADATA_KEY: config.to_dict()}
+    # orbax writes into a temporary directory and renames it when complete.
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+        checkpointer.save(path, ocp.args.Composite(params=ocp.args.StandardSave(_nest(params)),
+                                                   config=ocp.args.JsonSave(meta)))
+    return path
+
+
+def _load_orbax(path):
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such orbax directory")
+    ocp = _orbax()
+    try:
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            meta = checkpointer.restore(path.absolute(), ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+    except Exception as e:  # noqa: BLE001 - orbax raises many types for a directory that is not its own
+        raise CheckpointError(f"{path}: not an orbax directory of Flax parameters written by `parity convert`: "
+                              f"{type(e).__name__}: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FLAX_FORMAT:
+        raise CheckpointError(f"{path}: its 'config' item is not a {FLAX_FORMAT} record")
+    config = _config_from_json(meta.get(CONFIG_METADATA_KEY), path)
+    try:
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            tree = checkpointer.restore(path.absolute(), ocp.args.Composite(params=ocp.args.StandardRestore()))["params"]
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{path}: cannot read its 'params' item (truncated or corrupt?): "
+                              f"{type(e).__name__}: {e}") from None
+    return dict(_flatten(tree)), config
+
+
+def params_into_model(params, model):
+    """Load {Flax path: array} into the Flax twin ``model``, in place, strictly: every
+    parameter with its shape, or ConversionError naming each offender and nothing changed.
+    Values are cast to the model's parameter dtype. Returns ``model``."""
+    import jax.numpy as jnp
+
+    _check_flax_params(params, param_links(model), f"{type(model).__name__}")
+    state = nnx.state(model, nnx.Param)
+    for path, var in nnx.to_flat_state(state):
+        value = params[_FLAX_SEP.join(map(str, path))]
+        var.set_value(jnp.array(value, dtype=var.get_value().dtype, copy=True))
+    nnx.update(model, state)
+    return model

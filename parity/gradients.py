@@ -1,0 +1,94 @@
+"""Gradients of the same loss in both twins, parameter by parameter.
+
+The loss is the project's token cross-entropy (``torch_ref.training`` and
+``flaxformer_mini.training``), averaged over non-padding labels, with next-token labels: the
+target shifted left by one, padded at the end. torch's ``param.grad`` is compared with the
+Flax gradient put into a clone of the Flax model and converted with ``flax_to_torch``, so
+both sides are keyed by torch names and laid out as torch lays them out.
+
+One family is rounding noise on both sides: ``W_k.bias`` adds ``q . b_k`` to every score of a
+query row, and the softmax over keys ignores a per-row constant, so its gradient is exactly
+zero in exact arithmetic; float32 gives ~1e-9 in each framework, far within an absolute
+tolerance.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
+
+from flaxformer_mini.data import PAD
+from flaxformer_mini.training import token_cross_entropy as flax_token_cross_entropy
+from parity.compare import GRAD_PREFIX, LOSS_ROW, Row, diff
+from parity.convert import flax_to_torch, tensor_to_numpy
+from torch_ref.training import token_cross_entropy as torch_token_cross_entropy
+
+def next_token_labels(target, pad_id=PAD):
+    """Labels (B, T) for inputs ``target`` (B, T): ``labels[:, t] = target[:, t + 1]``, the
+    last position padded (it has no next token)."""
+    target = np.asarray(target)
+    labels = np.full_like(target, pad_id)
+    labels[:, :-1] = target[:, 1:]
+    return labels
+
+
+def _torch_loss_and_grads(model, source, target, labels, pad_id):
+    params = dict(model.named_parameters())
+    for p in params.values():
+        p.grad = None
+    try:
+        loss = torch_token_cross_entropy(model(*map(torch.from_numpy, (source, target))), torch.from_numpy(labels),
+                                         pad_id=pad_id)
+        loss.backward()
+        grads = {name: tensor_to_numpy(p.grad if p.grad is not None else torch.zeros_like(p)).copy()
+                 for name, p in params.items()}
+    finally:
+        for p in params.values():  # leave the model as it was given
+            p.grad = None
+    return float(loss.item()), grads
+
+
+def _flax_loss(model, source, target, labels, pad_id):
+    return flax_token_cross_entropy(model(source, target), labels, pad_id=pad_id)[0]
+
+
+# Compiled, as training runs it: one XLA program compiles faster than the hundreds of
+# primitives an eager backward pass compiles one by one, and reruns in milliseconds.
+_flax_value_and_grad = nnx.jit(nnx.value_and_grad(_flax_loss), static_argnums=4)
+
+
+def _flax_loss_and_grads(model, source, target, labels, pad_id):
+    loss, grads = _flax_value_and_grad(model, *map(jnp.asarray, (source, target, labels)), pad_id)
+    # Put the gradients where the parameters were, so the converter names them as torch does
+    # and lays them out as torch does (kernels transposed back into weights).
+    holder = nnx.clone(model)
+    nnx.update(holder, grads)
+    return float(loss), {name: tensor_to_numpy(g) for name, g in flax_to_torch(holder).items()}
+
+
+def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD):
+    """Rows comparing the loss and every parameter's gradient, in torch's parameter order.
+
+    ``source`` (B, S) and ``target`` (B, T) are int numpy arrays; both models should be in
+    eval mode (dropout off), as for the forward comparison.
+    """
+    labels = next_token_labels(target, pad_id)
+    torch_loss, torch_grads = _torch_loss_and_grads(torch_model, source, target, labels, pad_id)
+    flax_loss, flax_grads = _flax_loss_and_grads(flax_model, source, target, labels, pad_id)
+
+    loss_abs, loss_rel = diff(flax_loss, torch_loss)
+    rows = [Row(LOSS_ROW, (), loss_abs, loss_rel, bool(loss_abs <= atol))]
+    for name, t in torch_grads.items():
+        row_name = GRAD_PREFIX + name
+        f = flax_grads.get(name)
+        if f is None:
+            rows.append(Row(row_name, t.shape, float("inf"), float("inf"), False, "no gradient on the Flax side"))
+        elif f.shape != t.shape:
+            rows.append(Row(row_name, t.shape, float("inf"), float("inf"), False, f"shape differs: Flax {f.shape}"))
+        else:
+            max_abs, max_rel = diff(f, t)
+            rows.append(Row(row_name, t.shape, max_abs, max_rel, bool(max_abs <= atol)))
+    for name, f in flax_grads.items():
+        if name not in torch_grads:
+            rows.append(Row(GRAD_PREFIX + name, f.shape, float("inf"), float("inf"), False, "no gradient on the torch side"))
+    return rows

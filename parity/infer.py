@@ -1,0 +1,153 @@
+"""Work out the ``ModelConfig`` of a seed 001 Transformer from its state dict.
+
+Shapes tell most of it (V vocabulary, D width, max_len, depth):
+
+    encoder.embedding_layer.weight          (V_source, D)
+    decoder.embedding_layer.weight          (V_target, D)
+    encoder.positional_encoding.weight      (max_len, D)   the seed names the two tables
+    decoder.positional_embedding.weight     (max_len, D)   differently
+    encoder.transformer_layers.N.*          num_layers = highest N + 1
+    decoder.decoder_layers.N.*              the same depth: one constructor argument
+
+Shapes cannot tell the number of heads (every projection is (D, D) whatever H is), the
+source padding id, or the dropout rate. Those come from the caller (options or a config
+file), with the seed's values as defaults. Beware: the weights do not record H, and both
+twins agree for any H that divides D, so a parity check cannot catch a wrong H; only the
+model's own outputs (and its training run) can.
+
+Every error is a ``ConversionError`` naming the key (or the option) at fault.
+"""
+
+import dataclasses
+import difflib
+import json
+import re
+from pathlib import Path
+
+from flaxformer_mini.config import PRESETS, ModelConfig
+from parity.convert import ConversionError
+
+SOURCE_EMBEDDING = "encoder.embedding_layer.weight"
+TARGET_EMBEDDING = "decoder.embedding_layer.weight"
+SOURCE_POSITIONS = "encoder.positional_encoding.weight"
+TARGET_POSITIONS = "decoder.positional_embedding.weight"
+ENCODER_LAYERS = "encoder.transformer_layers"
+DECODER_LAYERS = "decoder.decoder_layers"
+
+# What the shapes cannot tell defaults to seed 001's example (8 heads, padding id 0).
+_SEED = PRESETS["seed"]
+DEFAULTS = {"heads": _SEED.heads, "src_pad_idx": _SEED.src_pad_idx, "dropout": _SEED.dropout}
+CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+
+
+def _shape(state_dict, key, ndim=2):
+    if key not in state_dict:
+        near = difflib.get_close_matches(key, [str(k) for k in state_dict], n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConversionError(
+            f"cannot infer the model config: missing key {key!r}{hint}; is this a seed 001 Transformer state dict?",
+            missing=[key],
+        )
+    shape = tuple(getattr(state_dict[key], "shape", ()))
+    if len(shape) != ndim:
+        raise ConversionError(f"cannot infer the model config: {key!r} has shape {shape}, expected {ndim} dimensions",
+                              mismatched={key: (shape, None)})
+    return shape
+
+
+def _depth(state_dict, prefix):
+    """Number of blocks under ``prefix`` (``prefix.N.*``): highest N + 1."""
+    pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.")
+    indices = {int(m.group(1)) for m in map(pattern.match, map(str, state_dict)) if m}
+    if not indices:
+        raise ConversionError(f"cannot infer num_layers: no {prefix}.N.* keys in the state dict", missing=[f"{prefix}.0.*"])
+    # A gap (blocks 0 and 2 but no 1) is reported by the strict load as missing keys.
+    return max(indices) + 1
+
+
+def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> ModelConfig:
+    """The ``ModelConfig`` of the seed 001 Transformer whose state dict is ``state_dict``
+    (a mapping of torch key -> tensor or array).
+
+    Sizes come from the shapes. ``heads``, ``src_pad_idx`` and ``dropout`` come from, in order
+    of precedence: the ``heads``/``src_pad_idx`` arguments, ``overrides`` (a dict of ModelConfig
+    fields, e.g. read from a JSON file), the seed's defaults. A size given in ``overrides`` must
+    agree with the shapes.
+    """
+    overrides = dict(overrides or {})
+    unknown = [k for k in overrides if k not in CONFIG_KEYS]
+    if unknown:
+        hints = [f"{k!r}" + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(str(k), CONFIG_KEYS, n=1))
+                 for k in unknown]
+        raise ConversionError(f"unknown config key {', '.join(hints)}; the keys are those of ModelConfig: "
+                              f"{', '.join(CONFIG_KEYS)}")
+
+    source_vocab_size, D = _shape(state_dict, SOURCE_EMBEDDING)
+    target_vocab_size, target_D = _shape(state_dict, TARGET_EMBEDDING)
+    max_len, source_pos_D = _shape(state_dict, SOURCE_POSITIONS)
+    target_max_len, target_pos_D = _shape(state_dict, TARGET_POSITIONS)
+    for key, width in ((TARGET_EMBEDDING, target_D), (SOURCE_POSITIONS, source_pos_D), (TARGET_POSITIONS, target_pos_D)):
+        if width != D:
+            raise ConversionError(f"embedding widths disagree: {SOURCE_EMBEDDING!r} has D={D}, {key!r} has {width}",
+                                  mismatched={key: (width, D)})
+    if target_max_len != max_len:
+        raise ConversionError(
+            f"max_len disagrees: {SOURCE_POSITIONS!r} has {max_len} positions, {TARGET_POSITIONS!r} has "
+            f"{target_max_len} (the seed's Transformer takes one max_len for both)",
+            mismatched={TARGET_POSITIONS: (target_max_len, max_len)},
+        )
+    encoder_depth, decoder_depth = _depth(state_dict, ENCODER_LAYERS), _depth(state_dict, DECODER_LAYERS)
+    if encoder_depth != decoder_depth:
+        raise ConversionError(
+            f"encoder and decoder depths disagree: {ENCODER_LAYERS} has {encoder_depth} blocks, {DECODER_LAYERS} "
+            f"has {decoder_depth} (the seed's Transformer takes one num_layers for both)"
+        )
+
+    from_shapes = {
+        "source_vocab_size": (source_vocab_size, SOURCE_EMBEDDING),
+        "target_vocab_size": (target_vocab_size, TARGET_EMBEDDING),
+        "max_len": (max_len, SOURCE_POSITIONS),
+        "embed_size": (D, SOURCE_EMBEDDING),
+        "num_layers": (encoder_depth, f"{ENCODER_LAYERS}.{encoder_depth - 1}"),
+    }
+    for name, (value, key) in from_shapes.items():
+        if name in overrides and overrides[name] != value:
+            raise ConversionError(f"config says {name}={overrides[name]!r} but the checkpoint has {value} ({key!r})")
+
+    chosen = {**DEFAULTS, **{k: v for k, v in overrides.items() if k in DEFAULTS}}
+    if heads is not None:
+        chosen["heads"] = heads
+    if src_pad_idx is not None:
+        chosen["src_pad_idx"] = src_pad_idx
+    for name in ("heads", "src_pad_idx"):
+        if isinstance(chosen[name], bool) or not isinstance(chosen[name], int):
+            raise ConversionError(f"{name} must be an integer, got {chosen[name]!r}")
+    if chosen["heads"] < 1 or D % chosen["heads"]:
+        raise ConversionError(
+            f"heads={chosen['heads']} does not divide the model width D={D} ({SOURCE_EMBEDDING!r} has shape "
+            f"{(source_vocab_size, D)}); heads must be a divisor of {D}: "
+            f"{', '.join(str(h) for h in range(1, D + 1) if D % h == 0)}"
+        )
+    if not 0 <= chosen["src_pad_idx"] < source_vocab_size:
+        raise ConversionError(
+            f"src_pad_idx={chosen['src_pad_idx']} is outside the source vocabulary [0, {source_vocab_size}) "
+            f"({SOURCE_EMBEDDING!r} has shape {(source_vocab_size, D)})"
+        )
+    try:
+        return ModelConfig(**{name: value for name, (value, _) in from_shapes.items()}, **chosen)
+    except (TypeError, ValueError) as e:  # e.g. a dropout of 1.5 in the config file
+        raise ConversionError(str(e)) from None
+
+
+def read_config_file(path):
+    """The dict in a JSON config file (keys of ModelConfig; any subset)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ConversionError(f"config file {path}: cannot read: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ConversionError(f"config file {path}: not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"config file {path}: expected a JSON object of ModelConfig fields, got {type(data).__name__}")
+    return data

@@ -1,0 +1,380 @@
+"""Parity as a tool: ``parity check --torch-checkpoint`` and ``parity convert`` on files.
+
+Checkpoints come from the seed's own classes (``tests/seed_classes.py``) and from
+``torch_ref``, with distinct, non-default sizes (vocabularies 23/19, max_len 17, width 30,
+5 heads, 2 layers), so each size is read from its own tensor and a swapped axis shows.
+
+Properties checked:
+- every size is inferred from the shapes; heads and padding come from options, a JSON
+  config file (options override it) or the seed's defaults;
+- a good checkpoint checks clean (exit 0) and the report names every landmark; ``--json``
+  holds the whole report, ``--plot`` writes an image, ``--grads`` adds the loss and one
+  gradient row per parameter in torch's order, all within tolerance;
+- a planted numerical fault in the Flax twin is named as the first divergence;
+- unusable input exits 2 with a message naming the key, file or option, and no traceback;
+- ``convert`` torch -> Flax -> torch is bit-exact on files, through .safetensors and orbax.
+
+Most runs call ``parity.cli.main`` in-process (JAX's compiled primitives are then shared
+between tests); two go through a subprocess, end to end.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+import torch_ref
+from flaxformer_mini.config import ModelConfig
+from parity import (
+    ConversionError,
+    check_checkpoint,
+    check_twins,
+    flax_params_from_state_dict,
+    infer_config,
+    load_flax_params,
+    load_state_dict,
+    params_into_model,
+    plot_report,
+    save_flax_params,
+    save_state_dict,
+    twins_from_state_dict,
+)
+from parity.cli import main
+from parity.infer import DEFAULTS
+
+import seed_classes
+from conftest import ATOL
+
+# Non-default sizes; dropout 0.1 differs from the seed's 0.2 and cannot be read from shapes.
+SIZES = dict(src_pad_idx=0, source_vocab_size=23, target_vocab_size=19, max_len=17, embed_size=30, heads=5,
+             num_layers=2, dropout=0.1)
+LANDMARKS = ["encoder.embeddings", "encoder.transformer_layers.0", "encoder.transformer_layers.1", "encoder",
+             "decoder.embeddings", "decoder.decoder_layers.0", "decoder.decoder_layers.1", "decoder.fc", "logits"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def seed_state_dict():
+    torch.manual_seed(7)
+    return seed_classes.Transformer(**SIZES).state_dict()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(seed_state_dict, tmp_path_factory):
+    """The seed classes' state dict saved as .pt, as a seed user would."""
+    path = tmp_path_factory.mktemp("ckpt") / "seed.pt"
+    torch.save(seed_state_dict, path)
+    return path
+
+
+def write(tmp_path, name, state_dict):
+    path = tmp_path / name
+    save_state_dict(state_dict, path)
+    return str(path)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "parity", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
+
+
+def assert_bit_identical(got, want):
+    assert list(got) == list(want), "keys differ (or their order)"
+    for key, b in want.items():
+        a = got[key]
+        assert a.dtype == b.dtype and a.shape == b.shape, key
+        bits = _BITS[b.dtype]
+        assert torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)), f"{key}: bits differ"
+
+
+# ----------------------------------------------------------------------------- inference
+
+
+@pytest.mark.parametrize("source", ["seed_classes", "torch_ref"])
+@pytest.mark.parametrize("sizes", [
+    SIZES,
+    dict(src_pad_idx=3, source_vocab_size=11, target_vocab_size=13, max_len=7, embed_size=12, heads=4,
+         num_layers=3, dropout=0.0),
+])
+def test_every_size_is_inferred_from_the_shapes(source, sizes):
+    module = seed_classes if source == "seed_classes" else torch_ref
+    state_dict = module.Transformer(**sizes).state_dict()
+    config = infer_config(state_dict, heads=sizes["heads"], src_pad_idx=sizes["src_pad_idx"])
+    assert config == ModelConfig(**{**sizes, "dropout": DEFAULTS["dropout"]})
+
+
+def test_heads_and_padding_default_to_the_seeds():
+    sizes = dict(SIZES, embed_size=16, heads=8)  # 8 divides 16
+    config = infer_config(torch_ref.Transformer(**sizes).state_dict())
+    assert (config.heads, config.src_pad_idx) == (8, 0) == (DEFAULTS["heads"], DEFAULTS["src_pad_idx"])
+
+
+def test_options_override_the_config_file_which_overrides_the_defaults(seed_state_dict):
+    config = infer_config(seed_state_dict, overrides={"heads": 3, "src_pad_idx": 2, "dropout": 0.1})
+    assert (config.heads, config.src_pad_idx, config.dropout) == (3, 2, 0.1)
+    config = infer_config(seed_state_dict, heads=5, src_pad_idx=1, overrides={"heads": 3, "src_pad_idx": 2})
+    assert (config.heads, config.src_pad_idx) == (5, 1)
+    # A size in the file that agrees with the shapes is fine (e.g. a whole ModelConfig dumped).
+    assert infer_config(seed_state_dict, overrides=dict(SIZES)) == ModelConfig(**SIZES)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda sd: sd.pop("encoder.embedding_layer.weight"), "missing key 'encoder.embedding_layer.weight'"),
+    (lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("decoder.decoder_layers.1.")],
+     "encoder and decoder depths disagree: encoder.transformer_layers has 2 blocks, decoder.decoder_layers has 1"),
+    (lambda sd: sd.update({"decoder.positional_embedding.weight": torch.zeros(16, 30)}),
+     "max_len disagrees: 'encoder.positional_encoding.weight' has 17 positions, "
+     "'decoder.positional_embedding.weight' has 16"),
+    (lambda sd: sd.update({"decoder.embedding_layer.weight": torch.zeros(19, 31)}),
+     "'decoder.embedding_layer.weight' has 31"),
+])
+def test_inference_errors_name_the_key(seed_state_dict, mutate, message):
+    state_dict = dict(seed_state_dict)
+    mutate(state_dict)
+    with pytest.raises(ConversionError) as info:
+        infer_config(state_dict, heads=5)
+    assert message in str(info.value)
+
+
+# ----------------------------------------------------------------------------- check: end to end
+
+
+def test_check_of_a_seed_checkpoint_exits_0_names_every_landmark_and_writes_json_and_plot(checkpoint, tmp_path):
+    report, plot = tmp_path / "report.json", tmp_path / "report.png"
+    proc = run_cli("check", "--torch-checkpoint", checkpoint, "--heads", 5, "--json", report, "--plot", plot)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "vocab 23/19, max_len 17, embed 30, 5 heads (--heads" in proc.stdout
+    table = proc.stdout.splitlines()
+    for name in LANDMARKS:
+        assert any(line.startswith(name + " ") for line in table), name
+    assert f"intermediates within {ATOL:g}" in proc.stdout
+
+    data = json.loads(report.read_text())
+    assert data["ok"] is True and data["first_divergence"] is None and data["atol"] == ATOL
+    labels = [row["label"] for row in data["rows"]]
+    assert [labels.index(n) for n in LANDMARKS] == sorted(labels.index(n) for n in LANDMARKS)  # execution order
+    assert all(row["ok"] and row["max_abs"] <= ATOL and row["kind"] == "intermediate" for row in data["rows"])
+    assert len(data["rows"]) > len(LANDMARKS)  # every submodule, not only the landmarks
+    assert plot.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_check_reads_heads_and_padding_from_a_config_file(seed_state_dict, tmp_path, capsys):
+    path = write(tmp_path, "model.safetensors", seed_state_dict)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps({"heads": 5, "src_pad_idx": 2}))
+    assert main(["check", "--torch-checkpoint", path, "--config", str(config_file)]) == 0
+    out = capsys.readouterr().out
+    assert "5 heads (config file" in out and "src_pad_idx 2 (config file)" in out
+    # An option overrides the file: 7 does not divide 30.
+    assert main(["check", "--torch-checkpoint", path, "--config", str(config_file), "--heads", "7"]) == 2
+    assert "heads=7 does not divide the model width D=30" in capsys.readouterr().err
+
+
+def test_check_of_a_torch_ref_checkpoint_with_gradients_adds_a_row_per_parameter_in_torch_order(tmp_path, capsys):
+    torch.manual_seed(3)
+    model = torch_ref.Transformer(**SIZES)
+    path = write(tmp_path, "model.pt", model.state_dict())
+    report = tmp_path / "report.json"
+    code = main(["check", "--torch-checkpoint", path, "--heads", "5", "--grads", "--json", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "the loss and 90 gradients within 1e-05" in out
+
+    rows = json.loads(report.read_text())["rows"]
+    grads = [row for row in rows if row["kind"] == "gradient"]
+    assert [row["name"] for row in grads] == [f"grad:{name}" for name, _ in model.named_parameters()]
+    assert [row["name"] for row in rows if row["kind"] == "loss"] == ["loss"]
+    assert all(row["ok"] and row["max_abs"] <= ATOL for row in rows)
+    # The key bias's gradient is zero in exact arithmetic: both sides give rounding noise only.
+    key_bias = [row for row in grads if row["name"].endswith("attention.W_k.bias")]
+    assert len(key_bias) == 3 * SIZES["num_layers"] and all(row["max_abs"] < 1e-8 for row in key_bias)
+    # Not vacuous: some gradient rows differ by more than nothing, and shapes are torch's.
+    assert any(row["max_abs"] > 0 for row in grads)
+    assert grads[0]["shape"] == list(dict(model.named_parameters())[grads[0]["name"][5:]].shape)
+
+
+# ----------------------------------------------------------------------------- check: planted faults
+
+
+@pytest.fixture
+def twins(checkpoint):
+    state_dict = load_state_dict(checkpoint)
+    config = infer_config(state_dict, heads=5)
+    return (*twins_from_state_dict(state_dict, config), config)
+
+
+def test_planted_layer_norm_fault_is_named_as_the_first_divergence(twins, tmp_path):
+    torch_model, flax_model, config = twins
+    flax_model.encoder.transformer_layers[1].norm2.epsilon = 1e-1  # torch keeps 1e-5
+    report = check_twins(torch_model, flax_model, config)
+    assert not report.ok
+    assert report.first_divergence.name == "encoder.transformer_layers.1.norm2"
+    before = report.rows[: report.rows.index(report.first_divergence)]
+    assert before and all(row.ok for row in before)
+    assert "first divergence: encoder.transformer_layers.1.norm2" in report.format_table()
+    # The picture of a failing report is drawn too (the annotation of the first divergence).
+    assert plot_report(report, tmp_path / "fault.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_check_checkpoint_of_the_unmodified_state_dict_is_ok(checkpoint):
+    state_dict = load_state_dict(checkpoint)
+    report = check_checkpoint(state_dict, infer_config(state_dict, heads=5), batch=2, seed=1)
+    assert report.ok and report.first_divergence is None
+
+
+def test_check_exits_1_and_names_the_first_divergence_beyond_tolerance(checkpoint, capsys):
+    assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--atol", "0"]) == 1
+    assert "first divergence: " in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- check: unusable input
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--heads", "7"], "heads=7 does not divide the model width D=30"),
+    (["--heads", "5", "--pad-idx", "23"], "src_pad_idx=23 is outside the source vocabulary [0, 23)"),
+    (["--heads", "5", "--plot", "out.gif"], "--plot out.gif: unknown image type '.gif'"),
+    (["--heads", "5", "--json", "no/such/dir/report.json"], "--json no/such/dir/report.json: the directory"),
+])
+def test_unusable_options_exit_2_naming_the_option(checkpoint, args, message, capsys):
+    assert main(["check", "--torch-checkpoint", str(checkpoint), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_preset_and_checkpoint_are_mutually_exclusive_and_checkpoint_options_need_a_checkpoint(checkpoint, capsys):
+    assert main(["check", "--preset", "tiny", "--torch-checkpoint", str(checkpoint)]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert main(["check", "--preset", "tiny", "--heads", "5"]) == 2
+    assert "--heads applies to --torch-checkpoint only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["decoder.decoder_layers.1.norm.bias", "encoder.positional_encoding.weight"])
+def test_state_dict_with_a_missing_key_exits_2_naming_it(seed_state_dict, tmp_path, key, capsys):
+    state_dict = dict(seed_state_dict)
+    del state_dict[key]
+    assert main(["check", "--torch-checkpoint", write(tmp_path, "model.pt", state_dict), "--heads", "5"]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err
+
+
+def test_state_dict_with_an_unexpected_key_exits_2_naming_it(seed_state_dict, tmp_path, capsys):
+    state_dict = dict(seed_state_dict, **{"encoder.extra.weight": torch.zeros(3)})
+    assert main(["check", "--torch-checkpoint", write(tmp_path, "model.safetensors", state_dict), "--heads", "5"]) == 2
+    assert "encoder.extra.weight" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_truncated_checkpoint_exits_2_naming_the_file(seed_state_dict, tmp_path, suffix, capsys):
+    path = tmp_path / f"model{suffix}"
+    save_state_dict(seed_state_dict, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    assert main(["check", "--torch-checkpoint", str(path), "--heads", "5"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "truncated or corrupt" in err
+
+
+# ----------------------------------------------------------------------------- convert
+
+
+@pytest.mark.parametrize("flax_out, torch_back", [("flax.safetensors", "back.pt"), ("flax_orbax", "back.safetensors")])
+def test_convert_round_trip_is_bit_exact_on_files(checkpoint, seed_state_dict, tmp_path, flax_out, torch_back, capsys):
+    flax_path, back = tmp_path / flax_out, tmp_path / torch_back
+    assert main(["convert", str(checkpoint), str(flax_path), "--heads", "5", "--pad-idx", "2"]) == 0
+    assert main(["convert", str(flax_path), str(back)]) == 0
+    back_state_dict = load_state_dict(back)
+    if torch_back.endswith(".pt"):
+        assert_bit_identical(back_state_dict, seed_state_dict)  # the seed's key order too
+    else:  # safetensors stores keys sorted
+        assert_bit_identical(dict(sorted(back_state_dict.items())), dict(sorted(seed_state_dict.items())))
+
+    # In between: Flax paths, Flax layout, the inferred config beside them.
+    params, config = load_flax_params(flax_path)
+    assert config == ModelConfig(**dict(SIZES, src_pad_idx=2, dropout=DEFAULTS["dropout"]))
+    kernel = params["encoder/transformer_layers/0/attention/W_q/kernel"]
+    assert np.array_equal(kernel, seed_state_dict["encoder.transformer_layers.0.attention.W_q.weight"].numpy().T)
+    assert np.array_equal(params["decoder/decoder_layers/1/transformer_block/fc/2/bias"],
+                          seed_state_dict["decoder.decoder_layers.1.transformer_block.fc.2.bias"].numpy())
+    assert len(params) == len(seed_state_dict)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_convert_keeps_every_dtype_bit_for_bit(seed_state_dict, tmp_path, dtype):
+    # The arrays never pass through JAX, which would narrow float64 without jax_enable_x64.
+    state_dict = {k: v.to(dtype) for k, v in seed_state_dict.items()}
+    path = write(tmp_path, "model.pt", state_dict)
+    assert main(["convert", path, str(tmp_path / "flax.safetensors"), "--heads", "5"]) == 0
+    assert main(["convert", str(tmp_path / "flax.safetensors"), str(tmp_path / "back.pt")]) == 0
+    assert_bit_identical(load_state_dict(tmp_path / "back.pt"), state_dict)
+
+
+def test_flax_safetensors_holds_flax_paths_and_the_config_in_its_metadata(checkpoint, tmp_path):
+    path = tmp_path / "flax.safetensors"
+    proc = run_cli("convert", checkpoint, path, "--heads", "5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with safe_open(path, framework="numpy") as f:
+        keys, metadata = set(f.keys()), f.metadata()
+        assert f.get_tensor("encoder/embedding_layer/embedding").shape == (23, 30)
+        assert f.get_tensor("decoder/fc/kernel").shape == (30, 19)  # torch's decoder.fc.weight is (19, 30)
+    assert "encoder/transformer_layers/0/attention/W_q/kernel" in keys and not any("." in k for k in keys)
+    assert json.loads(metadata["model_config"])["heads"] == 5
+
+
+def test_converted_flax_parameters_compute_what_the_torch_checkpoint_computes(checkpoint, seed_state_dict, tmp_path):
+    import flaxformer_mini as fm
+    from flax import nnx
+
+    flax_path = tmp_path / "flax.safetensors"
+    assert main(["convert", str(checkpoint), str(flax_path), "--heads", "5"]) == 0
+    params, config = load_flax_params(flax_path)
+    flax_model = params_into_model(params, fm.Transformer.from_config(config, rngs=nnx.Rngs(0)))
+    flax_model.eval()
+    torch_model = torch_ref.Transformer(**config.to_dict()).eval()
+    torch_model.load_state_dict(seed_state_dict, strict=True)
+    source = np.array([[1, 5, 22, 3, 0, 0], [4, 4, 9, 17, 2, 8]])
+    target = np.array([[1, 18, 2, 0], [3, 7, 11, 5]])
+    with torch.no_grad():
+        want = torch_model(torch.from_numpy(source), torch.from_numpy(target)).numpy()
+    got = np.asarray(flax_model(source, target))
+    assert np.abs(got - want).max() <= ATOL
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda d, ckpt: [d / "model.npz", d / "flax.safetensors"], "unknown checkpoint type '.npz'"),
+    (lambda d, ckpt: [ckpt, d / "flax.npz"], "not '.npz'"),
+    (lambda d, ckpt: [ckpt, d / "back.pt"], "a torch checkpoint converts to Flax parameters"),
+    (lambda d, ckpt: [d / "missing.pt", d / "flax.safetensors"], "no such file"),
+    (lambda d, ckpt: [d / "missing_dir", d / "back.pt"], "no such orbax directory"),
+])
+def test_convert_with_an_unusable_path_exits_2(checkpoint, tmp_path, make_args, message, capsys):
+    (tmp_path / "model.npz").write_bytes(b"not a checkpoint")
+    assert main(["convert", *map(str, make_args(tmp_path, checkpoint))]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_convert_of_flax_parameters_with_mismatching_keys_exits_2_naming_them(seed_state_dict, tmp_path, capsys):
+    config = infer_config(seed_state_dict, heads=5)
+    params = flax_params_from_state_dict(seed_state_dict, config)
+    params["decoder/fc/kernel_typo"] = params.pop("decoder/fc/kernel")
+    path = tmp_path / "flax.safetensors"
+    save_flax_params(params, config, path)
+    assert main(["convert", str(path), str(tmp_path / "back.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "missing parameter 'decoder/fc/kernel'" in err and "unexpected parameter 'decoder/fc/kernel_typo'" in err
+    assert not (tmp_path / "back.pt").exists()
+
+
+def test_convert_of_a_torch_checkpoint_with_an_extra_key_exits_2_naming_it(seed_state_dict, tmp_path, capsys):
+    path = write(tmp_path, "model.pt", dict(seed_state_dict, **{"decoder.fc.scale": torch.ones(19)}))
+    assert main(["convert", path, str(tmp_path / "flax.safetensors"), "--heads", "5"]) == 2
+    assert "unexpected key 'decoder.fc.scale'" in capsys.readouterr().err
+    assert not (tmp_path / "flax.safetensors").exists()
