@@ -11,62 +11,55 @@
 This is the only package that imports both torch and JAX.
 """
 
-from parity.checkpoint_io import CheckpointError, load_state_dict, save_state_dict
-from parity.check import check_checkpoint, check_twins
-from parity.compare import Report, Row, compare_intermediates, compare_models, flax_intermediates, torch_intermediates
-from parity.convert import (
-    RULES,
-    ConversionError,
-    ParamLink,
-    Rule,
-    flax_to_torch,
-    param_links,
-    torch_key_shapes,
-    torch_to_flax,
-)
-from parity.flax_io import (
-    flax_params_from_state_dict,
-    load_flax_params,
-    params_into_model,
-    save_flax_params,
-    state_dict_from_flax_params,
-)
-from parity.gradients import gradient_rows
-from parity.infer import infer_config
-from parity.plot import plot_report
-from parity.twins import as_inputs, parity_numerics, sample_batch, transformer_pair, twins_from_state_dict
+import importlib
 
-__all__ = [
-    "RULES",
-    "Rule",
-    "ConversionError",
-    "CheckpointError",
-    "torch_to_flax",
-    "flax_to_torch",
-    "torch_key_shapes",
-    "ParamLink",
-    "param_links",
-    "load_state_dict",
-    "save_state_dict",
-    "Report",
-    "Row",
-    "compare_models",
-    "compare_intermediates",
-    "torch_intermediates",
-    "flax_intermediates",
-    "parity_numerics",
-    "transformer_pair",
-    "sample_batch",
-    "as_inputs",
-    "twins_from_state_dict",
-    "infer_config",
-    "check_twins",
-    "check_checkpoint",
-    "gradient_rows",
-    "plot_report",
-    "flax_params_from_state_dict",
-    "state_dict_from_flax_params",
-    "save_flax_params",
-    "load_flax_params",
-    "params_into_model",
-]
+# Names are imported on first use (PEP 562), so `parity --help` and `parity.cli` answer
+# without loading torch and JAX (several seconds); `from parity import X` works as usual.
+_EXPORTS = {
+    "CheckpointError": "parity.checkpoint_io",
+    "load_state_dict": "parity.checkpoint_io",
+    "save_state_dict": "parity.checkpoint_io",
+    "check_checkpoint": "parity.check",
+    "check_twins": "parity.check",
+    "Report": "parity.compare",
+    "Row": "parity.compare",
+    "compare_intermediates": "parity.compare",
+    "compare_models": "parity.compare",
+    "flax_intermediates": "parity.compare",
+    "torch_intermediates": "parity.compare",
+    "RULES": "parity.convert",
+    "ConversionError": "parity.convert",
+    "ParamLink": "parity.convert",
+    "Rule": "parity.convert",
+    "flax_to_torch": "parity.convert",
+    "param_links": "parity.convert",
+    "torch_key_shapes": "parity.convert",
+    "torch_to_flax": "parity.convert",
+    "flax_params_from_state_dict": "parity.flax_io",
+    "load_flax_params": "parity.flax_io",
+    "params_into_model": "parity.flax_io",
+    "save_flax_params": "parity.flax_io",
+    "state_dict_from_flax_params": "parity.flax_io",
+    "gradient_rows": "parity.gradients",
+    "infer_config": "parity.infer",
+    "plot_report": "parity.plot",
+    "as_inputs": "parity.twins",
+    "parity_numerics": "parity.twins",
+    "sample_batch": "parity.twins",
+    "transformer_pair": "parity.twins",
+    "twins_from_state_dict": "parity.twins",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'parity' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
