@@ -1,0 +1,56 @@
+"""``python -m benchmarks [--preset base] [--json OUT]``: see the package docstring."""
+
+import argparse
+import json
+import sys
+
+import benchmarks
+from benchmarks.presets import PRESETS, get_bench_preset
+from benchmarks.runner import OPS, VARIANTS
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=benchmarks.__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="base", choices=sorted(PRESETS), help="benchmark settings (default: base)")
+    parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON to OUT")
+    parser.add_argument("--reps", type=int, help="timed repetitions of forward and train step (preset default)")
+    parser.add_argument("--decode-reps", type=int, help="timed repetitions of each decoding path (preset default)")
+    parser.add_argument("--warmup", type=int, help="untimed calls after the first one (preset default)")
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="operations to time (default: all)")
+    parser.add_argument("--paths", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="paths to time (default: all)")
+    parser.add_argument("--dropout", type=float, help="override the model's dropout rate (both twins)")
+    parser.add_argument("--torch-compile-backend", help="torch.compile backend (default: inductor, torch's default)")
+    parser.add_argument("--reuse-compile-cache", action="store_true",
+                        help="let torch.compile reuse its on-disk cache from earlier runs (default: a fresh one)")
+    parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
+    return parser.parse_args(argv)
+
+
+def preset_from_args(args):
+    preset = get_bench_preset(args.preset)
+    changes = {k: getattr(args, k) for k in ("reps", "decode_reps", "warmup", "torch_compile_backend")
+               if getattr(args, k) is not None}
+    if args.dropout is not None:
+        changes["model"] = preset.model.replace(dropout=args.dropout)
+    return preset.replace(**changes) if changes else preset
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    preset = preset_from_args(args)
+    from benchmarks import report, runner
+
+    rep = runner.run(preset, ops=args.ops, variants=args.paths, force=args.force,
+                     fresh_caches=not args.reuse_compile_cache)
+    print(report.format_table(rep))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rep, f, indent=2)
+            f.write("\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""What the Flax train step's time depends on: variants timed side by side in one process.
+
+``python -m benchmarks.ablations [--preset base] [--reps 7]``
+
+Timings of the same path differ by 10-20% from one process to the next on this machine
+(the train step allocates ~650 MB of fresh temporaries per call, see docs/benchmarks.md),
+so comparing variants across separate runs can mislead. Here every variant is built and
+compiled in one process and timed interleaved, like the paths of the main benchmark:
+
+    default        the benchmark's path: dropout 0.1, threefry keys (JAX's default)
+    no_dropout     the same model built with dropout 0.0: the cost of dropout
+    rbg_dropout    dropout 0.1 with keys of the 'rbg' implementation (XLA's RngBitGenerator)
+                   instead of threefry: jax_default_prng_impl='rbg' while the model and
+                   its step are built and compiled
+    no_clipping    TrainConfig(clip_norm=None): the cost of the global-norm clipping
+    scan_x4        four train steps per compiled call (``lax.scan`` over the Trainer's step
+                   function): XLA allocates its temporaries once per call, so this shows
+                   what the per-call allocation (page faults) costs; time per step
+    eval_forward_x3  three times the eval forward: what a train step would cost at the
+                   forward pass's efficiency (backward = 2 forwards)
+
+Nothing in flaxformer_mini changes; the variants are configurations of it.
+"""
+
+import argparse
+import contextlib
+import statistics
+import sys
+
+import jax
+
+from benchmarks import flax_bench, flops
+from benchmarks.inputs import make_batch
+from benchmarks.measure import Path, measure
+from benchmarks.presets import PRESETS, get_bench_preset
+from flaxformer_mini.data import Batch
+from flaxformer_mini.training import Trainer, TrainConfig
+
+
+@contextlib.contextmanager
+def prng_impl(name):
+    old = jax.config.jax_default_prng_impl
+    jax.config.update("jax_default_prng_impl", name)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_default_prng_impl", old)
+
+
+def _train_variant(name, preset, jbatch, impl="threefry2x32", **train_config):
+    """A train-step Path whose model, state and executable are all made under ``impl``."""
+    c, B, L = preset.model, preset.batch, preset.seq_len
+    with prng_impl(impl):
+        trainer = Trainer(flax_bench._new_model(preset, 0),
+                          TrainConfig(schedule="constant", learning_rate=1e-4, **train_config))
+        holder = {"state": trainer.init_state()}
+    compiled = {}
+
+    def prepare():
+        with prng_impl(impl):
+            compiled["step"] = trainer.train_step.lower(holder["state"], jbatch).compile()
+
+    def run():
+        holder["state"], metrics = compiled["step"](holder["state"], jbatch)
+        return jax.block_until_ready((holder["state"], metrics))
+
+    return Path("train_step", name, "jax", run, flops.train_step(c, B, L, L), prepare=prepare)
+
+
+def _scan_variant(preset, jbatch, steps=4):
+    """``steps`` train steps in one compiled call. Uses the Trainer's step function as the
+    scan body (a private name: this is an experiment, not a supported entry point)."""
+    c, B, L = preset.model, preset.batch, preset.seq_len
+    trainer = Trainer(flax_bench._new_model(preset, 0), TrainConfig(schedule="constant", learning_rate=1e-4))
+    holder = {"state": trainer.init_state()}
+    batches = jax.tree.map(lambda x: jax.numpy.stack([x] * steps), jbatch)
+
+    def many(state, batches):
+        return jax.lax.scan(trainer._train_step, state, batches)
+
+    jitted = jax.jit(many, donate_argnums=0)
+    compiled = {}
+
+    def prepare():
+        compiled["steps"] = jitted.lower(holder["state"], batches).compile()
+
+    def run():
+        holder["state"], metrics = compiled["steps"](holder["state"], batches)
+        return jax.block_until_ready((holder["state"], metrics))
+
+    return Path("train_step", f"scan_x{steps}", "jax", run, flops.train_step(c, B, L, L) * steps, prepare=prepare,
+                info={"steps_per_call": steps})
+
+
+def _forward_x3(preset, jbatch):
+    (path,) = flax_bench.make_paths(preset, Batch(*jbatch), ["forward"])
+    inner = path.run
+
+    def run():
+        for _ in range(3):
+            out = inner()
+        return out
+
+    return Path("train_step", "eval_forward_x3", "jax", run, path.flops * 3, prepare=path.prepare)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ablations", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    parser.add_argument("--reps", type=int, default=7)
+    args = parser.parse_args(argv)
+    preset = get_bench_preset(args.preset)
+    jbatch = Batch(*(jax.numpy.asarray(x) for x in make_batch(preset)))
+    no_dropout = preset.replace(model=preset.model.replace(dropout=0.0))
+    paths = [
+        _train_variant("default", preset, jbatch),
+        _train_variant("no_dropout", no_dropout, jbatch),
+        _train_variant("rbg_dropout", preset, jbatch, impl="rbg"),
+        _train_variant("no_clipping", preset, jbatch, clip_norm=None),
+        _scan_variant(preset, jbatch),
+        _forward_x3(preset, jbatch),
+    ]
+    results = measure(paths, reps=args.reps, warmup=1)
+    base = statistics.median(results[0].times_s)
+    print(f"{preset.summary()}; {args.reps} interleaved repetitions, one process")
+    print("times per train step (a scan_xK call does K steps); sys ms: kernel time per step, mostly page faults")
+    print(f"{'variant':<18} {'median ms':>10} {'best ms':>9} {'vs default':>11} {'sys ms':>7}")
+    for r in results:
+        k = r.info.get("steps_per_call", 1)
+        print(f"{r.variant:<18} {r.median_s * 1e3 / k:>10.1f} {r.best_s * 1e3 / k:>9.1f} {r.median_s / k / base:>10.2f}x "
+              f"{r.info['system_ms_per_call'] / k:>7.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

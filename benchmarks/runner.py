@@ -1,0 +1,159 @@
+"""One benchmark run: environment, matmul peaks, then each operation's paths, interleaved.
+
+``run(preset, ...)`` returns the report as a dict (the ``--json`` document); the models of
+one operation are built just before it is measured and dropped after, so the memory each
+operation reports is not mixed with another's.
+"""
+
+import contextlib
+import datetime
+import gc
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+
+import jax
+
+from benchmarks import flax_bench, matmul_peak, report
+from benchmarks.inputs import make_batch
+from benchmarks.measure import log, measure
+
+OPS = ("forward", "train_step", "decode_cached", "decode_uncached")
+VARIANTS = ("torch_eager", "torch_compile", "flax_jit")
+TORCH_VARIANTS = ("torch_eager", "torch_compile")
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment():
+    import flax
+
+    env = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "flax": flax.__version__,
+        "jax_backend": jax.default_backend(),
+        "jax_devices": [str(d) for d in jax.devices()],
+        # Settings that change the numbers: XLA's flags, glibc's allocator tunables (see
+        # docs/benchmarks.md: glibc.malloc.hugetlb=1 removes the Flax train step's page faults).
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+        "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""),
+        "JAX_DEFAULT_PRNG_IMPL": os.environ.get("JAX_DEFAULT_PRNG_IMPL", ""),
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        env["torch"] = None
+    return env
+
+
+def _loadavg():
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def check_device(preset, force):
+    if preset.device != "gpu":
+        return
+    if jax.default_backend() != "gpu" and not force:
+        raise SystemExit(f"preset {preset.name!r} is for a GPU and JAX sees none ({jax.default_backend()}); "
+                         "--force runs it anyway")
+
+
+@contextlib.contextmanager
+def fresh_compile_caches(enabled=True):
+    """An empty inductor cache for this run, removed afterwards.
+
+    torch.compile keeps compiled graphs on disk (/tmp/torchinductor_$USER) and reuses them
+    across processes: a second run of the same model compiles in a fraction of the time.
+    The first-call times here are those of a first run, as a user meets them. (JAX keeps
+    no persistent compilation cache unless ``jax_compilation_cache_dir`` is set.)
+    """
+    if not enabled:
+        yield None
+        return
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    path = tempfile.mkdtemp(prefix="benchmarks-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    try:
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run(preset, ops=OPS, variants=VARIANTS, force=False, fresh_caches=True):
+    """The whole benchmark of ``preset``; see the package docstring. ``fresh_caches=False``
+    lets torch.compile reuse what earlier runs left in its on-disk cache."""
+    with fresh_compile_caches(fresh_caches):
+        return _run(preset, ops, variants, force, fresh_caches)
+
+
+def _run(preset, ops, variants, force, fresh_caches):
+    check_device(preset, force)
+    ops = [op for op in OPS if op in ops]
+    variants = [v for v in VARIANTS if v in variants]
+    torch_variants = [v for v in variants if v in TORCH_VARIANTS]
+    started = time.perf_counter()
+    load = {"start": _loadavg()}
+    log(f"preset {preset.summary()}; load average {load['start']}")
+
+    if torch_variants:
+        from benchmarks import torch_bench  # torch is optional: a Flax-only run needs none
+
+        torch_bench.setup_threads()
+    env = environment()
+    env["torch_compile_cache"] = "fresh (empty) for this run" if fresh_caches else "reused from earlier runs"
+    env["jax_compilation_cache_dir"] = jax.config.jax_compilation_cache_dir
+    batch = make_batch(preset)
+
+    peaks = {}
+    if torch_variants:
+        peaks["torch"] = matmul_peak.torch_peak(preset.matmul_size, preset.dtype,
+                                                "cuda" if preset.device == "gpu" else "cpu")
+    if "flax_jit" in variants:
+        peaks["jax"] = matmul_peak.jax_peak(preset.matmul_size, preset.dtype)
+
+    results = []
+    for op in ops:
+        decoding = op.startswith("decode")
+        reps, warmup = (preset.decode_reps, preset.decode_warmup) if decoding else (preset.reps, preset.warmup)
+        paths = []
+        if torch_variants:
+            paths += torch_bench.make_paths(preset, batch, [op], torch_variants)
+        if "flax_jit" in variants:
+            paths += flax_bench.make_paths(preset, batch, [op])
+        if not paths:
+            continue
+        results += measure(paths, reps=reps, warmup=warmup)
+        del paths
+        gc.collect()
+        load[f"after_{op}"] = _loadavg()
+        log(f"{op} done; load average {load[f'after_{op}']}")
+
+    load["end"] = _loadavg()
+    wall = time.perf_counter() - started
+    return report.build(preset, env, peaks, results, load, wall, argv=sys.argv)

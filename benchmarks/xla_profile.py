@@ -1,0 +1,266 @@
+"""Where the compiled Flax train step (or forward) spends its time, by kind of HLO operation.
+
+``python -m benchmarks.xla_profile [--preset base] [--op train_step] [--steps 3] [--top 15]``
+
+Runs the same Flax path as the benchmark under ``jax.profiler.trace``, reads the trace back
+with ``jax.profiler.ProfileData`` and adds up, per HLO instruction of the compiled program,
+the time XLA's CPU runtime spent executing it (each executed instruction, a "thunk", is a
+trace event carrying an ``hlo_op`` stat; the instructions of a while loop's body are
+thunks of their own, and the loop's own event covers only its control). Each instruction
+is put in one category from the optimised HLO text:
+
+    matmul        dot / convolution, or a fusion around one (or a library GEMM call)
+    rng           a fusion doing threefry arithmetic (dropout's random bits), rng ops
+    reduction     fusions with a reduce: softmax, LayerNorm, the loss, norms, sums
+    elementwise   other fusions: adds, scaling, masks, ReLU, Adam's update, ...
+    copy/layout   copy, transpose, or a fusion around one (layout changes XLA could not fuse
+                  into a GEMM; often with an elementwise op fused in, e.g. a bias add)
+    other         gather/scatter (embeddings), while loops, slicing, ...
+
+and in one phase from the JAX op name in its metadata: ``forward`` (for a gradient, the
+ops traced under ``jvp``), ``backward`` (``transpose(jvp)``), ``update`` (clipping, Adam,
+metrics: outside the gradient).
+
+Times are summed over the instructions' events: two instructions running side by side on
+the two cores both count, so the total can exceed the wall time, while a GEMM's helper
+threads do not appear (they carry no event). The op-level view says where the time goes;
+benchmarks.flops says how much of it is useful.
+
+The decode ops are profiled through ``flaxformer_mini.decoding``'s jitted loops, whose HLO
+text is read by lowering those (private) functions: profiling only, never timing.
+"""
+
+import argparse
+import collections
+import glob
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+
+from benchmarks import flax_bench
+from benchmarks.inputs import make_batch
+from benchmarks.presets import PRESETS, get_bench_preset
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*? ([a-z][a-z0-9\-]*)\(")
+_COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+_SHAPE = re.compile(r" = (\S+) ")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+MATMUL_OPS = {"dot", "convolution"}
+RNG_OPS = {"rng", "rng-bit-generator", "rng-get-and-update-state"}
+# threefry2x32 is rotations and xors of uint32 words: shifts + xor + add, in u32
+_RNG_HINT = {"shift-left", "shift-right-logical", "xor"}
+
+
+def parse_hlo(text):
+    """{instruction name: (opcode, shape, opcodes it reaches through called computations,
+    whether those use uint32, the JAX op_name of its metadata)}."""
+    computations = collections.defaultdict(set)  # computation -> opcodes inside it
+    computation_calls = collections.defaultdict(set)
+    computation_has_u32 = collections.defaultdict(bool)
+    instructions = {}
+    op_names = {}
+    current = None
+    for line in text.splitlines():
+        m = _INSTR.match(line)
+        if m and current is not None:
+            name, opcode = m.groups()
+            shape = (_SHAPE.search(line) or [None, ""])[1]
+            calls = _CALLS.findall(line)
+            op_names[name] = (_OP_NAME.search(line) or [None, ""])[1]
+            instructions[name] = (opcode, shape, calls, current)
+            computations[current].add(opcode)
+            computation_calls[current].update(calls)
+            if "u32[" in line:
+                computation_has_u32[current] = True
+            continue
+        m = _COMP.match(line)
+        if m and not _INSTR.match(line):
+            current = m.group(1)
+
+    def reach(comp, seen=None):
+        seen = seen if seen is not None else set()
+        if comp in seen:
+            return set(), False
+        seen.add(comp)
+        ops, u32 = set(computations[comp]), computation_has_u32[comp]
+        for c in computation_calls[comp]:
+            o, u = reach(c, seen)
+            ops |= o
+            u32 = u32 or u
+        return ops, u32
+
+    out = {}
+    for name, (opcode, shape, calls, _) in instructions.items():
+        inner, u32 = set(), False
+        for c in calls:
+            o, u = reach(c)
+            inner |= o
+            u32 = u32 or u
+        out[name] = (opcode, shape, inner, u32, op_names[name])
+    return out
+
+
+def category(opcode, inner, u32, name=""):
+    ops = inner | {opcode}
+    if ops & MATMUL_OPS or (opcode == "custom-call" and any(k in name for k in ("matmul", "gemm", "dot"))):
+        return "matmul"
+    if ops & RNG_OPS or (u32 and len(_RNG_HINT & ops) >= 2):
+        return "rng"
+    if opcode in ("copy", "transpose") or (opcode == "fusion" and inner & {"copy", "transpose"}):
+        return "copy/layout"
+    if opcode == "fusion" and ("reduce" in inner or "reduce-window" in inner):
+        return "reduction"
+    if opcode == "fusion" or opcode in ("add", "multiply", "subtract", "divide", "maximum", "select", "exponential"):
+        return "elementwise"
+    return "other"
+
+
+_RANDOM_NAMES = ("_bernoulli", "_uniform", "threefry", "random_bits", "_random")
+
+
+def phase(op_name, differentiated=True):
+    """forward / backward / update, from the JAX transformation path in the op's metadata:
+    the gradient's forward pass is traced under jvp(...), its backward under transpose(jvp(...)),
+    and everything else (clipping, Adam, metrics) is the update. A program without a
+    gradient is all forward."""
+    if not differentiated:
+        return "forward"
+    if "transpose(jvp" in op_name:
+        return "backward"
+    if "jvp(" in op_name:
+        return "forward"
+    return "update" if op_name else "?"
+
+
+def profile(run, compiled_text, steps, module_hint):
+    """One row per executed instruction (time per call, averaged over ``steps`` traced calls)
+    and the calls' wall times."""
+    hlo = parse_hlo(compiled_text)
+    differentiated = "jvp(" in compiled_text
+    walls = []
+    with tempfile.TemporaryDirectory(prefix="benchmarks-trace-") as logdir:
+        jax.profiler.start_trace(logdir)
+        try:
+            for _ in range(steps):
+                start = time.perf_counter()
+                run()
+                walls.append(time.perf_counter() - start)
+        finally:
+            jax.profiler.stop_trace()
+        files = sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))
+        data = jax.profiler.ProfileData.from_file(files[-1])
+    per_op = collections.Counter()
+    count = collections.Counter()
+    for plane in data.planes:
+        for line in plane.lines:
+            for event in line.events:
+                stats = dict(event.stats)
+                op = stats.get("hlo_op")
+                if op is None or module_hint not in str(stats.get("hlo_module", "")):
+                    continue
+                per_op[op] += event.duration_ns
+                count[op] += 1
+    rows = []
+    for op, ns in per_op.items():
+        opcode, shape, inner, u32, op_name = hlo.get(op, ("?", "", set(), False, ""))
+        if opcode == "while":
+            inner = set()  # its body's instructions are counted on their own
+        cat = category(opcode, inner, u32, op)
+        if any(k in op_name for k in _RANDOM_NAMES):
+            cat = "rng"  # dropout's random bits and mask, wherever XLA fused them
+        rows.append({"op": op, "opcode": opcode, "shape": shape, "category": cat, "phase": phase(op_name, differentiated),
+                     "op_name": op_name, "ms_per_step": ns / 1e6 / steps, "calls_per_step": count[op] / steps})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return rows, walls
+
+
+def summarize(rows, key="category"):
+    by_cat = collections.defaultdict(float)
+    for r in rows:
+        by_cat[r[key]] += r["ms_per_step"]
+    total = sum(by_cat.values())
+    return {k: {"ms_per_step": v, "share": v / total if total else 0.0}
+            for k, v in sorted(by_cat.items(), key=lambda kv: -kv[1])}, total
+
+
+def _decode_hlo(preset, batch, op):
+    """The optimised HLO of flaxformer_mini's decoding loop, compiled the way greedy_decode
+    (or greedy_decode_uncached) compiles it. Reads private names: for this profile only."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from flaxformer_mini import decoding
+
+    model = flax_bench._new_model(preset, 0)
+    model.eval()
+    graphdef, state = nnx.split(model)
+    source = jnp.asarray(batch.source)
+    if op == "decode_cached":
+        lowered = decoding._token_by_token.lower(graphdef, state, source, preset.new_tokens, ("greedy",), jax.random.key(0))
+    else:
+        lowered = decoding._greedy_uncached.lower(graphdef, state, source, preset.new_tokens)
+    return lowered.compile().as_text()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.xla_profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
+    parser.add_argument("--op", default="train_step", choices=("train_step", "forward", "decode_cached", "decode_uncached"))
+    parser.add_argument("--steps", type=int, default=3, help="traced calls (after 2 untraced)")
+    parser.add_argument("--top", type=int, default=15, help="how many single instructions to list")
+    parser.add_argument("--dropout", type=float, help="override the model's dropout rate")
+    parser.add_argument("--json", metavar="OUT", help="write every instruction's row as JSON")
+    parser.add_argument("--hlo", metavar="OUT", help="write the optimised HLO text")
+    args = parser.parse_args(argv)
+
+    preset = get_bench_preset(args.preset)
+    if args.dropout is not None:
+        preset = preset.replace(model=preset.model.replace(dropout=args.dropout))
+    batch = make_batch(preset)
+    (path,) = flax_bench.make_paths(preset, batch, [args.op])
+    if path.prepare is not None:
+        path.prepare()
+    for _ in range(2):
+        path.run()
+    text = path.aot.compiled.as_text() if hasattr(path, "aot") else _decode_hlo(preset, batch, args.op)
+    rows, walls = profile(path.run, text, args.steps, module_hint="jit_")
+    cats, total = summarize(rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": preset.name, "op": args.op, "wall_ms": [w * 1e3 for w in walls],
+                       "categories": cats, "instructions": rows}, f, indent=1)
+    if args.hlo:
+        with open(args.hlo, "w") as f:
+            f.write(text)
+
+    print(f"{preset.summary()}; {args.op}, {args.steps} traced calls, wall median "
+          f"{statistics.median(walls) * 1e3:.1f} ms; busy thread time {total:.1f} ms per call")
+    print(f"\n{'category':<14} {'ms/call':>9} {'share':>7}")
+    counts = collections.Counter(r["category"] for r in rows)
+    for k, v in cats.items():
+        print(f"{k:<14} {v['ms_per_step']:>9.1f} {100 * v['share']:>6.1f}%  ({counts[k]} instructions)")
+    phases, _ = summarize(rows, "phase")
+    print("\nby phase: " + ", ".join(f"{k} {v['ms_per_step']:.1f} ms ({100 * v['share']:.0f}%)" for k, v in phases.items()))
+    grid = collections.defaultdict(float)
+    for r in rows:
+        grid[r["phase"], r["category"]] += r["ms_per_step"]
+    names = list(cats)
+    print(f"{'ms/call':<10}" + "".join(f"{c:>13}" for c in names))
+    for ph in phases:
+        print(f"{ph:<10}" + "".join(f"{grid[ph, c]:>13.1f}" for c in names))
+    print(f"\ntop {args.top} instructions:")
+    print(f"{'instruction':<34} {'category':<12} {'ms/call':>8} {'calls':>6}  shape")
+    for r in rows[: args.top]:
+        print(f"{r['op'][:34]:<34} {r['category']:<12} {r['ms_per_step']:>8.2f} {r['calls_per_step']:>6.0f}  {r['shape'][:60]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Smoke test of the benchmark harness: a tiny run completes and reports well-formed numbers.
+
+No speed is asserted: benchmarks are measurements, not tests. torch.compile runs with its
+"eager" backend here (dynamo traces, nothing is code-generated), so the compiled paths are
+exercised in seconds instead of the minutes inductor needs on 2 cores.
+"""
+
+import json
+import math
+
+import torch
+
+from benchmarks.__main__ import main
+
+SCHEMA = {
+    "config": {"batch", "seq_len", "vocab", "embed_size", "heads", "num_layers"},
+    "results": {"train_step", "forward", "decode"},
+}
+TIMINGS = ("torch_eager_ms", "torch_compile_ms", "flax_jit_ms")
+
+
+def _positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _check_schema(rep):
+    for key, inner in SCHEMA.items():
+        assert inner <= set(rep[key]), f"{key} lacks {inner - set(rep[key])}"
+    for op in ("train_step", "forward", "decode"):
+        assert set(TIMINGS) <= set(rep["results"][op]), op
+    assert rep["config"]["embed_size"] == 30 and rep["config"]["num_layers"] == 2
+    assert _positive(rep["matmul_peak_gflops"])
+
+
+def _check_timings(rep):
+    for op in ("train_step", "forward", "decode"):
+        for key in TIMINGS:
+            assert _positive(rep["results"][op][key]), (op, key, rep["results"][op][key])
+    assert _positive(rep["results"]["decode"]["flax_jit_uncached_ms"])
+    for path in rep["paths"]:
+        for key in ("median_ms", "best_ms", "first_call_s", "gflop", "gflops_per_s"):
+            assert _positive(path[key]), (path["op"], path["variant"], key, path[key])
+        assert path["times_ms"] and all(_positive(t) for t in path["times_ms"])
+
+
+def _check_coverage(rep):
+    timed = {(p["op"], p["variant"]) for p in rep["paths"]}
+    for op in ("forward", "train_step", "decode_uncached"):
+        for variant in ("torch_eager", "torch_compile", "flax_jit"):
+            assert (op, variant) in timed, (op, variant)
+    assert ("decode_cached", "flax_jit") in timed
+    assert len(rep["targets"]) == 5
+    for t in rep["targets"]:
+        assert t["met"] in (True, False) and _positive(t["value"]), t
+
+
+def test_tiny_run_times_every_path_and_writes_the_issues_json(tmp_path, capsys):
+    """One run of ``python -m benchmarks --preset tiny`` (one repetition), in-process: a
+    single test, so that pytest-xdist does not run the harness once per worker."""
+    out = tmp_path / "tiny.json"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--preset", "tiny", "--reps", "1", "--torch-compile-backend", "eager", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the harness uses every core; other tests set their own
+    rep = json.loads(out.read_text())
+    _check_schema(rep)
+    _check_timings(rep)
+    _check_coverage(rep)
+    printed = capsys.readouterr().out
+    assert "train step" in printed and "targets:" in printed
+
+
+def test_flop_counts_follow_the_documented_formula():
+    """benchmarks.flops on the base model: the total worked out by hand from the formula in
+    its docstring (every Linear 2*in*out per token, attention 4*T*S*D per sequence)."""
+    from benchmarks import flops
+    from flaxformer_mini.config import get_preset
+
+    base = get_preset("base")
+    assert flops.train_step(base, 16, 64, 64) == 3 * flops.forward(base, 16, 64, 64)
+    assert flops.forward(base, 16, 64, 64) == 55_004_102_656  # worked out in benchmarks/flops.py
+    # decoding: the cached algorithm does one forward's worth of work, the uncached ones more
+    assert flops.decode_cached(base, 16, 64, 64) < flops.decode_uncached_growing(base, 16, 64, 64) \
+        < flops.decode_uncached_fixed(base, 16, 64, 64)
+
+
+def test_the_base_preset_is_the_issues():
+    from benchmarks.presets import get_bench_preset
+
+    base = get_bench_preset("base")
+    c = base.model
+    assert (c.embed_size, c.heads, c.num_layers, c.target_vocab_size, base.batch, base.seq_len) == (512, 8, 6, 1000, 16, 64)
+    assert base.new_tokens == 64 and c.max_len >= base.new_tokens
+    large = get_bench_preset("large")
+    assert (large.model.embed_size, large.model.heads, large.model.num_layers, large.seq_len, large.dtype) == \
+        (1024, 16, 12, 512, "bfloat16")
