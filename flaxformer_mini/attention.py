@@ -58,24 +58,26 @@ class SelfAttention(nnx.Module):
         return self.attend(query, *self.project_kv(key, value), mask)
 
     def project_kv(self, key, value):
-        """Keys and values split into heads, (B, S, H, K) each. Cached decoding computes these
-        once for the encoder output and once per new target token."""
+        """Keys and values split into heads, head-first: (B, H, S, K) each. Cached decoding
+        computes these once for the encoder output and once per new target token; head-first,
+        the cache is written in place at each step and read without a transpose."""
         B, S, _ = key.shape
-        k = self.W_k(key).reshape(B, S, self.heads, self.head_dim)
-        v = self.W_v(value).reshape(B, S, self.heads, self.head_dim)
+        H, K = self.heads, self.head_dim
+        k = self.W_k(key).reshape(B, S, H, K).transpose(0, 2, 1, 3)
+        v = self.W_v(value).reshape(B, S, H, K).transpose(0, 2, 1, 3)
         return k, v
 
     def attend(self, query, k, v, mask):
-        """Attention of ``query`` (B, T, D) over projected keys/values (B, S, H, K)."""
+        """Attention of ``query`` (B, T, D) over projected keys/values (B, H, S, K)."""
         B, T, _ = query.shape
         H, K = self.heads, self.head_dim
         q = self.W_q(query).reshape(B, T, H, K)
 
-        scores = jnp.einsum("BTHK,BSHK->BHTS", q, k).astype(jnp.float32)
+        scores = jnp.einsum("BTHK,BHSK->BHTS", q, k).astype(jnp.float32)
         # As in the seed: fill first, then scale by 1/sqrt(K) (torch_ref SelfAttention).
         weights = _softmax_f32(masked_fill(scores, mask) / (K**0.5))  # (B, H, T, S)
 
-        out = jnp.einsum("BHTS,BSHK->BTHK", weights.astype(v.dtype), v).reshape(B, T, H * K)
+        out = jnp.einsum("BHTS,BHSK->BTHK", weights.astype(v.dtype), v).reshape(B, T, H * K)
         return self.fc(out)
 
 

@@ -35,10 +35,12 @@ _NEG = -1e9  # a score no hypothesis reaches; finite, so no inf - inf = NaN anyw
 
 @flax.struct.dataclass
 class DecodeCache:
-    self_k: jax.Array  # (L, B, N, H, K): keys of the target positions written so far
-    self_v: jax.Array  # (L, B, N, H, K)
-    cross_k: jax.Array  # (L, B, S, H, K): encoder output projected once per layer
-    cross_v: jax.Array  # (L, B, S, H, K)
+    # Head-first, as SelfAttention.project_kv returns them: position t of every layer is
+    # written in place, and attention reads the cache without transposing it.
+    self_k: jax.Array  # (L, B, H, N, K): keys of the target positions written so far
+    self_v: jax.Array  # (L, B, H, N, K)
+    cross_k: jax.Array  # (L, B, H, S, K): encoder output projected once per layer
+    cross_v: jax.Array  # (L, B, H, S, K)
     source_mask: jax.Array  # (B, 1, 1, S)
 
 
@@ -50,7 +52,7 @@ def prefill(model, source, max_positions):
     B = source.shape[0]
     attn = layers[0].attention
     dtype = cross[0][0].dtype
-    empty = jnp.zeros((len(layers), B, max_positions, attn.heads, attn.head_dim), dtype)
+    empty = jnp.zeros((len(layers), B, attn.heads, max_positions, attn.head_dim), dtype)
     return DecodeCache(
         self_k=empty, self_v=empty,
         cross_k=jnp.stack([k for k, _ in cross]), cross_v=jnp.stack([v for _, v in cross]),
@@ -62,7 +64,7 @@ def decode_one_token(model, cache: DecodeCache, tokens, t):
     """Logits (B, V) for the next token after ``tokens`` (B,) at position ``t``; the cache
     with position t's keys/values written."""
     decoder = model.decoder
-    N = cache.self_k.shape[2]
+    N = cache.self_k.shape[3]
     position = jnp.full((tokens.shape[0], 1), t)
     # Same as Decoder.__call__ for one position: token + position embedding, (eval) dropout.
     x = decoder.dropout(decoder.embedding_layer(tokens[:, None]) + decoder.positional_embedding(position))  # (B, 1, D)
@@ -70,8 +72,8 @@ def decode_one_token(model, cache: DecodeCache, tokens, t):
     self_mask = (jnp.arange(N) <= t)[None, None, None, :]  # (1, 1, 1, N)
     self_k, self_v = cache.self_k, cache.self_v
     for i, layer in enumerate(decoder.decoder_layers):
-        k, v = layer.attention.project_kv(x, x)  # (B, 1, H, K)
-        start = (i, 0, t, 0, 0)  # layer i, position t
+        k, v = layer.attention.project_kv(x, x)  # (B, H, 1, K)
+        start = (i, 0, 0, t, 0)  # layer i, position t
         self_k = jax.lax.dynamic_update_slice(self_k, k[None].astype(self_k.dtype), start)
         self_v = jax.lax.dynamic_update_slice(self_v, v[None].astype(self_v.dtype), start)
         x = layer.step(x, (self_k[i], self_v[i]), (cache.cross_k[i], cache.cross_v[i]), cache.source_mask, self_mask)

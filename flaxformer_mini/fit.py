@@ -158,7 +158,7 @@ def fit(config: RunConfig, out, steps, *, log_every=50, eval_every=500, save_eve
                     _finite(metrics, done)
                     last_eval = evaluate(trainer, state, batches_eval)
                     run.log({"step": done, **{f"eval_{k}": v for k, v in last_eval.items()}})
-                    bar.set_postfix_str(f"eval loss {last_eval['loss']:.4f}, exact {last_eval['exact_match']:.3f}")
+                    bar.set_postfix_str(f"eval loss {last_eval['loss']:.4g}, exact {last_eval['exact_match']:.3f}")
                 if must_save:
                     _finite(metrics, done)  # never checkpoint a NaN state
                     checkpoint.save(manager, state)
@@ -191,7 +191,7 @@ def _read(pending, run, bar):
     if rate is not None:
         record = {"step": step, **{k: float(v) for k, v in metrics.items()}, "tokens_per_s": rate}
         run.log(record)
-        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate:,.0f}")
+        bar.set_postfix(loss=f"{loss:.4g}", tok_s=f"{rate:,.0f}")
 
 
 def plot_metrics(run: RunDir):

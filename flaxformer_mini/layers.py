@@ -25,7 +25,7 @@ class TransformerBlock(nnx.Module):
         return self._add_norm_feed_forward(query, self.attention(query, key, value, mask))
 
     def attend(self, query, k, v, mask):
-        """The block given projected keys/values (B, S, H, K): cached decoding's entry point."""
+        """The block given projected keys/values (B, H, S, K): cached decoding's entry point."""
         return self._add_norm_feed_forward(query, self.attention.attend(query, k, v, mask))
 
     def _add_norm_feed_forward(self, query, attention):
