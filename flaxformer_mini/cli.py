@@ -40,7 +40,7 @@ def _train(args):
     else:
         src_vocab, tgt_vocab = (len(v) for v in loaded[2])
         max_len = data.max_len
-    model = model_config_for(args.preset, data, src_vocab, tgt_vocab, max_len, dropout=args.dropout)
+    model = model_config_for(args.preset, src_vocab, tgt_vocab, max_len, dropout=args.dropout)
     # --lr is the peak of the warm-up + inverse-square-root schedule, reached at --warmup:
     # the paper's lr = factor * D^-0.5 * min(n^-0.5, n * w^-1.5) peaks at factor * (D * w)^-0.5.
     if args.schedule == "rsqrt":

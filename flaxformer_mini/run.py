@@ -45,6 +45,12 @@ class RunConfig:
     batch_size: int = 64
     dtype: str = "float32"
 
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise RunConfigError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.batch_size < 1:
+            raise RunConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+
     def to_dict(self):
         return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
 
@@ -64,7 +70,7 @@ class RunConfig:
             raise RunConfigError(f"{source}: malformed run config: {e}") from None
 
 
-def model_config_for(preset, data, source_vocab_size, target_vocab_size, max_len, dropout=None):
+def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None):
     """The preset's width, heads and depth with the data's vocabularies and lengths."""
     base = get_preset(preset)
     return base.replace(

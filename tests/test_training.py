@@ -165,6 +165,16 @@ def test_checkpoint_from_a_different_model_size_is_refused_by_name(tmp_path):
         checkpoint.restore(manager, trainer.init_state())
 
 
+def test_run_config_with_an_unknown_dtype_is_refused_by_name(tmp_path):
+    out = tmp_path / "run"
+    fit(run_config(), out, 2, save_every=2, eval_every=100, progress=False, echo=lambda m: None)
+    data = json.loads((out / "config.json").read_text())
+    data["dtype"] = "float16"
+    (out / "config.json").write_text(json.dumps(data))
+    with pytest.raises(RunConfigError, match=r"config.json: malformed run config: unknown dtype 'float16'"):
+        RunDir(out).load_config()
+
+
 def test_non_empty_directory_that_is_not_a_run_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(RunConfigError, match="is not a flaxformer-mini run"):
