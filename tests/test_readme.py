@@ -20,3 +20,10 @@ def test_readme_installs_the_cpu_build_of_torch():
     setup = readme_commands()[0]
     assert "pip install torch==2.13.0" in setup
     assert setup.index("torch==2.13.0") < setup.index('-e ".[dev]"')
+
+
+def test_readme_tour_runs_and_gives_the_seed_output_shape():
+    block = re.search(r"## A short tour\n\n```python\n(.+?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    namespace = {}
+    exec(block, namespace)  # the README's code, exactly as a reader would paste it
+    assert namespace["logits"].shape == (2, 9, 8)
