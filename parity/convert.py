@@ -159,18 +159,20 @@ def numpy_to_tensor(array):
 _LAYER_INDEX = re.compile(r"^(.*?)\.(\d+)\.")
 
 
+def layer_depths(keys):
+    """{list prefix: number of blocks} from keys like ``encoder.transformer_layers.5.norm1.weight``
+    (the first ``.N.`` in a key is the layer index): highest index + 1 per prefix."""
+    out = defaultdict(int)
+    for key in keys:
+        m = _LAYER_INDEX.match(str(key))
+        if m:
+            out[m.group(1)] = max(out[m.group(1)], int(m.group(2)) + 1)
+    return dict(out)
+
+
 def _depth_hints(expected, got):
     """'encoder.transformer_layers: checkpoint has 6 layers, the model 2' for each list."""
-
-    def depths(keys):
-        out = defaultdict(int)
-        for key in keys:
-            m = _LAYER_INDEX.match(key)
-            if m:
-                out[m.group(1)] = max(out[m.group(1)], int(m.group(2)) + 1)
-        return out
-
-    have, want = depths(got), depths(expected)
+    have, want = layer_depths(got), layer_depths(expected)
     return [
         f"{prefix} has {have[prefix]} layers in the checkpoint, {want[prefix]} in the model"
         for prefix in sorted(want)

@@ -21,11 +21,10 @@ Every error is a ``ConversionError`` naming the key (or the option) at fault.
 import dataclasses
 import difflib
 import json
-import re
 from pathlib import Path
 
 from flaxformer_mini.config import PRESETS, ModelConfig
-from parity.convert import ConversionError
+from parity.convert import ConversionError, layer_depths
 
 SOURCE_EMBEDDING = "encoder.embedding_layer.weight"
 TARGET_EMBEDDING = "decoder.embedding_layer.weight"
@@ -57,12 +56,11 @@ def _shape(state_dict, key, ndim=2):
 
 def _depth(state_dict, prefix):
     """Number of blocks under ``prefix`` (``prefix.N.*``): highest N + 1."""
-    pattern = re.compile(re.escape(prefix) + r"\.(\d+)\.")
-    indices = {int(m.group(1)) for m in map(pattern.match, map(str, state_dict)) if m}
-    if not indices:
+    depth = layer_depths(state_dict).get(prefix)
+    if depth is None:
         raise ConversionError(f"cannot infer num_layers: no {prefix}.N.* keys in the state dict", missing=[f"{prefix}.0.*"])
     # A gap (blocks 0 and 2 but no 1) is reported by the strict load as missing keys.
-    return max(indices) + 1
+    return depth
 
 
 def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> ModelConfig:
