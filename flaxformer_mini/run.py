@@ -79,10 +79,14 @@ def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, drop
     )
 
 
-def _write_json(path, obj):
+def _write_atomic(path, text):
     tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)  # atomic: a kill mid-write never leaves half a config
+    tmp.write_text(text)
+    os.replace(tmp, path)  # atomic: a kill mid-write never leaves half a file
+
+
+def _write_json(path, obj):
+    _write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 class RunDir:
@@ -129,9 +133,7 @@ class RunDir:
             return
         kept = [line for line in self.metrics_path.read_text().splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= step]
-        tmp = Path(str(self.metrics_path) + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.metrics_path)
+        _write_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
 
     def log(self, record):
         with open(self.metrics_path, "a") as f:
