@@ -88,6 +88,11 @@ def token_cross_entropy(logits, labels, label_smoothing=0.0, pad_id=PAD):
     return total / jnp.maximum(count, 1.0), (total, count)
 
 
+def correct_tokens(logits, labels, pad_id=PAD):
+    """How many non-padding labels the logits' argmax predicts."""
+    return jnp.sum((jnp.argmax(logits, -1) == labels) & (labels != pad_id))
+
+
 @flax.struct.dataclass
 class TrainState:
     step: jax.Array  # int32 scalar: the number of updates applied
@@ -137,15 +142,15 @@ class Trainer:
     def _loss(self, model, batch):
         logits = model(batch.source, batch.target_in)
         loss, (_, count) = token_cross_entropy(logits, batch.target_out, self.config.label_smoothing)
-        correct = jnp.sum((jnp.argmax(logits, -1) == batch.target_out) & (batch.target_out != PAD))
+        correct = correct_tokens(logits, batch.target_out)
         return loss, (count, correct)
 
     def _train_step(self, state: TrainState, batch):
         model = nnx.merge(self.train_graphdef, state.params, state.other)
         # Dropout keys from (seed, step) alone. Tag "default" when the model was built with
         # nnx.Rngs(seed), "dropout" when it has a dropout stream; reseed ignores absent tags.
-        nnx.reseed(model, default=jax.random.fold_in(jax.random.key(self.config.seed), state.step),
-                   dropout=jax.random.fold_in(jax.random.key(self.config.seed), state.step))
+        key = jax.random.fold_in(jax.random.key(self.config.seed), state.step)
+        nnx.reseed(model, default=key, dropout=key)
         # nnx.value_and_grad differentiates the Params and lets dropout advance its RNG
         # counters inside the trace (jax.grad over merged state cannot mutate them).
         grad_fn = nnx.value_and_grad(self._loss, has_aux=True)
@@ -165,7 +170,7 @@ class Trainer:
         model = nnx.merge(self.eval_graphdef, params, other)
         logits = model(batch.source, batch.target_in)
         _, (total, count) = token_cross_entropy(logits, batch.target_out)
-        correct = jnp.sum((jnp.argmax(logits, -1) == batch.target_out) & (batch.target_out != PAD))
+        correct = correct_tokens(logits, batch.target_out)
         return {"loss_sum": total, "tokens": count, "correct": correct}
 
     def step(self, state, batch):
