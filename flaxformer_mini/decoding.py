@@ -230,6 +230,18 @@ def beam_search(model, source, max_new_tokens, *, beam_size=4, alpha=DEFAULT_LEN
     return _beam(graphdef, state, jnp.asarray(source), max_new_tokens, beam_size, float(alpha))
 
 
+def decode(model, source, max_new_tokens, *, beam_size=1, alpha=DEFAULT_LENGTH_PENALTY, temperature=None,
+           top_k=None, seed=0):
+    """One output (B, N) per source row: the best beam with ``beam_size`` > 1, a sample when
+    ``temperature`` or ``top_k`` is given, else greedy. (evaluate and generate use this.)"""
+    if beam_size > 1:
+        return beam_search(model, source, max_new_tokens, beam_size=beam_size, alpha=alpha)[0][:, 0]
+    if temperature is not None or top_k is not None:
+        return sample(model, source, max_new_tokens, temperature=1.0 if temperature is None else temperature,
+                      top_k=top_k, seed=seed)
+    return greedy_decode(model, source, max_new_tokens)
+
+
 # --- the uncached reference -----------------------------------------------------------
 
 

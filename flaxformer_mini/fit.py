@@ -21,7 +21,7 @@ from flax import nnx
 
 from flaxformer_mini import checkpoint
 from flaxformer_mini.data import PAD
-from flaxformer_mini.decoding import beam_search, exact_match, greedy_decode
+from flaxformer_mini.decoding import decode, exact_match
 from flaxformer_mini.model import Transformer
 from flaxformer_mini.run import RunConfig, RunDir, load_data, save_vocabularies
 from flaxformer_mini.sharding import STRATEGIES, make_mesh, shard_batch, shard_state
@@ -52,14 +52,8 @@ def evaluate(trainer, state, batches, with_exact_match=True, beam_size=1):
     result = trainer.evaluate(state, batches)
     if with_exact_match:
         model = trainer.model(state)
-        hits = []
-        for b in batches:
-            n = b.target_out.shape[1]
-            if beam_size > 1:
-                predicted = beam_search(model, b.source, n, beam_size=beam_size)[0][:, 0]
-            else:
-                predicted = greedy_decode(model, b.source, n)
-            hits.append(exact_match(predicted, b.target_out))
+        hits = [exact_match(decode(model, b.source, b.target_out.shape[1], beam_size=beam_size), b.target_out)
+                for b in batches]
         result["exact_match"] = float(np.concatenate(hits).mean())
     return result
 

@@ -68,14 +68,6 @@ def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=No
                              f"so at most {max_len - 1} tokens fit")
         encoded.append(ids)
         unknown.append(unk)
-    n = max_new_tokens or max_len
-    source = make_source(encoded)
-    model = trainer.model(state)
-    if beam_size > 1:
-        tokens = decoding.beam_search(model, source, n, beam_size=beam_size, alpha=alpha)[0][:, 0]
-    elif sampling:
-        tokens = decoding.sample(model, source, n, temperature=1.0 if temperature is None else temperature,
-                                 top_k=top_k, seed=seed)
-    else:
-        tokens = decoding.greedy_decode(model, source, n)
+    tokens = decoding.decode(trainer.model(state), make_source(encoded), max_new_tokens or max_len,
+                             beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k, seed=seed)
     return [Generated(codec.decode(row), unk) for row, unk in zip(np.asarray(tokens).tolist(), unknown)]
