@@ -7,6 +7,7 @@ import sys
 import benchmarks
 from benchmarks.presets import PRESETS, get_bench_preset
 from benchmarks.runner import OPS, VARIANTS
+from flaxformer_mini.host_memory import keep_freed_memory
 
 
 def parse_args(argv=None):
@@ -38,6 +39,9 @@ def preset_from_args(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    # As flaxformer-mini does: without it, the Flax train step page-faults its temporaries in
+    # on every call (docs/benchmarks.md). Process-wide, so the torch paths run under it too.
+    keep_freed_memory()
     preset = preset_from_args(args)
     from benchmarks import report, runner
 

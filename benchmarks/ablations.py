@@ -34,6 +34,7 @@ from benchmarks.inputs import make_batch
 from benchmarks.measure import Path, measure
 from benchmarks.presets import PRESETS, get_bench_preset
 from flaxformer_mini.data import Batch
+from flaxformer_mini.host_memory import keep_freed_memory
 from flaxformer_mini.training import Trainer, TrainConfig
 
 
@@ -109,6 +110,7 @@ def main(argv=None):
     parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as python -m benchmarks does
     preset = get_bench_preset(args.preset)
     jbatch = Batch(*(jax.numpy.asarray(x) for x in make_batch(preset)))
     no_dropout = preset.replace(model=preset.model.replace(dropout=0.0))

@@ -143,8 +143,9 @@ def format_table(rep):
         f"load average (1/5/15 min): start {rep['load_average']['start']}, end {rep['load_average']['end']}",
     ]
     tuned = [f"{k}={env[k]}" for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "JAX_DEFAULT_PRNG_IMPL") if env.get(k)]
-    if tuned:
-        lines.append("environment: " + " ".join(tuned))
+    tuned.append("host malloc: " + ("keep_freed_memory() (flaxformer_mini.host_memory)" if env.get("keep_freed_memory")
+                                    else "glibc defaults"))
+    lines.append("environment: " + "; ".join(tuned))
     peaks = rep["matmul_peak"]
     if peaks:
         lines.append("matmul peak (best square product): " + "; ".join(

@@ -20,6 +20,7 @@ import jax
 from benchmarks import flax_bench, matmul_peak, report
 from benchmarks.inputs import make_batch
 from benchmarks.measure import log, measure
+from flaxformer_mini import host_memory
 
 OPS = ("forward", "train_step", "decode_cached", "decode_uncached")
 VARIANTS = ("torch_eager", "torch_compile", "flax_jit")
@@ -49,8 +50,9 @@ def environment():
         "flax": flax.__version__,
         "jax_backend": jax.default_backend(),
         "jax_devices": [str(d) for d in jax.devices()],
-        # Settings that change the numbers: XLA's flags, glibc's allocator tunables (see
-        # docs/benchmarks.md: glibc.malloc.hugetlb=1 removes the Flax train step's page faults).
+        # Settings that change the numbers: XLA's flags, glibc's allocator (docs/benchmarks.md:
+        # without keep_freed_memory() the Flax train step page-faults its temporaries in).
+        "keep_freed_memory": host_memory.applied(),
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
         "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""),
         "JAX_DEFAULT_PRNG_IMPL": os.environ.get("JAX_DEFAULT_PRNG_IMPL", ""),

@@ -45,6 +45,7 @@ import jax
 from benchmarks import flax_bench
 from benchmarks.inputs import make_batch
 from benchmarks.presets import PRESETS, get_bench_preset
+from flaxformer_mini.host_memory import keep_freed_memory
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*? ([a-z][a-z0-9\-]*)\(")
 _COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
@@ -219,6 +220,7 @@ def main(argv=None):
     parser.add_argument("--json", metavar="OUT", help="write every instruction's row as JSON")
     parser.add_argument("--hlo", metavar="OUT", help="write the optimised HLO text")
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as python -m benchmarks does
 
     preset = get_bench_preset(args.preset)
     if args.dropout is not None:

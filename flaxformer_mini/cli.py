@@ -170,6 +170,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if getattr(args, "valid", None) and not getattr(args, "data", None):
         parser.error("--valid goes with --data")
+    from flaxformer_mini.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # before XLA starts its threads: see host_memory.py
     try:
         return args.run(args)
     except KeyboardInterrupt:
