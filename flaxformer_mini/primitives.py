@@ -27,10 +27,29 @@ def _uniform(bound):
     return init
 
 
+class Linear(nnx.Linear):
+    """nnx.Linear over a 2-D (tokens, features) matrix: leading axes are flattened first.
+
+    Same parameters, same result; only the shape of the product XLA sees changes. Over a
+    (B, T, D) input, the kernel's gradient is a product contracting two axes (B and T),
+    which XLA:CPU compiled into transposing copies fused with the gradient's producer
+    (the LayerNorm backward) ahead of the GEMM; over (B*T, D) it is a plain GEMM.
+    Measured on the base preset's train step (2-core CPU, one process, interleaved):
+    825 -> 643 ms per step (docs/benchmarks.md).
+    """
+
+    def __call__(self, inputs, out_sharding=None):
+        if inputs.ndim <= 2 or out_sharding is not None:
+            return super().__call__(inputs, out_sharding)
+        lead = inputs.shape[:-1]
+        y = super().__call__(inputs.reshape(-1, inputs.shape[-1]))
+        return y.reshape(*lead, y.shape[-1])
+
+
 def linear(in_features, out_features, *, use_bias=True, dtype=None, param_dtype=jnp.float32, rngs):
     """nnx.Linear initialised like torch.nn.Linear: kaiming_uniform(a=sqrt(5)) is U(+-1/sqrt(in))."""
     bound = 1.0 / math.sqrt(in_features)
-    return nnx.Linear(
+    return Linear(
         in_features,
         out_features,
         use_bias=use_bias,

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from flax import nnx
 
+from flaxformer_mini import primitives
+
 
 class ConversionError(ValueError):
     """A state dict does not fit a model. Lists every offending key at once.
@@ -59,8 +61,12 @@ class Rule:
     to_torch: Callable[[np.ndarray], np.ndarray]
 
 
+_LINEAR_RULES = (Rule("weight", "kernel", _transpose, _transpose), Rule("bias", "bias", _copy, _copy))
+
 RULES = {
-    nnx.Linear: (Rule("weight", "kernel", _transpose, _transpose), Rule("bias", "bias", _copy, _copy)),
+    nnx.Linear: _LINEAR_RULES,
+    # flaxformer_mini's Linear: the same parameters, computed over flattened leading axes.
+    primitives.Linear: _LINEAR_RULES,
     nnx.Embed: (Rule("weight", "embedding", _copy, _copy),),
     nnx.LayerNorm: (Rule("weight", "scale", _copy, _copy), Rule("bias", "bias", _copy, _copy)),
 }
