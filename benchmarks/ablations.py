@@ -13,6 +13,9 @@ compiled in one process and timed interleaved, like the paths of the main benchm
                    instead of threefry: jax_default_prng_impl='rbg' while the model and
                    its step are built and compiled
     no_clipping    TrainConfig(clip_norm=None): the cost of the global-norm clipping
+    nnx_linear     the model built with plain nnx.Linear layers, which multiply the (B, T, D)
+                   input as it is, instead of flaxformer_mini's Linear, which flattens it to
+                   (B*T, D) first (primitives.Linear: the kernel gradient's layout copies)
     scan_x4        four train steps per compiled call (``lax.scan`` over the Trainer's step
                    function): XLA allocates its temporaries once per call, so this shows
                    what the per-call allocation (page faults) costs; time per step
@@ -28,11 +31,13 @@ import statistics
 import sys
 
 import jax
+from flax import nnx
 
 from benchmarks import flax_bench, flops
 from benchmarks.inputs import make_batch
 from benchmarks.measure import Path, measure
 from benchmarks.presets import PRESETS, get_bench_preset
+from flaxformer_mini import primitives
 from flaxformer_mini.data import Batch
 from flaxformer_mini.host_memory import keep_freed_memory
 from flaxformer_mini.training import Trainer, TrainConfig
@@ -48,10 +53,21 @@ def prng_impl(name):
         jax.config.update("jax_default_prng_impl", old)
 
 
-def _train_variant(name, preset, jbatch, impl="threefry2x32", **train_config):
+@contextlib.contextmanager
+def plain_nnx_linear():
+    """Models built inside use nnx.Linear where flaxformer_mini uses its own Linear."""
+    old = primitives.Linear
+    primitives.Linear = nnx.Linear
+    try:
+        yield
+    finally:
+        primitives.Linear = old
+
+
+def _train_variant(name, preset, jbatch, impl="threefry2x32", linear=contextlib.nullcontext, **train_config):
     """A train-step Path whose model, state and executable are all made under ``impl``."""
     c, B, L = preset.model, preset.batch, preset.seq_len
-    with prng_impl(impl):
+    with prng_impl(impl), linear():
         trainer = Trainer(flax_bench._new_model(preset, 0),
                           TrainConfig(schedule="constant", learning_rate=1e-4, **train_config))
         holder = {"state": trainer.init_state()}
@@ -119,6 +135,7 @@ def main(argv=None):
         _train_variant("no_dropout", no_dropout, jbatch),
         _train_variant("rbg_dropout", preset, jbatch, impl="rbg"),
         _train_variant("no_clipping", preset, jbatch, clip_norm=None),
+        _train_variant("nnx_linear", preset, jbatch, linear=plain_nnx_linear),
         _scan_variant(preset, jbatch),
         _forward_x3(preset, jbatch),
     ]
