@@ -7,6 +7,7 @@ import sys
 import benchmarks
 from benchmarks.presets import PRESETS, get_bench_preset
 from benchmarks.runner import OPS, VARIANTS
+from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.host_memory import keep_freed_memory
 
 
@@ -21,6 +22,8 @@ def parse_args(argv=None):
     parser.add_argument("--paths", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="paths to time (default: all)")
     parser.add_argument("--dropout", type=float, help="override the model's dropout rate (both twins)")
+    parser.add_argument("--attention", dest="attention_impl", choices=ATTENTION_IMPLS,
+                        help="the Flax path's attention (default: the preset's; einsum on CPU, cudnn for large)")
     parser.add_argument("--torch-compile-backend", help="torch.compile backend (default: inductor, torch's default)")
     parser.add_argument("--reuse-compile-cache", action="store_true",
                         help="let torch.compile reuse its on-disk cache from earlier runs (default: a fresh one)")
@@ -30,7 +33,7 @@ def parse_args(argv=None):
 
 def preset_from_args(args):
     preset = get_bench_preset(args.preset)
-    changes = {k: getattr(args, k) for k in ("reps", "decode_reps", "warmup", "torch_compile_backend")
+    changes = {k: getattr(args, k) for k in ("reps", "decode_reps", "warmup", "torch_compile_backend", "attention_impl")
                if getattr(args, k) is not None}
     if args.dropout is not None:
         changes["model"] = preset.model.replace(dropout=args.dropout)

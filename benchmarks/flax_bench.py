@@ -26,6 +26,7 @@ import flaxformer_mini as fm
 from benchmarks import flops
 from benchmarks.inputs import EOS_BIAS
 from benchmarks.measure import Path
+from flaxformer_mini.attention import set_attention_impl
 from flaxformer_mini.data import EOS, Batch
 from flaxformer_mini.decoding import greedy_decode, greedy_decode_uncached
 from flaxformer_mini.training import Trainer, TrainConfig
@@ -35,7 +36,8 @@ VARIANT = "flax_jit"
 
 def _new_model(preset, seed):
     dtype = jnp.bfloat16 if preset.dtype == "bfloat16" else None
-    return fm.Transformer.from_config(preset.model, dtype=dtype, rngs=nnx.Rngs(seed))
+    model = fm.Transformer.from_config(preset.model, dtype=dtype, rngs=nnx.Rngs(seed))
+    return set_attention_impl(model, preset.attention_impl)
 
 
 def _forbid_eos(model):

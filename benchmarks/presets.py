@@ -15,6 +15,7 @@ about 90 s, and the uncached decoders, seconds per call, take most of it).
 
 import dataclasses
 
+from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.config import ModelConfig, get_preset
 
 
@@ -33,6 +34,7 @@ class BenchPreset:
     decode_warmup: int = 0  # the same for decoding: its first call already runs all N steps
     matmul_size: int = 4096  # side of the square matmul that measures the machine's peak
     torch_compile_backend: str = "inductor"  # torch.compile's default; "eager" only traces (smoke tests)
+    attention_impl: str = "einsum"  # the Flax path's SelfAttention (flaxformer_mini.attention.ATTENTION_IMPLS)
     description: str = ""
 
     def __post_init__(self):
@@ -44,6 +46,8 @@ class BenchPreset:
             problems.append(f"new_tokens={self.new_tokens} exceeds the model's max_len={c.max_len}")
         if self.dtype not in ("float32", "bfloat16"):
             problems.append(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            problems.append(f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention_impl!r}")
         if self.device not in ("cpu", "gpu"):
             problems.append(f"device must be 'cpu' or 'gpu', got {self.device!r}")
         for name in ("batch", "seq_len", "new_tokens", "reps", "decode_reps", "matmul_size"):
@@ -62,7 +66,8 @@ class BenchPreset:
         c = self.model
         return (f"{self.name}: B={self.batch} S=T={self.seq_len} N={self.new_tokens} D={c.embed_size} "
                 f"H={c.heads} L={c.num_layers}+{c.num_layers} V={c.target_vocab_size} {self.dtype}, "
-                f"dropout {c.dropout} in the train step")
+                f"dropout {c.dropout} in the train step"
+                + ("" if self.attention_impl == "einsum" else f"; Flax attention: {self.attention_impl}"))
 
 
 PRESETS = {
@@ -79,12 +84,13 @@ PRESETS = {
         reps=1, decode_reps=1, warmup=0, matmul_size=256,
         description="smoke test: the tests' tiny model",
     ),
-    # For a GPU: twice the width, twice the depth, 8x the length, bfloat16 compute.
+    # For a GPU: twice the width, twice the depth, 8x the length, bfloat16 compute, and
+    # cuDNN's fused attention on the Flax side (--attention einsum turns it off).
     "large": BenchPreset(
         name="large",
         model=ModelConfig(src_pad_idx=0, source_vocab_size=1000, target_vocab_size=1000, max_len=1024,
                           embed_size=1024, heads=16, num_layers=12, dropout=0.1),
-        batch=16, seq_len=512, new_tokens=64, dtype="bfloat16", device="gpu",
+        batch=16, seq_len=512, new_tokens=64, dtype="bfloat16", device="gpu", attention_impl="cudnn",
         reps=10, decode_reps=3, warmup=2, matmul_size=8192,
         description="GPU: embed 1024, 16 heads, 12 + 12 layers, length 512, bfloat16",
     ),

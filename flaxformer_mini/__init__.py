@@ -22,6 +22,7 @@ from flaxformer_mini.attention import (
     PerHeadSelfAttention,
     SelfAttention,
     scaled_dot_product_attention,
+    set_attention_impl,
 )
 from flaxformer_mini.config import PRESETS, ModelConfig, get_preset
 from flaxformer_mini.layers import DecoderBlock, FeedForward, LearnedPositionalEncoding, TransformerBlock
@@ -41,6 +42,7 @@ __all__ = [
     "Decoder",
     "Transformer",
     "scaled_dot_product_attention",
+    "set_attention_impl",
     "MultiHeadAttention",
     "PerHeadSelfAttention",
     "LearnedPositionalEncoding",

@@ -17,6 +17,14 @@ from flax import nnx
 
 from flaxformer_mini.primitives import linear
 
+# How SelfAttention computes softmax(q k^T / sqrt(K)) v once q, k and v are projected:
+#   "einsum"  the seed's formulation, written out (the default; what the parity suite pins)
+#   "xla"     jax.nn.dot_product_attention(implementation="xla"): the same math, JAX's code
+#   "cudnn"   jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's fused (flash)
+#             attention; NVIDIA GPUs only, bfloat16/float16 inputs
+# Choose with set_attention_impl(model, name).
+ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
+
 # Masked scores are set to this before the softmax (torch_ref uses the same value). A row
 # whose keys are all masked becomes a row of equal values: uniform weights, never NaN.
 MASK_FILL_VALUE = -1e20
@@ -53,6 +61,7 @@ class SelfAttention(nnx.Module):
         self.W_q = linear(embed_size, embed_size, **kw)
         self.W_v = linear(embed_size, embed_size, **kw)
         self.fc = linear(heads * self.head_dim, embed_size, **kw)
+        self.attention_impl = "einsum"
 
     def __call__(self, query, key, value, mask):
         return self.attend(query, *self.project_kv(key, value), mask)
@@ -72,13 +81,48 @@ class SelfAttention(nnx.Module):
         B, T, _ = query.shape
         H, K = self.heads, self.head_dim
         q = self.W_q(query).reshape(B, T, H, K)
+        if self.attention_impl == "einsum":
+            scores = jnp.einsum("BTHK,BHSK->BHTS", q, k).astype(jnp.float32)
+            # As in the seed: fill first, then scale by 1/sqrt(K) (torch_ref SelfAttention).
+            weights = _softmax_f32(masked_fill(scores, mask) / (K**0.5))  # (B, H, T, S)
+            out = jnp.einsum("BHTS,BHSK->BTHK", weights.astype(v.dtype), v)
+        else:
+            out = _dot_product_attention(q, k, v, mask, self.attention_impl)
+        return self.fc(out.reshape(B, T, H * K))
 
-        scores = jnp.einsum("BTHK,BHSK->BHTS", q, k).astype(jnp.float32)
-        # As in the seed: fill first, then scale by 1/sqrt(K) (torch_ref SelfAttention).
-        weights = _softmax_f32(masked_fill(scores, mask) / (K**0.5))  # (B, H, T, S)
 
-        out = jnp.einsum("BHTS,BHSK->BTHK", weights.astype(v.dtype), v).reshape(B, T, H * K)
-        return self.fc(out)
+def _dot_product_attention(q, k, v, mask, impl):
+    """q (B, T, H, K) over k, v (B, H, S, K) through jax.nn.dot_product_attention.
+
+    Equal to the "einsum" path up to rounding: JAX scales before it masks and fills with a
+    large negative number instead of -1e20, but a masked key gets weight exactly 0 either
+    way, and a row with every key masked becomes uniform in both. Scores and softmax are
+    float32 for bfloat16 inputs here too.
+    """
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"unknown attention_impl {impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
+    if impl == "cudnn" and jax.default_backend() != "gpu":
+        raise ValueError(f"attention_impl='cudnn' needs an NVIDIA GPU; JAX's backend here is {jax.default_backend()!r}")
+    if mask is not None:
+        mask = _as_rank4(mask).astype(jnp.bool_)
+    # JAX's layout is sequence-first, (B, S, H, K): the head-first keys and values (the
+    # decoding cache's layout) are transposed back.
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)  # (B, T, H, K)
+
+
+def set_attention_impl(model, impl):
+    """Make every SelfAttention in ``model`` use ``impl`` (one of ATTENTION_IMPLS)."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"unknown attention_impl {impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
+    found = 0
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, SelfAttention):
+            module.attention_impl = impl
+            found += 1
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no SelfAttention to set attention_impl on")
+    return model
 
 
 def scaled_dot_product_attention(Q, K, V, mask=None):

@@ -1,0 +1,90 @@
+"""SelfAttention through jax.nn.dot_product_attention computes what the seed's einsums compute.
+
+``set_attention_impl(model, "xla")`` swaps the written-out attention for JAX's function (the
+entry point of cuDNN's fused attention on GPUs, ``"cudnn"``). It must change nothing a user
+can see: the same logits, gradients and decoded tokens, padding and causality included.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import flaxformer_mini as fm
+from flaxformer_mini.attention import ATTENTION_IMPLS, set_attention_impl
+from flaxformer_mini.decoding import greedy_decode
+
+ATOL = 1e-5  # DESIGN.md's parity tolerance: the two paths round differently (scale, then mask)
+
+
+def _models(config):
+    ref = fm.Transformer.from_config(config, rngs=nnx.Rngs(0))
+    other = fm.Transformer.from_config(config, rngs=nnx.Rngs(0))
+    for m in (ref, other):
+        m.eval()
+    return ref, set_attention_impl(other, "xla")
+
+
+def _padded_batch(config, B=3, S=7, T=6):
+    keys = jax.random.split(jax.random.key(1), 2)
+    source = jax.random.randint(keys[0], (B, S), 4, config.source_vocab_size)
+    source = source.at[0, 4:].set(0).at[1, 1:].set(0)  # padding, one row almost all padding
+    target = jax.random.randint(keys[1], (B, T), 4, config.target_vocab_size)
+    return source, target
+
+
+def test_xla_attention_gives_the_einsum_logits(tiny_config):
+    ref, other = _models(tiny_config)
+    source, target = _padded_batch(tiny_config)
+    np.testing.assert_allclose(other(source, target), ref(source, target), atol=ATOL, rtol=0)
+
+
+def test_xla_attention_gives_the_einsum_gradients(tiny_config):
+    ref, other = _models(tiny_config)
+    source, target = _padded_batch(tiny_config)
+
+    def loss(model):
+        return jnp.mean(jax.nn.log_softmax(model(source, target))[..., 5])
+
+    g_ref, g_other = nnx.grad(loss)(ref), nnx.grad(loss)(other)
+    flat_ref, flat_other = nnx.to_flat_state(g_ref), nnx.to_flat_state(g_other)
+    assert [p for p, _ in flat_ref] == [p for p, _ in flat_other]
+    for (path, a), (_, b) in zip(flat_ref, flat_other):
+        np.testing.assert_allclose(b[...], a[...], atol=ATOL, rtol=0, err_msg="/".join(map(str, path)))
+
+
+def test_xla_attention_decodes_the_same_tokens(tiny_config):
+    ref, other = _models(tiny_config)
+    source, _ = _padded_batch(tiny_config)
+    np.testing.assert_array_equal(greedy_decode(other, source, 6), greedy_decode(ref, source, 6))
+
+
+def test_a_fully_masked_row_is_uniform_in_both_paths():
+    attn = fm.SelfAttention(8, 2, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (2, 3, 8))
+    mask = jnp.array([[1, 1, 0], [0, 0, 0]])[:, None, None, :]  # row 1: every key masked
+    ref = attn(x, x, x, mask)
+    set_attention_impl(attn, "xla")
+    out = attn(x, x, x, mask)
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(out, ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the error given where there is no GPU")
+def test_cudnn_attention_without_a_gpu_is_refused_by_name(tiny_config):
+    _, other = _models(tiny_config)
+    set_attention_impl(other, "cudnn")
+    source, target = _padded_batch(tiny_config)
+    with pytest.raises(ValueError, match="attention_impl='cudnn' needs an NVIDIA GPU; JAX's backend here is 'cpu'"):
+        other(source, target)
+
+
+def test_unknown_attention_impls_and_models_without_attention_are_refused():
+    model = fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="unknown attention_impl 'flash'; choose one of einsum, xla, cudnn"):
+        set_attention_impl(model, "flash")
+    assert {a.attention_impl for _, a in nnx.iter_modules(model) if isinstance(a, fm.SelfAttention)} == {"einsum"}
+    with pytest.raises(ValueError, match="FeedForward has no SelfAttention"):
+        set_attention_impl(fm.FeedForward(rngs=nnx.Rngs(0)), "xla")
+    assert ATTENTION_IMPLS == ("einsum", "xla", "cudnn")
