@@ -91,6 +91,11 @@ class SelfAttention(nnx.Module):
         return self.fc(out.reshape(B, T, H * K))
 
 
+def _check_attention_impl(impl):
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"unknown attention_impl {impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
+
+
 def _dot_product_attention(q, k, v, mask, impl):
     """q (B, T, H, K) over k, v (B, H, S, K) through jax.nn.dot_product_attention.
 
@@ -99,8 +104,7 @@ def _dot_product_attention(q, k, v, mask, impl):
     way, and a row with every key masked becomes uniform in both. Scores and softmax are
     float32 for bfloat16 inputs here too.
     """
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"unknown attention_impl {impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
+    _check_attention_impl(impl)
     if impl == "cudnn" and jax.default_backend() != "gpu":
         raise ValueError(f"attention_impl='cudnn' needs an NVIDIA GPU; JAX's backend here is {jax.default_backend()!r}")
     if mask is not None:
@@ -113,8 +117,7 @@ def _dot_product_attention(q, k, v, mask, impl):
 
 def set_attention_impl(model, impl):
     """Make every SelfAttention in ``model`` use ``impl`` (one of ATTENTION_IMPLS)."""
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"unknown attention_impl {impl!r}; choose one of {', '.join(ATTENTION_IMPLS)}")
+    _check_attention_impl(impl)
     found = 0
     for _, module in nnx.iter_modules(model):
         if isinstance(module, SelfAttention):
