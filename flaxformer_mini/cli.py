@@ -22,6 +22,10 @@ DEFAULTS = dict(preset="small", steps=3000, batch_size=64, warmup=200, lr=3e-3, 
 
 
 def _train(args):
+    if args.keep_freed_memory:
+        from flaxformer_mini.host_memory import keep_freed_memory
+
+        keep_freed_memory()  # before any JAX computation starts XLA's threads: see host_memory.py
     from flaxformer_mini.data import TASKS
     from flaxformer_mini.fit import NonFiniteLossError, fit
     from flaxformer_mini.run import DataConfig, RunConfig, RunDir, load_data, model_config_for
@@ -142,6 +146,10 @@ def build_parser():
     t.add_argument("--save-every", type=_positive(int), default=500)
     t.add_argument("--keep", type=_positive(int), default=3, help="checkpoints kept")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--keep-freed-memory", action="store_true",
+                   help="CPU, large models: keep freed host memory in the process (one glibc arena, no mmap), so "
+                        "each step stops page-faulting its temporaries in; slower for small models "
+                        "(flaxformer_mini/host_memory.py)")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", help="loss, token accuracy and exact match of a run's latest checkpoint")
@@ -170,9 +178,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if getattr(args, "valid", None) and not getattr(args, "data", None):
         parser.error("--valid goes with --data")
-    from flaxformer_mini.host_memory import keep_freed_memory
-
-    keep_freed_memory()  # before XLA starts its threads: see host_memory.py
     try:
         return args.run(args)
     except KeyboardInterrupt:

@@ -12,13 +12,25 @@ per step (the ``sys ms`` column of ``python -m benchmarks``).
 process's resident memory then stays at its peak (the train step's temporaries: about the
 size of the model's state again), which a training process reaches anyway.
 
+The price is one malloc arena for every thread: allocations that threads used to make in
+arenas of their own now take turns on one lock. For small models, whose steps are many
+short XLA calls, that costs more than the page faults it saves: the README's main job
+(width 64, 3000 steps) took 75 s with it and 47 s without (measured 2026-11-21, this
+2-core CPU). The base preset's train step (645 MB of temporaries) went from 917 to
+733-743 ms per step with it. Hence opt-in: ``flaxformer-mini train --keep-freed-memory``,
+or a call first thing in your own script; ``python -m benchmarks`` calls it (its
+``environment`` line says so). ``FLAXFORMER_MINI_KEEP_FREED_MEMORY=0`` turns it off
+everywhere. One arena is the setting that matters: a thread arena ``mmap``s any block
+beyond its 64 MB heap whatever the settings, and with glibc's default number of arenas,
+or with 4, the base train step still page-faulted in some runs (320-470 ms of kernel
+time per step).
+
 It is the in-process equivalent of starting Python with
 ``GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1:glibc.malloc.trim_threshold=2147483647``
 and a lighter alternative to preloading tcmalloc or jemalloc, which PyPI does not ship.
 Call it at start-up, before the first JAX computation starts XLA's threads (the arena
-limit applies to threads that have not allocated yet). ``flaxformer-mini`` and
-``python -m benchmarks`` do; a library import never changes the allocator by itself.
-Setting ``FLAXFORMER_MINI_KEEP_FREED_MEMORY=0`` turns it off.
+limit applies to threads that have not allocated yet). A library import never changes the
+allocator by itself.
 """
 
 import ctypes

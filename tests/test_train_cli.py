@@ -99,7 +99,9 @@ def test_kill_9_then_resume_ends_bit_identical_to_the_uninterrupted_run(straight
     wait_for_checkpoint(out, 20, proc)
     proc.send_signal(signal.SIGKILL)  # no chance to clean up or save
     proc.wait()
-    resumed = run_process("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
+    # Resumed under --keep-freed-memory: the allocator setting must change nothing but speed.
+    resumed = run_process("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--keep-freed-memory",
+                          "--out", str(out))
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
     (s1, a), (s2, b) = latest_state(straight_run[0]), latest_state(out)
