@@ -42,8 +42,9 @@ def preset_from_args(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    # As flaxformer-mini does: without it, the Flax train step page-faults its temporaries in
-    # on every call (docs/benchmarks.md). Process-wide, so the torch paths run under it too.
+    # As `flaxformer-mini train --keep-freed-memory` does: without it, the base train step
+    # page-faults its temporaries in on every call (docs/benchmarks.md). Process-wide, so the
+    # torch paths run under it too; FLAXFORMER_MINI_KEEP_FREED_MEMORY=0 turns it off.
     keep_freed_memory()
     preset = preset_from_args(args)
     from benchmarks import report, runner

@@ -11,6 +11,7 @@ import math
 import torch
 
 from benchmarks.__main__ import main
+from flaxformer_mini import host_memory
 
 SCHEMA = {
     "config": {"batch", "seq_len", "vocab", "embed_size", "heads", "num_layers"},
@@ -54,9 +55,12 @@ def _check_coverage(rep):
         assert t["met"] in (True, False) and _positive(t["value"]), t
 
 
-def test_tiny_run_times_every_path_and_writes_the_issues_json(tmp_path, capsys):
+def test_tiny_run_times_every_path_and_writes_the_issues_json(tmp_path, capsys, monkeypatch):
     """One run of ``python -m benchmarks --preset tiny`` (one repetition), in-process: a
     single test, so that pytest-xdist does not run the harness once per worker."""
+    # The harness would switch this test worker's allocator to one arena (host_memory.py),
+    # which slows the small tests that run after it in the same process.
+    monkeypatch.setenv(host_memory.ENV_SWITCH, "0")
     out = tmp_path / "tiny.json"
     threads = torch.get_num_threads()
     try:
