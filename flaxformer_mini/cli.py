@@ -8,6 +8,9 @@
 Running the same ``train`` command again with the same ``--out`` resumes the run.
 Exit codes: 0 done, 1 the run failed (a NaN loss), 2 unusable options or files, 130
 interrupted (the run was saved and can be resumed).
+
+This module only parses: the options become a ``TrainOptions`` and a ``DataConfig``, and
+``Run`` (run.py), ``fit`` (fit.py), ``evaluate_run`` and ``generate`` do the work.
 """
 
 import argparse
@@ -19,6 +22,7 @@ EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 # Defaults of the main job (README): `reverse` to >= 0.99 exact match on this 2-core CPU.
 DEFAULTS = dict(preset="small", steps=3000, batch_size=64, warmup=200, lr=3e-3, seed=0)
+TEXT_MAX_LEN, SYNTHETIC_MAX_LEN = 64, 10  # --max-len's defaults: the model's, and the content's
 
 
 def _train(args):
@@ -26,53 +30,34 @@ def _train(args):
         from flaxformer_mini.host_memory import keep_freed_memory
 
         keep_freed_memory()  # before any JAX computation starts XLA's threads: see host_memory.py
-    from flaxformer_mini.data import TASKS
-    from flaxformer_mini.fit import NonFiniteLossError, fit
-    from flaxformer_mini.run import DataConfig, RunConfig, RunDir, load_data, model_config_for
-    from flaxformer_mini.training import TrainConfig
+    from flaxformer_mini.fit import fit
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.run_config import DataConfig, TrainOptions
+    from flaxformer_mini.sharding import training_mesh
 
     if args.task:
         data = DataConfig(kind="synthetic", task=args.task, vocab_size=args.vocab_size, min_len=args.min_len,
-                          max_len=args.max_len or 10, eval_sequences=args.eval_sequences)
-    else:
-        data = DataConfig(kind="tsv", max_len=args.max_len or 64, train_path=args.data, valid_path=args.valid)
-    run = RunDir(args.out)
-    loaded = load_data(data, run)
-    if data.kind == "synthetic":
-        src_vocab = tgt_vocab = data.vocab_size
-        max_len = loaded[0].model_max_len
-    else:
-        src_vocab, tgt_vocab = (len(v) for v in loaded[2])
-        max_len = data.max_len
-    model = model_config_for(args.preset, src_vocab, tgt_vocab, max_len, dropout=args.dropout)
-    # --lr is the peak of the warm-up + inverse-square-root schedule, reached at --warmup:
-    # the paper's lr = factor * D^-0.5 * min(n^-0.5, n * w^-1.5) peaks at factor * (D * w)^-0.5.
-    if args.schedule == "rsqrt":
-        train = TrainConfig(schedule="rsqrt", lr_factor=args.lr * math.sqrt(model.embed_size * args.warmup),
-                            warmup_steps=args.warmup, weight_decay=args.weight_decay, clip_norm=args.clip_norm,
-                            label_smoothing=args.label_smoothing, seed=args.seed)
-    else:
-        train = TrainConfig(schedule="constant", learning_rate=args.lr, weight_decay=args.weight_decay,
-                            clip_norm=args.clip_norm, label_smoothing=args.label_smoothing, seed=args.seed)
-    config = RunConfig(model=model, train=train, data=data, batch_size=args.batch_size, dtype=args.dtype)
-    try:
-        result = fit(config, args.out, args.steps, log_every=args.log_every, eval_every=args.eval_every,
-                     save_every=args.save_every, max_to_keep=args.keep, progress=not args.no_progress,
-                     data=loaded, devices=args.devices, sharding=args.sharding,
-                     echo=lambda m: print(m, file=sys.stderr))
-    except NonFiniteLossError as e:
-        print(f"flaxformer-mini train: {e}", file=sys.stderr)
-        return EXIT_FAILED
+                          max_len=args.max_len or SYNTHETIC_MAX_LEN, eval_sequences=args.eval_sequences)
+    else:  # --max-len is the model's max_len for text: the longest side, with its EOS
+        data = DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=args.data,
+                          valid_path=args.valid)
+    options = TrainOptions(preset=args.preset, batch_size=args.batch_size, lr=args.lr, schedule=args.schedule,
+                           warmup=args.warmup, weight_decay=args.weight_decay, clip_norm=args.clip_norm,
+                           label_smoothing=args.label_smoothing, dropout=args.dropout, dtype=args.dtype,
+                           seed=args.seed)
+    echo = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    mesh = training_mesh(args.devices, args.sharding, args.batch_size)  # before anything is written
+    run = Run.start(args.out, options, data, echo=echo)
+    result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every, save_every=args.save_every,
+                 max_to_keep=args.keep, progress=not args.no_progress, mesh=mesh, sharding=args.sharding, echo=echo)
     if result:
         print(json.dumps({"step": args.steps, **result}))
     return EXIT_OK
 
 
 def _evaluate(args):
-    from flaxformer_mini.fit import evaluate_run
+    from flaxformer_mini.evaluation import evaluate_run
 
-    if args.beam_size < 1:
-        raise ValueError(f"--beam-size must be >= 1, got {args.beam_size}")
     result = evaluate_run(args.checkpoint, batch_size=args.batch_size, beam_size=args.beam_size)
     if args.json:
         print(json.dumps({k: result[k] for k in ("loss", "token_accuracy", "exact_match")}))
@@ -98,13 +83,51 @@ def _generate(args):
     return EXIT_OK
 
 
-def _positive(kind):
-    def parse(text):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-    return parse
+def _clip_norm(text):
+    """A positive float, or 'none'/'off' for no clipping."""
+    return None if text.lower() in ("none", "off") else float(text)
+
+
+def _finite(v):
+    return math.isfinite(v)
+
+
+# Every numeric option's range, checked once after parsing, before anything is written or
+# computed; the message names the option. (argparse's `type=` sees one value at a time and
+# words its errors as "argument --x: ..."; this table keeps the ranges in one place.)
+RANGES = {
+    "steps": (lambda v: v >= 1, ">= 1"),
+    "batch_size": (lambda v: v >= 1, ">= 1"),
+    "lr": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "warmup": (lambda v: v >= 1, ">= 1"),
+    "weight_decay": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: Adam, > 0: AdamW)"),
+    "clip_norm": (lambda v: _finite(v) and v > 0, "a finite number > 0, or 'none' for no clipping"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "devices": (lambda v: v >= 1, ">= 1"),
+    "seed": (lambda v: v >= 0, ">= 0"),
+    "vocab_size": (lambda v: v >= 5, ">= 5 (4 special tokens and at least one value)"),
+    "min_len": (lambda v: v >= 1, ">= 1"),
+    "max_len": (lambda v: v >= 2, ">= 2"),
+    "eval_sequences": (lambda v: v >= 1, ">= 1"),
+    "log_every": (lambda v: v >= 1, ">= 1"),
+    "eval_every": (lambda v: v >= 1, ">= 1"),
+    "save_every": (lambda v: v >= 1, ">= 1"),
+    "keep": (lambda v: v >= 1, ">= 1"),
+    "beam_size": (lambda v: v >= 1, ">= 1"),
+    "max_new_tokens": (lambda v: v >= 1, ">= 1"),
+    "temperature": (lambda v: v > 0, "> 0 (inf samples uniformly; greedy decoding is the limit -> 0)"),
+    "top_k": (lambda v: v >= 1, ">= 1"),
+}
+
+
+def check_ranges(args):
+    """The first option outside its range, as '--name must be ...', or None."""
+    for dest, (ok, requirement) in RANGES.items():
+        value = getattr(args, dest, None)
+        if value is not None and not ok(value):
+            return f"--{dest.replace('_', '-')} must be {requirement}, got {value}"
+    return None
 
 
 def build_parser():
@@ -119,32 +142,33 @@ def build_parser():
     t.add_argument("--valid", metavar="VALID.tsv", help="held-out pairs for --data (default: the training pairs)")
     t.add_argument("--out", required=True, help="run directory: config, metrics.jsonl, checkpoints, loss.png")
     t.add_argument("--preset", default=DEFAULTS["preset"], help="model width/heads/depth preset (small, tiny, seed, base)")
-    t.add_argument("--steps", type=_positive(int), default=DEFAULTS["steps"], help="total optimizer steps")
-    t.add_argument("--batch-size", type=_positive(int), default=DEFAULTS["batch_size"])
-    t.add_argument("--lr", type=_positive(float), default=DEFAULTS["lr"], help="peak learning rate")
+    t.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="total optimizer steps")
+    t.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
+    t.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak learning rate")
     t.add_argument("--schedule", choices=("rsqrt", "constant"), default="rsqrt",
                    help="rsqrt: linear warm-up then 1/sqrt(step) decay ('Attention Is All You Need')")
-    t.add_argument("--warmup", type=_positive(int), default=DEFAULTS["warmup"], help="warm-up steps")
+    t.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.0, help="> 0 uses AdamW")
-    t.add_argument("--clip-norm", type=float, default=1.0, help="global gradient-norm clipping")
+    t.add_argument("--clip-norm", type=_clip_norm, default=1.0, help="global gradient-norm clipping ('none': off)")
     t.add_argument("--label-smoothing", type=float, default=0.0)
     t.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     t.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="compute dtype (parameters stay float32)")
-    t.add_argument("--devices", type=_positive(int), default=1,
+    t.add_argument("--devices", type=int, default=1,
                    help="shard each batch over this many devices (data parallelism)")
     t.add_argument("--sharding", choices=("replicated", "fsdp"), default="replicated",
                    help="with --devices > 1: replicate parameters, or shard them FSDP-style")
     t.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seeds initialisation, data and dropout")
     t.add_argument("--vocab-size", type=int, default=16, help="synthetic: token ids, 4 special ones included")
-    t.add_argument("--min-len", type=_positive(int), default=1, help="synthetic: shortest sequence")
-    t.add_argument("--max-len", type=_positive(int), default=None,
-                   help="synthetic: longest sequence (default 10); text: the model's max_len (default 64)")
-    t.add_argument("--eval-sequences", type=_positive(int), default=512, help="synthetic: held-out sequences")
-    t.add_argument("--log-every", type=_positive(int), default=50)
-    t.add_argument("--eval-every", type=_positive(int), default=500)
-    t.add_argument("--save-every", type=_positive(int), default=500)
-    t.add_argument("--keep", type=_positive(int), default=3, help="checkpoints kept")
+    t.add_argument("--min-len", type=int, default=1, help="synthetic: shortest sequence")
+    t.add_argument("--max-len", type=int, default=None,
+                   help=f"synthetic: longest sequence (default {SYNTHETIC_MAX_LEN}); "
+                        f"text: the model's max_len (default {TEXT_MAX_LEN})")
+    t.add_argument("--eval-sequences", type=int, default=512, help="synthetic: held-out sequences")
+    t.add_argument("--log-every", type=int, default=50)
+    t.add_argument("--eval-every", type=int, default=500)
+    t.add_argument("--save-every", type=int, default=500)
+    t.add_argument("--keep", type=int, default=3, help="checkpoints kept")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--keep-freed-memory", action="store_true",
                    help="CPU, large models: keep freed host memory in the process (one glibc arena, no mmap), so "
@@ -155,7 +179,7 @@ def build_parser():
     e = sub.add_parser("evaluate", help="loss, token accuracy and exact match of a run's latest checkpoint")
     e.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
     e.add_argument("--json", action="store_true", help="print one JSON object: loss, token_accuracy, exact_match")
-    e.add_argument("--batch-size", type=_positive(int), default=None)
+    e.add_argument("--batch-size", type=int, default=None)
     e.add_argument("--beam-size", type=int, default=1, help="exact match of the best beam (1: greedy)")
     e.set_defaults(run=_evaluate)
 
@@ -178,14 +202,26 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if getattr(args, "valid", None) and not getattr(args, "data", None):
         parser.error("--valid goes with --data")
+    problem = check_ranges(args)
+    if problem:
+        parser.error(problem)
     try:
         return args.run(args)
     except KeyboardInterrupt:
         print("\nstopped", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except _failed_run_errors() as e:
+        print(f"flaxformer-mini {args.command}: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except (ValueError, FileNotFoundError) as e:  # bad files, configs or options: say which
         print(f"flaxformer-mini {args.command}: error: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
+
+
+def _failed_run_errors():
+    from flaxformer_mini.fit import NonFiniteLossError
+
+    return (NonFiniteLossError,)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ Every batch is a ``Batch`` of int32 numpy arrays, right-padded with PAD (id 0, t
     target_out  (B, T)  labels           tokens + EOS
 
 so the decoder reads ``target_in[:, t]`` when it predicts ``target_out[:, t]``, and the loss
-counts only the positions where ``target_out != PAD`` (``Batch.loss_mask``, ``Batch.num_tokens``).
+counts only the positions where ``target_out != PAD`` (``Batch.num_tokens``).
 
 Training batches are functions of ``(seed, step)`` alone, never of an iterator's state: a run
 resumed from a checkpoint at step k sees exactly the batches it would have seen.
@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+from flaxformer_mini.files import write_atomic
 
 # Special tokens, defined once. PAD = 0 is the model's src_pad_idx: the encoder masks it out.
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -55,11 +57,6 @@ class Batch(NamedTuple):
     source: np.ndarray  # (B, S)
     target_in: np.ndarray  # (B, T)
     target_out: np.ndarray  # (B, T)
-
-    @property
-    def loss_mask(self):
-        """(B, T) True where a label counts in the loss."""
-        return self.target_out != PAD
 
     @property
     def num_tokens(self):
@@ -198,6 +195,11 @@ class SyntheticTask:
         seed = _non_negative_int("seed", seed)
         num_batches = _non_negative_int("num_batches", num_batches)
         return [self._draw(np.random.default_rng([seed, i, _EVAL_STREAM]), batch_size) for i in range(num_batches)]
+
+    def held_out(self, seed, num_sequences):
+        """``num_sequences`` held-out sequences as one ``Batch``, from the evaluation stream:
+        the same sequences whatever batch size an evaluation later splits them into."""
+        return self._draw(np.random.default_rng([_non_negative_int("seed", seed), 0, _EVAL_STREAM]), num_sequences)
 
     def _draw(self, rng, batch_size):
         batch_size = _positive_int("batch_size", batch_size)
@@ -346,7 +348,7 @@ class Vocab:
     def save(self, path):
         payload = {"format": _VOCAB_FORMAT, "version": _VOCAB_VERSION, "tokens": list(self.tokens)}
         # One token a line (indent=1): a saved vocabulary diffs well.
-        Path(path).write_text(json.dumps(payload, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        write_atomic(path, json.dumps(payload, ensure_ascii=False, indent=1) + "\n")
 
     @classmethod
     def load(cls, path):
@@ -372,7 +374,7 @@ class TextPairs:
     """Encoded parallel text with length-bucketed training batches.
 
     A pair whose source or target, with its EOS (or BOS), is longer than ``max_len`` is
-    dropped, and counted in ``dropped``: a corpus has a few very long lines, and the caller
+    dropped, and counted in ``dropped`` (its longest side in ``longest_dropped``): a corpus has a few very long lines, and the caller
     decides (from the count) whether to raise ``max_len``. If every pair is dropped that is
     a ``DataError``.
 
@@ -389,10 +391,12 @@ class TextPairs:
         self.source_vocab, self.target_vocab = source_vocab, target_vocab
         self.sources, self.targets = [], []  # int32 ids without specials
         self.dropped = 0
+        self.longest_dropped = 0  # tokens of the longest side of a dropped pair
         for source, target in pairs:
             s, t = source_vocab.encode(source), target_vocab.encode(target)
             if len(s) + 1 > self.max_len or len(t) + 1 > self.max_len:
                 self.dropped += 1
+                self.longest_dropped = max(self.longest_dropped, len(s), len(t))
                 continue
             self.sources.append(np.asarray(s, np.int32))
             self.targets.append(np.asarray(t, np.int32))

@@ -81,20 +81,45 @@ def decode_one_token(model, cache: DecodeCache, tokens, t):
     return logits, cache.replace(self_k=self_k, self_v=self_v)
 
 
+def check_options(model_config, *, max_new_tokens=None, beam_size=1, alpha=DEFAULT_LENGTH_PENALTY,
+                  temperature=None, top_k=None):
+    """Refuse decoding options that cannot work, naming the option: the one place they are
+    checked, for the library, ``evaluate`` and ``generate``."""
+    c = model_config
+    if max_new_tokens is not None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if max_new_tokens > c.max_len:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} exceeds max_len={c.max_len}: the positional table "
+                f"holds {c.max_len} decoder positions (BOS + {c.max_len - 1} fed-back tokens)"
+            )
+    if beam_size < 1:
+        raise ValueError(f"beam size must be >= 1, got {beam_size}")
+    if not alpha >= 0:  # NaN included (it fails every comparison)
+        raise ValueError(f"length penalty alpha must be >= 0, got {alpha}")
+    if (temperature is not None or top_k is not None) and beam_size > 1:
+        raise ValueError("beam search and sampling (temperature, top_k) exclude each other")
+    # `not > 0`, not `<= 0`: a NaN temperature fails every comparison and would slip through.
+    if temperature is not None and not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature} (greedy decoding is temperature -> 0)")
+    if top_k is not None and not 1 <= top_k <= c.target_vocab_size:
+        raise ValueError(f"top_k must be in [1, {c.target_vocab_size}], got {top_k}")
+
+
 def _check(model, source, max_new_tokens):
+    """Check the inputs; return an eval-mode (graphdef, state) of ``model``, leaving the
+    caller's model in the mode it was (``torch_ref``'s decoder restores it too)."""
     c = model.config
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if max_new_tokens > c.max_len:
-        raise ValueError(
-            f"max_new_tokens={max_new_tokens} exceeds max_len={c.max_len}: the positional table "
-            f"holds {c.max_len} decoder positions (BOS + {c.max_len - 1} fed-back tokens)"
-        )
+    check_options(c, max_new_tokens=max_new_tokens)
     check_tokens(source, c.source_vocab_size, c.max_len, "source")
     if source.shape[1] == 0:
         raise ValueError("source: empty input (length 0)")
-    model.eval()
-    return nnx.split(model)
+    # merge(split(model)) is a new module tree over the same arrays (nothing is copied):
+    # switching it to eval mode leaves the caller's modules untouched.
+    view = nnx.merge(*nnx.split(model))
+    view.eval()
+    return nnx.split(view)
 
 
 # --- greedy and sampling --------------------------------------------------------------
@@ -106,11 +131,16 @@ def _pick(rule, logits, t, key):
     if rule[0] == "greedy":
         return jnp.argmax(logits, axis=-1)
     _, temperature, top_k = rule
-    logits = logits.astype(jnp.float32) / temperature
+    logits = logits.astype(jnp.float32)
+    # Shift the largest logit to 0 before dividing: as temperature -> 0 the others go to
+    # -inf and sampling becomes greedy, with no overflow to inf - inf = NaN on the way.
+    scaled = (logits - jnp.max(logits, axis=-1, keepdims=True)) / temperature
     if top_k:
+        # The k most likely tokens by the logits themselves, not the scaled ones: an infinite
+        # temperature scales every logit to 0, and top-k must still hold.
         kth = jax.lax.top_k(logits, top_k)[0][:, -1:]  # (B, 1): the k-th largest logit
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
-    return jax.random.categorical(jax.random.fold_in(key, t), logits, axis=-1)
+        scaled = jnp.where(logits < kth, -jnp.inf, scaled)
+    return jax.random.categorical(jax.random.fold_in(key, t), scaled, axis=-1)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
@@ -144,11 +174,7 @@ def greedy_decode(model, source, max_new_tokens):
 def sample(model, source, max_new_tokens, *, temperature=1.0, top_k=None, seed=0):
     """Sampled tokens (B, max_new_tokens): softmax(logits / temperature), restricted to the
     ``top_k`` most likely tokens when given. The same seed gives the same tokens."""
-    # `not > 0`, not `<= 0`: a NaN temperature fails every comparison and would slip through.
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature} (greedy decoding is temperature -> 0)")
-    if top_k is not None and not 1 <= top_k <= model.config.target_vocab_size:
-        raise ValueError(f"top_k must be in [1, {model.config.target_vocab_size}], got {top_k}")
+    check_options(model.config, temperature=temperature, top_k=top_k)
     graphdef, state = _check(model, source, max_new_tokens)
     rule = ("sample", float(temperature), top_k)
     return _token_by_token(graphdef, state, jnp.asarray(source), max_new_tokens, rule, jax.random.key(seed))
@@ -222,10 +248,7 @@ def _beam(graphdef, state, source, max_new_tokens, beam_size, alpha):
 def beam_search(model, source, max_new_tokens, *, beam_size=4, alpha=DEFAULT_LENGTH_PENALTY):
     """Beam search: (tokens (B, W, N), scores (B, W)), beams sorted best first. A score is
     the hypothesis's log-probability divided by ``length_penalty(length, alpha)``."""
-    if beam_size < 1:
-        raise ValueError(f"beam size must be >= 1, got {beam_size}")
-    if not alpha >= 0:  # NaN included (it fails every comparison)
-        raise ValueError(f"length penalty alpha must be >= 0, got {alpha}")
+    check_options(model.config, beam_size=beam_size, alpha=alpha)
     graphdef, state = _check(model, source, max_new_tokens)
     return _beam(graphdef, state, jnp.asarray(source), max_new_tokens, beam_size, float(alpha))
 

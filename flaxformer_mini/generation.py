@@ -10,35 +10,14 @@ import dataclasses
 import numpy as np
 
 from flaxformer_mini import decoding
-from flaxformer_mini.data import SyntheticTask, make_source
-from flaxformer_mini.fit import load_run
-from flaxformer_mini.run import RunDir, load_vocabularies
+from flaxformer_mini.data import make_source
+from flaxformer_mini.run import Run
 
 
 @dataclasses.dataclass
 class Generated:
     text: str
     unknown_words: list  # input words mapped to UNK (text runs)
-
-
-class Codec:
-    """Text <-> ids for a run: a synthetic task's integers, or the run's vocabularies."""
-
-    def __init__(self, run_dir, config):
-        self.synthetic = config.data.kind == "synthetic"
-        if self.synthetic:
-            d = config.data
-            self.task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
-        else:
-            self.source_vocab, self.target_vocab = load_vocabularies(RunDir(run_dir))
-
-    def encode(self, text):
-        if self.synthetic:
-            return self.task.encode_text(text), []
-        return self.source_vocab.encode(text), self.source_vocab.unknown_words(text)
-
-    def decode(self, ids):
-        return self.task.decode_ids(ids) if self.synthetic else self.target_vocab.decode(ids)
 
 
 def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=None, top_k=None, seed=0,
@@ -50,17 +29,14 @@ def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=No
     """
     if not texts:
         raise ValueError("empty input: give the texts as arguments or one per line on standard input")
-    if beam_size < 1:
-        raise ValueError(f"--beam-size must be >= 1, got {beam_size}")
-    sampling = temperature is not None or top_k is not None
-    if sampling and beam_size > 1:
-        raise ValueError("--beam-size and --temperature/--top-k exclude each other: beam search or sampling")
-    config, trainer, state = load_run(run_dir)
-    codec = Codec(run_dir, config)
-    max_len = config.model.max_len
+    run = Run.open(run_dir)
+    max_len = run.config.model.max_len
+    max_new_tokens = max_len if max_new_tokens is None else max_new_tokens
+    decoding.check_options(run.config.model, max_new_tokens=max_new_tokens, beam_size=beam_size, alpha=alpha,
+                           temperature=temperature, top_k=top_k)
     encoded, unknown = [], []
     for i, text in enumerate(texts, 1):
-        ids, unk = codec.encode(text)
+        ids, unk = run.codec.encode(text)
         if not ids:
             raise ValueError(f"input {i} is empty")
         if len(ids) + 1 > max_len:  # + EOS
@@ -68,6 +44,6 @@ def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=No
                              f"so at most {max_len - 1} tokens fit")
         encoded.append(ids)
         unknown.append(unk)
-    tokens = decoding.decode(trainer.model(state), make_source(encoded), max_new_tokens or max_len,
+    tokens = decoding.decode(run.latest_state().model(), make_source(encoded), max_new_tokens,
                              beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k, seed=seed)
-    return [Generated(codec.decode(row), unk) for row, unk in zip(np.asarray(tokens).tolist(), unknown)]
+    return [Generated(run.codec.decode(row), unk) for row, unk in zip(np.asarray(tokens).tolist(), unknown)]

@@ -1,188 +1,169 @@
-"""A training run's directory: its config, data, metrics log and loss plot.
+"""A training run: one directory's whole lifecycle, from options to a finished model.
 
-    OUT/config.json          model, optimizer and data settings (checked on resume)
-    OUT/vocab_source.json    for text runs: the vocabularies built from the training file
-    OUT/vocab_target.json
-    OUT/metrics.jsonl        one JSON object per logged step and per evaluation
-    OUT/checkpoints/<step>/  rotating orbax checkpoints
-    OUT/loss.png             the loss curves, drawn at the end of the run
+    run = Run.start(out, TrainOptions(...), DataConfig(...))   # new, or resume the run in `out`
+    state = run.restore_or_init(manager)                       # the latest checkpoint, or step 0
+    ...                                                        # fit.fit trains it
+    run = Run.open(out)                                        # a finished run: evaluate, generate
+    state = run.latest_state()
+    ids, unknown = run.codec.encode("5 3 9")
+
+``Run`` resolves the config from the options and the data (the vocabulary sizes come from
+the data), writes it or checks it against the run already there, saves the vocabularies,
+builds the model and its train state, and opens the checkpoints. ``train``, ``evaluate``
+and ``generate`` all go through it; the files themselves are ``RunDir``'s.
 """
 
-import dataclasses
-import json
-import os
-from pathlib import Path
+import functools
+from typing import NamedTuple
 
-from flaxformer_mini.config import ModelConfig, get_preset
-from flaxformer_mini.data import SyntheticTask, TextPairs, Vocab, read_tsv
-from flaxformer_mini.training import TrainConfig
+from flax import nnx
 
-FORMAT, VERSION = "flaxformer-mini-run", 1
-DTYPES = ("float32", "bfloat16")
-
-
-class RunConfigError(ValueError):
-    """An --out directory, a run config or an option that cannot be used."""
+from flaxformer_mini import checkpoint
+from flaxformer_mini.data import Batch, SyntheticTask, TextPairs, Vocab, read_tsv
+from flaxformer_mini.model import Transformer
+from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
+from flaxformer_mini.run_dir import RunDir
+from flaxformer_mini.training import Trainer
 
 
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    kind: str  # "synthetic" or "tsv"
-    task: str | None = None  # synthetic: copy, reverse, sort
-    vocab_size: int = 16  # synthetic: ids, the 4 special tokens included
-    min_len: int = 1
-    max_len: int = 10  # synthetic: content length; tsv: the model's max_len (tokens + EOS)
-    eval_sequences: int = 512
-    train_path: str | None = None
-    valid_path: str | None = None
+class RunData(NamedTuple):
+    train: object  # SyntheticTask or TextPairs: batch(seed, step, batch_size)
+    eval: object  # the held-out examples
+    vocabs: tuple | None  # (source Vocab, target Vocab) of a text run
+
+    @property
+    def vocab_sizes(self):
+        return (self.train.vocab_size,) * 2 if self.vocabs is None else tuple(len(v) for v in self.vocabs)
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    model: ModelConfig
-    train: TrainConfig
-    data: DataConfig
-    batch_size: int = 64
-    dtype: str = "float32"
-
-    def __post_init__(self):
-        if self.dtype not in DTYPES:
-            raise RunConfigError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        if self.batch_size < 1:
-            raise RunConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-
-    def to_dict(self):
-        return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, d, source="config"):
-        if d.get("format") != FORMAT or d.get("version") != VERSION:
-            raise RunConfigError(f"{source}: not a flaxformer-mini run config (format {d.get('format')!r}, version {d.get('version')!r})")
-        try:
-            return cls(
-                model=ModelConfig(**d["model"]),
-                train=TrainConfig(**d["train"]),
-                data=DataConfig(**d["data"]),
-                batch_size=d["batch_size"],
-                dtype=d["dtype"],
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise RunConfigError(f"{source}: malformed run config: {e}") from None
-
-
-def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None):
-    """The preset's width, heads and depth with the data's vocabularies and lengths."""
-    base = get_preset(preset)
-    return base.replace(
-        src_pad_idx=0, source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size,
-        max_len=max_len, dropout=base.dropout if dropout is None else dropout,
-    )
-
-
-def _write_atomic(path, text):
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # atomic: a kill mid-write never leaves half a file
-
-
-def _write_json(path, obj):
-    _write_atomic(path, json.dumps(obj, indent=2) + "\n")
-
-
-class RunDir:
-    def __init__(self, path):
-        self.path = Path(path)
-        self.config_path = self.path / "config.json"
-        self.metrics_path = self.path / "metrics.jsonl"
-        self.checkpoints = self.path / "checkpoints"
-        self.plot_path = self.path / "loss.png"
-
-    def exists(self):
-        return self.config_path.is_file()
-
-    def load_config(self) -> RunConfig:
-        if not self.exists():
-            raise RunConfigError(f"{self.path}: no run here (config.json is missing)")
-        try:
-            d = json.loads(self.config_path.read_text())
-        except json.JSONDecodeError as e:
-            raise RunConfigError(f"{self.config_path}: not valid JSON: {e}") from None
-        return RunConfig.from_dict(d, source=str(self.config_path))
-
-    def start_or_resume(self, config: RunConfig):
-        """Write ``config`` for a new run, or check that it matches the run already here."""
-        if self.exists():
-            old = self.load_config()
-            if old != config:
-                diffs = _differences(old.to_dict(), config.to_dict())
-                raise RunConfigError(
-                    f"--out {self.path} holds another run whose config differs: {'; '.join(diffs)}. "
-                    f"Use another --out, or the same options to resume it. Nothing was overwritten."
-                )
-            return True
-        if self.path.exists() and any(self.path.iterdir()):
-            raise RunConfigError(f"--out {self.path} exists and is not a flaxformer-mini run; choose an empty or new directory")
-        self.path.mkdir(parents=True, exist_ok=True)
-        _write_json(self.config_path, config.to_dict())
-        return False
-
-    def truncate_metrics(self, step):
-        """Drop log lines past ``step`` (the restored checkpoint), so a resumed run's log has
-        each step once."""
-        if not self.metrics_path.exists():
-            return
-        kept = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        _write_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
-
-    def log(self, record):
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def read_metrics(self):
-        if not self.metrics_path.exists():
-            return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
-
-
-def _differences(old, new, prefix=""):
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append(f"{prefix}{key}: {a!r} in the run, {b!r} now")
-    return out
-
-
-def load_data(config: DataConfig, run: RunDir):
-    """(train data, eval data, vocabularies) for a run.
-
-    Synthetic: the task serves both, no vocabularies. TSV: TextPairs of the training and
-    validation files. The vocabularies are the run's own when it has saved them (a resumed
-    run keeps its ids even if the training file changed), else built from the training file;
-    ``save_vocabularies`` writes them once the run's config is written.
-    """
+def load_data(config: DataConfig, run_dir: RunDir) -> RunData:
+    """The run's examples. A text run keeps its saved vocabularies when it has them (a resumed
+    run keeps its ids even if the training file changed); a new one builds them from the
+    training pairs that fit ``max_len``, so a dropped pair adds no words."""
     if config.kind == "synthetic":
         task = SyntheticTask(config.task, config.vocab_size, config.min_len, config.max_len)
-        return task, task, None
+        return RunData(task, task, None)
     pairs = read_tsv(config.train_path)
-    src_path, tgt_path = run.path / "vocab_source.json", run.path / "vocab_target.json"
-    if src_path.exists() and tgt_path.exists():
-        vocabs = (Vocab.load(src_path), Vocab.load(tgt_path))
+    if run_dir.has_vocabularies():
+        vocabs = run_dir.load_vocabularies()
     else:
-        vocabs = (Vocab.build([s for s, _ in pairs]), Vocab.build([t for _, t in pairs]))
-    train = TextPairs(pairs, *vocabs, config.max_len)
-    valid = TextPairs(read_tsv(config.valid_path), *vocabs, config.max_len) if config.valid_path else train
-    return train, valid, vocabs
+        # Whitespace words are the word vocabulary's tokens: a side longer than max_len words
+        # is a pair TextPairs will drop.
+        kept = [(s, t) for s, t in pairs if max(len(s.split()), len(t.split())) <= config.max_len]
+        vocabs = (Vocab.build([s for s, _ in kept]), Vocab.build([t for _, t in kept]))
+    train = TextPairs(pairs, *vocabs, config.model_max_len)
+    valid = TextPairs(read_tsv(config.valid_path), *vocabs, config.model_max_len) if config.valid_path else train
+    return RunData(train, valid, vocabs)
 
 
-def save_vocabularies(run: RunDir, vocabs):
-    if vocabs is not None and not (run.path / "vocab_source.json").exists():
-        vocabs[0].save(run.path / "vocab_source.json")
-        vocabs[1].save(run.path / "vocab_target.json")
+class Codec:
+    """Text <-> token ids in a run's own format: a synthetic task's integers, or words."""
+
+    def __init__(self, task: SyntheticTask | None = None, vocabs=None):
+        self._task, self._vocabs = task, vocabs
+
+    def encode(self, text):
+        """(ids, unknown words mapped to UNK)."""
+        if self._task is not None:
+            return self._task.encode_text(text), []
+        source = self._vocabs[0]
+        return source.encode(text), source.unknown_words(text)
+
+    def decode(self, ids):
+        return self._task.decode_ids(ids) if self._task is not None else self._vocabs[1].decode(ids)
 
 
-def load_vocabularies(run: RunDir):
-    return Vocab.load(run.path / "vocab_source.json"), Vocab.load(run.path / "vocab_target.json")
+class Run:
+    """A run directory with its config and (loaded on first use) its data."""
+
+    def __init__(self, directory: RunDir, config: RunConfig, data: RunData | None = None):
+        self.dir, self.config, self._data = directory, config, data
+
+    @classmethod
+    def start(cls, out, options: TrainOptions, data_config: DataConfig, echo=print):
+        """A new run in ``out`` from the user's options, or the run already there when the
+        options give the same config (then it resumes)."""
+        run_dir = RunDir(out)
+        data = load_data(data_config, run_dir)
+        config = resolve_config(options, data_config, *data.vocab_sizes)
+        return cls.create(out, config, data, echo=echo)
+
+    @classmethod
+    def create(cls, out, config: RunConfig, data: RunData | None = None, echo=print):
+        """Write ``config`` into ``out`` (or check it against the run there) and save the
+        vocabularies; nothing is written when the config does not fit."""
+        run_dir = RunDir(out)
+        data = data if data is not None else load_data(config.data, run_dir)
+        resuming = run_dir.start_or_resume(config)
+        if data.vocabs is not None and not run_dir.has_vocabularies():
+            run_dir.save_vocabularies(data.vocabs)
+        run = cls(run_dir, config, data)
+        if not resuming:
+            run._report_dropped(echo)
+        return run
+
+    @classmethod
+    def open(cls, out):
+        """The run in ``out``, as ``evaluate`` and ``generate`` read it."""
+        run_dir = RunDir(out)
+        return cls(run_dir, run_dir.load_config())
+
+    @property
+    def path(self):
+        return self.dir.path
+
+    @property
+    def data(self) -> RunData:
+        if self._data is None:
+            self._data = load_data(self.config.data, self.dir)
+        return self._data
+
+    @functools.cached_property
+    def codec(self):
+        """The run's text format; reads the saved vocabularies, not the training data."""
+        d = self.config.data
+        if d.kind == "synthetic":
+            return Codec(task=SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len))
+        return Codec(vocabs=self._data.vocabs if self._data is not None else self.dir.load_vocabularies())
+
+    def _report_dropped(self, echo):
+        for name, pairs in (("training", self.data.train), ("validation", self.data.eval)):
+            if isinstance(pairs, TextPairs) and pairs.dropped and (name == "training" or pairs is not self.data.train):
+                echo(f"note: {pairs.dropped} {name} pair(s) longer than max_len={self.config.data.max_len} tokens "
+                     f"were dropped (the longest had {pairs.longest_dropped}); --max-len raises the limit")
+
+    # --- model, state and checkpoints
+
+    @functools.cached_property
+    def trainer(self):
+        model = Transformer.from_config(self.config.model, dtype=self.config.compute_dtype,
+                                        rngs=nnx.Rngs(self.config.train.seed))
+        return Trainer(model, self.config.train)
+
+    def checkpoints(self, max_to_keep=3):
+        return checkpoint.open_manager(self.dir.checkpoints.absolute(), max_to_keep=max_to_keep)
+
+    def restore_or_init(self, manager):
+        """The state of the latest checkpoint in ``manager``, or a fresh one at step 0."""
+        state = self.trainer.init_state()
+        return checkpoint.restore(manager, state) if manager.latest_step() is not None else state
+
+    def latest_state(self):
+        """The latest checkpoint's state; an error naming the run when it has none."""
+        manager = self.checkpoints()
+        if manager.latest_step() is None:
+            raise FileNotFoundError(f"{self.path}: the run has no checkpoint yet")
+        return checkpoint.restore(manager, self.trainer.init_state())
+
+    # --- held-out data
+
+    def eval_batches(self, batch_size=None):
+        """The held-out batches: the same examples whatever ``batch_size``. Synthetic:
+        ``eval_sequences`` drawn from the evaluation stream. Text: every held-out pair once,
+        in order."""
+        batch_size = batch_size or self.config.batch_size
+        data = self.config.data
+        if data.kind == "synthetic":
+            every = self.data.eval.held_out(self.config.train.seed, data.eval_sequences)
+            return [Batch(*(a[i : i + batch_size] for a in every)) for i in range(0, data.eval_sequences, batch_size)]
+        return list(self.data.eval.iter_eval_batches(batch_size))

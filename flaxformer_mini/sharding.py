@@ -10,8 +10,9 @@ One 1-D device mesh with the axis ``'data'``:
   moments of the same shape, is split over ``'data'`` along its largest dimension divisible
   by the device count; XLA gathers a parameter where the computation needs it whole).
 
-``jax.jit`` follows the shardings of its inputs ("computation follows data"), so
-``Trainer.train_step`` runs sharded as it is once its arguments are placed::
+``jax.jit`` follows the shardings of its inputs ("computation follows data"), so the
+compiled ``training.train_step`` (``Trainer.train_step``) runs sharded as it is once its
+arguments are placed::
 
     mesh = make_mesh()                                  # all devices
     state = shard_state(trainer.init_state(), mesh, "fsdp")
@@ -51,6 +52,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from flaxformer_mini.training import train_step
+
 DATA_AXIS = "data"
 STRATEGIES = ("replicated", "fsdp")
 
@@ -84,6 +87,19 @@ def make_mesh(num_devices=None, axis_name=DATA_AXIS):
             "simulates N devices"
         )
     return Mesh(np.asarray(devices[:num_devices]), (axis_name,))
+
+
+def training_mesh(num_devices, strategy, batch_size):
+    """The mesh a training run uses, or None for one device: checks the options (device
+    count, strategy, the batch size's divisibility) before anything is written.
+    ``num_devices`` None means every device."""
+    if num_devices == 1:
+        return None
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown --sharding {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    mesh = make_mesh(num_devices)
+    _check_divisible(batch_size, mesh.size, "--batch-size")
+    return mesh
 
 
 def _axis(mesh):
@@ -203,8 +219,8 @@ def shard_state(state, mesh, strategy="replicated"):
     return jax.device_put(state, state_shardings(state, mesh, strategy))
 
 
-def sharded_train_step(trainer, state_sharding, batch_sharding):
-    """``trainer``'s train step compiled with pinned shardings, its state donated.
+def sharded_train_step(state_sharding, batch_sharding):
+    """``training.train_step`` compiled with pinned shardings, its state donated.
 
     ``state_sharding`` is ``state_shardings(state, mesh, strategy)``, ``batch_sharding`` is
     ``batch_sharding(mesh)``. The output state gets exactly ``state_sharding`` (the metrics
@@ -213,7 +229,7 @@ def sharded_train_step(trainer, state_sharding, batch_sharding):
     """
     replicated = NamedSharding(batch_sharding.mesh, P())
     return jax.jit(
-        trainer._train_step,
+        train_step,
         in_shardings=(state_sharding, batch_sharding),
         out_shardings=(state_sharding, replicated),
         donate_argnums=0,

@@ -1,15 +1,17 @@
 """Loss, optimizer and the pure, jitted train and eval steps.
 
-The compiled steps are functions of explicit state: ``train_step(state, batch) -> (state,
-metrics)``. The model's structure (its ``nnx.GraphDef``) is closed over; its parameters,
-the optimizer state and the step counter travel in ``TrainState``, whose buffers are
-donated to the step so XLA updates them in place.
+The steps are pure functions of explicit state, as in Flax's examples:
+``train_step(state, batch) -> (state, metrics)`` and ``eval_step(state, batch) -> sums``. The
+parameters, optimizer state and step counter are ``TrainState``'s arrays; the model's
+structure (its ``nnx.GraphDef``) and the optimizer are its static fields. The training loop,
+the sharded step (``sharding.py``) and the benchmarks all compile these same two functions.
 
 Dropout keys are ``fold_in(key(seed), step)``: a step is reproducible on its own, which is
 what makes a resumed run bit-identical to an uninterrupted one.
 """
 
 import dataclasses
+import math
 
 import flax.struct
 import jax
@@ -46,6 +48,16 @@ class TrainConfig:
             raise ValueError(f"warmup_steps must be >= 1, got {self.warmup_steps}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        # `not (x > 0)` rather than `x <= 0`: NaN fails every comparison and must not slip through.
+        for name in ("learning_rate", "lr_factor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            # clip_norm <= 0 would scale every gradient to zero (or flip its sign): use None for no clipping.
+            raise ValueError(f"clip_norm must be a finite number > 0 or None (no clipping), got {self.clip_norm}")
 
 
 def learning_rate_schedule(config: TrainConfig, d_model: int):
@@ -95,10 +107,86 @@ def correct_tokens(logits, labels, pad_id=PAD):
 
 @flax.struct.dataclass
 class TrainState:
+    """Everything a train step reads and writes, as one pytree.
+
+    The arrays (step, parameters, optimizer state, dropout RNG state) are its leaves; the
+    model's structure (one ``nnx.GraphDef`` per mode: ``model.train()``/``eval()`` change
+    static attributes, so each mode is its own compiled program), the optimizer and the
+    config are static fields, as ``apply_fn`` and ``tx`` are in Flax's
+    ``flax.training.train_state.TrainState``. So ``train_step(state, batch)`` is a plain
+    pure function that any caller can ``jax.jit`` with its own shardings.
+    """
+
     step: jax.Array  # int32 scalar: the number of updates applied
     params: nnx.State
     opt_state: optax.OptState
     other: nnx.State  # the model's non-parameter state (dropout RNG streams)
+    graphdef: nnx.GraphDef = flax.struct.field(pytree_node=False)  # train mode
+    eval_graphdef: nnx.GraphDef = flax.struct.field(pytree_node=False)
+    tx: optax.GradientTransformation = flax.struct.field(pytree_node=False)
+    config: TrainConfig = flax.struct.field(pytree_node=False)
+
+    @classmethod
+    def create(cls, model, config: TrainConfig):
+        """A state at step 0 holding ``model``'s parameters. The arrays are copies: the
+        compiled step donates its input state, which would otherwise delete ``model``'s."""
+        was_training = _is_training(model)
+        model.train()
+        graphdef, params, other = nnx.split(model, nnx.Param, ...)
+        model.eval()
+        eval_graphdef = nnx.graphdef(model)
+        if was_training:
+            model.train()
+        params, other = jax.tree.map(jnp.copy, (params, other))
+        tx = make_optimizer(config, model.config.embed_size)
+        return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), other=other,
+                   graphdef=graphdef, eval_graphdef=eval_graphdef, tx=tx, config=config)
+
+    def model(self, train=False):
+        """A live model holding this state's parameters (for decoding, saving, inspection)."""
+        return nnx.merge(self.graphdef if train else self.eval_graphdef, self.params, self.other)
+
+
+def _is_training(model):
+    return any(not m.deterministic for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Dropout))
+
+
+def _loss(model, batch, label_smoothing):
+    logits = model(batch.source, batch.target_in)
+    loss, (_, count) = token_cross_entropy(logits, batch.target_out, label_smoothing)
+    return loss, (count, correct_tokens(logits, batch.target_out))
+
+
+def train_step(state: TrainState, batch):
+    """One optimizer update: ``(state, batch) -> (state, metrics)``, pure. Jit it (the
+    ``Trainer`` does, donating the state); ``check_batch`` the batch on the host first."""
+    model = nnx.merge(state.graphdef, state.params, state.other)
+    # Dropout keys from (seed, step) alone. Tag "default" when the model was built with
+    # nnx.Rngs(seed), "dropout" when it has a dropout stream; reseed ignores absent tags.
+    key = jax.random.fold_in(jax.random.key(state.config.seed), state.step)
+    nnx.reseed(model, default=key, dropout=key)
+    # nnx.value_and_grad differentiates the Params and lets dropout advance its RNG
+    # counters inside the trace (jax.grad over merged state cannot mutate them).
+    grad_fn = nnx.value_and_grad(_loss, has_aux=True)
+    (loss, (count, correct)), grads = grad_fn(model, batch, state.config.label_smoothing)
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {
+        "loss": loss,
+        "tokens": count,
+        "token_accuracy": correct / jnp.maximum(count, 1.0),
+        "grad_norm": optax.tree.norm(grads),
+        "learning_rate": learning_rate_schedule(state.config, model.config.embed_size)(state.step),
+    }
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(state: TrainState, batch):
+    """Teacher-forced sums over one batch, pure: summed loss, label count, correct labels."""
+    model = state.model()
+    logits = model(batch.source, batch.target_in)
+    _, (total, count) = token_cross_entropy(logits, batch.target_out)
+    return {"loss_sum": total, "tokens": count, "correct": correct_tokens(logits, batch.target_out)}
 
 
 def check_batch(batch, model_config):
@@ -113,65 +201,25 @@ def check_batch(batch, model_config):
 
 
 class Trainer:
-    """Owns the compiled steps for one model structure and one optimizer.
+    """The compiled steps for one model and one optimizer, with host-side batch checks.
 
-    ``Trainer(model, TrainConfig(...))`` splits ``model`` into a train-mode and an eval-mode
-    graph definition (``model.train()``/``eval()`` change static attributes, so each mode
-    is its own compiled program) and builds the jitted ``train_step`` and ``eval_step``.
+    ``Trainer(model, TrainConfig(...))``: ``init_state()`` is a fresh ``TrainState``;
+    ``train_step`` and ``eval_step`` are ``train_step``/``eval_step`` under ``jax.jit`` (the
+    train step donates its state, so XLA updates the buffers in place); ``step`` and
+    ``evaluate`` check each batch on the host first.
     """
 
     def __init__(self, model, config: TrainConfig):
         self.config = config
         self.model_config = model.config
-        self.tx = make_optimizer(config, model.config.embed_size)
         self.lr_schedule = learning_rate_schedule(config, model.config.embed_size)
-        model.train()
-        self.train_graphdef, params, other = nnx.split(model, nnx.Param, ...)
-        model.eval()
-        self.eval_graphdef = nnx.graphdef(model)
-        self._template = (params, other)
-        self.train_step = jax.jit(self._train_step, donate_argnums=0)
-        self.eval_step = jax.jit(self._eval_step)
+        self._template = TrainState.create(model, config)
+        self.train_step = jax.jit(train_step, donate_argnums=0)
+        self.eval_step = jax.jit(eval_step)
 
     def init_state(self):
-        """A fresh state at step 0. Copies the template's arrays: the train step donates its
-        input state, which would otherwise delete the template after the first step."""
-        params, other = jax.tree.map(jnp.copy, self._template)
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params), other=other)
-
-    def _loss(self, model, batch):
-        logits = model(batch.source, batch.target_in)
-        loss, (_, count) = token_cross_entropy(logits, batch.target_out, self.config.label_smoothing)
-        correct = correct_tokens(logits, batch.target_out)
-        return loss, (count, correct)
-
-    def _train_step(self, state: TrainState, batch):
-        model = nnx.merge(self.train_graphdef, state.params, state.other)
-        # Dropout keys from (seed, step) alone. Tag "default" when the model was built with
-        # nnx.Rngs(seed), "dropout" when it has a dropout stream; reseed ignores absent tags.
-        key = jax.random.fold_in(jax.random.key(self.config.seed), state.step)
-        nnx.reseed(model, default=key, dropout=key)
-        # nnx.value_and_grad differentiates the Params and lets dropout advance its RNG
-        # counters inside the trace (jax.grad over merged state cannot mutate them).
-        grad_fn = nnx.value_and_grad(self._loss, has_aux=True)
-        (loss, (count, correct)), grads = grad_fn(model, batch)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = {
-            "loss": loss,
-            "tokens": count,
-            "token_accuracy": correct / jnp.maximum(count, 1.0),
-            "grad_norm": optax.tree.norm(grads),
-            "learning_rate": self.lr_schedule(state.step),
-        }
-        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-    def _eval_step(self, params, other, batch):
-        model = nnx.merge(self.eval_graphdef, params, other)
-        logits = model(batch.source, batch.target_in)
-        _, (total, count) = token_cross_entropy(logits, batch.target_out)
-        correct = correct_tokens(logits, batch.target_out)
-        return {"loss_sum": total, "tokens": count, "correct": correct}
+        """A fresh state at step 0 (copies of the model's initial arrays)."""
+        return jax.tree.map(jnp.copy, self._template)
 
     def step(self, state, batch):
         """Check ``batch`` on the host, then run the compiled train step."""
@@ -183,11 +231,10 @@ class Trainer:
         total = count = correct = 0.0
         for batch in batches:
             check_batch(batch, self.model_config)
-            m = jax.device_get(self.eval_step(state.params, state.other, batch))
+            m = jax.device_get(self.eval_step(state, batch))
             total, count, correct = total + m["loss_sum"], count + m["tokens"], correct + m["correct"]
         return {"loss": float(total / max(count, 1.0)), "token_accuracy": float(correct / max(count, 1.0))}
 
     def model(self, state, train=False):
         """A live model holding ``state``'s parameters (for decoding, saving, inspection)."""
-        return nnx.merge(self.train_graphdef if train else self.eval_graphdef, state.params, state.other)
-
+        return state.model(train)

@@ -87,7 +87,7 @@ def _train(model_config, batches, mesh=None, strategy=None, pinned=False):
         state = jax.device_put(state, shardings)
         put = lambda b: shard_batch(b, mesh)  # noqa: E731
         if pinned:
-            step = sharded_train_step(trainer, shardings, batch_sharding(mesh))
+            step = sharded_train_step(shardings, batch_sharding(mesh))
     losses = []
     for batch in batches:
         check_batch(batch, trainer.model_config)  # on the numpy batch, before it is sharded

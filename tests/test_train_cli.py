@@ -14,10 +14,9 @@ import jax
 import numpy as np
 import pytest
 
-from flaxformer_mini import checkpoint
+from flaxformer_mini.run_dir import RunDir
 from flaxformer_mini.cli import main
-from flaxformer_mini.fit import build_trainer
-from flaxformer_mini.run import RunDir
+from flaxformer_mini.run import Run
 
 # A run small enough for a test: the tiny preset on `copy` with short sequences.
 TINY_RUN = ["--task", "copy", "--preset", "tiny", "--vocab-size", "11", "--max-len", "5", "--batch-size", "8",
@@ -53,9 +52,8 @@ def start(*args):
 
 
 def latest_state(out):
-    config = RunDir(out).load_config()
-    manager = checkpoint.open_manager(RunDir(out).checkpoints.absolute())
-    return manager.latest_step(), checkpoint.restore(manager, build_trainer(config).init_state())
+    state = Run.open(out).latest_state()
+    return int(state.step), state
 
 
 def assert_same_training_state(a, b):
@@ -203,12 +201,11 @@ def library_greedy(out, texts):
     """What the library's cached greedy decoder gives for ``texts``, rendered as generate does."""
     from flaxformer_mini.data import SyntheticTask, make_source
     from flaxformer_mini.decoding import greedy_decode
-    from flaxformer_mini.fit import load_run
-
-    config, trainer, state = load_run(out)
-    d = config.data
+    run = Run.open(out)
+    d = run.config.data
     task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
-    tokens = greedy_decode(trainer.model(state), make_source([task.encode_text(t) for t in texts]), config.model.max_len)
+    tokens = greedy_decode(run.latest_state().model(), make_source([task.encode_text(t) for t in texts]),
+                           run.config.model.max_len)
     return [task.decode_ids(row) for row in np.asarray(tokens).tolist()]
 
 

@@ -13,8 +13,11 @@ from flax import nnx
 import flaxformer_mini as fm
 from flaxformer_mini import checkpoint
 from flaxformer_mini.data import PAD, SyntheticTask
-from flaxformer_mini.fit import NonFiniteLossError, build_trainer, fit
-from flaxformer_mini.run import DataConfig, RunConfig, RunConfigError, RunDir
+from flaxformer_mini.fit import NonFiniteLossError
+from flaxformer_mini.fit import fit as fit_run
+from flaxformer_mini.run import Run
+from flaxformer_mini.run_config import DataConfig, RunConfig, RunConfigError
+from flaxformer_mini.run_dir import RunDir
 from flaxformer_mini.training import TrainConfig, Trainer, token_cross_entropy
 
 
@@ -114,11 +117,14 @@ def run_config(dropout=0.1, embed=30, lr_factor=1.0, task="copy"):
     return RunConfig(model=model, train=TrainConfig(warmup_steps=5, lr_factor=lr_factor), data=data, batch_size=8)
 
 
+def fit(config, out, steps, echo=print, **kw):
+    """Train ``config`` into ``out`` as the CLI does: create (or resume) the run, then fit."""
+    return fit_run(Run.create(out, config, echo=echo), steps, echo=echo, **kw)
+
+
 def final_params(out):
-    config = RunDir(out).load_config()
-    trainer = build_trainer(config)
-    manager = checkpoint.open_manager(RunDir(out).checkpoints.absolute())
-    return manager.latest_step(), checkpoint.restore(manager, trainer.init_state())
+    state = Run.open(out).latest_state()
+    return int(state.step), state
 
 
 def test_stopping_and_resuming_gives_the_uninterrupted_parameters_bit_for_bit(tmp_path):
@@ -158,8 +164,7 @@ def test_out_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
 
 def test_checkpoint_from_a_different_model_size_is_refused_by_name(tmp_path):
     fit(run_config(embed=35), tmp_path / "wide", 2, save_every=2, eval_every=100, progress=False, echo=lambda m: None)
-    config = run_config(embed=30)
-    trainer = build_trainer(config)
+    trainer = Run(RunDir(tmp_path / "narrow"), run_config(embed=30)).trainer
     manager = checkpoint.open_manager((tmp_path / "wide" / "checkpoints").absolute())
     with pytest.raises(checkpoint.CheckpointMismatchError, match=r"different model: .*W_k/kernel: checkpoint \(35, 35\), model \(30, 30\).*and \d+ more"):
         checkpoint.restore(manager, trainer.init_state())

@@ -1,0 +1,28 @@
+"""Writing run files so that a kill, a crash or a full disk never leaves half of one."""
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path, data):
+    """Write ``data`` (str or bytes) to ``path`` all at once or not at all.
+
+    The bytes go to a temporary file beside ``path``, are flushed to disk (fsync), then
+    renamed over ``path``: a rename within one directory is atomic, so a reader (or a resumed
+    run) sees the old file or the new one, never a truncated one. A failed write (disk full)
+    removes the temporary file and leaves the old ``path`` as it was.
+    """
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide a run's files from its other readers
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,138 @@
+"""What a run is: its data, model, optimizer and batch settings, as one frozen config.
+
+``RunConfig`` is what ``config.json`` holds and what a resumed run is checked against.
+``resolve_config`` derives it from a user's options and the loaded data (vocabulary sizes and
+lengths come from the data, width and depth from a preset, the schedule's factor from the
+peak learning rate), so the CLI only parses options.
+"""
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+
+from flaxformer_mini.config import ModelConfig, get_preset
+from flaxformer_mini.training import TrainConfig
+
+FORMAT, VERSION = "flaxformer-mini-run", 2
+
+# Compute dtypes by name, defined once: parameters always stay float32 (DESIGN.md, Numerics).
+COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
+DTYPES = tuple(COMPUTE_DTYPES)
+
+
+class RunConfigError(ValueError):
+    """An --out directory, a run config or an option that cannot be used."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where a run's examples come from.
+
+    ``max_len`` is the longest sequence in tokens, without BOS/EOS, for both kinds: the
+    longest synthetic sequence drawn, or the longest side of a text pair kept (longer pairs
+    are dropped and counted). The model's ``max_len`` is one more (the EOS, or the BOS).
+    """
+
+    kind: str  # "synthetic" or "tsv"
+    task: str | None = None  # synthetic: copy, reverse, sort
+    vocab_size: int = 16  # synthetic: ids, the 4 special tokens included
+    min_len: int = 1  # synthetic: shortest sequence drawn
+    max_len: int = 10
+    eval_sequences: int = 512  # synthetic: held-out sequences
+    train_path: str | None = None
+    valid_path: str | None = None
+
+    @property
+    def model_max_len(self):
+        return self.max_len + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    train: TrainConfig
+    data: DataConfig
+    batch_size: int = 64
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise RunConfigError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.batch_size < 1:
+            raise RunConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+
+    @property
+    def compute_dtype(self):
+        return COMPUTE_DTYPES[self.dtype]
+
+    def to_dict(self):
+        return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d, source="config"):
+        if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("version") not in (1, VERSION):
+            got = (d.get("format"), d.get("version")) if isinstance(d, dict) else (None, None)
+            raise RunConfigError(f"{source}: not a flaxformer-mini run config (format {got[0]!r}, version {got[1]!r})")
+        try:
+            data = dict(d["data"])
+            if d["version"] == 1 and data.get("kind") == "tsv":
+                # Version 1 stored a text run's max_len as the model's (tokens + EOS).
+                data["max_len"] -= 1
+            return cls(
+                model=ModelConfig(**d["model"]),
+                train=TrainConfig(**d["train"]),
+                data=DataConfig(**data),
+                batch_size=d["batch_size"],
+                dtype=d["dtype"],
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise RunConfigError(f"{source}: malformed run config: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    """What a user asks ``flaxformer-mini train`` for: the CLI's options, parsed."""
+
+    preset: str = "small"
+    batch_size: int = 64
+    lr: float = 3e-3  # the peak learning rate
+    schedule: str = "rsqrt"
+    warmup: int = 200
+    weight_decay: float = 0.0
+    clip_norm: float | None = 1.0
+    label_smoothing: float = 0.0
+    dropout: float | None = None  # None: the preset's
+    dtype: str = "float32"
+    seed: int = 0
+
+
+def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None):
+    """The preset's width, heads and depth with the data's vocabularies and lengths."""
+    base = get_preset(preset)
+    return base.replace(
+        src_pad_idx=0, source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size,
+        max_len=max_len, dropout=base.dropout if dropout is None else dropout,
+    )
+
+
+def train_config_for(options: TrainOptions, d_model):
+    """The optimizer settings, with ``options.lr`` as the schedule's peak.
+
+    The paper's lr = factor * D^-0.5 * min(n^-0.5, n * w^-1.5) peaks at n = w, at
+    factor * (D * w)^-0.5; so a peak ``lr`` needs factor = lr * sqrt(D * w).
+    """
+    common = dict(weight_decay=options.weight_decay, clip_norm=options.clip_norm,
+                  label_smoothing=options.label_smoothing, seed=options.seed)
+    if options.schedule == "rsqrt":
+        return TrainConfig(schedule="rsqrt", lr_factor=options.lr * math.sqrt(d_model * options.warmup),
+                           warmup_steps=options.warmup, **common)
+    return TrainConfig(schedule=options.schedule, learning_rate=options.lr, **common)
+
+
+def resolve_config(options: TrainOptions, data: DataConfig, source_vocab_size, target_vocab_size):
+    """The run's whole config from the user's options and the data's vocabulary sizes."""
+    model = model_config_for(options.preset, source_vocab_size, target_vocab_size, data.model_max_len,
+                             dropout=options.dropout)
+    return RunConfig(model=model, train=train_config_for(options, model.embed_size), data=data,
+                     batch_size=options.batch_size, dtype=options.dtype)
