@@ -1,0 +1,148 @@
+"""A run's lifecycle beyond the happy path: old run directories, option ranges checked before
+anything is written, SIGTERM, dropped pairs, evaluation independent of the batch size, and
+decoding that leaves the caller's model alone."""
+
+import json
+import math
+import signal
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import flaxformer_mini as fm
+from flaxformer_mini.decoding import greedy_decode, sample
+from flaxformer_mini.evaluation import evaluate_run
+from flaxformer_mini.run_dir import RunDir
+from test_train_cli import TINY_RUN, assert_same_training_state, cli, latest_state, start, wait_for_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lifecycle") / "run"
+    proc = cli("train", *TINY_RUN, "--steps", "20", "--save-every", "20", "--eval-sequences", "23", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_evaluate_scores_the_same_sequences_at_any_batch_size(tiny_run):
+    results = [evaluate_run(tiny_run, batch_size=b) for b in (None, 1, 5, 8, 5000)]
+    for r in results[1:]:
+        # Same 23 sequences: exact match is a count over them, so it is equal exactly; the loss
+        # is summed in another order of float32 batch sums (~1e-7 relative apart).
+        assert r["exact_match"] == results[0]["exact_match"]
+        assert r["loss"] == pytest.approx(results[0]["loss"], rel=1e-5)
+
+
+def test_decoding_leaves_the_callers_model_in_its_mode():
+    model = fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(0))
+    model.train()
+    source = jnp.array([[5, 6, 7, 2]])
+    greedy_decode(model, source, 4)
+    dropouts = [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Dropout)]
+    assert dropouts and all(not m.deterministic for m in dropouts)
+
+
+def tiny_model():
+    model = fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(3))
+    model.eval()  # NNX's eval() switches in place and returns None
+    return model
+
+
+def test_sampling_near_zero_temperature_is_greedy():
+    model, source = tiny_model(), jnp.array([[5, 6, 7, 8, 2], [9, 4, 2, 0, 0]])
+    greedy = np.asarray(greedy_decode(model, source, 8))
+    for seed in range(3):
+        np.testing.assert_array_equal(np.asarray(sample(model, source, 8, temperature=1e-45, seed=seed)), greedy)
+
+
+def test_top_k_holds_at_infinite_temperature():
+    # One new token, 60 seeds: an infinite temperature flattens the distribution, and top-k
+    # must still restrict it to the k most likely first tokens (both of which appear).
+    model, source = tiny_model(), jnp.array([[5, 6, 7, 8, 2]])
+    logits = model(source, jnp.array([[fm.data.BOS]]))[0, 0]
+    top2 = set(np.argsort(np.asarray(logits))[-2:].tolist())
+    drawn = {int(sample(model, source, 1, temperature=math.inf, top_k=2, seed=s)[0, 0]) for s in range(60)}
+    assert drawn == top2
+    one = {int(sample(model, source, 1, temperature=math.inf, top_k=1, seed=s)[0, 0]) for s in range(5)}
+    assert one == {int(np.argmax(logits))}
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--clip-norm", "-1"), ("--clip-norm", "0"), ("--weight-decay", "-1"), ("--weight-decay", "nan"),
+    ("--lr", "nan"), ("--lr", "inf"), ("--lr", "0"), ("--seed", "-1"), ("--dropout", "1"), ("--max-len", "1"),
+    ("--label-smoothing", "1"), ("--steps", "0"), ("--vocab-size", "4"),
+])
+def test_train_option_out_of_range_is_refused_by_name_before_anything_is_written(tmp_path, option, value):
+    out = tmp_path / "run"
+    proc = cli("train", *TINY_RUN, "--steps", "2", "--out", str(out), option, value)
+    assert proc.returncode == 2
+    assert f"{option} must be" in proc.stderr and value in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option, value", [("--max-new-tokens", "0"), ("--temperature", "0"), ("--temperature", "-1"),
+                                           ("--temperature", "nan"), ("--top-k", "0"), ("--beam-size", "0")])
+def test_generate_option_out_of_range_is_refused_by_name(tiny_run, option, value):
+    proc = cli("generate", "--checkpoint", str(tiny_run), option, value, "1 2")
+    assert proc.returncode == 2
+    assert f"{option} must be" in proc.stderr, proc.stderr
+
+
+def test_clip_norm_none_turns_clipping_off(tmp_path):
+    proc = cli("train", *TINY_RUN, "--steps", "2", "--clip-norm", "none", "--out", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    assert RunDir(tmp_path / "run").load_config().train.clip_norm is None
+
+
+def test_sigterm_saves_then_resume_ends_bit_identical(tmp_path):
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    args = [*TINY_RUN, "--steps", "40", "--save-every", "10"]
+    assert cli("train", *args, "--out", str(straight)).returncode == 0
+    proc = start("train", *args, "--out", str(out))
+    wait_for_checkpoint(out, 10, proc)
+    proc.send_signal(signal.SIGTERM)  # what a scheduler sends before it takes the machine back
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    saved = int(err.split("interrupted: saved step ")[1].split(";")[0])
+    assert latest_state(out)[0] == saved
+    assert cli("train", *args, "--out", str(out)).returncode == 0
+    (s1, a), (s2, b) = latest_state(straight), latest_state(out)
+    assert s1 == s2 == 40
+    assert_same_training_state(a, b)
+
+
+def test_pairs_longer_than_max_len_are_reported_and_add_no_words(tmp_path):
+    train = tmp_path / "train.tsv"
+    long_source = " ".join(f"w{i}" for i in range(30))
+    train.write_text("a b\tx y\nb a\ty x\n" + f"{long_source}\tlongtarget\n")
+    out = tmp_path / "run"
+    proc = cli("train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--steps", "2", "--batch-size", "2",
+               "--max-len", "8", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "1 training pair(s) longer than max_len=7 tokens were dropped (the longest had 30)" in proc.stderr
+    source_words = json.loads((out / "vocab_source.json").read_text())["tokens"][4:]
+    target_words = json.loads((out / "vocab_target.json").read_text())["tokens"][4:]
+    assert sorted(source_words) == ["a", "b"] and sorted(target_words) == ["x", "y"]
+
+
+def test_a_run_written_by_version_1_resumes_evaluates_and_generates(tmp_path):
+    # Version 1 stored a text run's max_len as the model's (tokens + EOS); version 2 stores the
+    # longest side in tokens. A run written before the change must go on as it was.
+    train = tmp_path / "train.tsv"
+    train.write_text("a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2)
+    out = tmp_path / "mt"
+    args = ["train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--batch-size", "4", "--max-len", "8",
+            "--save-every", "3", "--eval-every", "3", "--no-progress"]
+    assert cli(*args, "--steps", "3").returncode == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["version"] == 2 and config["data"]["max_len"] == 7
+    config["version"], config["data"]["max_len"] = 1, 8  # as version 1 wrote it
+    (out / "config.json").write_text(json.dumps(config))
+    resumed = cli(*args, "--steps", "6")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr and latest_state(out)[0] == 6
+    assert cli("evaluate", "--checkpoint", str(out), "--json").returncode == 0
+    gen = cli("generate", "--checkpoint", str(out), "a b")
+    assert gen.returncode == 0 and set(gen.stdout.split()) <= {"x", "y", "z", "<unk>"}
