@@ -6,19 +6,24 @@
     flaxformer-mini generate --checkpoint runs/reverse 5 3 9 2 7
 
 Running the same ``train`` command again with the same ``--out`` resumes the run.
-Exit codes: 0 done, 1 the run failed (a NaN loss), 2 unusable options or files, 130
-interrupted (the run was saved and can be resumed).
+Exit codes: 0 done, 1 the run failed (a NaN loss, a full disk; the last checkpoint is kept),
+2 unusable options, files or run directories (nothing written or lost), 130 interrupted by
+Ctrl-C or SIGTERM (the run was saved and can be resumed). A user's mistake prints one line
+naming the problem; ``--debug`` (or FLAXFORMER_MINI_DEBUG=1) shows the traceback.
 
 This module only parses: the options become a ``TrainOptions`` and a ``DataConfig``, and
 ``Run`` (run.py), ``fit`` (fit.py), ``evaluate_run`` and ``generate`` do the work.
 """
 
 import argparse
+import errno
 import json
 import math
+import os
 import sys
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
+DEBUG_ENV = "FLAXFORMER_MINI_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
 # Defaults of the main job (README): `reverse` to >= 0.99 exact match on this 2-core CPU.
 DEFAULTS = dict(preset="small", steps=3000, batch_size=64, warmup=200, lr=3e-3, seed=0)
@@ -71,15 +76,15 @@ def _generate(args):
     from flaxformer_mini.generation import generate
 
     # Each argument is one input; `generate --checkpoint r 5 3 9` (words split by the shell)
-    # is one input too, so join bare words into a single line.
-    texts = [" ".join(args.text)] if args.text else [line.strip() for line in sys.stdin if line.strip()]
+    # is one input too, so join bare words into a single line. Standard input is read lazily.
+    texts = [" ".join(args.text)] if args.text else (line.strip() for line in sys.stdin if line.strip())
     outputs = generate(args.checkpoint, texts, max_new_tokens=args.max_new_tokens, beam_size=args.beam_size,
-                       temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+                       temperature=args.temperature, top_k=args.top_k, seed=args.seed, batch_size=args.batch_size)
     for i, out in enumerate(outputs, 1):
         if out.unknown_words:
             print(f"note: input {i}: {len(out.unknown_words)} unknown word(s) mapped to <unk>: "
                   f"{', '.join(out.unknown_words)}", file=sys.stderr)
-        print(out.text)
+        print(out.text, flush=True)
     return EXIT_OK
 
 
@@ -133,8 +138,10 @@ def check_ranges(args):
 def build_parser():
     parser = argparse.ArgumentParser(prog="flaxformer-mini", description="Train and evaluate the Flax seq2seq Transformer.")
     sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")
 
-    t = sub.add_parser("train", help="train a model (resumes when --out holds the same run)",
+    t = sub.add_parser("train", help="train a model (resumes when --out holds the same run)", parents=[common],
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     source = t.add_mutually_exclusive_group(required=True)
     source.add_argument("--task", choices=("copy", "reverse", "sort"), help="a synthetic task over integer tokens")
@@ -176,14 +183,15 @@ def build_parser():
                         "(flaxformer_mini/host_memory.py)")
     t.set_defaults(run=_train)
 
-    e = sub.add_parser("evaluate", help="loss, token accuracy and exact match of a run's latest checkpoint")
+    e = sub.add_parser("evaluate", help="loss, token accuracy and exact match of a run's latest checkpoint",
+                       parents=[common])
     e.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
     e.add_argument("--json", action="store_true", help="print one JSON object: loss, token_accuracy, exact_match")
     e.add_argument("--batch-size", type=int, default=None)
     e.add_argument("--beam-size", type=int, default=1, help="exact match of the best beam (1: greedy)")
     e.set_defaults(run=_evaluate)
 
-    g = sub.add_parser("generate", help="decode inputs with a run's latest checkpoint",
+    g = sub.add_parser("generate", help="decode inputs with a run's latest checkpoint", parents=[common],
                        description="Decode TEXT (the words given), or one input per line of standard input. "
                                    "Greedy by default; --beam-size K for beam search; --temperature/--top-k to sample.")
     g.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
@@ -192,6 +200,7 @@ def build_parser():
     g.add_argument("--temperature", type=float, default=None, metavar="T")
     g.add_argument("--top-k", type=int, default=None, metavar="K")
     g.add_argument("--seed", type=int, default=0, help="seed for sampling")
+    g.add_argument("--batch-size", type=int, default=64, help="inputs decoded together (memory is bounded by it)")
     g.add_argument("text", nargs="*", help="the input; if absent, one input per line of standard input")
     g.set_defaults(run=_generate)
     return parser
@@ -210,18 +219,36 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("\nstopped", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except _failed_run_errors() as e:
-        print(f"flaxformer-mini {args.command}: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    except (ValueError, FileNotFoundError) as e:  # bad files, configs or options: say which
-        print(f"flaxformer-mini {args.command}: error: {e}", file=sys.stderr)
-        return EXIT_UNUSABLE
+    except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
+        code, message = explain(e)
+        if code is None or args.debug or os.environ.get(DEBUG_ENV):
+            raise
+        print(f"flaxformer-mini {args.command}: error: {message}", file=sys.stderr)
+        return code
 
 
-def _failed_run_errors():
+def explain(error):
+    """(exit code, one-line message) for an error a user can fix, or (None, None) for a bug.
+
+    2: unusable options, files or run directories (nothing was written, or nothing lost);
+    1: a run that failed on the way (a NaN loss, a full disk): its last checkpoint is kept.
+    """
     from flaxformer_mini.fit import NonFiniteLossError
 
-    return (NonFiniteLossError,)
+    if isinstance(error, NonFiniteLossError):
+        return EXIT_FAILED, str(error)
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {error.filename}" if error.filename else ""
+        return EXIT_FAILED, (f"no space left on the device{where}. The last complete checkpoint is kept: "
+                             f"free some space, then run the same command to resume")
+    if isinstance(error, OSError) and error.filename is not None:
+        hint = {errno.EISDIR: "give a file, not a directory", errno.EACCES: "check its permissions",
+                errno.ENOENT: "check the path", errno.ENOTDIR: "a part of the path is a file, not a directory"}
+        reason = error.strerror or type(error).__name__
+        return EXIT_UNUSABLE, f"{error.filename}: {reason}" + (f" ({hint[error.errno]})" if error.errno in hint else "")
+    if isinstance(error, (ValueError, FileNotFoundError)):  # bad files, configs or options, named by the raiser
+        return EXIT_UNUSABLE, str(error)
+    return None, None
 
 
 if __name__ == "__main__":

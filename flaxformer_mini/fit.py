@@ -34,7 +34,14 @@ def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to
     """Train ``run`` up to ``steps`` updates, resuming from its latest checkpoint if it has
     one. With a ``mesh`` (``sharding.training_mesh``) each batch is split over its devices
     and the state laid out by ``sharding`` ('replicated' or 'fsdp'). Returns the last
-    evaluation's metrics."""
+    evaluation's metrics. Closes ``run`` (its lock) when done."""
+    try:
+        return _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo)
+    finally:
+        run.close()
+
+
+def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo):
     manager = run.checkpoints(max_to_keep)
     state = run.restore_or_init(manager)
     if mesh is not None:

@@ -1,17 +1,27 @@
-"""``flaxformer-mini generate``: decode text with a trained run.
+"""``flaxformer-mini generate``: decode text with a trained run, in bounded batches.
 
 Inputs are read in the run's own token format: for a synthetic task, space-separated
 integers (``5 3 9 2 7``); for a text run, words, with words outside the training
 vocabulary mapped to UNK (and reported, so an odd output is never a mystery).
+
+Any number of inputs streams through in chunks: each chunk is sorted by length, decoded in
+batches of ``batch_size`` rows (padded to a few fixed shapes, so the decoder compiles a
+handful of times, not once per batch), and its outputs come back in input order before the
+next chunk is read. Memory holds one chunk, whatever the input's size.
 """
 
 import dataclasses
+import itertools
 
 import numpy as np
 
 from flaxformer_mini import decoding
 from flaxformer_mini.data import make_source
 from flaxformer_mini.run import Run
+
+DEFAULT_BATCH_SIZE = 64
+CHUNK_BATCHES = 16  # inputs read, sorted and decoded together: CHUNK_BATCHES * batch_size
+LENGTH_MULTIPLE = 8  # sources are padded to a multiple of this: few compiled shapes
 
 
 @dataclasses.dataclass
@@ -21,29 +31,61 @@ class Generated:
 
 
 def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=None, top_k=None, seed=0,
-             alpha=decoding.DEFAULT_LENGTH_PENALTY):
-    """Decode each of ``texts`` with the latest checkpoint of the run in ``run_dir``.
+             alpha=decoding.DEFAULT_LENGTH_PENALTY, batch_size=DEFAULT_BATCH_SIZE):
+    """Decode each of ``texts`` (any iterable, read lazily) with the latest checkpoint of the
+    run in ``run_dir``; yields a ``Generated`` per input, in input order.
 
     Greedy by default; beam search with ``beam_size`` > 1 (the best beam); sampling when
-    ``temperature`` or ``top_k`` is given.
+    ``temperature`` or ``top_k`` is given (seeded per batch, so the same inputs, seed and
+    batch size give the same samples).
     """
-    if not texts:
-        raise ValueError("empty input: give the texts as arguments or one per line on standard input")
     run = Run.open(run_dir)
-    max_len = run.config.model.max_len
-    max_new_tokens = max_len if max_new_tokens is None else max_new_tokens
+    max_new_tokens = run.config.model.max_len if max_new_tokens is None else max_new_tokens
     decoding.check_options(run.config.model, max_new_tokens=max_new_tokens, beam_size=beam_size, alpha=alpha,
                            temperature=temperature, top_k=top_k)
-    encoded, unknown = [], []
-    for i, text in enumerate(texts, 1):
-        ids, unk = run.codec.encode(text)
-        if not ids:
-            raise ValueError(f"input {i} is empty")
-        if len(ids) + 1 > max_len:  # + EOS
-            raise ValueError(f"input {i} has {len(ids)} tokens; with EOS that exceeds the model's max_len={max_len}, "
-                             f"so at most {max_len - 1} tokens fit")
-        encoded.append(ids)
-        unknown.append(unk)
-    tokens = decoding.decode(run.latest_state().model(), make_source(encoded), max_new_tokens,
-                             beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k, seed=seed)
-    return [Generated(run.codec.decode(row), unk) for row, unk in zip(np.asarray(tokens).tolist(), unknown)]
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    options = dict(beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k)
+    return _stream(run, iter(texts), max_new_tokens, batch_size, options, seed)
+
+
+def _stream(run, texts, max_new_tokens, batch_size, options, seed):
+    model, n_read, batch_index = None, 0, 0
+    while chunk := list(itertools.islice(texts, CHUNK_BATCHES * batch_size)):
+        encoded = [_encode(run, text, n_read + i) for i, text in enumerate(chunk, 1)]
+        n_read += len(chunk)
+        if model is None:  # after the first inputs are known good: a bad line fails fast
+            model = run.latest_state().model()
+        order = sorted(range(len(chunk)), key=lambda i: len(encoded[i][0]))
+        outputs = [None] * len(chunk)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            source = _source([encoded[i][0] for i in rows], batch_size, run.config.model.max_len)
+            tokens = decoding.decode(model, source, max_new_tokens,
+                                     seed=seed + batch_index, **options)
+            batch_index += 1
+            for i, row in zip(rows, np.asarray(tokens).tolist()):
+                outputs[i] = Generated(run.codec.decode(row), encoded[i][1])
+        yield from outputs
+    if n_read == 0:
+        raise ValueError("empty input: give the texts as arguments or one per line on standard input")
+
+
+def _encode(run, text, number):
+    ids, unknown = run.codec.encode(text)
+    max_len = run.config.model.max_len
+    if not ids:
+        raise ValueError(f"input {number} is empty")
+    if len(ids) + 1 > max_len:  # + EOS
+        raise ValueError(f"input {number} has {len(ids)} tokens; with EOS that exceeds the model's max_len={max_len}, "
+                         f"so at most {max_len - 1} tokens fit")
+    return ids, unknown
+
+
+def _source(sequences, batch_size, max_len):
+    """(batch_size, S) encoder input: S rounded up to LENGTH_MULTIPLE (at most max_len), and a
+    short last batch filled with rows of PAD (masked out, their outputs dropped), so shapes
+    repeat."""
+    longest = max(len(s) for s in sequences) + 1  # + EOS
+    source = make_source(sequences, min(-(-longest // LENGTH_MULTIPLE) * LENGTH_MULTIPLE, max_len))
+    return np.pad(source, ((0, batch_size - len(sequences)), (0, 0)))

@@ -78,6 +78,13 @@ class Run:
 
     def __init__(self, directory: RunDir, config: RunConfig, data: RunData | None = None):
         self.dir, self.config, self._data = directory, config, data
+        self._lock = None  # held from create() to close(): one training process per directory
+
+    def close(self):
+        """Release the run directory for another ``train``."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     @classmethod
     def start(cls, out, options: TrainOptions, data_config: DataConfig, echo=print):
@@ -94,10 +101,11 @@ class Run:
         vocabularies; nothing is written when the config does not fit."""
         run_dir = RunDir(out)
         data = data if data is not None else load_data(config.data, run_dir)
-        resuming = run_dir.start_or_resume(config)
+        resuming, lock = run_dir.start_or_resume(config)
         if data.vocabs is not None and not run_dir.has_vocabularies():
             run_dir.save_vocabularies(data.vocabs)
         run = cls(run_dir, config, data)
+        run._lock = lock
         if not resuming:
             run._report_dropped(echo)
         return run

@@ -6,9 +6,13 @@
     OUT/metrics.jsonl        one JSON object per logged step and per evaluation
     OUT/checkpoints/<step>/  rotating orbax checkpoints
     OUT/loss.png             the loss curves, drawn at the end of the run
+    OUT/.lock                held (flock) by the one process training the run
 """
 
+import fcntl
 import json
+import os
+import socket
 from pathlib import Path
 
 from flaxformer_mini.data import Vocab
@@ -20,6 +24,47 @@ def _write_json(path, obj):
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
+LOCK_NAME = ".lock"
+
+
+class RunLockedError(RunConfigError):
+    """Another process is training the run in this directory."""
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``OUT/.lock``, held while a process trains the run.
+
+    The kernel drops a ``flock`` when its process dies, ``kill -9`` included, so a lock left
+    by a killed run is free again: the next ``train`` takes it over with no stale-lock guessing.
+    The file names the holder (process id and host) for the error a second run gets.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self._file = open(path, "a+")  # "a+": create if absent, never truncate another holder's note
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "another process"
+            self._file.close()
+            raise RunLockedError(
+                f"--out {path.parent} is being trained by {holder}; wait for it to finish (or stop it), "
+                f"or use another --out. Nothing was written."
+            ) from None
+
+    def write_holder(self):
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+        self._file.flush()
+
+    def release(self):
+        if not self._file.closed:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+
+
 class RunDir:
     def __init__(self, path):
         self.path = Path(path)
@@ -28,6 +73,7 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self.plot_path = self.path / "loss.png"
         self.vocab_paths = (self.path / "vocab_source.json", self.path / "vocab_target.json")
+        self.lock_path = self.path / LOCK_NAME
 
     def exists(self):
         return self.config_path.is_file()
@@ -41,23 +87,31 @@ class RunDir:
             raise RunConfigError(f"{self.config_path}: not valid JSON: {e}") from None
         return RunConfig.from_dict(d, source=str(self.config_path))
 
-    def start_or_resume(self, config: RunConfig):
-        """Write ``config`` for a new run, or check that it matches the run already here.
-        Returns True when resuming."""
-        if self.exists():
-            old = self.load_config()
-            if old != config:
-                diffs = _differences(old.to_dict(), config.to_dict())
-                raise RunConfigError(
-                    f"--out {self.path} holds another run whose config differs: {'; '.join(diffs)}. "
-                    f"Use another --out, or the same options to resume it. Nothing was overwritten."
-                )
-            return True
-        if self.path.exists() and any(self.path.iterdir()):
+    def start_or_resume(self, config: RunConfig) -> tuple[bool, RunLock]:
+        """Write ``config`` for a new run, or check that it matches the run already here, and
+        take the run's lock. Returns (resuming, the lock): release it when training ends.
+        Nothing is written (and no lock kept) when the directory cannot be used."""
+        if not self.exists() and self.path.exists() and any(p.name != LOCK_NAME for p in self.path.iterdir()):
             raise RunConfigError(f"--out {self.path} exists and is not a flaxformer-mini run; choose an empty or new directory")
         self.path.mkdir(parents=True, exist_ok=True)
-        _write_json(self.config_path, config.to_dict())
-        return False
+        lock = RunLock(self.lock_path)  # before reading the config: another run may be writing it
+        try:
+            resuming = self.exists()
+            if resuming:
+                old = self.load_config()
+                if old != config:
+                    diffs = _differences(old.to_dict(), config.to_dict())
+                    raise RunConfigError(
+                        f"--out {self.path} holds another run whose config differs: {'; '.join(diffs)}. "
+                        f"Use another --out, or the same options to resume it. Nothing was overwritten."
+                    )
+            else:
+                _write_json(self.config_path, config.to_dict())
+        except BaseException:
+            lock.release()
+            raise
+        lock.write_holder()
+        return resuming, lock
 
     # --- vocabularies (text runs)
 

@@ -146,3 +146,60 @@ def test_a_run_written_by_version_1_resumes_evaluates_and_generates(tmp_path):
     assert cli("evaluate", "--checkpoint", str(out), "--json").returncode == 0
     gen = cli("generate", "--checkpoint", str(out), "a b")
     assert gen.returncode == 0 and set(gen.stdout.split()) <= {"x", "y", "z", "<unk>"}
+
+
+def test_a_second_train_into_the_same_out_is_refused_naming_the_holder(tmp_path):
+    out = tmp_path / "run"
+    args = [*TINY_RUN, "--steps", "100000", "--save-every", "5"]
+    proc = start("train", *args, "--out", str(out))
+    try:
+        wait_for_checkpoint(out, 5, proc)
+        before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and "checkpoints" not in p.parts}
+        second = cli("train", *args, "--out", str(out))
+        assert second.returncode == 2
+        assert f"is being trained by process {proc.pid}" in second.stderr, second.stderr
+        after = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and "checkpoints" not in p.parts}
+        assert set(after) == set(before) and after[out / "config.json"] == before[out / "config.json"]
+    finally:
+        proc.kill()  # kill -9: the kernel releases its lock
+        proc.wait()
+    resumed = cli("train", *[a if a != "100000" else "12" for a in args], "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+
+
+def test_generate_streams_many_inputs_in_input_order_with_bounded_batches(tiny_run, tmp_path):
+    rng = np.random.default_rng(0)
+    texts = [" ".join(map(str, rng.integers(0, 7, size=rng.integers(1, 6)))) for _ in range(300)]
+    stdin = "".join(t + "\n" for t in texts)
+    small = cli("generate", "--checkpoint", str(tiny_run), "--batch-size", "7", stdin=stdin)
+    large = cli("generate", "--checkpoint", str(tiny_run), "--batch-size", "64", stdin=stdin)
+    assert small.returncode == 0 and large.returncode == 0, small.stderr + large.stderr
+    assert small.stdout.splitlines() == large.stdout.splitlines()
+    assert len(small.stdout.splitlines()) == 300
+    # Each output is its own input's: decoding a few alone gives the same lines.
+    for i in (0, 17, 299):
+        alone = cli("generate", "--checkpoint", str(tiny_run), texts[i])
+        assert alone.stdout.splitlines() == [small.stdout.splitlines()[i]]
+
+
+def test_generate_holds_at_most_one_chunk_and_decodes_batch_size_rows(tiny_run, monkeypatch):
+    # 5,000 inputs through the library: the decoder never sees more than batch_size rows, and
+    # the input is consumed lazily, a chunk at a time (what bounds memory for 100k lines).
+    from flaxformer_mini import decoding, generation
+
+    shapes, consumed = [], []
+    real = decoding.decode
+    monkeypatch.setattr(decoding, "decode", lambda model, source, *a, **k: shapes.append(source.shape) or real(model, source, *a, **k))
+
+    def lines():
+        for i in range(5000):
+            consumed.append(i)
+            yield "1 2 3"
+
+    outputs = generation.generate(tiny_run, lines(), batch_size=50)
+    first = next(outputs)
+    assert len(consumed) == generation.CHUNK_BATCHES * 50  # one chunk read, not the whole input
+    rest = list(outputs)
+    assert len(rest) + 1 == 5000 and all(o.text == first.text for o in rest)
+    assert {s[0] for s in shapes} == {50} and len(shapes) == 100
