@@ -20,17 +20,18 @@ def _positions(B, T):
 
 
 class Encoder(nnx.Module):
-    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks."""
+    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks.
+    ``ffn_dim``: the blocks' feed-forward width F; None keeps the seed's F = D."""
 
     def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout, *,
-                 dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 ffn_dim=None, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.num_embeddings = num_embeddings
         self.max_len = max_len
         self.embedding_layer = embedding(num_embeddings, embed_size, **kw)
         self.positional_encoding = embedding(max_len, embed_size, **kw)
         self.transformer_layers = nnx.List(
-            [TransformerBlock(embed_size, heads, dropout, **kw) for _ in range(num_layers)]
+            [TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, **kw) for _ in range(num_layers)]
         )
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
@@ -44,17 +45,18 @@ class Encoder(nnx.Module):
 
 
 class Decoder(nnx.Module):
-    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits."""
+    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits.
+    ``ffn_dim`` as in Encoder."""
 
     def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *,
-                 dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 ffn_dim=None, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.target_vocab_size = target_vocab_size
         self.max_len = max_len
         self.embedding_layer = embedding(target_vocab_size, embed_size, **kw)
         self.positional_embedding = embedding(max_len, embed_size, **kw)
         self.decoder_layers = nnx.List(
-            [DecoderBlock(embed_size, heads, dropout, **kw) for _ in range(num_layers)]
+            [DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, **kw) for _ in range(num_layers)]
         )
         self.fc = linear(embed_size, target_vocab_size, **kw)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
@@ -73,16 +75,18 @@ class Transformer(nnx.Module):
     """Seed 001's encoder-decoder. ``model(source_input, target_input)`` -> logits (B, T, V).
 
     ``dtype`` is the compute dtype (e.g. ``jnp.bfloat16``), ``param_dtype`` the dtype the
-    parameters are stored in; softmax and LayerNorm statistics stay in float32.
+    parameters are stored in; softmax and LayerNorm statistics stay in float32. ``ffn_dim``
+    is the feed-forward width F of every block; None keeps the seed's F = D (the paper's base
+    model has D = 512, F = 2048).
     """
 
     def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads,
-                 num_layers, dropout, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 num_layers, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         # Validates the arguments (divisible heads, pad id inside the vocabulary, ...).
         self.config = ModelConfig(src_pad_idx, source_vocab_size, target_vocab_size, max_len,
-                                  embed_size, heads, num_layers, dropout)
+                                  embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
         self.src_pad_idx = src_pad_idx
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw = dict(ffn_dim=ffn_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
         self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
 

@@ -151,6 +151,69 @@ def test_feed_forward_matches_torch():
     assert_close(f(jx), t(tx))
 
 
+# --- feed-forward width F != D (keyword-only ffn_dim): F = 46, distinct from D = 30 ----------
+
+F = 46
+
+
+def pair_ffn(cls_name, *args):
+    torch.manual_seed(0)
+    t = getattr(torch_ref, cls_name)(*args, ffn_dim=F).eval()
+    return t, flax_twin_of(t, getattr(fm, cls_name), *args, ffn_dim=F)
+
+
+def test_feed_forward_width_option_builds_f_wide_layers_in_both_twins():
+    t, f = pair_ffn("TransformerBlock", D, H, 0.1)
+    assert tuple(t.fc[0].weight.shape) == (F, D) and tuple(t.fc[2].weight.shape) == (D, F)
+    assert f.fc[0].kernel.shape == (D, F) and f.fc[2].kernel.shape == (F, D)
+
+
+def test_transformer_block_with_ffn_dim_matches_torch():
+    t, f = pair_ffn("TransformerBlock", D, H, 0.1)
+    (tq, jq), (tk, jk) = randn(B, T, D, seed=1), randn(B, S, D, seed=2)
+    tm, jm = padding_mask([S, 4, 9], S)
+    assert_close(f(jq, jk, jk, jm), t(tq, tk, tk, tm))
+
+
+def test_decoder_block_with_ffn_dim_matches_torch():
+    t, f = pair_ffn("DecoderBlock", D, H, 0.1)
+    (tx, jx), (te, je) = randn(B, T, D, seed=1), randn(B, S, D, seed=2)
+    tsm, jsm = padding_mask([S, 4, 9], S)
+    ttm, jtm = causal_mask(B, T)
+    assert_close(f(jx, je, je, jsm, jtm), t(tx, te, te, tsm, ttm))
+
+
+def test_encoder_and_decoder_with_ffn_dim_match_torch():
+    te_mod, fe_mod = pair_ffn("Encoder", SRC_VOCAB, MAX_LEN, D, H, 2, 0.1)
+    td_mod, fd_mod = pair_ffn("Decoder", TGT_VOCAB, MAX_LEN, D, H, 2, 0.1)
+    rng = np.random.default_rng(1)
+    (ts, tt), (js, jt) = as_inputs(rng.integers(1, SRC_VOCAB, size=(B, S)), rng.integers(0, TGT_VOCAB, size=(B, T)))
+    tm, jm = padding_mask([S, 6, 2], S)
+    ttm, jtm = causal_mask(B, T)
+    t_enc, f_enc = te_mod(ts, tm), fe_mod(js, jm)
+    assert_close(f_enc, t_enc)
+    assert_close(fd_mod(jt, f_enc, jm, jtm), td_mod(tt, t_enc, tm, ttm))
+
+
+def test_transformer_with_ffn_dim_matches_torch(tiny_config):
+    config = tiny_config.replace(ffn_dim=F)
+    t, f = transformer_pair(config, seed=4)
+    assert t.encoder.transformer_layers[1].fc[0].weight.shape == (F, D)  # F really reached the blocks
+    (ts, tt), (js, jt) = as_inputs(*sample_batch(config, batch=B, seed=4, source_len=S, target_len=T))
+    assert_close(f(js, jt), t(ts, tt))
+
+
+def test_ffn_dim_equal_to_embed_size_is_the_seed_model(tiny_config):
+    # ffn_dim=D builds exactly the default (None) model: same keys, shapes and outputs.
+    torch.manual_seed(0)
+    default = torch_ref.Transformer(**tiny_config.to_dict())
+    torch.manual_seed(0)
+    explicit = torch_ref.Transformer(**tiny_config.replace(ffn_dim=tiny_config.embed_size).to_dict())
+    a, b = default.state_dict(), explicit.state_dict()
+    assert list(a) == list(b)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_tiny_transformer_matches_torch(tiny_config):
     t, f = transformer_pair(tiny_config, seed=3)
     (ts, tt), (js, jt) = as_inputs(*sample_batch(tiny_config, batch=B, seed=3, source_len=S, target_len=T))

@@ -34,16 +34,17 @@ def check_tokens(tokens, vocab_size, max_len, name="input"):
 
 
 class Encoder(nn.Module):
-    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks."""
+    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks.
+    ``ffn_dim`` (keyword-only): the blocks' feed-forward width F; None keeps the seed's F = D."""
 
-    def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout):
+    def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout, *, ffn_dim=None):
         super().__init__()
         self.num_embeddings = num_embeddings
         self.max_len = max_len
         self.embedding_layer = nn.Embedding(num_embeddings, embed_size)
         self.positional_encoding = nn.Embedding(max_len, embed_size)
         self.transformer_layers = nn.ModuleList(
-            [TransformerBlock(embed_size, heads, dropout) for _ in range(num_layers)]
+            [TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim) for _ in range(num_layers)]
         )
         self.dropout = nn.Dropout(dropout)
 
@@ -60,16 +61,17 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits."""
+    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits.
+    ``ffn_dim`` as in Encoder."""
 
-    def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout):
+    def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *, ffn_dim=None):
         super().__init__()
         self.target_vocab_size = target_vocab_size
         self.max_len = max_len
         self.embedding_layer = nn.Embedding(num_embeddings=target_vocab_size, embedding_dim=embed_size)
         self.positional_embedding = nn.Embedding(num_embeddings=max_len, embedding_dim=embed_size)
         self.decoder_layers = nn.ModuleList(
-            [DecoderBlock(embed_size, heads, dropout) for _ in range(num_layers)]
+            [DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim) for _ in range(num_layers)]
         )
         self.fc = nn.Linear(embed_size, target_vocab_size)
         self.dropout = nn.Dropout(dropout)
@@ -88,13 +90,18 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Seed 001's encoder-decoder. ``forward(source_input, target_input)`` -> logits (B, T, V)."""
+    """Seed 001's encoder-decoder. ``forward(source_input, target_input)`` -> logits (B, T, V).
 
-    def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads, num_layers, dropout):
+    ``ffn_dim`` (keyword-only): the feed-forward width F of every block; None keeps the
+    seed's F = D (the paper's base model has D = 512, F = 2048).
+    """
+
+    def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads, num_layers,
+                 dropout, *, ffn_dim=None):
         super().__init__()
         self.src_pad_idx = src_pad_idx
-        self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout)
-        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout)
+        self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
+        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
 
     def create_source_mask(self, source_input):
         mask = source_input != self.src_pad_idx
