@@ -35,8 +35,10 @@ class Encoder(nnx.Module):
         )
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
-    def __call__(self, input, mask):
-        check_tokens(input, self.num_embeddings, self.max_len, "source input")
+    def __call__(self, input, mask, *, check_inputs=True):
+        # check_inputs=False: the caller (Transformer) has checked ``input`` already.
+        if check_inputs:
+            check_tokens(input, self.num_embeddings, self.max_len, "source input")
         B, S = input.shape
         out = self.dropout(self.embedding_layer(input) + self.positional_encoding(_positions(B, S)))
         for block in self.transformer_layers:
@@ -61,8 +63,9 @@ class Decoder(nnx.Module):
         self.fc = linear(embed_size, target_vocab_size, **kw)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
-    def __call__(self, input, enc_out, source_mask, target_mask):
-        check_tokens(input, self.target_vocab_size, self.max_len, "target input")
+    def __call__(self, input, enc_out, source_mask, target_mask, *, check_inputs=True):
+        if check_inputs:  # False: checked by the caller (Transformer)
+            check_tokens(input, self.target_vocab_size, self.max_len, "target input")
         B, T = input.shape
         x = self.dropout(self.embedding_layer(input) + self.positional_embedding(_positions(B, T)))
         for layer in self.decoder_layers:
@@ -101,21 +104,23 @@ class Transformer(nnx.Module):
         B, T = target_input.shape
         return jnp.tril(jnp.ones((B, 1, T, T), dtype=jnp.bool_))  # (B, 1, T, T), causal
 
-    def encode(self, source_input):
-        """Encoder output (B, S, D) and the source mask (B, 1, 1, S)."""
-        check_tokens(source_input, self.config.source_vocab_size, self.config.max_len, "source input")
+    def encode(self, source_input, *, check_inputs=True):
+        """Encoder output (B, S, D) and the source mask (B, 1, 1, S). ``check_inputs=False``
+        skips the token check, for a caller that has checked ``source_input`` already."""
+        if check_inputs:
+            check_tokens(source_input, self.config.source_vocab_size, self.config.max_len, "source input")
         source_input = jnp.asarray(source_input)
         source_mask = self.create_source_mask(source_input)
-        return self.encoder(source_input, source_mask), source_mask
+        return self.encoder(source_input, source_mask, check_inputs=False), source_mask
 
     def __call__(self, source_input, target_input):
-        # Both inputs are checked before any layer runs (the encoder would otherwise run on
-        # a batch whose target is unusable).
+        # Both inputs are checked here, once each, before any layer runs (the encoder would
+        # otherwise run on a batch whose target is unusable); the submodules do not check again.
         c = self.config
         check_tokens(source_input, c.source_vocab_size, c.max_len, "source input")
         check_tokens(target_input, c.target_vocab_size, c.max_len, "target input")
         source_input, target_input = jnp.asarray(source_input), jnp.asarray(target_input)
         check_same_batch(source_input, target_input)
-        enc_out, source_mask = self.encode(source_input)
+        enc_out, source_mask = self.encode(source_input, check_inputs=False)
         target_mask = self.create_target_mask(target_input)
-        return self.decoder(target_input, enc_out, source_mask, target_mask)
+        return self.decoder(target_input, enc_out, source_mask, target_mask, check_inputs=False)
