@@ -58,20 +58,20 @@ def counting(monkeypatch, module):
 # --- eager: once per call, at the boundary ----------------------------------------------------
 
 
-def test_one_eager_flax_forward_checks_each_input_once(monkeypatch, flax_model, batch):
-    counts = counting(monkeypatch, flaxformer_mini.model)
-    source, target = map(jnp.asarray, batch)
-    flax_model(source, target)
-    assert counts == {"source input": 1, "target input": 1}
-    counts.clear()
-    flax_model.encode(source)
-    assert counts == {"source input": 1}
+def _flax_twin(batch):
+    model = fm.Transformer.from_config(TINY, rngs=nnx.Rngs(0))
+    model.eval()
+    return flaxformer_mini.model, model, tuple(map(jnp.asarray, batch))
 
 
-def test_one_eager_torch_forward_checks_each_input_once(monkeypatch, batch):
-    counts = counting(monkeypatch, torch_ref.model)
-    model = torch_ref.Transformer(**TINY.to_dict()).eval()
-    source, target = map(torch.from_numpy, batch)
+def _torch_twin(batch):
+    return torch_ref.model, torch_ref.Transformer(**TINY.to_dict()).eval(), tuple(map(torch.from_numpy, batch))
+
+
+@pytest.mark.parametrize("make_twin", [_flax_twin, _torch_twin], ids=["flax", "torch"])
+def test_one_eager_forward_checks_each_input_once(monkeypatch, batch, make_twin):
+    module, model, (source, target) = make_twin(batch)
+    counts = counting(monkeypatch, module)
     model(source, target)
     assert counts == {"source input": 1, "target input": 1}
     counts.clear()
