@@ -28,7 +28,7 @@ from flaxformer_mini.config import PRESETS, ModelConfig, get_preset
 from flaxformer_mini.layers import DecoderBlock, FeedForward, LearnedPositionalEncoding, TransformerBlock
 from flaxformer_mini.model import Decoder, Encoder, Transformer
 from flaxformer_mini.primitives import LAYER_NORM_EPS
-from flaxformer_mini.validation import check_tokens
+from flaxformer_mini.validation import check_tokens, checked
 
 __version__ = "0.1.0"
 
@@ -52,4 +52,5 @@ __all__ = [
     "PRESETS",
     "get_preset",
     "check_tokens",
+    "checked",
 ]

@@ -1,8 +1,9 @@
 """Model configuration and its named presets.
 
 A ``ModelConfig`` holds the constructor arguments of seed 001's ``Transformer``, in the
-seed's order, so ``Transformer(**asdict(cfg), rngs=...)`` and
-``torch_ref.Transformer(**asdict(cfg))`` build the two twins of the same model.
+seed's order, then the keyword-only ``ffn_dim`` (feed-forward width F; None = the seed's
+F = D), so ``Transformer(**cfg.to_dict(), rngs=...)`` and ``torch_ref.Transformer(**cfg.to_dict())``
+build the two twins of the same model.
 """
 
 import dataclasses
@@ -18,12 +19,18 @@ class ModelConfig:
     heads: int
     num_layers: int
     dropout: float
+    # Not a seed argument: keyword-only in both twins' constructors, so it comes last, with a
+    # default (a run's config.json written before it existed still loads). None = F = D.
+    ffn_dim: int | None = None
 
     def __post_init__(self):
         problems = []
         for name in ("source_vocab_size", "target_vocab_size", "max_len", "embed_size", "heads", "num_layers"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.ffn_dim is not None and (isinstance(self.ffn_dim, bool) or not isinstance(self.ffn_dim, int)
+                                         or self.ffn_dim < 1):
+            problems.append(f"ffn_dim must be None (= embed_size) or an integer >= 1, got {self.ffn_dim!r}")
         if self.heads >= 1 and self.embed_size % self.heads:
             problems.append(f"embed_size={self.embed_size} is not divisible by heads={self.heads}")
         if not 0.0 <= self.dropout < 1.0:
@@ -35,6 +42,11 @@ class ModelConfig:
 
     def to_dict(self):
         return dataclasses.asdict(self)
+
+    @property
+    def feed_forward_width(self):
+        """F, the width of every block's feed-forward hidden layer."""
+        return self.embed_size if self.ffn_dim is None else self.ffn_dim
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -56,6 +68,21 @@ PRESETS = {
     "small": ModelConfig(
         src_pad_idx=0, source_vocab_size=16, target_vocab_size=16, max_len=11,
         embed_size=64, heads=4, num_layers=2, dropout=0.0,
+    ),
+    # Real tasks. Vocabularies and max_len are placeholders, replaced from the data by the run
+    # (as for "small"). "medium" has F = 4D as in the paper and trains on a 2-core CPU in
+    # minutes: `train --task reverse --preset medium --steps 300` (batch 64, 5.5 M parameters)
+    # took 103 s of CPU time and reached token accuracy 0.92, exact match 0.62 (AMD EPYC,
+    # family 26, 2026-11-23, float32; 3:52 wall, the machine loaded by other jobs).
+    "medium": ModelConfig(
+        src_pad_idx=0, source_vocab_size=16, target_vocab_size=16, max_len=11,
+        embed_size=256, heads=4, num_layers=3, dropout=0.1, ffn_dim=1024,
+    ),
+    # "Attention Is All You Need"'s base model (Vaswani et al. 2017, Table 3): D 512, 8 heads,
+    # 6 + 6 layers, F 2048, dropout 0.1.
+    "transformer-base": ModelConfig(
+        src_pad_idx=0, source_vocab_size=16, target_vocab_size=16, max_len=11,
+        embed_size=512, heads=8, num_layers=6, dropout=0.1, ffn_dim=2048,
     ),
     # The seed's width and depth with a realistic vocabulary and length (benchmarks).
     "base": ModelConfig(

@@ -10,15 +10,20 @@ from flaxformer_mini.primitives import ReLU, embedding, layer_norm, linear, sequ
 
 
 class TransformerBlock(nnx.Module):
-    """Seed 001's post-LN block: attention, Add & Norm, dropout, feed-forward, Add & Norm."""
+    """Seed 001's post-LN block: attention, Add & Norm, dropout, feed-forward, Add & Norm.
 
-    def __init__(self, embed_size, heads, dropout, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    ``ffn_dim`` is the feed-forward width F; None keeps the seed's F = D.
+    """
+
+    def __init__(self, embed_size, heads, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        F = embed_size if ffn_dim is None else ffn_dim
         self.attention = SelfAttention(embed_size, heads, **kw)
         self.norm1 = layer_norm(embed_size, **kw)
         self.norm2 = layer_norm(embed_size, **kw)
         # nnx.List keeps torch's nn.Sequential indices in the parameter paths: fc/0, fc/2.
-        self.fc = nnx.List([linear(embed_size, embed_size, **kw), ReLU(), linear(embed_size, embed_size, **kw)])
+        self.fc = nnx.List([linear(embed_size, F, **kw), ReLU(), linear(F, embed_size, **kw)])
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, query, key, value, mask):
@@ -36,12 +41,13 @@ class TransformerBlock(nnx.Module):
 
 class DecoderBlock(nnx.Module):
     """Seed 001: masked self-attention + Add & Norm, then a TransformerBlock whose attention
-    reads the encoder output (cross-attention)."""
+    reads the encoder output (cross-attention). ``ffn_dim`` as in TransformerBlock."""
 
-    def __init__(self, embed_size, heads, dropout, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(self, embed_size, heads, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.attention = SelfAttention(embed_size, heads, **kw)
-        self.transformer_block = TransformerBlock(embed_size, heads, dropout, **kw)
+        self.transformer_block = TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, **kw)
         self.norm = layer_norm(embed_size, **kw)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 

@@ -20,22 +20,25 @@ def _positions(B, T):
 
 
 class Encoder(nnx.Module):
-    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks."""
+    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks.
+    ``ffn_dim``: the blocks' feed-forward width F; None keeps the seed's F = D."""
 
     def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout, *,
-                 dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 ffn_dim=None, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.num_embeddings = num_embeddings
         self.max_len = max_len
         self.embedding_layer = embedding(num_embeddings, embed_size, **kw)
         self.positional_encoding = embedding(max_len, embed_size, **kw)
         self.transformer_layers = nnx.List(
-            [TransformerBlock(embed_size, heads, dropout, **kw) for _ in range(num_layers)]
+            [TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, **kw) for _ in range(num_layers)]
         )
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
-    def __call__(self, input, mask):
-        check_tokens(input, self.num_embeddings, self.max_len, "source input")
+    def __call__(self, input, mask, *, check_inputs=True):
+        # check_inputs=False: the caller (Transformer) has checked ``input`` already.
+        if check_inputs:
+            check_tokens(input, self.num_embeddings, self.max_len, "source input")
         B, S = input.shape
         out = self.dropout(self.embedding_layer(input) + self.positional_encoding(_positions(B, S)))
         for block in self.transformer_layers:
@@ -44,23 +47,25 @@ class Encoder(nnx.Module):
 
 
 class Decoder(nnx.Module):
-    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits."""
+    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits.
+    ``ffn_dim`` as in Encoder."""
 
     def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *,
-                 dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 ffn_dim=None, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.target_vocab_size = target_vocab_size
         self.max_len = max_len
         self.embedding_layer = embedding(target_vocab_size, embed_size, **kw)
         self.positional_embedding = embedding(max_len, embed_size, **kw)
         self.decoder_layers = nnx.List(
-            [DecoderBlock(embed_size, heads, dropout, **kw) for _ in range(num_layers)]
+            [DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, **kw) for _ in range(num_layers)]
         )
         self.fc = linear(embed_size, target_vocab_size, **kw)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
-    def __call__(self, input, enc_out, source_mask, target_mask):
-        check_tokens(input, self.target_vocab_size, self.max_len, "target input")
+    def __call__(self, input, enc_out, source_mask, target_mask, *, check_inputs=True):
+        if check_inputs:  # False: checked by the caller (Transformer)
+            check_tokens(input, self.target_vocab_size, self.max_len, "target input")
         B, T = input.shape
         x = self.dropout(self.embedding_layer(input) + self.positional_embedding(_positions(B, T)))
         for layer in self.decoder_layers:
@@ -73,16 +78,18 @@ class Transformer(nnx.Module):
     """Seed 001's encoder-decoder. ``model(source_input, target_input)`` -> logits (B, T, V).
 
     ``dtype`` is the compute dtype (e.g. ``jnp.bfloat16``), ``param_dtype`` the dtype the
-    parameters are stored in; softmax and LayerNorm statistics stay in float32.
+    parameters are stored in; softmax and LayerNorm statistics stay in float32. ``ffn_dim``
+    is the feed-forward width F of every block; None keeps the seed's F = D (the paper's base
+    model has D = 512, F = 2048).
     """
 
     def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads,
-                 num_layers, dropout, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 num_layers, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         # Validates the arguments (divisible heads, pad id inside the vocabulary, ...).
         self.config = ModelConfig(src_pad_idx, source_vocab_size, target_vocab_size, max_len,
-                                  embed_size, heads, num_layers, dropout)
+                                  embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
         self.src_pad_idx = src_pad_idx
-        kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        kw = dict(ffn_dim=ffn_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
         self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
 
@@ -97,21 +104,23 @@ class Transformer(nnx.Module):
         B, T = target_input.shape
         return jnp.tril(jnp.ones((B, 1, T, T), dtype=jnp.bool_))  # (B, 1, T, T), causal
 
-    def encode(self, source_input):
-        """Encoder output (B, S, D) and the source mask (B, 1, 1, S)."""
-        check_tokens(source_input, self.config.source_vocab_size, self.config.max_len, "source input")
+    def encode(self, source_input, *, check_inputs=True):
+        """Encoder output (B, S, D) and the source mask (B, 1, 1, S). ``check_inputs=False``
+        skips the token check, for a caller that has checked ``source_input`` already."""
+        if check_inputs:
+            check_tokens(source_input, self.config.source_vocab_size, self.config.max_len, "source input")
         source_input = jnp.asarray(source_input)
         source_mask = self.create_source_mask(source_input)
-        return self.encoder(source_input, source_mask), source_mask
+        return self.encoder(source_input, source_mask, check_inputs=False), source_mask
 
     def __call__(self, source_input, target_input):
-        # Both inputs are checked before any layer runs (the encoder would otherwise run on
-        # a batch whose target is unusable).
+        # Both inputs are checked here, once each, before any layer runs (the encoder would
+        # otherwise run on a batch whose target is unusable); the submodules do not check again.
         c = self.config
         check_tokens(source_input, c.source_vocab_size, c.max_len, "source input")
         check_tokens(target_input, c.target_vocab_size, c.max_len, "target input")
         source_input, target_input = jnp.asarray(source_input), jnp.asarray(target_input)
         check_same_batch(source_input, target_input)
-        enc_out, source_mask = self.encode(source_input)
+        enc_out, source_mask = self.encode(source_input, check_inputs=False)
         target_mask = self.create_target_mask(target_input)
-        return self.decoder(target_input, enc_out, source_mask, target_mask)
+        return self.decoder(target_input, enc_out, source_mask, target_mask, check_inputs=False)

@@ -1,6 +1,6 @@
 """Work out the ``ModelConfig`` of a seed 001 Transformer from its state dict.
 
-Shapes tell most of it (V vocabulary, D width, max_len, depth):
+Shapes tell most of it (V vocabulary, D width, max_len, depth, F feed-forward width):
 
     encoder.embedding_layer.weight          (V_source, D)
     decoder.embedding_layer.weight          (V_target, D)
@@ -8,6 +8,8 @@ Shapes tell most of it (V vocabulary, D width, max_len, depth):
     decoder.positional_embedding.weight     (max_len, D)   differently
     encoder.transformer_layers.N.*          num_layers = highest N + 1
     decoder.decoder_layers.N.*              the same depth: one constructor argument
+    encoder.transformer_layers.N.fc.0.weight                  (F, D): ffn_dim, the same in
+    decoder.decoder_layers.N.transformer_block.fc.0.weight    every block (F = D: None)
 
 Shapes cannot tell the number of heads (every projection is (D, D) whatever H is), the
 source padding id, or the dropout rate. Those come from the caller (options or a config
@@ -32,6 +34,9 @@ SOURCE_POSITIONS = "encoder.positional_encoding.weight"
 TARGET_POSITIONS = "decoder.positional_embedding.weight"
 ENCODER_LAYERS = "encoder.transformer_layers"
 DECODER_LAYERS = "decoder.decoder_layers"
+# The feed-forward's first Linear inside each block, (F, D) in torch's (out, in) layout.
+ENCODER_FFN = "fc.0.weight"
+DECODER_FFN = "transformer_block.fc.0.weight"
 
 # What the shapes cannot tell defaults to seed 001's example (8 heads, padding id 0).
 _SEED = PRESETS["seed"]
@@ -61,6 +66,35 @@ def _depth(state_dict, prefix):
         raise ConversionError(f"cannot infer num_layers: no {prefix}.N.* keys in the state dict", missing=[f"{prefix}.0.*"])
     # A gap (blocks 0 and 2 but no 1) is reported by the strict load as missing keys.
     return depth
+
+
+def _ffn_width(state_dict, D, depths):
+    """F read from every block's ``fc.0.weight`` (F, D); every block must agree (the twins
+    take one ``ffn_dim``). A block without the key is left to the strict load, which names
+    every missing key at once."""
+    widths = {}  # key -> F
+    for prefix, suffix in ((ENCODER_LAYERS, ENCODER_FFN), (DECODER_LAYERS, DECODER_FFN)):
+        for i in range(depths[prefix]):
+            key = f"{prefix}.{i}.{suffix}"
+            if key not in state_dict:
+                continue
+            F, in_width = _shape(state_dict, key)
+            if in_width != D:
+                raise ConversionError(f"feed-forward input width disagrees: {key!r} has shape {(F, in_width)}, "
+                                      f"expected (F, {D}) with D={D}", mismatched={key: ((F, in_width), (F, D))})
+            widths[key] = F
+    if not widths:
+        _shape(state_dict, f"{ENCODER_LAYERS}.0.{ENCODER_FFN}")  # raises, naming the key
+    first_key, F = next(iter(widths.items()))
+    odd = {key: width for key, width in widths.items() if width != F}
+    if odd:
+        raise ConversionError(
+            f"feed-forward widths disagree: {first_key!r} has F={F} but "
+            + ", ".join(f"{key!r} has {width}" for key, width in odd.items())
+            + " (the twins take one ffn_dim for every block)",
+            mismatched={key: (width, F) for key, width in odd.items()},
+        )
+    return F
 
 
 def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> ModelConfig:
@@ -100,6 +134,10 @@ def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> Mo
             f"encoder and decoder depths disagree: {ENCODER_LAYERS} has {encoder_depth} blocks, {DECODER_LAYERS} "
             f"has {decoder_depth} (the seed's Transformer takes one num_layers for both)"
         )
+    F = _ffn_width(state_dict, D, {ENCODER_LAYERS: encoder_depth, DECODER_LAYERS: decoder_depth})
+    if "ffn_dim" in overrides and (D if overrides["ffn_dim"] is None else overrides["ffn_dim"]) != F:
+        raise ConversionError(f"config says ffn_dim={overrides['ffn_dim']!r} but the checkpoint has F={F} "
+                              f"({ENCODER_LAYERS}.0.{ENCODER_FFN!r})")
 
     from_shapes = {
         "source_vocab_size": (source_vocab_size, SOURCE_EMBEDDING),
@@ -132,7 +170,9 @@ def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> Mo
             f"({SOURCE_EMBEDDING!r} has shape {(source_vocab_size, D)})"
         )
     try:
-        return ModelConfig(**{name: value for name, (value, _) in from_shapes.items()}, **chosen)
+        # F = D is the seed's model: ffn_dim None, so a seed checkpoint infers the seed's config.
+        return ModelConfig(**{name: value for name, (value, _) in from_shapes.items()}, **chosen,
+                           ffn_dim=None if F == D else F)
     except (TypeError, ValueError) as e:  # e.g. a dropout of 1.5 in the config file
         raise ConversionError(str(e)) from None
 

@@ -32,8 +32,8 @@ def jit_apply(model, *args):
     return apply(state, *args)
 
 
-def build(cls, *args):
-    m = cls(*args, rngs=nnx.Rngs(0))
+def build(cls, *args, **kwargs):
+    m = cls(*args, **kwargs, rngs=nnx.Rngs(0))
     m.eval()
     return m
 
@@ -63,7 +63,7 @@ def test_jit_of_module_equals_eager(name):
 
 
 def test_jit_of_transformer_equals_eager(tiny_config):
-    model = build(fm.Transformer, *tiny_config.to_dict().values())
+    model = build(fm.Transformer, **tiny_config.to_dict())
     _, (src, tgt) = as_inputs(*sample_batch(tiny_config, batch=B, seed=2, source_len=S, target_len=T))
     np.testing.assert_allclose(np.asarray(jit_apply(model, src, tgt)), np.asarray(model(src, tgt)), atol=JIT_ATOL, rtol=0)
 
@@ -85,7 +85,7 @@ def test_jit_of_encoder_and_decoder_equals_eager(tiny_config):
 def test_static_input_checks_still_raise_under_jit(tiny_config):
     # Under jit the ids are tracers, so only shape and dtype can be checked; those still
     # raise at trace time, before anything runs.
-    model = build(fm.Transformer, *tiny_config.to_dict().values())
+    model = build(fm.Transformer, **tiny_config.to_dict())
     too_long = jnp.ones((2, tiny_config.max_len + 1), jnp.int32)
     with pytest.raises(ValueError, match="exceeds max_len"):
         jit_apply(model, too_long, jnp.ones((2, 3), jnp.int32))

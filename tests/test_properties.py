@@ -1,8 +1,9 @@
 """Property tests: over random small configs, random inputs and random padding, the torch
 reference and the Flax twin holding its converted weights compute the same numbers.
 
-Configs stay small (D = H * K with H in 1..4 and K in 1..5; 1-2 layers; vocabularies of
-2..13; max_len 2..9) so that every example is cheap, and shrink to a readable failure.
+Configs stay small (D = H * K with H in 1..4 and K in 1..5; feed-forward width F = D or
+1..11; 1-2 layers; vocabularies of 2..13; max_len 2..9) so that every example is cheap,
+and shrink to a readable failure.
 Each new shape costs a JAX compilation, so the Flax forward is jitted as one function
 (one compilation per example instead of one per operation) and the examples are few.
 The runs are derandomized so CI sees the same examples every time.
@@ -57,6 +58,7 @@ def configs_and_batches(draw):
         heads=heads,
         num_layers=draw(st.integers(1, 2)),
         dropout=draw(st.sampled_from([0.0, 0.1, 0.5])),  # eval mode: must change nothing
+        ffn_dim=draw(st.one_of(st.none(), st.integers(1, 11))),  # None: the seed's F = D
     )
     B = draw(st.integers(1, 3))
     S, T = draw(st.integers(1, config.max_len)), draw(st.integers(1, config.max_len))

@@ -18,6 +18,10 @@ from parity import as_inputs, sample_batch, transformer_pair
 
 B, S, T, D, H = 3, 13, 11, 30, 5
 SRC_VOCAB, TGT_VOCAB, MAX_LEN = 23, 19, 17
+F = 46  # the feed-forward width option (ffn_dim), distinct from D
+
+# The blocks and their stacks at the seed's F = D and at F != D (keyword-only ffn_dim).
+FFN_WIDTHS = pytest.mark.parametrize("ffn", [{}, {"ffn_dim": F}], ids=["seed_width", "ffn_dim"])
 
 
 def randn(*shape, seed=0):
@@ -36,14 +40,14 @@ def causal_mask(B, T):
     return torch.from_numpy(keep), jnp.asarray(keep)
 
 
-def torch_module(cls, *args):
+def torch_module(cls, *args, **kwargs):
     torch.manual_seed(0)
-    return cls(*args).eval()
+    return cls(*args, **kwargs).eval()
 
 
-def pair(cls_name, *args):
-    t = torch_module(getattr(torch_ref, cls_name), *args)
-    return t, flax_twin_of(t, getattr(fm, cls_name), *args)
+def pair(cls_name, *args, **kwargs):
+    t = torch_module(getattr(torch_ref, cls_name), *args, **kwargs)
+    return t, flax_twin_of(t, getattr(fm, cls_name), *args, **kwargs)
 
 
 def test_self_attention_matches_torch_with_padding_mask():
@@ -59,23 +63,26 @@ def test_self_attention_matches_torch_without_mask():
     assert_close(f(jq, jk, jv, None), t(tq, tk, tv, None))
 
 
-def test_transformer_block_matches_torch():
-    t, f = pair("TransformerBlock", D, H, 0.1)
+@FFN_WIDTHS
+def test_transformer_block_matches_torch(ffn):
+    t, f = pair("TransformerBlock", D, H, 0.1, **ffn)
     (tq, jq), (tk, jk) = randn(B, T, D, seed=1), randn(B, S, D, seed=2)
     tm, jm = padding_mask([S, 4, 9], S)
     assert_close(f(jq, jk, jk, jm), t(tq, tk, tk, tm))
 
 
-def test_decoder_block_matches_torch():
-    t, f = pair("DecoderBlock", D, H, 0.1)
+@FFN_WIDTHS
+def test_decoder_block_matches_torch(ffn):
+    t, f = pair("DecoderBlock", D, H, 0.1, **ffn)
     (tx, jx), (te, je) = randn(B, T, D, seed=1), randn(B, S, D, seed=2)
     tsm, jsm = padding_mask([S, 4, 9], S)
     ttm, jtm = causal_mask(B, T)
     assert_close(f(jx, je, je, jsm, jtm), t(tx, te, te, tsm, ttm))
 
 
-def test_encoder_matches_torch():
-    t, f = pair("Encoder", SRC_VOCAB, MAX_LEN, D, H, 2, 0.1)
+@FFN_WIDTHS
+def test_encoder_matches_torch(ffn):
+    t, f = pair("Encoder", SRC_VOCAB, MAX_LEN, D, H, 2, 0.1, **ffn)
     ids = np.random.default_rng(1).integers(1, SRC_VOCAB, size=(B, S))
     ids[1, 6:] = 0
     tm, jm = padding_mask([S, 6, S], S)
@@ -83,8 +90,9 @@ def test_encoder_matches_torch():
     assert_close(f(ji, jm), t(ti, tm))
 
 
-def test_decoder_matches_torch():
-    t, f = pair("Decoder", TGT_VOCAB, MAX_LEN, D, H, 2, 0.1)
+@FFN_WIDTHS
+def test_decoder_matches_torch(ffn):
+    t, f = pair("Decoder", TGT_VOCAB, MAX_LEN, D, H, 2, 0.1, **ffn)
     ids = np.random.default_rng(1).integers(0, TGT_VOCAB, size=(B, T))
     (te, je) = randn(B, S, D, seed=2)
     tsm, jsm = padding_mask([S, 6, 2], S)
@@ -149,6 +157,31 @@ def test_feed_forward_matches_torch():
     t, f = pair("FeedForward", D, 37)
     tx, jx = randn(B, T, D, seed=1)
     assert_close(f(jx), t(tx))
+
+
+def test_feed_forward_width_option_builds_f_wide_layers_in_both_twins():
+    t, f = pair("TransformerBlock", D, H, 0.1, ffn_dim=F)
+    assert tuple(t.fc[0].weight.shape) == (F, D) and tuple(t.fc[2].weight.shape) == (D, F)
+    assert f.fc[0].kernel.shape == (D, F) and f.fc[2].kernel.shape == (F, D)
+
+
+def test_transformer_with_ffn_dim_matches_torch(tiny_config):
+    config = tiny_config.replace(ffn_dim=F)
+    t, f = transformer_pair(config, seed=4)
+    assert t.encoder.transformer_layers[1].fc[0].weight.shape == (F, D)  # F really reached the blocks
+    (ts, tt), (js, jt) = as_inputs(*sample_batch(config, batch=B, seed=4, source_len=S, target_len=T))
+    assert_close(f(js, jt), t(ts, tt))
+
+
+def test_ffn_dim_equal_to_embed_size_is_the_seed_model(tiny_config):
+    # ffn_dim=D builds exactly the default (None) model: same keys, shapes and outputs.
+    torch.manual_seed(0)
+    default = torch_ref.Transformer(**tiny_config.to_dict())
+    torch.manual_seed(0)
+    explicit = torch_ref.Transformer(**tiny_config.replace(ffn_dim=tiny_config.embed_size).to_dict())
+    a, b = default.state_dict(), explicit.state_dict()
+    assert list(a) == list(b)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_tiny_transformer_matches_torch(tiny_config):

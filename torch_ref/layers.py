@@ -1,8 +1,8 @@
 """The seeds' blocks in PyTorch: post-LayerNorm encoder and decoder blocks (seed 001),
 learned positional encoding and the feed-forward network (seed 004).
 
-Shapes: B batch, S source length, T target length, D model width (legend in
-``flaxformer_mini/__init__.py``).
+Shapes: B batch, S source length, T target length, D model width, F feed-forward width
+(legend in ``flaxformer_mini/__init__.py``).
 """
 
 import torch
@@ -12,20 +12,25 @@ from torch_ref.attention import SelfAttention
 
 
 class TransformerBlock(nn.Module):
-    """Seed 001's post-LN block: attention, Add & Norm, dropout, feed-forward, Add & Norm."""
+    """Seed 001's post-LN block: attention, Add & Norm, dropout, feed-forward, Add & Norm.
 
-    def __init__(self, embed_size, heads, dropout):
+    ``ffn_dim`` (keyword-only) is the feed-forward width F; None keeps the seed's F = D.
+    """
+
+    def __init__(self, embed_size, heads, dropout, *, ffn_dim=None):
         super().__init__()
+        F = embed_size if ffn_dim is None else ffn_dim
         self.attention = SelfAttention(embed_size, heads)
         # nn.LayerNorm's eps is 1e-5; Flax's LayerNorm defaults to 1e-6 (the twin sets 1e-5).
         self.norm1 = nn.LayerNorm(embed_size)
         self.norm2 = nn.LayerNorm(embed_size)
-        # The seed keeps the feed-forward at width D (no expansion); indices 0 and 2 are
-        # part of the state_dict keys (fc.0.weight, fc.2.weight).
+        # The seed keeps the feed-forward at width D (no expansion; "Attention Is All You
+        # Need" uses F = 4D); indices 0 and 2 are part of the state_dict keys (fc.0.weight,
+        # fc.2.weight).
         self.fc = nn.Sequential(
-            nn.Linear(embed_size, embed_size),
+            nn.Linear(embed_size, F),
             nn.ReLU(),
-            nn.Linear(embed_size, embed_size),
+            nn.Linear(F, embed_size),
         )
         self.dropout = nn.Dropout(dropout)
 
@@ -38,12 +43,12 @@ class TransformerBlock(nn.Module):
 
 class DecoderBlock(nn.Module):
     """Seed 001: masked self-attention + Add & Norm, then a TransformerBlock whose
-    attention reads the encoder output (cross-attention)."""
+    attention reads the encoder output (cross-attention). ``ffn_dim`` as in TransformerBlock."""
 
-    def __init__(self, embed_size, heads, dropout):
+    def __init__(self, embed_size, heads, dropout, *, ffn_dim=None):
         super().__init__()
         self.attention = SelfAttention(embed_size, heads)
-        self.transformer_block = TransformerBlock(embed_size, heads, dropout)
+        self.transformer_block = TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim)
         self.norm = nn.LayerNorm(embed_size)
         self.dropout = nn.Dropout(dropout)
 

@@ -34,21 +34,24 @@ def check_tokens(tokens, vocab_size, max_len, name="input"):
 
 
 class Encoder(nn.Module):
-    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks."""
+    """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks.
+    ``ffn_dim`` (keyword-only): the blocks' feed-forward width F; None keeps the seed's F = D."""
 
-    def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout):
+    def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout, *, ffn_dim=None):
         super().__init__()
         self.num_embeddings = num_embeddings
         self.max_len = max_len
         self.embedding_layer = nn.Embedding(num_embeddings, embed_size)
         self.positional_encoding = nn.Embedding(max_len, embed_size)
         self.transformer_layers = nn.ModuleList(
-            [TransformerBlock(embed_size, heads, dropout) for _ in range(num_layers)]
+            [TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim) for _ in range(num_layers)]
         )
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, input, mask):
-        check_tokens(input, self.num_embeddings, self.max_len, "source input")
+    def forward(self, input, mask, *, check_inputs=True):
+        # check_inputs=False: the caller (Transformer) has checked ``input`` already.
+        if check_inputs:
+            check_tokens(input, self.num_embeddings, self.max_len, "source input")
         B, S = input.shape
         # Seed slip 3: the seed's torch.arange is made on the CPU whatever input's device.
         input_position = torch.arange(0, S, device=input.device).expand(B, S)
@@ -60,22 +63,24 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits."""
+    """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits.
+    ``ffn_dim`` as in Encoder."""
 
-    def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout):
+    def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *, ffn_dim=None):
         super().__init__()
         self.target_vocab_size = target_vocab_size
         self.max_len = max_len
         self.embedding_layer = nn.Embedding(num_embeddings=target_vocab_size, embedding_dim=embed_size)
         self.positional_embedding = nn.Embedding(num_embeddings=max_len, embedding_dim=embed_size)
         self.decoder_layers = nn.ModuleList(
-            [DecoderBlock(embed_size, heads, dropout) for _ in range(num_layers)]
+            [DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim) for _ in range(num_layers)]
         )
         self.fc = nn.Linear(embed_size, target_vocab_size)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, input, enc_out, source_mask, target_mask):
-        check_tokens(input, self.target_vocab_size, self.max_len, "target input")
+    def forward(self, input, enc_out, source_mask, target_mask, *, check_inputs=True):
+        if check_inputs:  # False: checked by the caller (Transformer)
+            check_tokens(input, self.target_vocab_size, self.max_len, "target input")
         B, T = input.shape
         # Seed slip 3, as in the Encoder.
         positions = torch.arange(0, T, device=input.device).expand((B, T))
@@ -88,13 +93,18 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Seed 001's encoder-decoder. ``forward(source_input, target_input)`` -> logits (B, T, V)."""
+    """Seed 001's encoder-decoder. ``forward(source_input, target_input)`` -> logits (B, T, V).
 
-    def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads, num_layers, dropout):
+    ``ffn_dim`` (keyword-only): the feed-forward width F of every block; None keeps the
+    seed's F = D (the paper's base model has D = 512, F = 2048).
+    """
+
+    def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads, num_layers,
+                 dropout, *, ffn_dim=None):
         super().__init__()
         self.src_pad_idx = src_pad_idx
-        self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout)
-        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout)
+        self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
+        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
 
     def create_source_mask(self, source_input):
         mask = source_input != self.src_pad_idx
@@ -107,20 +117,23 @@ class Transformer(nn.Module):
         # the scores is not a softmax; the softmax happens inside SelfAttention.)
         return torch.tril(torch.ones((B, 1, T, T), device=target_input.device))  # (B, 1, T, T)
 
-    def encode(self, source_input):
-        """Encoder output (B, S, D) and the source mask (B, 1, 1, S)."""
-        check_tokens(source_input, self.encoder.num_embeddings, self.encoder.max_len, "source input")
+    def encode(self, source_input, *, check_inputs=True):
+        """Encoder output (B, S, D) and the source mask (B, 1, 1, S). ``check_inputs=False``
+        skips the token check, for a caller that has checked ``source_input`` already."""
+        if check_inputs:
+            check_tokens(source_input, self.encoder.num_embeddings, self.encoder.max_len, "source input")
         source_mask = self.create_source_mask(source_input)
-        return self.encoder(source_input, source_mask), source_mask
+        return self.encoder(source_input, source_mask, check_inputs=False), source_mask
 
     def forward(self, source_input, target_input):
-        # Both inputs are checked before any layer runs.
+        # Both inputs are checked here, once each (each check reads the ids back to the host),
+        # before any layer runs; the submodules do not check again.
         check_tokens(source_input, self.encoder.num_embeddings, self.encoder.max_len, "source input")
         check_tokens(target_input, self.decoder.target_vocab_size, self.decoder.max_len, "target input")
         if source_input.shape[0] != target_input.shape[0]:
             raise ValueError(
                 f"source and target batch sizes differ: {source_input.shape[0]} vs {target_input.shape[0]}"
             )
-        enc_out, source_mask = self.encode(source_input)
+        enc_out, source_mask = self.encode(source_input, check_inputs=False)
         target_mask = self.create_target_mask(target_input)
-        return self.decoder(target_input, enc_out, source_mask, target_mask)
+        return self.decoder(target_input, enc_out, source_mask, target_mask, check_inputs=False)

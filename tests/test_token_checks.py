@@ -1,0 +1,168 @@
+"""Where the token checks run (``flaxformer_mini/validation.py``'s docstring says it in words).
+
+- Eager: one forward checks each input once, at the Transformer's boundary; the Encoder and
+  Decoder still check when a user calls them directly. The same in both twins.
+- Plain ``jax.jit``: values are not checked (documented misuse: NaN, or another token's
+  logits), and the traced check leaves nothing in the compiled code.
+- ``fm.checked(fn)``: an id equal to the vocabulary size or negative raises on the host
+  after the compiled call, naming the input, the id and the vocabulary size; valid ids give
+  the logits of the unchecked path.
+"""
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+from jax.experimental import checkify
+
+import flaxformer_mini as fm
+import flaxformer_mini.model
+import torch_ref
+import torch_ref.model
+from parity import sample_batch
+
+TINY = fm.get_preset("tiny")  # source V 23, target V 19, max_len 17, D 30, H 5
+B, S, T = 2, 5, 4  # distinct, so a swapped axis shows
+
+
+@pytest.fixture(scope="module")
+def flax_model():
+    model = fm.Transformer.from_config(TINY, rngs=nnx.Rngs(0))
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return sample_batch(TINY, batch=B, seed=1, source_len=S, target_len=T)
+
+
+def counting(monkeypatch, module):
+    """Replace ``module.check_tokens`` with a wrapper that counts calls by input name."""
+    counts = collections.Counter()
+    original = module.check_tokens
+
+    def spy(tokens, vocab_size, max_len, name="input"):
+        counts[name] += 1
+        return original(tokens, vocab_size, max_len, name)
+
+    monkeypatch.setattr(module, "check_tokens", spy)
+    return counts
+
+
+# --- eager: once per call, at the boundary ----------------------------------------------------
+
+
+def _flax_twin(batch):
+    model = fm.Transformer.from_config(TINY, rngs=nnx.Rngs(0))
+    model.eval()
+    return flaxformer_mini.model, model, tuple(map(jnp.asarray, batch))
+
+
+def _torch_twin(batch):
+    return torch_ref.model, torch_ref.Transformer(**TINY.to_dict()).eval(), tuple(map(torch.from_numpy, batch))
+
+
+@pytest.mark.parametrize("make_twin", [_flax_twin, _torch_twin], ids=["flax", "torch"])
+def test_one_eager_forward_checks_each_input_once(monkeypatch, batch, make_twin):
+    module, model, (source, target) = make_twin(batch)
+    counts = counting(monkeypatch, module)
+    model(source, target)
+    assert counts == {"source input": 1, "target input": 1}
+    counts.clear()
+    model.encode(source)
+    assert counts == {"source input": 1}
+
+
+@pytest.mark.parametrize("bad", [TINY.source_vocab_size, -1], ids=["id_equal_to_vocab", "negative_id"])
+def test_encoder_and_decoder_called_directly_still_refuse_out_of_range_ids(bad):
+    encoder = fm.Encoder(TINY.source_vocab_size, TINY.max_len, 30, 5, 1, 0.0, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=rf"source input: token id {bad} is outside the vocabulary \[0, 23\)"):
+        encoder(jnp.array([[1, bad]]), None)
+    decoder = fm.Decoder(TINY.target_vocab_size, TINY.max_len, 30, 5, 1, 0.0, rngs=nnx.Rngs(0))
+    bad_target = TINY.target_vocab_size if bad >= 0 else bad
+    with pytest.raises(ValueError, match=rf"target input: token id {bad_target} is outside the vocabulary \[0, 19\)"):
+        decoder(jnp.array([[1, bad_target]]), jnp.zeros((1, 3, 30)), None, None)
+    torch_encoder = torch_ref.Encoder(TINY.source_vocab_size, TINY.max_len, 30, 5, 1, 0.0)
+    with pytest.raises(ValueError, match=rf"source input: token id {bad} is outside"):
+        torch_encoder(torch.tensor([[1, bad]]), None)
+
+
+# --- plain jax.jit: no value check, and no cost ------------------------------------------------
+
+
+def pure_apply(model):
+    graphdef, state = nnx.split(model)
+
+    def apply(state, source, target):
+        return nnx.merge(graphdef, state)(source, target)
+
+    return apply, state
+
+
+def test_plain_jit_does_not_check_values_out_of_range_ids_give_nan_or_another_tokens_logits(flax_model, batch):
+    # The documented misuse: without fm.checked (or check_tokens on the host first), JAX's
+    # gather fills an id past the table with NaN and wraps a negative id to V + id.
+    apply, state = pure_apply(flax_model)
+    jitted = jax.jit(apply)
+    source, target = map(jnp.asarray, batch)
+    V = TINY.source_vocab_size
+    past_end = jitted(state, source.at[1, 1].set(V), target)  # no exception
+    assert bool(jnp.isnan(past_end[1]).all()) and bool(jnp.isfinite(past_end[0]).all())
+    wrapped, last = jitted(state, source.at[1, 1].set(-1), target), jitted(state, source.at[1, 1].set(V - 1), target)
+    np.testing.assert_array_equal(np.asarray(wrapped), np.asarray(last))
+
+
+def _compiled_hlo(fn, *args):
+    return fn.lower(*args).compile().as_text()
+
+
+def test_traced_check_leaves_no_work_in_plain_jit_compiled_code():
+    def double(tokens):
+        fm.check_tokens(tokens, vocab_size=5, max_len=7)
+        return tokens * 2
+
+    tokens = jnp.array([[1, 4, 2]])
+    plain = _compiled_hlo(jax.jit(double), tokens)
+    assert not re.search(r"\breduce", plain), plain  # the min/max were removed as dead code
+    checked = _compiled_hlo(jax.jit(checkify.checkify(double)), tokens)
+    assert re.search(r"\breduce", checked)  # guard: under checkify they are computed
+
+
+# --- the checked path: fm.checked ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("side, position, bad, vocab", [
+    ("source", (1, 1), TINY.source_vocab_size, TINY.source_vocab_size),
+    ("source", (1, 3), -2, TINY.source_vocab_size),
+    ("target", (0, 2), TINY.target_vocab_size, TINY.target_vocab_size),
+    ("target", (1, 1), -1, TINY.target_vocab_size),
+], ids=["source_id_equal_to_vocab", "source_negative_id", "target_id_equal_to_vocab", "target_negative_id"])
+def test_checked_path_raises_naming_input_id_and_vocabulary(flax_model, batch, side, position, bad, vocab):
+    apply, state = pure_apply(flax_model)
+    source, target = map(jnp.asarray, batch)
+    if side == "source":
+        source = source.at[position].set(bad)
+    else:
+        target = target.at[position].set(bad)
+    message = rf"{side} input: token id {bad} is outside the vocabulary \[0, {vocab}\)"
+    with pytest.raises(ValueError, match=message):  # checkify.JaxRuntimeError is a ValueError
+        fm.checked(apply)(state, source, target)
+
+
+def test_checked_path_with_valid_ids_gives_the_unchecked_logits(flax_model, batch):
+    apply, state = pure_apply(flax_model)
+    source, target = map(jnp.asarray, batch)
+    np.testing.assert_array_equal(np.asarray(fm.checked(apply)(state, source, target)),
+                                  np.asarray(jax.jit(apply)(state, source, target)))
+
+
+def test_checked_path_still_raises_static_errors_at_trace_time(flax_model):
+    apply, state = pure_apply(flax_model)
+    with pytest.raises(ValueError, match="source input: length 18 exceeds max_len=17"):
+        fm.checked(apply)(state, jnp.ones((1, 18), jnp.int32), jnp.ones((1, 3), jnp.int32))
