@@ -22,6 +22,8 @@ import math
 import os
 import sys
 
+from flaxformer_mini.config import PRESETS
+
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEBUG_ENV = "FLAXFORMER_MINI_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
@@ -46,7 +48,8 @@ def _train(args):
     else:  # --max-len is the model's max_len for text: the longest side, with its EOS
         data = DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=args.data,
                           valid_path=args.valid)
-    options = TrainOptions(preset=args.preset, batch_size=args.batch_size, lr=args.lr, schedule=args.schedule,
+    options = TrainOptions(preset=args.preset, embed_size=args.embed_size, heads=args.heads, num_layers=args.layers,
+                           ffn_dim=args.ffn_dim, batch_size=args.batch_size, lr=args.lr, schedule=args.schedule,
                            warmup=args.warmup, weight_decay=args.weight_decay, clip_norm=args.clip_norm,
                            label_smoothing=args.label_smoothing, dropout=args.dropout, dtype=args.dtype,
                            seed=args.seed)
@@ -102,6 +105,10 @@ def _finite(v):
 # words its errors as "argument --x: ..."; this table keeps the ranges in one place.)
 RANGES = {
     "steps": (lambda v: v >= 1, ">= 1"),
+    "embed_size": (lambda v: v >= 1, ">= 1"),
+    "heads": (lambda v: v >= 1, ">= 1"),
+    "layers": (lambda v: v >= 1, ">= 1"),
+    "ffn_dim": (lambda v: v >= 1, ">= 1"),
     "batch_size": (lambda v: v >= 1, ">= 1"),
     "lr": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
     "warmup": (lambda v: v >= 1, ">= 1"),
@@ -148,7 +155,13 @@ def build_parser():
     source.add_argument("--data", metavar="TRAIN.tsv", help="parallel text, one 'source<TAB>target' per line")
     t.add_argument("--valid", metavar="VALID.tsv", help="held-out pairs for --data (default: the training pairs)")
     t.add_argument("--out", required=True, help="run directory: config, metrics.jsonl, checkpoints, loss.png")
-    t.add_argument("--preset", default=DEFAULTS["preset"], help="model width/heads/depth preset (small, tiny, seed, base)")
+    t.add_argument("--preset", default=DEFAULTS["preset"], choices=sorted(PRESETS),
+                   help="model size: small (the default, for the synthetic tasks), medium (real corpora on a CPU), "
+                        "transformer-base (the paper's base model), seed, base, tiny")
+    t.add_argument("--embed-size", type=int, default=None, help="override the preset's width D")
+    t.add_argument("--heads", type=int, default=None, help="override the preset's attention heads H")
+    t.add_argument("--layers", type=int, default=None, help="override the preset's layers (each of encoder and decoder)")
+    t.add_argument("--ffn-dim", type=int, default=None, help="override the preset's feed-forward width F")
     t.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="total optimizer steps")
     t.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
     t.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak learning rate")

@@ -46,7 +46,7 @@ class DecodeCache:
 
 def prefill(model, source, max_positions):
     """Encode ``source`` (B, S) and build the cache for ``max_positions`` target positions."""
-    enc_out, source_mask = model.encode(source)
+    enc_out, source_mask = model.encode(source, check_inputs=False)  # _check checked it
     layers = model.decoder.decoder_layers
     cross = [layer.transformer_block.attention.project_kv(enc_out, enc_out) for layer in layers]
     B = source.shape[0]
@@ -271,7 +271,7 @@ def decode(model, source, max_new_tokens, *, beam_size=1, alpha=DEFAULT_LENGTH_P
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def _greedy_uncached(graphdef, state, source, max_new_tokens):
     model = nnx.merge(graphdef, state)
-    enc_out, source_mask = model.encode(source)
+    enc_out, source_mask = model.encode(source, check_inputs=False)  # _check checked it
     B, N = source.shape[0], max_new_tokens
     # buf[:, 0] is BOS, buf[:, t + 1] the token chosen at step t. The decoder reads the first N
     # slots only: the last token is emitted, never fed back, so N positions suffice.

@@ -95,6 +95,11 @@ class TrainOptions:
     """What a user asks ``flaxformer-mini train`` for: the CLI's options, parsed."""
 
     preset: str = "small"
+    # Overrides of the preset's size (None: the preset's).
+    embed_size: int | None = None
+    heads: int | None = None
+    num_layers: int | None = None
+    ffn_dim: int | None = None
     batch_size: int = 64
     lr: float = 3e-3  # the peak learning rate
     schedule: str = "rsqrt"
@@ -107,12 +112,14 @@ class TrainOptions:
     seed: int = 0
 
 
-def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None):
-    """The preset's width, heads and depth with the data's vocabularies and lengths."""
+def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None, **sizes):
+    """The preset's width, heads, depth and feed-forward width (each overridden by ``sizes``
+    where not None) with the data's vocabularies and lengths."""
     base = get_preset(preset)
     return base.replace(
         src_pad_idx=0, source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size,
         max_len=max_len, dropout=base.dropout if dropout is None else dropout,
+        **{k: v for k, v in sizes.items() if v is not None},
     )
 
 
@@ -133,6 +140,7 @@ def train_config_for(options: TrainOptions, d_model):
 def resolve_config(options: TrainOptions, data: DataConfig, source_vocab_size, target_vocab_size):
     """The run's whole config from the user's options and the data's vocabulary sizes."""
     model = model_config_for(options.preset, source_vocab_size, target_vocab_size, data.model_max_len,
-                             dropout=options.dropout)
+                             dropout=options.dropout, embed_size=options.embed_size, heads=options.heads,
+                             num_layers=options.num_layers, ffn_dim=options.ffn_dim)
     return RunConfig(model=model, train=train_config_for(options, model.embed_size), data=data,
                      batch_size=options.batch_size, dtype=options.dtype)

@@ -203,3 +203,14 @@ def test_generate_holds_at_most_one_chunk_and_decodes_batch_size_rows(tiny_run, 
     rest = list(outputs)
     assert len(rest) + 1 == 5000 and all(o.text == first.text for o in rest)
     assert {s[0] for s in shapes} == {50} and len(shapes) == 100
+
+
+def test_size_options_override_the_preset(tmp_path):
+    out = tmp_path / "run"
+    proc = cli("train", *TINY_RUN, "--preset", "medium", "--embed-size", "24", "--heads", "3", "--layers", "1",
+               "--ffn-dim", "40", "--steps", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    model = RunDir(out).load_config().model
+    medium = fm.get_preset("medium")
+    assert (model.embed_size, model.heads, model.num_layers, model.ffn_dim) == (24, 3, 1, 40)
+    assert model.dropout == medium.dropout and medium.embed_size != 24
