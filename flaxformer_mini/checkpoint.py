@@ -8,7 +8,9 @@ run killed mid-save (even with ``kill -9``) leaves the previous checkpoints inta
 half-written one that a restore could pick up.
 """
 
+import contextlib
 import logging
+import sys
 
 import jax
 import orbax.checkpoint as ocp
@@ -21,6 +23,10 @@ logging.getLogger("absl").setLevel(logging.WARNING)
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint does not fit the model it is restored into (another size or structure)."""
+
+
+class CheckpointError(ValueError):
+    """No checkpoint of a run could be read (every one is damaged)."""
 
 
 def _saved(state: TrainState):
@@ -96,3 +102,63 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     restored = manager.restore(step, args=ocp.args.StandardRestore(target))
     return template.replace(step=restored["step"], params=restored["params"], opt_state=restored["opt_state"])
 
+
+
+@contextlib.contextmanager
+def _quiet():
+    """orbax and its event loop log every failed read with a traceback (dozens for one bad
+    file); the caller reports one line per checkpoint instead."""
+    loggers = [logging.getLogger(name) for name in ("absl", "orbax", "asyncio", "tensorstore")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _summary(error):
+    """One line for a failed restore: the innermost cause's first line (orbax wraps the
+    informative TensorStore error in generic ones)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _ignore_closed_event_loop():
+    """After a failed read, orbax's abandoned futures may call back into its closed event loop
+    when they are garbage-collected, and Python prints each "Event loop is closed" as an
+    ignored exception with a traceback. They carry nothing the one-line summary has not said."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_flaxformer_mini", False):
+        return
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
+            return
+        previous(unraisable)
+
+    hook._flaxformer_mini = True
+    sys.unraisablehook = hook
+
+
+def restore_latest_intact(manager, template: TrainState):
+    """(state, skipped): the newest checkpoint that restores, and [(step, why)] for each newer
+    one that did not (a damaged file, a half-copied directory). A checkpoint of another model
+    is not damage: ``CheckpointMismatchError`` propagates. ``CheckpointError`` when none
+    restores."""
+    skipped = []
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            with _quiet():
+                return restore(manager, template, step), skipped
+        except CheckpointMismatchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any read failure means this step is damaged
+            _ignore_closed_event_loop()
+            skipped.append((step, _summary(e)))
+    details = "; ".join(f"step {step}: {why}" for step, why in skipped)
+    raise CheckpointError(f"no checkpoint in {manager.directory} can be read ({details})")

@@ -345,10 +345,14 @@ class Vocab:
         """How many words of ``text`` (with repeats) encode to UNK."""
         return sum(w not in self._ids for w in text.split())
 
-    def save(self, path):
+    def to_bytes(self):
+        """The saved file's bytes (its checksum is recorded in the run's config)."""
         payload = {"format": _VOCAB_FORMAT, "version": _VOCAB_VERSION, "tokens": list(self.tokens)}
         # One token a line (indent=1): a saved vocabulary diffs well.
-        write_atomic(path, json.dumps(payload, ensure_ascii=False, indent=1) + "\n")
+        return (json.dumps(payload, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
+
+    def save(self, path):
+        write_atomic(path, self.to_bytes())
 
     @classmethod
     def load(cls, path):

@@ -43,11 +43,11 @@ def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to
 
 def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo):
     manager = run.checkpoints(max_to_keep)
-    state = run.restore_or_init(manager)
+    state = run.restore_or_init(manager, echo=echo)
     if mesh is not None:
         state = shard_state(state, mesh, sharding)
     start = int(state.step)
-    run.dir.truncate_metrics(start)  # a killed run may have logged steps past its last checkpoint
+    run.dir.truncate_metrics(start, echo=echo)  # a killed run may have logged steps past its last checkpoint
     if start:
         echo(f"resuming {run.path} from step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))

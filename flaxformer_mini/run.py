@@ -14,6 +14,9 @@ and ``generate`` all go through it; the files themselves are ``RunDir``'s.
 """
 
 import functools
+import os
+import sys
+import time
 from typing import NamedTuple
 
 from flax import nnx
@@ -24,6 +27,10 @@ from flaxformer_mini.model import Transformer
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
 from flaxformer_mini.run_dir import RunDir
 from flaxformer_mini.training import Trainer
+
+
+def _warn(message):
+    print(message, file=sys.stderr)  # stdout is for results (evaluate --json, generate)
 
 
 class RunData(NamedTuple):
@@ -87,7 +94,7 @@ class Run:
             self._lock = None
 
     @classmethod
-    def start(cls, out, options: TrainOptions, data_config: DataConfig, echo=print):
+    def start(cls, out, options: TrainOptions, data_config: DataConfig, echo=_warn):
         """A new run in ``out`` from the user's options, or the run already there when the
         options give the same config (then it resumes)."""
         run_dir = RunDir(out)
@@ -96,14 +103,22 @@ class Run:
         return cls.create(out, config, data, echo=echo)
 
     @classmethod
-    def create(cls, out, config: RunConfig, data: RunData | None = None, echo=print):
+    def create(cls, out, config: RunConfig, data: RunData | None = None, echo=_warn):
         """Write ``config`` into ``out`` (or check it against the run there) and save the
         vocabularies; nothing is written when the config does not fit."""
         run_dir = RunDir(out)
         data = data if data is not None else load_data(config.data, run_dir)
-        resuming, lock = run_dir.start_or_resume(config)
+        checksums = run_dir.vocabulary_checksums(data.vocabs) if data.vocabs is not None else {}
+        resuming, lock = run_dir.start_or_resume(config, checksums)
         if data.vocabs is not None and not run_dir.has_vocabularies():
-            run_dir.save_vocabularies(data.vocabs)
+            try:
+                run_dir.save_vocabularies(data.vocabs)  # refused if a rebuilt one differs from the recorded
+            except BaseException:
+                lock.release()
+                raise
+            if resuming:
+                echo(f"note: the run's vocabularies were missing; rebuilt them from {config.data.train_path}"
+                     + (" (identical to the recorded ones)" if run_dir.recorded_checksums() else ""))
         run = cls(run_dir, config, data)
         run._lock = lock
         if not resuming:
@@ -151,17 +166,35 @@ class Run:
     def checkpoints(self, max_to_keep=3):
         return checkpoint.open_manager(self.dir.checkpoints.absolute(), max_to_keep=max_to_keep)
 
-    def restore_or_init(self, manager):
-        """The state of the latest checkpoint in ``manager``, or a fresh one at step 0."""
+    def restore_or_init(self, manager, echo=_warn):
+        """The state of the newest readable checkpoint in ``manager``, or a fresh one at step
+        0. Damaged newer checkpoints are skipped, said so, and moved out of the way into
+        ``OUT/damaged_checkpoints/`` (kept for inspection; the run saves those steps again)."""
         state = self.trainer.init_state()
-        return checkpoint.restore(manager, state) if manager.latest_step() is not None else state
+        if manager.latest_step() is None:
+            return state
+        state, skipped = checkpoint.restore_latest_intact(manager, state)
+        if skipped:
+            aside = self.path / "damaged_checkpoints"
+            aside.mkdir(exist_ok=True)
+            for step, why in skipped:
+                target = aside / f"{step}.{time.strftime('%Y%m%d-%H%M%S')}"
+                os.replace(self.dir.checkpoints / str(step), target)
+                echo(f"warning: checkpoint {step} cannot be read ({why}); moved to {target}, "
+                     f"resuming from step {int(state.step)}")
+            manager.reload()
+        return state
 
-    def latest_state(self):
-        """The latest checkpoint's state; an error naming the run when it has none."""
+    def latest_state(self, echo=_warn):
+        """The newest readable checkpoint's state (damaged newer ones are skipped and named,
+        left in place); an error naming the run when it has none."""
         manager = self.checkpoints()
         if manager.latest_step() is None:
             raise FileNotFoundError(f"{self.path}: the run has no checkpoint yet")
-        return checkpoint.restore(manager, self.trainer.init_state())
+        state, skipped = checkpoint.restore_latest_intact(manager, self.trainer.init_state())
+        for step, why in skipped:
+            echo(f"warning: checkpoint {step} cannot be read ({why}); using step {int(state.step)}")
+        return state
 
     # --- held-out data
 

@@ -10,6 +10,7 @@
 """
 
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -87,10 +88,12 @@ class RunDir:
             raise RunConfigError(f"{self.config_path}: not valid JSON: {e}") from None
         return RunConfig.from_dict(d, source=str(self.config_path))
 
-    def start_or_resume(self, config: RunConfig) -> tuple[bool, RunLock]:
+    def start_or_resume(self, config: RunConfig, checksums=None) -> tuple[bool, RunLock]:
         """Write ``config`` for a new run, or check that it matches the run already here, and
         take the run's lock. Returns (resuming, the lock): release it when training ends.
-        Nothing is written (and no lock kept) when the directory cannot be used."""
+        ``checksums`` ({file name: sha256}) of the run's vocabulary or tokenizer files go into a
+        new run's config.json, so a file changed later is caught. Nothing is written (and no
+        lock kept) when the directory cannot be used."""
         if not self.exists() and self.path.exists() and any(p.name != LOCK_NAME for p in self.path.iterdir()):
             raise RunConfigError(f"--out {self.path} exists and is not a flaxformer-mini run; choose an empty or new directory")
         self.path.mkdir(parents=True, exist_ok=True)
@@ -106,7 +109,7 @@ class RunDir:
                         f"Use another --out, or the same options to resume it. Nothing was overwritten."
                     )
             else:
-                _write_json(self.config_path, config.to_dict())
+                _write_json(self.config_path, {**config.to_dict(), "checksums": dict(checksums or {})})
         except BaseException:
             lock.release()
             raise
@@ -118,32 +121,80 @@ class RunDir:
     def has_vocabularies(self):
         return all(p.exists() for p in self.vocab_paths)
 
+    def recorded_checksums(self):
+        """{file name: sha256} that config.json recorded (empty for runs written before)."""
+        try:
+            return dict(json.loads(self.config_path.read_text()).get("checksums") or {})
+        except (OSError, ValueError):
+            return {}
+
+    def verify(self, path, data: bytes):
+        """Raise naming ``path`` when its bytes are not the ones the run recorded."""
+        expected = self.recorded_checksums().get(path.name)
+        if expected is not None and sha256(data) != expected:
+            raise RunConfigError(
+                f"{path} differs from the file this run wrote (sha256 {sha256(data)[:12]}..., recorded "
+                f"{expected[:12]}...): token ids would silently change meaning. Restore the original file, "
+                f"or train a new run."
+            )
+
     def load_vocabularies(self):
-        return tuple(Vocab.load(p) for p in self.vocab_paths)
+        vocabs = []
+        for path in self.vocab_paths:
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: the run's vocabulary is missing; restore it (or resume training "
+                                        f"with the same --data, which rebuilds it)")
+            self.verify(path, path.read_bytes())
+            vocabs.append(Vocab.load(path))
+        return tuple(vocabs)
 
     def save_vocabularies(self, vocabs):
         for vocab, path in zip(vocabs, self.vocab_paths):
+            self.verify(path, vocab.to_bytes())  # a rebuilt vocabulary must be the one recorded
             vocab.save(path)
+
+    def vocabulary_checksums(self, vocabs):
+        return {path.name: sha256(vocab.to_bytes()) for vocab, path in zip(vocabs, self.vocab_paths)}
 
     # --- the metrics log
 
-    def truncate_metrics(self, step):
+    def truncate_metrics(self, step, echo=None):
         """Drop log lines past ``step`` (the restored checkpoint), so a resumed run's log has
-        each step once."""
+        each step once, and any torn line (a write cut short by a kill or a full disk)."""
         if not self.metrics_path.exists():
             return
-        kept = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        kept = [line for record, line in self._metric_lines(echo) if record.get("step", 0) <= step]
         write_atomic(self.metrics_path, "".join(line + "\n" for line in kept))
 
     def log(self, record):
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def read_metrics(self):
+    def read_metrics(self, echo=None):
         if not self.metrics_path.exists():
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return [record for record, _ in self._metric_lines(echo)]
+
+    def _metric_lines(self, echo):
+        """(record, line) for each readable line; a torn or garbled line is skipped, and said."""
+        out = []
+        for number, line in enumerate(self.metrics_path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError:
+                if echo is not None:
+                    echo(f"warning: {self.metrics_path}:{number}: unreadable line dropped (a write cut short?)")
+                continue
+            out.append((record, line))
+        return out
+
+
+def sha256(data: bytes):
+    return hashlib.sha256(data).hexdigest()
 
 
 def _differences(old, new, prefix=""):

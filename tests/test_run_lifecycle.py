@@ -214,3 +214,86 @@ def test_size_options_override_the_preset(tmp_path):
     medium = fm.get_preset("medium")
     assert (model.embed_size, model.heads, model.num_layers, model.ffn_dim) == (24, 3, 1, 40)
     assert model.dropout == medium.dropout and medium.embed_size != 24
+
+
+TEXT_PAIRS = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2
+
+
+def text_run(tmp_path, steps=3):
+    train = tmp_path / "train.tsv"
+    train.write_text(TEXT_PAIRS)
+    args = ["train", "--data", str(train), "--out", str(tmp_path / "mt"), "--preset", "tiny", "--batch-size", "4",
+            "--max-len", "8", "--save-every", "3", "--eval-every", "3", "--no-progress"]
+    proc = cli(*args, "--steps", str(steps))
+    assert proc.returncode == 0, proc.stderr
+    return tmp_path / "mt", args
+
+
+def test_a_hand_edited_vocabulary_is_refused_naming_the_file(tmp_path):
+    out, args = text_run(tmp_path)
+    vocab = json.loads((out / "vocab_target.json").read_text())
+    vocab["tokens"][4], vocab["tokens"][5] = vocab["tokens"][5], vocab["tokens"][4]  # two words swapped
+    (out / "vocab_target.json").write_text(json.dumps(vocab))
+    for proc in (cli("generate", "--checkpoint", str(out), "a b"), cli("evaluate", "--checkpoint", str(out)),
+                 cli(*args, "--steps", "6")):
+        assert proc.returncode == 2
+        assert "vocab_target.json differs from the file this run wrote" in proc.stderr, proc.stderr
+
+
+def test_a_deleted_vocabulary_is_named_and_rebuilt_identically_on_resume(tmp_path):
+    out, args = text_run(tmp_path)
+    original = (out / "vocab_source.json").read_bytes()
+    (out / "vocab_source.json").unlink()
+    gen = cli("generate", "--checkpoint", str(out), "a b")
+    assert gen.returncode == 2 and "vocab_source.json: the run's vocabulary is missing" in gen.stderr
+    resumed = cli(*args, "--steps", "6")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "rebuilt them from" in resumed.stderr and "identical to the recorded ones" in resumed.stderr
+    assert (out / "vocab_source.json").read_bytes() == original
+    assert cli("generate", "--checkpoint", str(out), "a b").returncode == 0
+
+
+def test_a_torn_metrics_line_is_dropped_with_a_warning_on_resume(tmp_path):
+    out, args = text_run(tmp_path)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')  # a write cut short by a full disk
+    resumed = cli(*args, "--steps", "6")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "metrics.jsonl" in resumed.stderr and "unreadable line dropped" in resumed.stderr
+    assert all(isinstance(r, dict) for r in RunDir(out).read_metrics())
+
+
+def damage(step_dir):
+    """Cut every array file of a checkpoint to 10 bytes, as a half-finished copy would."""
+    files = [p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d"]
+    assert files
+    for p in files:
+        p.write_bytes(p.read_bytes()[:10])
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    args = [*TINY_RUN, "--steps", "10", "--save-every", "5"]
+    assert cli("train", *args, "--out", str(straight)).returncode == 0
+    assert cli("train", *args, "--out", str(out)).returncode == 0
+    damage(out / "checkpoints" / "10")
+    evaluated = cli("evaluate", "--checkpoint", str(out), "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "checkpoint 10 cannot be read" in evaluated.stderr and "using step 5" in evaluated.stderr
+    assert "Traceback" not in evaluated.stderr and len(evaluated.stderr.splitlines()) == 1
+    resumed = cli("train", *args, "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "moved to" in resumed.stderr and "resuming from step 5" in resumed.stderr
+    assert [p.name.split(".")[0] for p in (out / "damaged_checkpoints").iterdir()] == ["10"]
+    (s1, a), (s2, b) = latest_state(straight), latest_state(out)
+    assert s1 == s2 == 10
+    assert_same_training_state(a, b)
+
+
+def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
+    out = tmp_path / "run"
+    assert cli("train", *TINY_RUN, "--steps", "5", "--save-every", "5", "--out", str(out)).returncode == 0
+    damage(out / "checkpoints" / "5")
+    proc = cli("evaluate", "--checkpoint", str(out))
+    assert proc.returncode == 2
+    assert "can be read (step 5:" in proc.stderr and "Traceback" not in proc.stderr
