@@ -47,7 +47,8 @@ def _train(args):
                           max_len=args.max_len or SYNTHETIC_MAX_LEN, eval_sequences=args.eval_sequences)
     else:  # --max-len is the model's max_len for text: the longest side, with its EOS
         data = DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=args.data,
-                          valid_path=args.valid)
+                          valid_path=args.valid, eval_pairs=args.valid_size,
+                          holdout=0 if args.valid else args.valid_size)
     options = TrainOptions(preset=args.preset, embed_size=args.embed_size, heads=args.heads, num_layers=args.layers,
                            ffn_dim=args.ffn_dim, batch_size=args.batch_size, lr=args.lr, schedule=args.schedule,
                            warmup=args.warmup, weight_decay=args.weight_decay, clip_norm=args.clip_norm,
@@ -122,6 +123,7 @@ RANGES = {
     "min_len": (lambda v: v >= 1, ">= 1"),
     "max_len": (lambda v: v >= 2, ">= 2"),
     "eval_sequences": (lambda v: v >= 1, ">= 1"),
+    "valid_size": (lambda v: v >= 1, ">= 1"),
     "log_every": (lambda v: v >= 1, ">= 1"),
     "eval_every": (lambda v: v >= 1, ">= 1"),
     "save_every": (lambda v: v >= 1, ">= 1"),
@@ -153,7 +155,8 @@ def build_parser():
     source = t.add_mutually_exclusive_group(required=True)
     source.add_argument("--task", choices=("copy", "reverse", "sort"), help="a synthetic task over integer tokens")
     source.add_argument("--data", metavar="TRAIN.tsv", help="parallel text, one 'source<TAB>target' per line")
-    t.add_argument("--valid", metavar="VALID.tsv", help="held-out pairs for --data (default: the training pairs)")
+    t.add_argument("--valid", metavar="VALID.tsv",
+                   help="held-out pairs for --data (default: --valid-size pairs held out of the training file)")
     t.add_argument("--out", required=True, help="run directory: config, metrics.jsonl, checkpoints, loss.png")
     t.add_argument("--preset", default=DEFAULTS["preset"], choices=sorted(PRESETS),
                    help="model size: small (the default, for the synthetic tasks), medium (real corpora on a CPU), "
@@ -185,6 +188,9 @@ def build_parser():
                    help=f"synthetic: longest sequence (default {SYNTHETIC_MAX_LEN}); "
                         f"text: the model's max_len (default {TEXT_MAX_LEN})")
     t.add_argument("--eval-sequences", type=int, default=512, help="synthetic: held-out sequences")
+    t.add_argument("--valid-size", type=int, default=512,
+                   help="text: evaluation during training reads this many held-out pairs; without --valid, this many "
+                        "training pairs (at most a tenth) are held out for it")
     t.add_argument("--log-every", type=int, default=50)
     t.add_argument("--eval-every", type=int, default=500)
     t.add_argument("--save-every", type=int, default=500)

@@ -434,11 +434,19 @@ class TextPairs:
             batch = Batch(*(np.pad(a, ((0, missing), (0, 0)), constant_values=PAD) for a in batch))
         return batch
 
-    def iter_eval_batches(self, batch_size):
-        """Every example once, in order; the last batch may be smaller."""
+    def iter_eval_batches(self, batch_size, indices=None):
+        """Every example once (or those of ``indices``), in order; the last batch may be
+        smaller."""
         batch_size = _positive_int("batch_size", batch_size)
-        for start in range(0, len(self), batch_size):
-            yield self._batch_of(range(start, min(start + batch_size, len(self))))
+        indices = np.arange(len(self)) if indices is None else np.asarray(indices)
+        for start in range(0, len(indices), batch_size):
+            yield self._batch_of(indices[start : start + batch_size])
+
+    def sample_indices(self, n, seed=0):
+        """``n`` example indices (all when ``n`` >= len), drawn once by ``seed``, in order."""
+        if n >= len(self):
+            return np.arange(len(self))
+        return np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
 
     def _epoch_plan(self, seed, epoch, batch_size):
         """The epoch's batches, as lists of example indices.

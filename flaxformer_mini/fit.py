@@ -54,7 +54,9 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     echo(f"model: {n_params:,} parameters, {run.config.dtype}, on {1 if mesh is None else mesh.size} "
          f"{jax.devices()[0].platform} device(s)" + (f", {sharding} sharding" if mesh is not None else ""))
 
-    trainer, eval_batches = run.trainer, run.eval_batches()
+    trainer, eval_batches = run.trainer, run.eval_batches(limit=run.config.data.eval_pairs)
+    if run.describe_evaluation():
+        echo(run.describe_evaluation())
     seed, batch_size = run.config.train.seed, run.config.batch_size
     log = _StepLog(run, steps, start, log_every, progress)
     last_eval = {}

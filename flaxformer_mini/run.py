@@ -19,6 +19,7 @@ import sys
 import time
 from typing import NamedTuple
 
+import numpy as np
 from flax import nnx
 
 from flaxformer_mini import checkpoint
@@ -51,6 +52,13 @@ def load_data(config: DataConfig, run_dir: RunDir) -> RunData:
         task = SyntheticTask(config.task, config.vocab_size, config.min_len, config.max_len)
         return RunData(task, task, None)
     pairs = read_tsv(config.train_path)
+    held_out = []
+    if config.valid_path is None and config.holdout:
+        # A fixed split (seed 0): the same file always holds out the same pairs.
+        n = min(config.holdout, len(pairs) // 10)
+        chosen = set(np.random.default_rng(0).choice(len(pairs), size=n, replace=False).tolist()) if n else set()
+        held_out = [p for i, p in enumerate(pairs) if i in chosen]
+        pairs = [p for i, p in enumerate(pairs) if i not in chosen]
     if run_dir.has_vocabularies():
         vocabs = run_dir.load_vocabularies()
     else:
@@ -59,7 +67,10 @@ def load_data(config: DataConfig, run_dir: RunDir) -> RunData:
         kept = [(s, t) for s, t in pairs if max(len(s.split()), len(t.split())) <= config.max_len]
         vocabs = (Vocab.build([s for s, _ in kept]), Vocab.build([t for _, t in kept]))
     train = TextPairs(pairs, *vocabs, config.model_max_len)
-    valid = TextPairs(read_tsv(config.valid_path), *vocabs, config.model_max_len) if config.valid_path else train
+    if config.valid_path:
+        valid = TextPairs(read_tsv(config.valid_path), *vocabs, config.model_max_len)
+    else:
+        valid = TextPairs(held_out, *vocabs, config.model_max_len) if held_out else train
     return RunData(train, valid, vocabs)
 
 
@@ -109,7 +120,10 @@ class Run:
         run_dir = RunDir(out)
         data = data if data is not None else load_data(config.data, run_dir)
         checksums = run_dir.vocabulary_checksums(data.vocabs) if data.vocabs is not None else {}
-        resuming, lock = run_dir.start_or_resume(config, checksums)
+        asked = config
+        resuming, lock, config = run_dir.start_or_resume(config, checksums)
+        if config.data != asked.data:  # a run written before a data setting existed keeps its old one
+            data = load_data(config.data, run_dir)
         if data.vocabs is not None and not run_dir.has_vocabularies():
             try:
                 run_dir.save_vocabularies(data.vocabs)  # refused if a rebuilt one differs from the recorded
@@ -198,13 +212,25 @@ class Run:
 
     # --- held-out data
 
-    def eval_batches(self, batch_size=None):
+    def eval_batches(self, batch_size=None, limit=None):
         """The held-out batches: the same examples whatever ``batch_size``. Synthetic:
-        ``eval_sequences`` drawn from the evaluation stream. Text: every held-out pair once,
-        in order."""
+        ``eval_sequences`` drawn from the evaluation stream. Text: the held-out pairs in order,
+        or ``limit`` of them (a fixed sample) when given."""
         batch_size = batch_size or self.config.batch_size
         data = self.config.data
         if data.kind == "synthetic":
             every = self.data.eval.held_out(self.config.train.seed, data.eval_sequences)
             return [Batch(*(a[i : i + batch_size] for a in every)) for i in range(0, data.eval_sequences, batch_size)]
-        return list(self.data.eval.iter_eval_batches(batch_size))
+        indices = None if limit is None else self.data.eval.sample_indices(limit)
+        return list(self.data.eval.iter_eval_batches(batch_size, indices))
+
+    def describe_evaluation(self):
+        """What the evaluation during training reads, in words (text runs), or None."""
+        d = self.config.data
+        if d.kind == "synthetic":
+            return None
+        total = len(self.data.eval)
+        used = total if d.eval_pairs is None else min(d.eval_pairs, total)
+        where = ("--valid" if d.valid_path else f"{total} training pairs held out (no --valid)" if d.holdout
+                 else "the training pairs (no --valid)")
+        return f"evaluating on {used} of {total} held-out pairs from {where}; --valid-size sets how many"

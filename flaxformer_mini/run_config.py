@@ -42,6 +42,11 @@ class DataConfig:
     eval_sequences: int = 512  # synthetic: held-out sequences
     train_path: str | None = None
     valid_path: str | None = None
+    # Text runs. Evaluation during training reads at most eval_pairs held-out pairs (None: all).
+    # Without valid_path, `holdout` training pairs (at most a tenth) are held out as the
+    # validation set (0: evaluate on the training pairs, as runs before version 2 did).
+    eval_pairs: int | None = None
+    holdout: int = 0
 
     @property
     def model_max_len(self):

@@ -88,9 +88,10 @@ class RunDir:
             raise RunConfigError(f"{self.config_path}: not valid JSON: {e}") from None
         return RunConfig.from_dict(d, source=str(self.config_path))
 
-    def start_or_resume(self, config: RunConfig, checksums=None) -> tuple[bool, RunLock]:
+    def start_or_resume(self, config: RunConfig, checksums=None):
         """Write ``config`` for a new run, or check that it matches the run already here, and
-        take the run's lock. Returns (resuming, the lock): release it when training ends.
+        take the run's lock. Returns (resuming, the lock, the run's config): release the lock
+        when training ends.
         ``checksums`` ({file name: sha256}) of the run's vocabulary or tokenizer files go into a
         new run's config.json, so a file changed later is caught. Nothing is written (and no
         lock kept) when the directory cannot be used."""
@@ -101,20 +102,24 @@ class RunDir:
         try:
             resuming = self.exists()
             if resuming:
+                stored = json.loads(self.config_path.read_text())
                 old = self.load_config()
-                if old != config:
-                    diffs = _differences(old.to_dict(), config.to_dict())
+                # Settings added after the run was written are absent from its file: it keeps
+                # their defaults (its old behaviour), whatever today's options say.
+                diffs = _differences(old.to_dict(), config.to_dict(), present=stored)
+                if diffs:
                     raise RunConfigError(
                         f"--out {self.path} holds another run whose config differs: {'; '.join(diffs)}. "
                         f"Use another --out, or the same options to resume it. Nothing was overwritten."
                     )
+                config = old
             else:
                 _write_json(self.config_path, {**config.to_dict(), "checksums": dict(checksums or {})})
         except BaseException:
             lock.release()
             raise
         lock.write_holder()
-        return resuming, lock
+        return resuming, lock, config
 
     # --- vocabularies (text runs)
 
@@ -197,12 +202,16 @@ def sha256(data: bytes):
     return hashlib.sha256(data).hexdigest()
 
 
-def _differences(old, new, prefix=""):
+def _differences(old, new, prefix="", present=None):
+    """'key: old in the run, new now' for each setting that differs; with ``present`` (the
+    stored file's dict), only the settings the file holds (format and version aside)."""
     out = []
     for key in sorted(set(old) | set(new)):
+        if present is not None and (key not in present or key in ("format", "version", "checksums")):
+            continue
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{key}.")
+            out += _differences(a, b, f"{prefix}{key}.", present[key] if present is not None else None)
         elif a != b:
             out.append(f"{prefix}{key}: {a!r} in the run, {b!r} now")
     return out

@@ -297,3 +297,36 @@ def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
     proc = cli("evaluate", "--checkpoint", str(out))
     assert proc.returncode == 2
     assert "can be read (step 5:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_without_valid_a_fixed_part_of_the_training_file_is_held_out(tmp_path):
+    train = tmp_path / "train.tsv"
+    pairs = [(f"s{i} w", f"t{i} v") for i in range(200)]
+    train.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    out = tmp_path / "run"
+    proc = cli("train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--steps", "2", "--batch-size", "8",
+               "--valid-size", "15", "--eval-every", "2", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "evaluating on 15 of 15 held-out pairs from 15 training pairs held out (no --valid)" in proc.stderr
+    from flaxformer_mini.run import Run
+
+    run = Run.open(out)
+    assert len(run.data.train) == 185 and len(run.data.eval) == 15
+    held = {tuple(row) for b in run.eval_batches(4) for row in b.source.tolist()}
+    trained = {tuple(row) for b in [run.data.train.batch(0, s, 185) for s in range(1)] for row in b.source.tolist()}
+    assert not held & trained  # no held-out pair is trained on
+
+
+def test_evaluation_during_training_reads_at_most_valid_size_pairs(tmp_path):
+    train, valid = tmp_path / "train.tsv", tmp_path / "valid.tsv"
+    train.write_text("a b\tx y\nb a\ty x\n" * 4)
+    valid.write_text("a b\tx y\n" * 100)
+    proc = cli("train", "--data", str(train), "--valid", str(valid), "--out", str(tmp_path / "run"), "--preset", "tiny",
+               "--steps", "2", "--batch-size", "4", "--valid-size", "10", "--eval-every", "2", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "evaluating on 10 of 100 held-out pairs from --valid" in proc.stderr
+    from flaxformer_mini.run import Run
+
+    run = Run.open(tmp_path / "run")
+    assert sum(len(b.source) for b in run.eval_batches(limit=10)) == 10
+    assert sum(len(b.source) for b in run.eval_batches()) == 100  # `evaluate` reads them all
