@@ -9,8 +9,11 @@ half-written one that a restore could pick up.
 """
 
 import contextlib
+import errno
 import logging
+import shutil
 import sys
+from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
@@ -39,10 +42,34 @@ def open_manager(directory, max_to_keep=3):
 
 
 def save(manager, state: TrainState):
+    """Save ``state`` as checkpoint ``state.step``. A full disk raises ``OSError(ENOSPC)``
+    after removing the half-written temporary directory (the earlier checkpoints are intact:
+    orbax renames a checkpoint into place only once it is complete)."""
     step = int(jax.device_get(state.step))
-    manager.save(step, args=ocp.args.StandardSave(_saved(state)), force=True)
-    manager.wait_until_finished()
+    try:
+        with _quiet():
+            manager.save(step, args=ocp.args.StandardSave(_saved(state)), force=True)
+            manager.wait_until_finished()
+    except Exception as e:
+        if not _is_disk_full(e):
+            raise
+        for partial in Path(manager.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
+            shutil.rmtree(partial, ignore_errors=True)
+        raise OSError(errno.ENOSPC, f"No space left on device saving checkpoint {step}",
+                      str(manager.directory)) from None
     return step
+
+
+def _is_disk_full(error):
+    """orbax reports a full disk as TensorStore's RESOURCE_EXHAUSTED ValueError (errno 28 in
+    the text), or as an OSError, possibly wrapped: look through the chain."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(error) or "os_error_code='28'" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _key_name(entry):
