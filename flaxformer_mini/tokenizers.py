@@ -87,6 +87,15 @@ class Tokenizer:
         """Vocabulary size, special tokens included: the model's vocab size."""
         raise NotImplementedError
 
+    # data.Vocab's names, so a Tokenizer drops in wherever a Vocab is used today
+    # (data.TextPairs, generation's unknown-word note).
+    def unknown_words(self, text):
+        return self.unknown(text)
+
+    def unk_count(self, text):
+        """How many tokens of ``text`` (with repeats) encode to UNK."""
+        return self.encode(text).count(UNK)
+
     def save(self, directory, prefix):
         """Write the tokenizer into ``directory``; returns the file's path."""
         raise NotImplementedError

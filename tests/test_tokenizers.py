@@ -178,3 +178,14 @@ def test_resume_with_another_tokenizer_or_vocab_size_is_refused(tmp_path):
         tk.check_resume(recorded, "unigram", 60)
     with pytest.raises(ValueError, match="--vocab-size 60 .* not 80"):
         tk.check_resume(recorded, "bpe", 80)
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_a_tokenizer_drops_in_where_a_vocab_is_used(kind):
+    tok = tk.train(kind, TEXTS, vocab_size=None if kind == "char" else 60)
+    pairs = [(t, t) for t in TEXTS]
+    text_pairs = data.TextPairs(pairs, tok, tok, max_len=64, length_multiple=1)
+    batch = next(text_pairs.iter_eval_batches(len(pairs)))
+    for row, text in zip(batch.source, TEXTS):
+        assert tok.decode(row) == text
+    assert tok.unknown_words("cat Q") == ["Q"] and tok.unk_count("QQ cat Q") == 3
