@@ -92,14 +92,17 @@ class EncodedCorpus:
         if not sum(map(len, parts["line"])):
             raise DataError(f"{path}: no pairs: all {dropped} are longer than max_len={max_len}")
 
-        def offsets(lengths):
-            return np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64)
+        def take(key):
+            # pop: each side's chunks are freed once joined, so the peak is the result plus
+            # one side's chunks, not twice the result.
+            return np.concatenate(parts.pop(key))
+
+        def offsets(key):
+            return np.concatenate([[0], np.cumsum(take(key))]).astype(np.int64)
 
         return cls(
-            np.concatenate(parts["s"]), offsets(parts["sl"]),
-            np.concatenate(parts["t"]), offsets(parts["tl"]),
-            np.concatenate(parts["line"]), path=Path(path), dropped=dropped,
-        )  # fmt: skip
+            take("s"), offsets("sl"), take("t"), offsets("tl"), take("line"), path=Path(path), dropped=dropped
+        )
 
     def __len__(self):
         return self.line_numbers.size
