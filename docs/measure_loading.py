@@ -1,0 +1,90 @@
+"""Measure the time and peak memory of loading a 1M-line TSV into token arrays (docs/data.md).
+
+    PYTHONPATH=. python docs/measure_loading.py [--lines 1000000] [--file /tmp/synthetic_1m.tsv]
+
+Writes a synthetic corpus (Zipf-distributed words of random letters, 3-15 words a side;
+never committed), then, each in a fresh process so peak RSS is its own: trains a tokenizer
+on the file, loads the file into ``EncodedCorpus`` (flat int32 ids + offsets), and for
+comparison into today's ``data.read_tsv`` + ``data.TextPairs`` (a list of strings, then one
+numpy array per example). Prints one line per measurement.
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def write_corpus(path, lines, seed=0):
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = ["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(20000)]
+    with open(path, "w", encoding="utf-8") as f:
+        for start in range(0, lines, 100_000):
+            n = min(100_000, lines - start)
+            ids = np.minimum(rng.zipf(1.2, size=(n, 30)) - 1, len(words) - 1)
+            src_len, tgt_len = rng.integers(3, 16, n), rng.integers(3, 16, n)
+            f.writelines(
+                " ".join(words[i] for i in row[:s]) + "\t" + " ".join(words[i] for i in row[15 : 15 + t]) + "\n"
+                for row, s, t in zip(ids.tolist(), src_len, tgt_len)
+            )
+
+
+def measure(mode, path, kind, vocab_size, workdir):
+    """Run in a child process: prints a JSON line with seconds and peak RSS."""
+    from flaxformer_mini import data
+    from flaxformer_mini import tokenizers as tk
+    from flaxformer_mini.corpus_arrays import EncodedCorpus, iter_tsv
+
+    # Peak RSS after the imports (jax comes with flaxformer_mini): subtract it for the data's own cost.
+    result = {"mode": mode, "kind": kind, "rss_after_imports_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    start = time.perf_counter()
+    if mode == "train":
+        texts = [s for _, s, _ in iter_tsv(path)] + [t for _, _, t in iter_tsv(path)]
+        tok = tk.train(kind, texts, vocab_size=vocab_size)
+        tok.save(workdir, kind)
+        result["vocab"] = len(tok)
+    elif mode == "encoded":
+        tok = tk.load(workdir, kind, kind)
+        corpus = EncodedCorpus.from_tsv(path, tok, tok)
+        result.update(examples=len(corpus), tokens=int(corpus.source_ids.size + corpus.target_ids.size), array_mb=corpus.nbytes / 2**20)
+    elif mode == "textpairs":
+        tok = tk.load(workdir, kind, kind)
+        pairs = data.read_tsv(path)
+        corpus = data.TextPairs(pairs, tok.vocab, tok.vocab, max_len=10_000)
+        result["examples"] = len(corpus)
+    result["seconds"] = round(time.perf_counter() - start, 1)
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(json.dumps(result), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--file", default="/tmp/synthetic_1m.tsv")
+    parser.add_argument("--workdir", default="/tmp/measure_loading")
+    parser.add_argument("--child", nargs=4, metavar=("MODE", "PATH", "KIND", "VOCAB"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        mode, path, kind, vocab = args.child
+        return measure(mode, path, kind, None if vocab == "none" else int(vocab), args.workdir)
+    path, workdir = Path(args.file), Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        start = time.perf_counter()
+        write_corpus(path, args.lines)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - start:.0f} s", flush=True)
+    runs = [("train", "word", "none"), ("encoded", "word", "none"), ("textpairs", "word", "none")]
+    runs += [("train", "bpe", "8000"), ("encoded", "bpe", "none"), ("train", "char", "none"), ("encoded", "char", "none")]
+    for mode, kind, vocab in runs:
+        cmd = [sys.executable, __file__, "--workdir", str(workdir), "--child", mode, str(path), kind, vocab]
+        subprocess.run(cmd, check=True)
+
+
+if __name__ == "__main__":
+    main()

