@@ -1,0 +1,254 @@
+"""The bad-input matrix: every kind of user mistake or fault met at the command line gets its
+exit code, a message that names the problem, no traceback, and nothing lost or half-written.
+
+Each row sets up its case in a fresh directory (copying a finished tiny run where it needs
+one), runs the CLI in-process, and checks:
+- the exit code (2: unusable options, files or run directories; 1: a failed run; 0: handled
+  with a warning);
+- a regular expression the message must match (it names the file, line, option or limit);
+- no "Traceback" in the output;
+- every file that existed before is unchanged (and, for a refused `train`, nothing new).
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flaxformer_mini.run_dir import RunLock
+from test_train_cli import TINY_RUN, cli
+
+GOOD_TSV = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished tiny synthetic run and a finished tiny text run, to copy per case."""
+    root = tmp_path_factory.mktemp("finished")
+    assert cli("train", *TINY_RUN, "--steps", "5", "--save-every", "5", "--out", str(root / "synthetic")).returncode == 0
+    (root / "train.tsv").write_text(GOOD_TSV)
+    text = cli("train", "--data", str(root / "train.tsv"), "--out", str(root / "text"), "--preset", "tiny",
+               "--steps", "3", "--batch-size", "4", "--max-len", "8", "--save-every", "3", "--no-progress")
+    assert text.returncode == 0, text.stderr
+    return root
+
+
+def snapshot(root: Path):
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def tsv(content: bytes | str):
+    def setup(d, finished):
+        (d / "train.tsv").write_bytes(content if isinstance(content, bytes) else content.encode())
+        return ["train", "--data", str(d / "train.tsv"), "--out", str(d / "out"), "--preset", "tiny", "--steps", "2",
+                "--no-progress"]
+    return setup
+
+
+def train_option(*options):
+    def setup(d, finished):
+        return ["train", *TINY_RUN, "--steps", "2", "--out", str(d / "out"), *options]
+    return setup
+
+
+def copy_run(kind="synthetic", edit=None):
+    """A copy of a finished run, edited by ``edit(run_dir)``; returns it."""
+    def make(d, finished):
+        run = d / "run"
+        shutil.copytree(finished / kind, run)
+        if kind == "text":
+            shutil.copy(finished / "train.tsv", d / "train.tsv")
+            config = json.loads((run / "config.json").read_text())
+            config["data"]["train_path"] = str(d / "train.tsv")
+            (run / "config.json").write_text(json.dumps(config, indent=2))
+        if edit:
+            edit(run)
+        return run
+    return make
+
+
+def on_run(command, *args, kind="synthetic", edit=None, stdin=""):
+    def setup(d, finished):
+        run = copy_run(kind, edit)(d, finished)
+        if command == "train":
+            return ["train", *TINY_RUN, "--steps", "5", "--save-every", "5", "--out", str(run), *args]
+        return [command, "--checkpoint", str(run), *args]
+    setup.stdin = stdin
+    return setup
+
+
+def edit_json(name, change):
+    def edit(run):
+        data = json.loads((run / name).read_text())
+        change(data)
+        (run / name).write_text(json.dumps(data))
+    return edit
+
+
+def write(name, text):
+    return lambda run: (run / name).write_text(text)
+
+
+def damage_every_checkpoint(run):
+    for p in (run / "checkpoints").rglob("*"):
+        if p.is_file() and p.parent.name == "d":
+            p.write_bytes(p.read_bytes()[:10])
+
+
+def swap_two_words(data):
+    data["tokens"][4], data["tokens"][5] = data["tokens"][5], data["tokens"][4]
+
+
+def out_is_a_file(d, finished):
+    (d / "out").write_text("my notes")
+    return ["train", *TINY_RUN, "--steps", "2", "--out", str(d / "out")]
+
+
+def out_not_a_run(d, finished):
+    (d / "out").mkdir()
+    (d / "out" / "notes.txt").write_text("mine")
+    return ["train", *TINY_RUN, "--steps", "2", "--out", str(d / "out")]
+
+
+def data_is_a_directory(d, finished):
+    (d / "data").mkdir()
+    return ["train", "--data", str(d / "data"), "--out", str(d / "out"), "--preset", "tiny"]
+
+
+def data_missing(d, finished):
+    return ["train", "--data", str(d / "nope.tsv"), "--out", str(d / "out"), "--preset", "tiny"]
+
+
+def valid_missing(d, finished):
+    (d / "train.tsv").write_text(GOOD_TSV)
+    return ["train", "--data", str(d / "train.tsv"), "--valid", str(d / "nope.tsv"), "--out", str(d / "out")]
+
+
+def valid_bad_line(d, finished):
+    (d / "train.tsv").write_text(GOOD_TSV)
+    (d / "valid.tsv").write_text("a b\n")
+    return ["train", "--data", str(d / "train.tsv"), "--valid", str(d / "valid.tsv"), "--out", str(d / "out"),
+            "--preset", "tiny", "--steps", "2"]
+
+
+def run_held_by_another_process(d, finished):
+    run = copy_run()(d, finished)
+    held = RunLock(run / ".lock")
+    held.write_holder()
+    run_held_by_another_process.held = held  # released by the test after the call
+    return ["train", *TINY_RUN, "--steps", "5", "--save-every", "5", "--out", str(run)]
+
+
+def no_checkpoint_yet(d, finished):
+    run = copy_run()(d, finished)
+    shutil.rmtree(run / "checkpoints")
+    return ["evaluate", "--checkpoint", str(run)]
+
+
+CASES = [
+    # --- TSV data
+    ("tsv_line_without_tab", tsv("a b\tx y\nno tab here\n"), 2, r"train\.tsv:2: expected one tab.*found no tab"),
+    ("tsv_line_with_two_tabs", tsv("a\tb\tc\n"), 2, r"train\.tsv:1: .*found 2 tabs"),
+    ("tsv_empty_source", tsv("a\tx\n \ty\n"), 2, r"train\.tsv:2: empty source"),
+    ("tsv_empty_target", tsv("a\t \n"), 2, r"train\.tsv:1: empty target"),
+    ("tsv_invalid_utf8", tsv(b"a\tx\n\xff\xfe\ty\n"), 2, r"train\.tsv:2: not valid UTF-8"),
+    ("tsv_binary_file", tsv(bytes(range(256)) * 4), 2, r"train\.tsv:\d+: (not valid UTF-8|expected one tab|empty)"),
+    ("tsv_empty_file", tsv(""), 2, r"train\.tsv: no source<TAB>target pairs"),
+    ("tsv_only_blank_lines", tsv("\n \n\n"), 2, r"train\.tsv: no source<TAB>target pairs"),
+    ("tsv_every_pair_too_long", tsv(("w " * 70 + "\tx\n") * 3), 2, r"no pairs: all 3 are longer than max_len"),
+    ("data_missing", data_missing, 2, r"nope\.tsv: No such file"),
+    ("data_is_a_directory", data_is_a_directory, 2, r"data: Is a directory \(give a file"),
+    ("valid_missing", valid_missing, 2, r"nope\.tsv: No such file"),
+    ("valid_line_without_tab", valid_bad_line, 2, r"valid\.tsv:1: expected one tab"),
+    # --- train options
+    ("valid_without_data", train_option("--valid", "v.tsv"), 2, r"--valid goes with --data"),
+    ("task_and_data", train_option("--data", "t.tsv"), 2, r"not allowed with"),
+    ("steps_zero", train_option("--steps", "0"), 2, r"--steps must be >= 1, got 0"),
+    ("batch_size_zero", train_option("--batch-size", "0"), 2, r"--batch-size must be >= 1"),
+    ("lr_nan", train_option("--lr", "nan"), 2, r"--lr must be a finite number > 0, got nan"),
+    ("lr_negative", train_option("--lr", "-1"), 2, r"--lr must be a finite number > 0"),
+    ("clip_norm_negative", train_option("--clip-norm", "-1"), 2, r"--clip-norm must be a finite number > 0"),
+    ("clip_norm_zero", train_option("--clip-norm", "0"), 2, r"--clip-norm must be .* or 'none'"),
+    ("weight_decay_negative", train_option("--weight-decay", "-1"), 2, r"--weight-decay must be a finite number >= 0"),
+    ("weight_decay_nan", train_option("--weight-decay", "nan"), 2, r"--weight-decay must be"),
+    ("warmup_zero", train_option("--warmup", "0"), 2, r"--warmup must be >= 1"),
+    ("label_smoothing_one", train_option("--label-smoothing", "1"), 2, r"--label-smoothing must be in \[0, 1\)"),
+    ("dropout_negative", train_option("--dropout", "-0.1"), 2, r"--dropout must be in \[0, 1\)"),
+    ("seed_negative", train_option("--seed", "-1"), 2, r"--seed must be >= 0"),
+    ("vocab_size_too_small", train_option("--vocab-size", "4"), 2, r"--vocab-size must be >= 5"),
+    ("min_len_over_max_len", train_option("--min-len", "9"), 2, r"min_len=9 is greater than max_len=5"),
+    ("unknown_preset", train_option("--preset", "huge"), 2, r"invalid choice: 'huge'"),
+    ("unknown_dtype", train_option("--dtype", "float16"), 2, r"invalid choice: 'float16'"),
+    ("width_not_divisible_by_heads", train_option("--embed-size", "31"), 2, r"embed_size=31 is not divisible by heads=5"),
+    ("more_devices_than_exist", train_option("--devices", "3"), 2, r"asked for 3 devices"),
+    ("clip_norm_not_a_number", train_option("--clip-norm", "lots"), 2, r"--clip-norm"),
+    # --- run directories
+    ("out_is_a_file", out_is_a_file, 2, r"out"),
+    ("out_holds_something_else", out_not_a_run, 2, r"exists and is not a flaxformer-mini run"),
+    ("out_holds_another_run", on_run("train", "--seed", "3"), 2, r"train\.seed: 0 in the run, 3 now"),
+    ("out_being_trained", run_held_by_another_process, 2, r"is being trained by process \d+ on "),
+    ("config_not_json", on_run("evaluate", edit=write("config.json", "{")), 2, r"config\.json: not valid JSON"),
+    ("config_not_a_run", on_run("evaluate", edit=write("config.json", '{"a": 1}')), 2,
+     r"config\.json: not a flaxformer-mini run config"),
+    ("config_unknown_dtype", on_run("evaluate", edit=edit_json("config.json", lambda c: c.update(dtype="float16"))), 2,
+     r"config\.json: malformed run config: unknown dtype 'float16'"),
+    ("evaluate_no_run", lambda d, f: ["evaluate", "--checkpoint", str(d / "nothing")], 2, r"nothing: no run here"),
+    ("evaluate_no_checkpoint", no_checkpoint_yet, 2, r"the run has no checkpoint yet"),
+    ("vocabulary_edited", on_run("generate", "a b", kind="text", edit=edit_json("vocab_target.json", swap_two_words)),
+     2, r"vocab_target\.json differs from the file this run wrote"),
+    ("vocabulary_missing", on_run("generate", "a b", kind="text", edit=lambda r: (r / "vocab_source.json").unlink()),
+     2, r"vocab_source\.json: the run's vocabulary is missing"),
+    ("metrics_line_torn", on_run("train", edit=lambda r: open(r / "metrics.jsonl", "a").write('{"step": 9, "l')),
+     0, r"metrics\.jsonl:\d+: unreadable line dropped"),
+    # --- checkpoints
+    ("every_checkpoint_damaged", on_run("evaluate", edit=damage_every_checkpoint), 2,
+     r"no checkpoint in .* can be read \(step 5: "),
+    ("checkpoint_of_another_size", on_run("evaluate", edit=edit_json("config.json", lambda c: c["model"].update(embed_size=35, heads=5))),
+     2, r"checkpoint 5 in .* is from a different model: .*\(30, 30\), model \(35, 35\)"),
+    # --- generate and evaluate options
+    ("generate_max_new_tokens_zero", on_run("generate", "--max-new-tokens", "0", "1 2"), 2, r"--max-new-tokens must be >= 1"),
+    ("generate_max_new_tokens_too_many", on_run("generate", "--max-new-tokens", "99", "1 2"), 2, r"max_new_tokens=99 exceeds max_len=6"),
+    ("generate_beam_size_zero", on_run("generate", "--beam-size", "0", "1 2"), 2, r"--beam-size must be >= 1"),
+    ("generate_temperature_zero", on_run("generate", "--temperature", "0", "1 2"), 2, r"--temperature must be > 0"),
+    ("generate_temperature_nan", on_run("generate", "--temperature", "nan", "1 2"), 2, r"--temperature must be > 0"),
+    ("generate_top_k_zero", on_run("generate", "--top-k", "0", "1 2"), 2, r"--top-k must be >= 1"),
+    ("generate_top_k_over_vocabulary", on_run("generate", "--top-k", "99", "1 2"), 2, r"top_k must be in \[1, 11\]"),
+    ("generate_beam_and_sampling", on_run("generate", "--beam-size", "2", "--temperature", "0.5", "1"), 2, r"exclude each other"),
+    ("generate_empty_input", on_run("generate", stdin="\n\n"), 2, r"empty input"),
+    ("generate_input_too_long", on_run("generate", "1 2 3 4 5 6"), 2, r"input 1 has 6 tokens.*at most 5 tokens fit"),
+    ("generate_not_an_integer", on_run("generate", "x"), 2, r"token 'x' is not an integer"),
+    ("generate_value_out_of_range", on_run("generate", "99"), 2, r"token '99' is out of range: values are 0\.\.6"),
+    ("generate_batch_size_zero", on_run("generate", "--batch-size", "0", "1"), 2, r"--batch-size must be >= 1"),
+    ("evaluate_beam_size_zero", on_run("evaluate", "--beam-size", "0"), 2, r"--beam-size must be >= 1"),
+    ("evaluate_batch_size_zero", on_run("evaluate", "--batch-size", "0"), 2, r"--batch-size must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("name, setup, code, message", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_named_with_its_exit_code_and_nothing_is_lost(name, setup, code, message, finished, tmp_path):
+    import re
+
+    args = setup(tmp_path, finished)
+    before = snapshot(tmp_path)
+    try:
+        proc = cli(*args, stdin=getattr(setup, "stdin", ""))
+    finally:
+        held = getattr(setup, "held", None)
+        if held is not None:
+            held.release()
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, output
+    assert re.search(message, output), output
+    assert "Traceback" not in output
+    after = snapshot(tmp_path)
+    if code == 0:
+        return
+    changed = sorted(str(p) for p in before if after.get(p) != before[p])
+    assert not changed, f"changed or removed: {changed}"
+    if args[0] == "train":
+        assert set(after) == set(before), f"written: {sorted(map(str, set(after) - set(before)))}"
+
+
+def test_the_matrix_covers_at_least_forty_kinds():
+    assert len(CASES) >= 40
