@@ -118,14 +118,8 @@ def _check(args):
 
 def _convert(args):
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
-    from parity.flax_io import (
-        checkpoint_kind,
-        flax_params_from_state_dict,
-        is_orbax_path,
-        load_flax_params,
-        save_flax_params,
-        state_dict_from_flax_params,
-    )
+    from parity.convert import flax_params_from_state_dict, state_dict_from_flax_params
+    from parity.flax_io import checkpoint_kind, is_orbax_path, load_flax_params, save_flax_params
     from parity.infer import infer_config, read_config_file
 
     source, out = args.input, args.output
