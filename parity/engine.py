@@ -137,17 +137,18 @@ def _value(var):
 def plan(model, rules=None):
     """The conversion plan of the Flax ``model`` under ``rules`` (default: ``parity.RULES``)."""
     rules = _rules.RULES if rules is None else rules
-    out, covered, owners = Plan(), set(), []
+    out, covered = Plan(), set()
     modules = {tuple(path): module for path, module in nnx.iter_modules(model)}
+    # A rule naming a sublayer's variable ("query/kernel") covers that sublayer: it is not
+    # looked up on its own (MultiHeadAttention's LinearGenerals).
+    owners = [path for path, module in modules.items()
+              if any(r.flax_name and "/" in r.flax_name for r in rules.get(type(module), ()))]
     for path, module in modules.items():
-        path = tuple(path)
-        if any(path[:len(o)] == o for o in owners):
-            continue  # inside a layer whose rule covers its sublayers (MultiHeadAttention)
+        if any(len(path) > len(o) and path[:len(o)] == o for o in owners):
+            continue
         layer_rules = rules.get(type(module))
         if layer_rules is None:
             continue
-        if any(r.flax_name and "/" in r.flax_name for r in layer_rules):
-            owners.append(path)
         for rule in layer_rules:
             key = ".".join(map(str, (*path, rule.torch_name)))
             if rule.flax_name is None:
@@ -182,6 +183,8 @@ def to_flax(the_plan, arrays):
     """{Flax path: numpy array, Flax layout} from checked {torch key: numpy array}."""
     out = {}
     for key, links in the_plan.items():
+        if links[0].flax_path is None:
+            continue  # a torch-only buffer, dropped by its rule
         chunks = _split(arrays[key], links)
         for link, chunk in zip(links, chunks):
             if link.flax_path is not None:
