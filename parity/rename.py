@@ -110,12 +110,22 @@ class Rename:
         return out
 
     def module_path(self, torch_path):
-        """A torch module path renamed as its parameters are (for matching intermediates), or itself."""
-        for src, rx, tgts in self._forward:
-            head, _, _ = src.rpartition(".")
-            if not head or len(tgts) != 1:
+        """A torch module path renamed as its parameters are (for matching intermediates), or
+        itself: a pattern's module part ("layers.{}.wq") or its part up to a ``{}``
+        ("layers.{}" -> "blocks.{}", for a block that holds no parameter of its own)."""
+        for src, _, tgts in self._forward:
+            if len(tgts) != 1:
                 continue
-            m = _compile(head).match(torch_path)
-            if m:
-                return _fill(tgts[0].rpartition(".")[0], m.groups())
+            for head, target in _prefix_pairs(src, tgts[0]):
+                m = _compile(head).match(torch_path)
+                if m:
+                    return _fill(target, m.groups())
         return torch_path
+
+
+def _prefix_pairs(src, tgt):
+    pairs = [(src.rpartition(".")[0], tgt.rpartition(".")[0])]
+    s_parts, t_parts = src.split("{}"), tgt.split("{}")
+    for i in range(1, min(len(s_parts), len(t_parts))):
+        pairs.append(("{}".join(s_parts[:i]) + "{}", "{}".join(t_parts[:i]) + "{}"))
+    return [(a, b) for a, b in pairs if a and b]
