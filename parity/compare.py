@@ -102,9 +102,9 @@ class Report:
                          f"{largest.max_abs:.3e} in {largest.label}; --all shows them)")
         first = self.first_divergence
         if first is None:
-            counted = f"{sum(r.kind == 'intermediate' for r in self.rows)} intermediates"
-            if grads:
-                counted += f", the loss and {len(grads)} gradients"
+            n = sum(r.kind == "intermediate" for r in self.rows)
+            counted = ", ".join(([f"{n} intermediates"] if n or not grads else [])
+                                + ([f"the loss and {len(grads)} gradients"] if grads else []))
             lines.append(f"all {counted} within {self.atol:g} (largest difference {self.max_abs:.3e})")
         else:
             lines.append(f"first divergence: {first.label} (max abs diff {first.max_abs:.3e} > {self.atol:g})")
@@ -226,14 +226,17 @@ def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=1e-5
     return compare_intermediates(t, f, atol)
 
 
-def _check_inputs(torch_inputs, flax_inputs):
-    """Both sides must get the same inputs: same count, shapes and dtype kinds."""
+def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
+    """Both sides must get the same inputs: same count, shapes and dtype kinds (``channels_last``:
+    Flax's rank >= 3 inputs are torch's with the channel axis moved last)."""
     torch_inputs, flax_inputs = tuple(torch_inputs), tuple(flax_inputs)
     if len(torch_inputs) != len(flax_inputs):
         raise ValueError(f"compare: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")
     problems = []
     for i, (t, f) in enumerate(zip(torch_inputs, flax_inputs)):
         t, f = tensor_to_numpy(t), np.asarray(jax.device_get(f))
+        if channels_last and f.ndim >= 3:
+            f = np.moveaxis(f, -1, 1)
         if t.shape != f.shape:
             problems.append(f"input {i}: torch shape {t.shape}, Flax shape {f.shape}")
         # int64 (torch's default) against int32 (JAX's without x64) is the same integers;
@@ -249,18 +252,21 @@ def _channels_first(named):
     return {k: (np.moveaxis(v, -1, 1) if v.ndim >= 3 else v) for k, v in named.items()}
 
 
-def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=1e-5, rename=None, channels_last=False):
+def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=1e-5, rename=None, channels_last=False,
+            ignore_missing=False):
     """Run any torch module and any NNX module on the same inputs and compare every submodule's
     output, matched by path (torch paths renamed by the ``rename`` map's module prefixes), in
     torch's execution order; ``Report.first_divergence`` is the first row beyond ``atol``.
 
     Put both models in eval mode first (dropout off; BatchNorm on running statistics) or both
     in train mode. ``channels_last``: the Flax model computes (N, *spatial, C) where torch
-    computes (N, C, *spatial), as ported CNNs do; its rank >= 3 outputs are moved to compare.
+    computes (N, C, *spatial), as ported CNNs do; its rank >= 3 inputs and outputs are moved to
+    compare. ``ignore_missing``: drop rows only one side has (torch's ``nn.ReLU`` modules, where
+    the port calls ``nnx.relu``) instead of failing them.
     """
     from parity.rename import Rename
 
-    _check_inputs(torch_inputs, flax_inputs)
+    _check_inputs(torch_inputs, flax_inputs, channels_last)
     _, t = torch_intermediates(torch_model, *torch_inputs)
     _, f = flax_intermediates(flax_model, *flax_inputs)
     if channels_last:
@@ -268,6 +274,8 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=1e-5, renam
     if rename is not None:
         table = Rename(rename)
         t = {_rename_row(table, name): v for name, v in t.items()}
+    if ignore_missing:
+        t, f = {k: v for k, v in t.items() if k in f}, {k: v for k, v in f.items() if k in t}
     return compare_intermediates(t, f, atol)
 
 

@@ -82,7 +82,18 @@ def check_state_dict(state_dict, model, rules=None, rename=None):
     """Everything wrong with loading ``state_dict`` into ``model``, as one ConversionError, or
     (plan, {Flax path: numpy array in Flax layout, the state dict's dtype})."""
     the_plan = _plan(model, rules)
-    arrays = engine.check_torch(the_plan, _renamed(state_dict, rename), type(model).__name__, read=tensor_to_numpy)
+    try:
+        arrays = engine.check_torch(the_plan, _renamed(state_dict, rename), type(model).__name__, read=tensor_to_numpy)
+    except ConversionError as e:
+        if rename is None or not (e.missing or e.mismatched):
+            raise
+        # Keys are the Flax model's names; say what each is called in the user's state dict.
+        names = {key: Rename(rename).user_name(key) for key in (*e.missing, *e.mismatched)}
+        lines = [f"  {key!r} is {user!r} under the rename map" for key, user in names.items() if user != key]
+        if not lines:
+            raise
+        e.args = ("\n".join([str(e), *lines]),)
+        raise
     return the_plan, engine.to_flax(the_plan, arrays)
 
 

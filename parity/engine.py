@@ -174,9 +174,14 @@ def plan(model, rules=None):
     if uncovered:
         raise ConversionError(
             f"no conversion rule covers these variables of {type(model).__name__}: {', '.join(uncovered)}; "
-            f"the rules handle {', '.join(t.__name__ for t in rules)} (parity.register_rule adds a layer type)"
+            f"the rules handle {', '.join(_type_names(rules))} (parity.register_rule adds a layer type)"
         )
     return out
+
+
+def _type_names(types):
+    names = [t.__name__ for t in types]
+    return [f"{t.__module__}.{t.__name__}" if names.count(t.__name__) > 1 else t.__name__ for t in types]
 
 
 def to_flax(the_plan, arrays):

@@ -83,7 +83,7 @@ def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD):
 
 
 def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inputs, flax_inputs, atol=1e-5,
-                      rename=None, rules=None):
+                      rename=None, rules=None, channels_last=False):
     """A Report of the loss and every parameter's gradient, for any pair of models and a loss
     the user gives on each side: ``torch_loss(torch_model, *torch_inputs)`` (a scalar tensor)
     and ``flax_loss(flax_model, *flax_inputs)`` (a scalar). Flax gradients are converted to
@@ -91,7 +91,7 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     with each ``param.grad`` in torch's parameter order."""
     from parity.compare import Report, _check_inputs
 
-    _check_inputs(torch_inputs, flax_inputs)
+    _check_inputs(torch_inputs, flax_inputs, channels_last)
     params = dict(torch_model.named_parameters())
     for p in params.values():
         p.grad = None

@@ -109,6 +109,16 @@ class Rename:
             self._report("Flax model's", unused, twice, collide)
         return out
 
+    def user_name(self, key):
+        """What the plan's ``key`` is called in the user's state dict (itself if no pattern renames it)."""
+        for src, tgts, rxs in self._backward:
+            for i, rx in enumerate(rxs):
+                m = rx.match(key)
+                if m:
+                    name = _fill(src, m.groups())
+                    return name if len(tgts) == 1 else f"{name} (chunk {i} of {len(tgts)})"
+        return key
+
     def module_path(self, torch_path):
         """A torch module path renamed as its parameters are (for matching intermediates), or
         itself: a pattern's module part ("layers.{}.wq") or its part up to a ``{}``
