@@ -4,6 +4,9 @@
   driven by the declarative table ``RULES``; ``ConversionError`` names every bad key.
 - ``load_state_dict`` / ``save_state_dict``: ``.safetensors`` and ``.pt`` (weights_only).
 - ``compare_models``: both twins side by side, every intermediate, first divergence.
+- ``compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=, rename=)``: the same for
+  any pair of models; ``compare_gradients`` for a loss the user gives on each side.
+- ``register_rule`` / ``Rule`` / ``Rename``: teach the converter a layer type, or other names.
 - ``infer_config``: a seed Transformer's ModelConfig from its state dict's shapes.
 - ``check_twins`` / ``check_checkpoint``: what ``parity check`` runs, gradients included.
 - ``save_flax_params`` / ``load_flax_params``: Flax parameter files (``parity convert``).
@@ -23,23 +26,27 @@ _EXPORTS = {
     "check_twins": "parity.check",
     "Report": "parity.compare",
     "Row": "parity.compare",
+    "compare": "parity.compare",
+    "compare_gradients": "parity.gradients",
     "compare_intermediates": "parity.compare",
     "compare_models": "parity.compare",
     "flax_intermediates": "parity.compare",
     "torch_intermediates": "parity.compare",
-    "RULES": "parity.convert",
-    "ConversionError": "parity.convert",
+    "RULES": "parity.rules",
+    "register_rule": "parity.rules",
+    "Rename": "parity.rename",
+    "ConversionError": "parity.engine",
     "ParamLink": "parity.convert",
-    "Rule": "parity.convert",
+    "Rule": "parity.rules",
     "flax_to_torch": "parity.convert",
     "param_links": "parity.convert",
     "torch_key_shapes": "parity.convert",
     "torch_to_flax": "parity.convert",
-    "flax_params_from_state_dict": "parity.flax_io",
+    "flax_params_from_state_dict": "parity.convert",
     "load_flax_params": "parity.flax_io",
     "params_into_model": "parity.flax_io",
     "save_flax_params": "parity.flax_io",
-    "state_dict_from_flax_params": "parity.flax_io",
+    "state_dict_from_flax_params": "parity.convert",
     "gradient_rows": "parity.gradients",
     "infer_config": "parity.infer",
     "plot_report": "parity.plot",

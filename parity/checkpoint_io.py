@@ -12,14 +12,11 @@ from pathlib import Path
 
 import torch
 
-TORCH_SUFFIXES = (".pt", ".pth", ".bin")
-SAFETENSORS_SUFFIX = ".safetensors"
+from parity.file_kinds import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError  # noqa: F401 - public names
+
 # Common wrappers: torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, ...).
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
 
-
-class CheckpointError(ValueError):
-    """A checkpoint file cannot be used: unknown type, unsafe, truncated or corrupt."""
 
 
 def _read_torch(path):

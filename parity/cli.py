@@ -49,6 +49,17 @@ def _where(value, option, config_key, overrides):
     return "config file" if config_key in overrides else "default"
 
 
+def _seed_keys(state_dict, path):
+    """A state dict of PyTorch's nn.Transformer (parity.nn_transformer's keys, detected by its
+    keys) renamed to the seed's; any other state dict as it is."""
+    from parity.nn_transformer import is_nn_transformer, to_seed_state_dict
+
+    if not is_nn_transformer(state_dict):
+        return state_dict
+    print(f"{path}: an nn.Transformer state dict (parity.nn_transformer's keys), renamed to the seed model's")
+    return to_seed_state_dict(state_dict)
+
+
 def _load_checkpoint(args):
     """(state dict, config, description of where heads and padding came from)."""
     from parity.checkpoint_io import CheckpointError, load_state_dict
@@ -59,7 +70,7 @@ def _load_checkpoint(args):
     if checkpoint_kind(path) != "torch":
         raise CheckpointError(f"{path}: holds Flax parameters, not a torch state dict; "
                               f"`parity convert {path} OUT.pt` turns it back into one")
-    state_dict = load_state_dict(path)
+    state_dict = _seed_keys(load_state_dict(path), path)
     overrides = read_config_file(args.config) if args.config else {}
     config = infer_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx, overrides=overrides)
     sources = {"heads": _where(args.heads, "--heads", "heads", overrides),
@@ -118,14 +129,8 @@ def _check(args):
 
 def _convert(args):
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
-    from parity.flax_io import (
-        checkpoint_kind,
-        flax_params_from_state_dict,
-        is_orbax_path,
-        load_flax_params,
-        save_flax_params,
-        state_dict_from_flax_params,
-    )
+    from parity.convert import flax_params_from_state_dict, state_dict_from_flax_params
+    from parity.flax_io import checkpoint_kind, is_orbax_path, load_flax_params, save_flax_params
     from parity.infer import infer_config, read_config_file
 
     source, out = args.input, args.output
@@ -140,7 +145,7 @@ def _convert(args):
             raise UsageError(f"OUT {out}: a torch checkpoint converts to Flax parameters, written as "
                              f"{SAFETENSORS_SUFFIX} or an orbax directory (a path without a suffix, or ending "
                              f"in '/'), not {out_suffix!r}")
-        state_dict = load_state_dict(source)
+        state_dict = _seed_keys(load_state_dict(source), source)
         overrides = read_config_file(args.config) if args.config else {}
         config = infer_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx, overrides=overrides)
         params = flax_params_from_state_dict(state_dict, config)

@@ -13,6 +13,8 @@ where the two implementations first diverge: the place to look for the bug.
 import dataclasses
 import json
 import re
+import sys
+import types
 from collections import defaultdict
 
 import jax
@@ -100,9 +102,9 @@ class Report:
                          f"{largest.max_abs:.3e} in {largest.label}; --all shows them)")
         first = self.first_divergence
         if first is None:
-            counted = f"{sum(r.kind == 'intermediate' for r in self.rows)} intermediates"
-            if grads:
-                counted += f", the loss and {len(grads)} gradients"
+            n = sum(r.kind == "intermediate" for r in self.rows)
+            counted = ", ".join(([f"{n} intermediates"] if n or not grads else [])
+                                + ([f"the loss and {len(grads)} gradients"] if grads else []))
             lines.append(f"all {counted} within {self.atol:g} (largest difference {self.max_abs:.3e})")
         else:
             lines.append(f"first divergence: {first.label} (max abs diff {first.max_abs:.3e} > {self.atol:g})")
@@ -197,6 +199,10 @@ def compare_intermediates(torch_named, flax_named, atol):
     """Match both sides' intermediates by name, in torch's order, into a Report."""
     rows = []
     for name, t in torch_named.items():
+        if name not in flax_named and name.endswith("[0]") and name[:-3] in flax_named \
+                and name[:-3] + "[1]" not in torch_named:
+            # nn.MultiheadAttention returns (output, None) without need_weights: its output is [0].
+            flax_named = {(name if k == name[:-3] else k): v for k, v in flax_named.items()}
         if name not in flax_named:
             rows.append(Row(name, tuple(t.shape), float("inf"), float("inf"), False, "missing on the Flax side"))
             continue
@@ -218,3 +224,71 @@ def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=1e-5
     _, t = torch_intermediates(torch_model, *torch_inputs)
     _, f = flax_intermediates(flax_model, *flax_inputs)
     return compare_intermediates(t, f, atol)
+
+
+def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
+    """Both sides must get the same inputs: same count, shapes and dtype kinds (``channels_last``:
+    Flax's rank >= 3 inputs are torch's with the channel axis moved last)."""
+    torch_inputs, flax_inputs = tuple(torch_inputs), tuple(flax_inputs)
+    if len(torch_inputs) != len(flax_inputs):
+        raise ValueError(f"compare: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")
+    problems = []
+    for i, (t, f) in enumerate(zip(torch_inputs, flax_inputs)):
+        t, f = tensor_to_numpy(t), np.asarray(jax.device_get(f))
+        if channels_last and f.ndim >= 3:
+            f = np.moveaxis(f, -1, 1)
+        if t.shape != f.shape:
+            problems.append(f"input {i}: torch shape {t.shape}, Flax shape {f.shape}")
+        # int64 (torch's default) against int32 (JAX's without x64) is the same integers;
+        # float32 against float64 or bfloat16 is not the same input.
+        elif t.dtype.kind != f.dtype.kind or (t.dtype.kind == "f" and t.dtype != f.dtype):
+            problems.append(f"input {i}: torch dtype {t.dtype}, Flax dtype {f.dtype}")
+    if problems:
+        raise ValueError("compare: the two sides get different inputs: " + "; ".join(problems))
+
+
+def _channels_first(named):
+    """Flax convolutions are channels-last (N, *spatial, C); torch's are (N, C, *spatial)."""
+    return {k: (np.moveaxis(v, -1, 1) if v.ndim >= 3 else v) for k, v in named.items()}
+
+
+def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=1e-5, rename=None, channels_last=False,
+            ignore_missing=False):
+    """Run any torch module and any NNX module on the same inputs and compare every submodule's
+    output, matched by path (torch paths renamed by the ``rename`` map's module prefixes), in
+    torch's execution order; ``Report.first_divergence`` is the first row beyond ``atol``.
+
+    Put both models in eval mode first (dropout off; BatchNorm on running statistics) or both
+    in train mode. ``channels_last``: the Flax model computes (N, *spatial, C) where torch
+    computes (N, C, *spatial), as ported CNNs do; its rank >= 3 inputs and outputs are moved to
+    compare. ``ignore_missing``: drop rows only one side has (torch's ``nn.ReLU`` modules, where
+    the port calls ``nnx.relu``) instead of failing them.
+    """
+    from parity.rename import Rename
+
+    _check_inputs(torch_inputs, flax_inputs, channels_last)
+    _, t = torch_intermediates(torch_model, *torch_inputs)
+    _, f = flax_intermediates(flax_model, *flax_inputs)
+    if channels_last:
+        f = _channels_first(f)
+    if rename is not None:
+        table = Rename(rename)
+        t = {_rename_row(table, name): v for name, v in t.items()}
+    if ignore_missing:
+        t, f = {k: v for k, v in t.items() if k in f}, {k: v for k, v in f.items() if k in t}
+    return compare_intermediates(t, f, atol)
+
+
+def _rename_row(table, name):
+    base = re.match(r"^([^#\[]*)(.*)$", name)
+    return table.module_path(base.group(1)) + base.group(2)
+
+
+class _CallableModule(types.ModuleType):
+    """``parity.compare`` is this module once it is imported; calling it calls ``compare``."""
+
+    def __call__(self, *args, **kwargs):
+        return compare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

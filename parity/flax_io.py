@@ -11,8 +11,10 @@ Two formats, both holding the Flax twin's parameters under their Flax paths, in 
   parameters as a nested dict (``{'encoder': {'transformer_layers': {'0': ...}}}``), and item
   ``config``, JSON ``{"format": FLAX_FORMAT, "model_config": {...}}``.
 
-Arrays move between layouts by ``parity.RULES`` (``param_links``) as numpy arrays, never
-through JAX, so every dtype survives bit for bit (JAX would narrow float64 without x64).
+Arrays move between layouts by ``parity.engine`` (the plan of ``parity.RULES``) as numpy
+arrays, never through JAX, so every dtype survives bit for bit (JAX would narrow float64
+without x64). Reading and writing files is kept apart from conversion, and needs no torch:
+``state_dict_from_flax_params`` returns numpy arrays; ``parity.convert`` makes them tensors.
 """
 
 import json
@@ -21,14 +23,13 @@ import os
 from pathlib import Path
 
 import numpy as np
-import torch
 from flax import nnx
 
 import flaxformer_mini
-import torch_ref
 from flaxformer_mini.config import ModelConfig
-from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError
-from parity.convert import ConversionError, check_state_dict, numpy_to_tensor, param_links, tensor_to_numpy
+from parity import engine
+from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
+from parity.file_kinds import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError
 
 FLAX_FORMAT = "flaxformer_mini.flax_params"
 CONFIG_METADATA_KEY = "model_config"
@@ -86,51 +87,27 @@ def abstract_model(config: ModelConfig):
     return nnx.eval_shape(lambda: flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(0)))
 
 
-def flax_params_from_state_dict(state_dict, config: ModelConfig):
+def flax_params_from_state_dict(state_dict, config: ModelConfig, read=np.asarray):
     """{Flax path: numpy array in Flax layout} from a torch state dict of the model ``config``.
 
     Strict, as ``torch_to_flax``: a missing, unexpected or misshapen key raises ConversionError
-    naming every one. Dtypes are kept as they are in ``state_dict``.
+    naming every one. Dtypes are kept as they are in ``state_dict``. ``read``: value -> numpy
+    (``parity.convert.tensor_to_numpy`` for torch tensors, bfloat16 included).
     """
-    model = abstract_model(config)
-    check_state_dict(state_dict, model)  # raises with every offending key
-    return {
-        link.flax_path: np.array(link.rule.to_flax(tensor_to_numpy(state_dict[link.torch_key])), copy=True)
-        for link in param_links(model)
-    }
+    the_plan = engine.plan(abstract_model(config))
+    arrays = engine.check_torch(the_plan, state_dict, "Transformer", read=read)
+    return engine.to_flax(the_plan, arrays)
 
 
-def state_dict_from_flax_params(params, config: ModelConfig):
-    """The torch state dict (torch keys, torch layout) of Flax parameters {Flax path: array}."""
-    links = param_links(abstract_model(config))
-    _check_flax_params(params, links, f"the Transformer of {_describe(config)}")
-    by_key = {link.torch_key: link for link in links}
-    # In the torch twin's order (its state_dict()'s), as the seed would have saved it; a
-    # model on the meta device has the keys and no storage.
-    with torch.device("meta"):
-        torch_order = list(torch_ref.Transformer(**config.to_dict()).state_dict())
-    assert set(torch_order) == set(by_key), "torch_ref and the conversion plan disagree on the keys"
-    return {
-        key: numpy_to_tensor(by_key[key].rule.to_torch(np.asarray(params[by_key[key].flax_path])))
-        for key in torch_order
-    }
+def torch_arrays_from_flax_params(params, config: ModelConfig):
+    """{torch key: numpy array in torch layout} of Flax parameters {Flax path: array}, strictly."""
+    the_plan = engine.plan(abstract_model(config))
+    _check_flax_params(params, the_plan, f"the Transformer of {_describe(config)}")
+    return engine.to_torch(the_plan, params)
 
 
-def _check_flax_params(params, links, what):
-    missing = [link.flax_path for link in links if link.flax_path not in params]
-    expected = {link.flax_path for link in links}
-    unexpected = [path for path in params if path not in expected]
-    mismatched = {
-        link.flax_path: (tuple(np.shape(params[link.flax_path])), link.flax_shape)
-        for link in links
-        if link.flax_path in params and tuple(np.shape(params[link.flax_path])) != link.flax_shape
-    }
-    if missing or unexpected or mismatched:
-        lines = [f"Flax parameters do not fit {what}:"]
-        lines += [f"  missing parameter {p!r}" for p in missing]
-        lines += [f"  unexpected parameter {p!r}" for p in unexpected]
-        lines += [f"  shape mismatch for {p!r}: file {got}, model expects {want}" for p, (got, want) in mismatched.items()]
-        raise ConversionError("\n".join(lines), missing=missing, unexpected=unexpected, mismatched=mismatched)
+def _check_flax_params(params, the_plan, what):
+    engine.check_flax(the_plan, params, what)
 
 
 def _describe(config):
@@ -259,10 +236,9 @@ def params_into_model(params, model):
     Values are cast to the model's parameter dtype. Returns ``model``."""
     import jax.numpy as jnp
 
-    _check_flax_params(params, param_links(model), f"{type(model).__name__}")
-    state = nnx.state(model, nnx.Param)
-    for path, var in nnx.to_flat_state(state):
-        value = params[_FLAX_SEP.join(map(str, path))]
-        var.set_value(jnp.array(value, dtype=var.get_value().dtype, copy=True))
-    nnx.update(model, state)
+    _check_flax_params(params, engine.plan(model), f"{type(model).__name__}")
+    variables = engine.flax_variables(model)
+    values = {path: jnp.array(params[path], dtype=var.get_value().dtype, copy=True) for path, var in variables.items()}
+    for path, value in values.items():
+        variables[path].set_value(value)
     return model

@@ -78,6 +78,43 @@ def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD):
 
     loss_abs, loss_rel = diff(flax_loss, torch_loss)
     rows = [Row(LOSS_ROW, (), loss_abs, loss_rel, bool(loss_abs <= atol))]
+    rows.extend(_grad_rows(torch_grads, flax_grads, atol))
+    return rows
+
+
+def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inputs, flax_inputs, atol=1e-5,
+                      rename=None, rules=None, channels_last=False):
+    """A Report of the loss and every parameter's gradient, for any pair of models and a loss
+    the user gives on each side: ``torch_loss(torch_model, *torch_inputs)`` (a scalar tensor)
+    and ``flax_loss(flax_model, *flax_inputs)`` (a scalar). Flax gradients are converted to
+    torch names and layout (``flax_to_torch`` with ``rename`` and ``rules``), then compared
+    with each ``param.grad`` in torch's parameter order."""
+    from parity.compare import Report, _check_inputs
+
+    _check_inputs(torch_inputs, flax_inputs, channels_last)
+    params = dict(torch_model.named_parameters())
+    for p in params.values():
+        p.grad = None
+    try:
+        loss = torch_loss(torch_model, *torch_inputs)
+        loss.backward()
+        torch_grads = {k: tensor_to_numpy(p.grad if p.grad is not None else torch.zeros_like(p)).copy()
+                       for k, p in params.items()}
+    finally:
+        for p in params.values():
+            p.grad = None
+    flax_value, grads = nnx.value_and_grad(lambda m: flax_loss(m, *flax_inputs))(flax_model)
+    holder = nnx.clone(flax_model)
+    nnx.update(holder, grads)
+    flax_grads = {k: tensor_to_numpy(g) for k, g in flax_to_torch(holder, rename=rename, rules=rules).items()
+                  if k in params}  # buffers (running statistics) have no gradient
+    loss_abs, loss_rel = diff(float(flax_value), float(loss.item()))
+    return Report([Row(LOSS_ROW, (), loss_abs, loss_rel, bool(loss_abs <= atol)),
+                   *_grad_rows(torch_grads, flax_grads, atol)], atol)
+
+
+def _grad_rows(torch_grads, flax_grads, atol):
+    rows = []
     for name, t in torch_grads.items():
         row_name = GRAD_PREFIX + name
         f = flax_grads.get(name)

@@ -394,7 +394,8 @@ def test_float64_and_numpy_values_load_cast_to_the_param_dtype(model_and_state):
 class _WithConv(nnx.Module):
     def __init__(self, rngs):
         self.proj = nnx.Linear(3, 5, rngs=rngs)
-        self.conv = nnx.Conv(3, 5, kernel_size=(3,), rngs=rngs)
+        # A layer type parity.RULES has no rule for.
+        self.conv = nnx.ConvTranspose(3, 5, kernel_size=(3,), rngs=rngs)
 
 
 class _WithRawParam(nnx.Module):
@@ -413,9 +414,9 @@ class _WithSubclassedLinear(nnx.Module):
 
 
 @pytest.mark.parametrize("make, uncovered", [
-    (_WithConv, ["conv/bias", "conv/kernel"]),
-    (_WithRawParam, ["gate"]),
-    (_WithSubclassedLinear, ["proj/bias", "proj/kernel"]),
+    (_WithConv, ["conv/bias (a ConvTranspose)", "conv/kernel (a ConvTranspose)"]),
+    (_WithRawParam, ["gate (a _WithRawParam)"]),
+    (_WithSubclassedLinear, ["proj/bias (a _MyLinear)", "proj/kernel (a _MyLinear)"]),
 ], ids=["conv", "raw-param", "linear-subclass"])
 def test_parameter_no_rule_covers_is_refused(make, uncovered):
     model = make(nnx.Rngs(0))
@@ -424,7 +425,8 @@ def test_parameter_no_rule_covers_is_refused(make, uncovered):
     for convert in (flax_to_torch, lambda m: torch_to_flax(good, m), torch_key_shapes):
         with pytest.raises(ConversionError) as info:
             convert(model)
-        assert f"no conversion rule covers these parameters of {type(model).__name__}: {', '.join(uncovered)}" in str(info.value)
+        # Each variable is named with its layer type.
+        assert f"no conversion rule covers these variables of {type(model).__name__}: {', '.join(uncovered)}" in str(info.value)
     assert_params_bit_identical(flax_params(model), before)
 
 

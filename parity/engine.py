@@ -1,0 +1,335 @@
+"""The one conversion engine: a plan from the Flax model and the rules, applied by numpy.
+
+``plan(model, rules)`` walks the Flax model (live, or abstract from ``nnx.eval_shape``), looks
+each layer's type up in the rules and yields one ``Link`` per Flax variable (parameters and
+batch statistics): its Flax path, the torch key it comes from and that key's torch shape.
+Keys are never guessed from names or shapes. A variable no rule covers is refused, naming the
+variable and its layer type.
+
+``to_flax(plan, arrays)`` / ``to_torch(plan, arrays)`` move numpy arrays between the two
+layouts (every dtype bit for bit: no JAX, which would narrow float64), for arrays in memory and
+files alike; ``check_torch`` is the one strict checker of a torch-keyed mapping. No torch here.
+"""
+
+import dataclasses
+import difflib
+import re
+from collections import defaultdict
+
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from parity import rules as _rules
+
+
+class ConversionError(ValueError):
+    """A state dict does not fit a model. Lists every offending key at once.
+
+    Attributes: ``missing`` (expected keys absent from the state dict), ``unexpected`` (keys
+    the model has no place for), ``mismatched`` ({key: (got_shape, expected_shape)}) and
+    ``invalid`` ({key: why}) for values that are not float arrays.
+    """
+
+    def __init__(self, message, *, missing=(), unexpected=(), mismatched=None, invalid=None):
+        super().__init__(message)
+        self.missing = list(missing)
+        self.unexpected = list(unexpected)
+        self.mismatched = dict(mismatched or {})
+        self.invalid = dict(invalid or {})
+
+
+# Variables a conversion moves: parameters and BatchNorm's running statistics (not RNG state).
+_VARIABLES = (nnx.Param, nnx.BatchStat)
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One Flax variable and the torch tensor (or chunk of one) it comes from."""
+
+    torch_key: str  # 'encoder.transformer_layers.0.attention.W_q.weight'
+    flax_path: str | None  # 'encoder/transformer_layers/0/attention/W_q/kernel'; None: torch-only buffer
+    rule: _rules.Rule
+    layer_type: type
+    flax_shape: tuple
+    flax_dtype: object
+
+    @property
+    def torch_shape(self):
+        """This variable's shape in torch's layout (a chunk's, for a ``part``)."""
+        shape = self.flax_shape
+        for op in reversed(self.rule.ops):
+            shape = _inverse_shape(op, shape)
+        return shape
+
+
+def _perm(op, ndim):
+    if isinstance(op, _rules.ChannelsLast):
+        return (*range(2, ndim), 1, 0)  # (O, I, *spatial) -> (*spatial, I, O)
+    return tuple(reversed(range(ndim))) if op.axes is None else tuple(op.axes)
+
+
+def _inverse_shape(op, shape):
+    if isinstance(op, (_rules.Transpose, _rules.ChannelsLast)):
+        inv = np.argsort(_perm(op, len(shape)))
+        return tuple(shape[i] for i in inv)
+    if isinstance(op, _rules.Unflatten):
+        a = op.axis
+        return (*shape[:a], int(np.prod(shape[a:a + op.n])), *shape[a + op.n:])
+    raise TypeError(f"unknown layout operation {op!r}")
+
+
+def _forward(op, array, flax_shape_after):
+    """One op, torch -> Flax. ``flax_shape_after``: the shape this op produces."""
+    if isinstance(op, (_rules.Transpose, _rules.ChannelsLast)):
+        return np.transpose(array, _perm(op, array.ndim))
+    return array.reshape(flax_shape_after)
+
+
+def _backward(op, array, shape_before):
+    if isinstance(op, (_rules.Transpose, _rules.ChannelsLast)):
+        return np.transpose(array, np.argsort(_perm(op, array.ndim)))
+    return array.reshape(shape_before)
+
+
+def _shapes(link):
+    """Shapes along the op chain, torch side first, Flax side last."""
+    shapes = [link.flax_shape]
+    for op in reversed(link.rule.ops):
+        shapes.append(_inverse_shape(op, shapes[-1]))
+    return shapes[::-1]
+
+
+def array_to_flax(link, array):
+    shapes = _shapes(link)
+    for op, after in zip(link.rule.ops, shapes[1:]):
+        array = _forward(op, array, after)
+    return np.array(array, copy=True)  # contiguous, and never a view of the caller's buffer
+
+
+def array_to_torch(link, array):
+    shapes = _shapes(link)
+    array = np.asarray(array)
+    for op, before in zip(reversed(link.rule.ops), reversed(shapes[:-1])):
+        array = _backward(op, array, before)
+    return np.array(array, copy=True)
+
+
+class Plan(dict):
+    """{torch key: [Link, ...]} (several Links for a tensor split in chunks), in model order."""
+
+    @property
+    def links(self):
+        return [link for links in self.values() for link in links]
+
+    def torch_shape(self, key):
+        links = self[key]
+        if links[0].rule.part is None:
+            return links[0].torch_shape
+        first = links[0].torch_shape
+        return (sum(link.torch_shape[0] for link in links), *first[1:])
+
+
+def _value(var):
+    return var.get_value() if hasattr(var, "get_value") else var.value
+
+
+def plan(model, rules=None):
+    """The conversion plan of the Flax ``model`` under ``rules`` (default: ``parity.RULES``)."""
+    rules = _rules.RULES if rules is None else rules
+    out, covered = Plan(), set()
+    modules = {tuple(path): module for path, module in nnx.iter_modules(model)}
+    # A rule naming a sublayer's variable ("query/kernel") covers that sublayer: it is not
+    # looked up on its own (MultiHeadAttention's LinearGenerals).
+    owners = [path for path, module in modules.items()
+              if any(r.flax_name and "/" in r.flax_name for r in rules.get(type(module), ()))]
+    for path, module in modules.items():
+        if any(len(path) > len(o) and path[:len(o)] == o for o in owners):
+            continue
+        layer_rules = rules.get(type(module))
+        if layer_rules is None:
+            continue
+        for rule in layer_rules:
+            key = ".".join(map(str, (*path, rule.torch_name)))
+            if rule.flax_name is None:
+                out.setdefault(key, []).append(Link(key, None, rule, type(module), (), None))
+                continue
+            var = module
+            for name in rule.flax_name.split("/"):
+                var = getattr(var, name, None)
+            if var is None:  # e.g. a Linear built with use_bias=False: no bias, no key
+                continue
+            value = _value(var)
+            flax_path = "/".join(map(str, (*path, rule.flax_name)))
+            out.setdefault(key, []).append(Link(key, flax_path, rule, type(module), tuple(value.shape), value.dtype))
+            covered.add(flax_path)
+    for key, links in out.items():
+        links.sort(key=lambda link: link.rule.part or (0, 1))
+    uncovered = []
+    for path, _ in nnx.to_flat_state(nnx.state(model, _VARIABLES)):
+        text = "/".join(map(str, path))
+        if text not in covered:
+            layer = modules.get(tuple(path[:-1]), model)
+            uncovered.append(f"{text} (a {type(layer).__name__})")
+    if uncovered:
+        raise ConversionError(
+            f"no conversion rule covers these variables of {type(model).__name__}: {', '.join(uncovered)}; "
+            f"the rules handle {', '.join(_type_names(rules))} (parity.register_rule adds a layer type)"
+        )
+    return out
+
+
+def _type_names(types):
+    names = [t.__name__ for t in types]
+    return [f"{t.__module__}.{t.__name__}" if names.count(t.__name__) > 1 else t.__name__ for t in types]
+
+
+def to_flax(the_plan, arrays):
+    """{Flax path: numpy array, Flax layout} from checked {torch key: numpy array}."""
+    out = {}
+    for key, links in the_plan.items():
+        if links[0].flax_path is None:
+            continue  # a torch-only buffer, dropped by its rule
+        chunks = _split(arrays[key], links)
+        for link, chunk in zip(links, chunks):
+            if link.flax_path is not None:
+                out[link.flax_path] = array_to_flax(link, chunk)
+    return out
+
+
+def to_torch(the_plan, arrays):
+    """{torch key: numpy array, torch layout} from {Flax path: array}, in the plan's order."""
+    out = {}
+    for key, links in the_plan.items():
+        if links[0].flax_path is None:
+            out[key] = np.array(links[0].rule.torch_default, dtype=np.int64)
+            continue
+        parts = [array_to_torch(link, arrays[link.flax_path]) for link in links]
+        out[key] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    return out
+
+
+def _split(array, links):
+    if links[0].rule.part is None:
+        return [array]
+    sizes = np.cumsum([link.torch_shape[0] for link in links])[:-1]
+    return np.split(array, sizes, axis=0)
+
+
+# ----------------------------------------------------------------------------- the strict checker
+
+_LAYER_INDEX = re.compile(r"^(.*?)\.(\d+)\.")
+
+
+def layer_depths(keys):
+    """{list prefix: number of blocks} from keys like ``encoder.transformer_layers.5.norm1.weight``
+    (the first ``.N.`` in a key is the layer index): highest index + 1 per prefix."""
+    out = defaultdict(int)
+    for key in keys:
+        m = _LAYER_INDEX.match(str(key))
+        if m:
+            out[m.group(1)] = max(out[m.group(1)], int(m.group(2)) + 1)
+    return dict(out)
+
+
+def _depth_hints(expected, got):
+    have, want = layer_depths(got), layer_depths(expected)
+    return [
+        f"{prefix} has {have[prefix]} layers in the checkpoint, {want[prefix]} in the model"
+        for prefix in sorted(want)
+        if prefix in have and have[prefix] != want[prefix]
+    ]
+
+
+def _closest(key, candidates):
+    match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _is_float(array):
+    return np.issubdtype(array.dtype, np.floating) or array.dtype == ml_dtypes.bfloat16
+
+
+def check_torch(the_plan, arrays, what, read=np.asarray):
+    """Raise one ConversionError naming everything wrong with {torch key: value} for the plan,
+    or return {torch key: numpy array}. ``read`` turns a value into a numpy array."""
+    if not hasattr(arrays, "keys"):
+        raise ConversionError(f"expected a mapping of torch key -> tensor, got {type(arrays).__name__}")
+    given = list(arrays.keys())
+    missing = [k for k in the_plan if k not in arrays and the_plan[k][0].flax_path is not None]
+    unexpected = [k for k in given if k not in the_plan]
+    mismatched, invalid, out = {}, {}, {}
+    for key in given:
+        if key not in the_plan:
+            continue
+        try:
+            value = read(arrays[key])
+        except Exception as e:  # noqa: BLE001 - reported with the key, below
+            invalid[key] = f"cannot read as an array ({e})"
+            continue
+        if the_plan[key][0].flax_path is None:
+            continue  # a torch-only buffer (num_batches_tracked): read, and dropped by its rule
+        if not _is_float(value):
+            invalid[key] = f"dtype {value.dtype} is not a floating-point dtype"
+            continue
+        want = the_plan.torch_shape(key)
+        if tuple(value.shape) != want:
+            mismatched[key] = (tuple(value.shape), want)
+            continue
+        out[key] = value
+    if missing or unexpected or mismatched or invalid:
+        lines = [f"state dict does not fit {what}:"]
+        lines += _depth_hints(list(the_plan), given)
+        for key in missing:
+            lines.append(f"  missing key {key!r}{_closest(key, unexpected)}")
+        for key in unexpected:
+            # Suggest only keys that are missing: a key the checkpoint already supplies is never
+            # what an extra key was meant to be (an extra layer would "mean" the layer before it).
+            lines.append(f"  unexpected key {key!r}{_closest(key, missing)}")
+        for key, (got, want) in mismatched.items():
+            lines.append(f"  shape mismatch for {key!r}: checkpoint {got}, model expects {want}"
+                         f"{_layout_hint(the_plan[key][0], got, want)}")
+        for key, why in invalid.items():
+            lines.append(f"  invalid value for {key!r}: {why}")
+        raise ConversionError(
+            "\n".join(lines), missing=missing, unexpected=unexpected, mismatched=mismatched, invalid=invalid
+        )
+    return out
+
+
+def _layout_hint(link, got, want):
+    """Shapes that match only after a transpose the rule did not ask for are called so."""
+    if sorted(got) != sorted(want) or len(got) < 2:
+        return ""
+    layer = link.layer_type.__name__
+    if link.rule.ops == _rules.TRANSPOSE and got == want[::-1]:
+        return " (looks transposed: torch Linear weights are (out_features, in_features))"
+    if any(isinstance(op, _rules.ChannelsLast) for op in link.rule.ops):
+        return f" (looks like a kernel in another layout: torch {layer} kernels are (out, in, *spatial))"
+    return f" (the same sizes in another order: a transposed or Flax-layout array given for the {layer}'s {link.rule.torch_name!r}?)"
+
+
+def check_flax(the_plan, params, what):
+    """Raise one ConversionError naming every missing, unexpected or misshapen Flax path."""
+    links = [link for link in the_plan.links if link.flax_path is not None]
+    expected = {link.flax_path: link for link in links}
+    missing = [p for p in expected if p not in params]
+    unexpected = [p for p in params if p not in expected]
+    mismatched = {p: (tuple(np.shape(params[p])), link.flax_shape) for p, link in expected.items()
+                  if p in params and tuple(np.shape(params[p])) != link.flax_shape}
+    if missing or unexpected or mismatched:
+        lines = [f"Flax parameters do not fit {what}:"]
+        lines += [f"  missing parameter {p!r}" for p in missing]
+        lines += [f"  unexpected parameter {p!r}" for p in unexpected]
+        lines += [f"  shape mismatch for {p!r}: file {got}, model expects {want}" for p, (got, want) in mismatched.items()]
+        raise ConversionError("\n".join(lines), missing=missing, unexpected=unexpected, mismatched=mismatched)
+
+
+def flax_variables(model):
+    """{Flax path: nnx.Variable} of a model's parameters and batch statistics."""
+    return {"/".join(map(str, path)): var for path, var in nnx.to_flat_state(nnx.state(model, _VARIABLES))}
+
+
+def flax_arrays(model):
+    """{Flax path: numpy array} of a live model's parameters and batch statistics."""
+    return {path: np.asarray(_value(var)) for path, var in flax_variables(model).items()}

@@ -1,0 +1,141 @@
+"""Rename maps: a declarative table of key patterns, for models whose torch names differ.
+
+    {"layers.{}.attn.wq.weight": "blocks.{}.attention.query.weight",      # one key -> one key
+     "layers.{}.attn.in_proj_weight": ("blocks.{}.q.weight",               # one key -> chunks
+                                       "blocks.{}.k.weight", "blocks.{}.v.weight")}
+
+Left: the user's torch keys. Right: the keys the conversion plan expects (the Flax module path
+in dots, then the torch parameter name; ``parity.torch_key_shapes(model)`` lists them). ``{}``
+stands for one dotted segment (a layer index), filled in order. A tuple on the right splits
+the tensor in equal chunks along axis 0 (and concatenates them back in the other direction).
+Keys no pattern matches pass through unchanged. Applied both ways, as gpt-fast's weight map;
+every pattern that matches nothing, key matched twice, or two keys onto one name is reported
+at once. Needs no torch: it moves values it does not look inside (except to chunk them).
+"""
+
+import re
+
+import numpy as np
+
+from parity.engine import ConversionError
+
+
+def _compile(pattern):
+    if not isinstance(pattern, str) or not pattern:
+        raise ConversionError(f"rename pattern {pattern!r} is not a non-empty string")
+    return re.compile("^" + re.escape(pattern).replace(r"\{\}", r"([^./]+)") + "$")
+
+
+def _fill(pattern, groups):
+    parts = pattern.split("{}")
+    if len(parts) - 1 != len(groups):
+        raise ConversionError(f"rename target {pattern!r} has {len(parts) - 1} '{{}}', its source {len(groups)}")
+    return "".join(p + g for p, g in zip(parts, (*groups, ""))) if groups else pattern
+
+
+class Rename:
+    """A compiled rename table; ``forward`` renames a torch state dict, ``backward`` undoes it."""
+
+    def __init__(self, table):
+        if isinstance(table, Rename):
+            table = table.table
+        if not isinstance(table, dict):
+            raise ConversionError(f"a rename map is a dict of pattern -> pattern, got {type(table).__name__}")
+        self.table = dict(table)
+        self._forward = [(src, _compile(src), tgt if isinstance(tgt, tuple) else (tgt,)) for src, tgt in table.items()]
+        self._backward = [(src, tgts, [_compile(t) for t in tgts]) for src, _, tgts in self._forward]
+
+    @staticmethod
+    def _report(direction, unused, twice, collide):
+        lines = [f"rename map does not fit the {direction} keys:"]
+        lines += [f"  pattern {p!r} matches no key" for p in unused]
+        lines += [f"  key {k!r} matches {len(ps)} patterns: {', '.join(map(repr, ps))}" for k, ps in twice.items()]
+        lines += [f"  keys {', '.join(map(repr, ks))} all rename to {t!r}" for t, ks in collide.items()]
+        raise ConversionError("\n".join(lines), unexpected=list(twice), mismatched={})
+
+    def forward(self, state_dict, split=None):
+        """{user key: value} -> {plan key: value}. ``split(value, n)``: n chunks along axis 0."""
+        split = split or (lambda v, n: np.split(np.asarray(v), n, axis=0))
+        used, twice, out, sources = set(), {}, {}, {}
+        for key, value in state_dict.items():
+            hits = [(src, m, tgts) for src, rx, tgts in self._forward if (m := rx.match(str(key)))]
+            if len(hits) > 1:
+                twice[key] = [h[0] for h in hits]
+                continue
+            if not hits:
+                targets, values = (key,), (value,)
+            else:
+                src, m, tgts = hits[0]
+                used.add(src)
+                targets = tuple(_fill(t, m.groups()) for t in tgts)
+                values = (value,) if len(tgts) == 1 else tuple(split(value, len(tgts)))
+            for target, v in zip(targets, values):
+                sources.setdefault(target, []).append(key)
+                out[target] = v
+        unused = [src for src in self.table if src not in used]
+        collide = {t: ks for t, ks in sources.items() if len(ks) > 1}
+        if unused or twice or collide:
+            self._report("torch", unused, twice, collide)
+        return out
+
+    def backward(self, state_dict, concat=None):
+        """{plan key: value} -> {user key: value}, chunks concatenated back along axis 0."""
+        concat = concat or (lambda vs: np.concatenate([np.asarray(v) for v in vs], axis=0))
+        used, twice, out, sources, pending = set(), {}, {}, {}, {}
+        for key, value in state_dict.items():
+            hits = [(src, i, m, tgts) for src, tgts, rxs in self._backward
+                    for i, rx in enumerate(rxs) if (m := rx.match(str(key)))]
+            if len(hits) > 1:
+                twice[key] = [h[0] for h in hits]
+                continue
+            if not hits:
+                sources.setdefault(key, []).append(key)
+                out[key] = value
+                continue
+            src, i, m, tgts = hits[0]
+            used.add(src)
+            name = _fill(src, m.groups())
+            if len(tgts) == 1:
+                sources.setdefault(name, []).append(key)
+                out[name] = value
+            else:
+                pending.setdefault(name, {})[i] = value
+                if len(pending[name]) == len(tgts):
+                    sources.setdefault(name, []).append(key)
+                    out[name] = concat([pending[name][j] for j in range(len(tgts))])
+        unused = [src for src in self.table if src not in used]
+        collide = {t: ks for t, ks in sources.items() if len(ks) > 1}
+        if unused or twice or collide:
+            self._report("Flax model's", unused, twice, collide)
+        return out
+
+    def user_name(self, key):
+        """What the plan's ``key`` is called in the user's state dict (itself if no pattern renames it)."""
+        for src, tgts, rxs in self._backward:
+            for i, rx in enumerate(rxs):
+                m = rx.match(key)
+                if m:
+                    name = _fill(src, m.groups())
+                    return name if len(tgts) == 1 else f"{name} (chunk {i} of {len(tgts)})"
+        return key
+
+    def module_path(self, torch_path):
+        """A torch module path renamed as its parameters are (for matching intermediates), or
+        itself: a pattern's module part ("layers.{}.wq") or its part up to a ``{}``
+        ("layers.{}" -> "blocks.{}", for a block that holds no parameter of its own)."""
+        for src, _, tgts in self._forward:
+            if len(tgts) != 1:
+                continue
+            for head, target in _prefix_pairs(src, tgts[0]):
+                m = _compile(head).match(torch_path)
+                if m:
+                    return _fill(target, m.groups())
+        return torch_path
+
+
+def _prefix_pairs(src, tgt):
+    pairs = [(src.rpartition(".")[0], tgt.rpartition(".")[0])]
+    s_parts, t_parts = src.split("{}"), tgt.split("{}")
+    for i in range(1, min(len(s_parts), len(t_parts))):
+        pairs.append(("{}".join(s_parts[:i]) + "{}", "{}".join(t_parts[:i]) + "{}"))
+    return [(a, b) for a, b in pairs if a and b]

@@ -1,0 +1,115 @@
+"""The conversion rules, as data: for each Flax layer type, which torch parameter becomes which
+Flax variable, and which layout operations take one to the other. Needs no torch.
+
+A ``Rule`` lists its layout operations in the torch -> Flax direction; ``parity.engine`` runs
+them forward (torch -> Flax) or backward (Flax -> torch) with one numpy function, and computes
+the torch shape a Flax variable expects by running them backward on the Flax shape. The kinds:
+
+- ``Transpose(axes)``: ``np.transpose``; ``axes=None`` reverses (Linear: torch (out, in) -> Flax (in, out)).
+- ``ChannelsLast()``: a convolution kernel, torch (O, I, *spatial) -> Flax (*spatial, I, O).
+- ``Unflatten(axis, n)``: split ``axis`` into ``n`` axes, sizes read from the Flax shape
+  (attention: torch's (H*K) -> Flax's (H, K)).
+- ``Rule.part = (i, n)``: this Flax variable is chunk ``i`` of ``n`` along axis 0 of the torch
+  tensor (``nn.MultiheadAttention.in_proj_weight`` = [q; k; v]); Flax -> torch concatenates.
+
+Users extend the table without editing the package: ``parity.register_rule(MyLayer, Rule(...), ...)``.
+"""
+
+import dataclasses
+
+from flax import nnx
+
+from flaxformer_mini import primitives
+
+
+@dataclasses.dataclass(frozen=True)
+class Transpose:
+    axes: tuple | None = None  # None: reverse all axes
+
+
+@dataclasses.dataclass(frozen=True)
+class ChannelsLast:
+    """torch's conv kernel (O, I, *spatial) <-> Flax's (*spatial, I, O)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Unflatten:
+    axis: int
+    n: int
+
+
+COPY = ()
+TRANSPOSE = (Transpose(),)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One torch tensor (or one chunk of it) <-> one Flax variable of a layer.
+
+    ``torch_name``: the tensor's name inside the torch module (dots allowed: ``"out_proj.weight"``).
+    ``flax_name``: the variable's path inside the Flax module (slashes allowed: ``"query/kernel"``);
+    ``None`` for a torch buffer with no Flax counterpart (``num_batches_tracked``), which is read
+    and dropped on load, and written back as ``torch_default`` (a scalar) on save.
+    ``ops``: layout operations, torch -> Flax. ``part``: (i, n), chunk i of n along torch axis 0.
+    """
+
+    torch_name: str
+    flax_name: str | None
+    ops: tuple = COPY
+    part: tuple | None = None
+    torch_default: int | float | None = None
+
+    @property
+    def op_names(self):
+        """'copy', 'transpose', 'chunk 0/3, transpose, unflatten' ... for tables and errors."""
+        names = [f"chunk {self.part[0]}/{self.part[1]}"] if self.part else []
+        names += [type(op).__name__.lower() for op in self.ops]
+        return ", ".join(names) or ("dropped (torch-only buffer)" if self.flax_name is None else "copy")
+
+
+_LINEAR_RULES = (Rule("weight", "kernel", TRANSPOSE), Rule("bias", "bias"))
+_CONV_RULES = (Rule("weight", "kernel", (ChannelsLast(),)), Rule("bias", "bias"))
+_NORM_RULES = (Rule("weight", "scale"), Rule("bias", "bias"))
+
+
+def _attention_rules():
+    # nn.MultiheadAttention stores q, k, v as one (3*D, D) in_proj_weight (torch's Linear
+    # layout, out x in); nnx.MultiHeadAttention has a LinearGeneral each, kernel (D, H, K).
+    rules = []
+    for i, name in enumerate(("query", "key", "value")):
+        rules.append(Rule("in_proj_weight", f"{name}/kernel", (Transpose(), Unflatten(1, 2)), part=(i, 3)))
+        rules.append(Rule("in_proj_bias", f"{name}/bias", (Unflatten(0, 2),), part=(i, 3)))
+    # out_proj: torch (D, H*K) -> Flax (H, K, D).
+    rules.append(Rule("out_proj.weight", "out/kernel", (Transpose(), Unflatten(0, 2))))
+    rules.append(Rule("out_proj.bias", "out/bias"))
+    return tuple(rules)
+
+
+RULES = {
+    nnx.Linear: _LINEAR_RULES,
+    # flaxformer_mini's Linear: the same parameters, computed over flattened leading axes.
+    primitives.Linear: _LINEAR_RULES,
+    nnx.Embed: (Rule("weight", "embedding"),),
+    nnx.LayerNorm: _NORM_RULES,
+    nnx.Conv: _CONV_RULES,
+    nnx.GroupNorm: _NORM_RULES,
+    nnx.RMSNorm: (Rule("weight", "scale"),),
+    # torch's running statistics are buffers; nnx.BatchNorm keeps them as nnx.BatchStat.
+    nnx.BatchNorm: (*_NORM_RULES, Rule("running_mean", "mean"), Rule("running_var", "var"),
+                    Rule("num_batches_tracked", None, torch_default=0)),
+    nnx.MultiHeadAttention: _attention_rules(),
+}
+
+
+def register_rule(layer_type, *rules, table=None):
+    """Teach the converter a Flax layer type: ``register_rule(MyLayer, Rule("w", "kernel", TRANSPOSE))``.
+
+    Replaces any rules the type had. The layer's own variables must all be covered, or the
+    plan refuses the model naming the ones left over.
+    """
+    if not isinstance(layer_type, type):
+        raise TypeError(f"register_rule needs a Flax layer type (a class), got {layer_type!r}")
+    if not rules or not all(isinstance(r, Rule) for r in rules):
+        raise TypeError(f"register_rule({layer_type.__name__}, ...) needs one or more parity.Rule, got {rules!r}")
+    (RULES if table is None else table)[layer_type] = tuple(rules)
+    return layer_type

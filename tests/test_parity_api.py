@@ -1,0 +1,163 @@
+"""The public API on a pair of models that are not ours and whose names differ.
+
+``parity.torch_to_flax`` / ``flax_to_torch`` with a rename map (both ways, bit for bit),
+``parity.compare`` (intermediates matched by path through the map, torch's order, first
+divergence named), ``parity.compare_gradients`` on a user-given loss, and the bad input each
+refuses: a pattern matching nothing, a key matching two patterns, inputs that differ.
+"""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import parity
+from parity import ConversionError, flax_to_torch, torch_to_flax
+
+D, F, V = 6, 10, 13
+
+
+class TorchBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wq = torch.nn.Linear(D, F)
+        self.wo = torch.nn.Linear(F, D, bias=False)
+        self.ln = torch.nn.LayerNorm(D)
+
+    def forward(self, x):
+        return self.ln(x + self.wo(torch.relu(self.wq(x))))
+
+
+class TorchNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(V, D)
+        self.layers = torch.nn.ModuleList([TorchBlock(), TorchBlock()])
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class FlaxBlock(nnx.Module):
+    def __init__(self, rngs):
+        self.up = nnx.Linear(D, F, rngs=rngs)
+        self.down = nnx.Linear(F, D, use_bias=False, rngs=rngs)
+        self.norm = nnx.LayerNorm(D, epsilon=1e-5, rngs=rngs)  # torch's eps; Flax's default is 1e-6
+
+    def __call__(self, x):
+        return self.norm(x + self.down(nnx.relu(self.up(x))))
+
+
+class FlaxNet(nnx.Module):
+    def __init__(self, rngs):
+        self.embed = nnx.Embed(V, D, rngs=rngs)
+        self.blocks = nnx.List([FlaxBlock(rngs), FlaxBlock(rngs)])
+
+    def __call__(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+RENAME = {
+    "tok.weight": "embed.weight",
+    "layers.{}.wq.weight": "blocks.{}.up.weight",
+    "layers.{}.wq.bias": "blocks.{}.up.bias",
+    "layers.{}.wo.weight": "blocks.{}.down.weight",
+    "layers.{}.ln.weight": "blocks.{}.norm.weight",
+    "layers.{}.ln.bias": "blocks.{}.norm.bias",
+}
+IDS = np.array([[1, 4, 2, 0], [7, 3, 12, 5]])
+
+
+@pytest.fixture
+def pair():
+    torch.manual_seed(0)
+    t = TorchNet().eval()
+    f = torch_to_flax(t.state_dict(), FlaxNet(nnx.Rngs(1)), rename=RENAME)
+    return t, f
+
+
+def test_rename_map_loads_and_round_trips_bit_exact(pair):
+    t, f = pair
+    back = flax_to_torch(f, rename=RENAME)
+    assert set(back) == set(t.state_dict())
+    for key, value in t.state_dict().items():
+        assert torch.equal(back[key], value), key
+    TorchNet().load_state_dict(back, strict=True)
+
+
+def test_compare_matches_renamed_paths_in_torch_order_and_all_agree(pair):
+    t, f = pair
+    report = parity.compare(t, f, (torch.from_numpy(IDS),), (IDS,), atol=1e-5, rename=RENAME)
+    names = [r.name for r in report.rows]
+    assert all(r.note == "" for r in report.rows), report.format_table(show_all=True)
+    # Torch's execution order, under the Flax names: embedding, then block 0's layers, ...
+    assert names.index("embed") < names.index("blocks.0.up") < names.index("blocks.0.norm") < names.index("blocks.1.up")
+    assert report.ok and report.max_abs <= 1e-5
+
+
+def test_compare_names_a_planted_fault_as_the_first_divergence(pair):
+    t, f = pair
+    kernel = f.blocks[1].down.kernel
+    kernel.set_value(kernel.get_value() * 1.01)
+    report = parity.compare(t, f, (torch.from_numpy(IDS),), (IDS,), atol=1e-5, rename=RENAME)
+    assert report.first_divergence.name == "blocks.1.down"
+    assert "first divergence: blocks.1.down" in report.format_table()
+
+
+def test_compare_gradients_on_a_user_loss_agree(pair):
+    t, f = pair
+    target = np.linspace(-1, 1, IDS.size * D, dtype=np.float32).reshape(*IDS.shape, D)
+
+    def torch_loss(model, ids, y):
+        return ((model(ids) - y) ** 2).mean()
+
+    def flax_loss(model, ids, y):
+        return ((model(ids) - y) ** 2).mean()
+
+    report = parity.compare_gradients(t, f, torch_loss, flax_loss, (torch.from_numpy(IDS), torch.from_numpy(target)),
+                                      (IDS, target), atol=1e-5, rename=RENAME)
+    grads = [r for r in report.rows if r.kind == "gradient"]
+    assert len(grads) == len(list(t.parameters()))
+    assert report.ok, report.format_table(show_all=True)
+
+
+def test_rename_patterns_matching_nothing_or_twice_are_all_reported_at_once(pair):
+    t, _ = pair
+    bad = {**RENAME, "layers.{}.missing.weight": "blocks.{}.x.weight", "layers.{}.wq.{}": "blocks.{}.up.{}"}
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax(t.state_dict(), FlaxNet(nnx.Rngs(0)), rename=bad)
+    message = str(info.value)
+    assert "pattern 'layers.{}.missing.weight' matches no key" in message
+    assert "key 'layers.0.wq.weight' matches 2 patterns" in message and "key 'layers.1.wq.bias' matches 2" in message
+
+
+def test_two_keys_renamed_onto_one_name_are_reported(pair):
+    t, _ = pair
+    bad = {**RENAME, "layers.{}.wq.bias": "blocks.{}.up.weight"}
+    with pytest.raises(ConversionError, match=re.escape("keys 'layers.0.wq.weight', 'layers.0.wq.bias' all rename to 'blocks.0.up.weight'")):
+        torch_to_flax(t.state_dict(), FlaxNet(nnx.Rngs(0)), rename=bad)
+
+
+def test_without_the_rename_map_every_key_is_named(pair):
+    t, _ = pair
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax(t.state_dict(), FlaxNet(nnx.Rngs(0)))
+    assert len(info.value.missing) == len(info.value.unexpected) == len(t.state_dict())
+
+
+@pytest.mark.parametrize("flax_ids, why", [
+    (IDS[:, :3], "torch shape (2, 4), Flax shape (2, 3)"),
+    (IDS.astype(np.float32), "torch dtype int64, Flax dtype float32"),
+], ids=["shape", "dtype"])
+def test_compare_refuses_inputs_that_differ_between_the_sides(pair, flax_ids, why):
+    t, f = pair
+    with pytest.raises(ValueError, match=re.escape(f"different inputs: input 0: {why}")):
+        parity.compare(t, f, (torch.from_numpy(IDS),), (flax_ids,), rename=RENAME)

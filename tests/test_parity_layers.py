@@ -1,0 +1,185 @@
+"""Every conversion rule against the PyTorch layer it stands for, with the same weights.
+
+For each pair: the torch layer's state dict loads into the Flax layer (``parity.torch_to_flax``),
+both compute the same outputs on the same input (within 1e-5: the two frameworks' kernels sum
+in different orders, so forward outputs agree to float32 rounding, not bit for bit), and
+torch -> Flax -> torch gives back every tensor bit for bit and loads with ``strict=True``.
+Sizes are odd and distinct so a swapped axis changes a shape.
+
+Defaults that differ, set explicitly in each Flax layer below and said in docs/porting.md:
+- ``nnx.GroupNorm`` / ``nnx.RMSNorm`` epsilon 1e-6; torch's GroupNorm 1e-5, RMSNorm
+  ``finfo(dtype).eps`` (1.19e-7 for float32) when ``eps=None``;
+- BatchNorm momentum: torch's 0.1 weighs the new batch, Flax's 0.99 weighs the old average
+  (flax momentum = 1 - torch momentum); torch's running_var uses the unbiased batch variance,
+  Flax's the biased one.
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import parity
+from parity import ConversionError, flax_to_torch, torch_to_flax
+
+ATOL = 1e-5
+RNG = np.random.default_rng(0)
+
+
+def _rand(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _nlc(x):  # torch (N, C, *spatial) -> Flax (N, *spatial, C)
+    return np.moveaxis(x, 1, -1)
+
+
+def _randomize_buffers(layer):
+    # Fresh running statistics are 0 and 1, which a swapped mean/var would not reveal.
+    if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):
+        layer.running_mean.copy_(torch.randn_like(layer.running_mean))
+        layer.running_var.copy_(torch.rand_like(layer.running_var) + 0.5)
+        layer.num_batches_tracked.fill_(7)
+    return layer
+
+
+# name: (torch layer, Flax layer, torch input, Flax input from it, Flax output -> torch layout, call)
+CASES = {
+    "Linear-no-bias": (lambda: torch.nn.Linear(5, 7, bias=False),
+                       lambda r: nnx.Linear(5, 7, use_bias=False, rngs=r), (3, 5), None, None),
+    "Conv1d-stride-padding-groups": (
+        lambda: torch.nn.Conv1d(3, 6, 3, stride=2, padding=1, groups=3),
+        lambda r: nnx.Conv(3, 6, (3,), strides=2, padding=((1, 1),), feature_group_count=3, rngs=r),
+        (2, 3, 9), _nlc, _nlc),
+    "Conv2d-no-bias": (
+        lambda: torch.nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 0), groups=2, bias=False),
+        lambda r: nnx.Conv(4, 6, (3, 2), strides=(2, 1), padding=((1, 1), (0, 0)), feature_group_count=2,
+                           use_bias=False, rngs=r),
+        (2, 4, 7, 5), _nlc, _nlc),
+    "BatchNorm1d-eval": (lambda: torch.nn.BatchNorm1d(5), lambda r: nnx.BatchNorm(5, momentum=0.9, rngs=r),
+                         (6, 5), None, None),
+    "BatchNorm2d-eval": (lambda: torch.nn.BatchNorm2d(4), lambda r: nnx.BatchNorm(4, momentum=0.9, rngs=r),
+                         (3, 4, 5, 3), _nlc, _nlc),
+    "GroupNorm": (lambda: torch.nn.GroupNorm(2, 6), lambda r: nnx.GroupNorm(6, num_groups=2, epsilon=1e-5, rngs=r),
+                  (2, 6, 5), _nlc, _nlc),
+    "RMSNorm": (lambda: torch.nn.RMSNorm(7),
+                lambda r: nnx.RMSNorm(7, epsilon=float(np.finfo(np.float32).eps), rngs=r), (3, 4, 7), None, None),
+    "LayerNorm-no-affine-bias": (lambda: torch.nn.LayerNorm(7, bias=False),
+                                 lambda r: nnx.LayerNorm(7, epsilon=1e-5, use_bias=False, rngs=r), (3, 7), None, None),
+}
+
+
+def _pair(name):
+    make_torch, make_flax, *_ = CASES[name]
+    torch.manual_seed(1)
+    t = _randomize_buffers(make_torch()).eval()
+    f = make_flax(nnx.Rngs(5))
+    f.eval()
+    return t, f
+
+
+def _assert_round_trip(t, f, **kw):
+    back = flax_to_torch(f, **kw)
+    want = t.state_dict()
+    assert list(back) == [k for k in want if k in back] and set(back) == set(want)
+    for key, value in want.items():
+        if key.endswith("num_batches_tracked"):
+            continue  # no Flax counterpart: written back as 0 (its rule), not carried
+        assert torch.equal(back[key], value), key
+    copy.deepcopy(t).load_state_dict(back, strict=True)  # loads strictly into the torch layer
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_layer_forward_matches_torch_and_round_trip_is_bit_exact(name):
+    _, _, shape, to_flax_input, to_torch_output = CASES[name]
+    t, f = _pair(name)
+    torch_to_flax(t.state_dict(), f)
+    x = _rand(*shape)
+    with torch.no_grad():
+        want = t(torch.from_numpy(x)).numpy()
+    got = np.asarray(f(to_flax_input(x) if to_flax_input else x))
+    got = np.moveaxis(got, -1, 1) if to_torch_output else got
+    np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+    _assert_round_trip(t, f)
+
+
+def test_embedding_with_padding_idx_matches_forward_and_differs_only_in_the_pad_rows_gradient():
+    torch.manual_seed(0)
+    t = torch.nn.Embedding(11, 5, padding_idx=0)
+    f = torch_to_flax(t.state_dict(), nnx.Embed(11, 5, rngs=nnx.Rngs(0)))
+    ids = np.array([[0, 3, 4], [5, 0, 0]])
+    np.testing.assert_array_equal(np.asarray(f(ids)), t(torch.from_numpy(ids)).detach().numpy())
+    _assert_round_trip(t, f)
+    # padding_idx is a torch-only gradient rule: the pad row gets no gradient in torch, and
+    # does in Flax (nnx.Embed has no padding_idx), so gradient parity names exactly that row.
+    report = parity.compare_gradients(t, f, lambda m, i: m(i).sum(), lambda m, i: m(i).sum(),
+                                      (torch.from_numpy(ids),), (ids,), atol=ATOL)
+    (row,) = [r for r in report.rows if r.kind == "gradient"]
+    assert not row.ok and row.max_abs == 3.0  # the pad id appears 3 times; d(sum)/d(row) = 3
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_multihead_attention_in_proj_splits_into_query_key_value(bias):
+    torch.manual_seed(0)
+    t = torch.nn.MultiheadAttention(12, 3, bias=bias, batch_first=True).eval()
+    f = nnx.MultiHeadAttention(3, 12, use_bias=bias, decode=False, rngs=nnx.Rngs(0))
+    torch_to_flax(t.state_dict(), f)
+    assert f.query.kernel.get_value().shape == (12, 3, 4)  # (D, H, K)
+    x = _rand(2, 5, 12)
+    with torch.no_grad():
+        want = t(*(torch.from_numpy(x),) * 3, need_weights=False)[0].numpy()
+    np.testing.assert_allclose(np.asarray(f(x)), want, atol=ATOL, rtol=0)
+    _assert_round_trip(t, f)
+
+
+def test_batchnorm_train_mode_outputs_match_and_running_stats_follow_the_documented_conventions():
+    torch.manual_seed(0)
+    t = _randomize_buffers(torch.nn.BatchNorm1d(5, momentum=0.1)).train()
+    # flax momentum = 1 - torch momentum: Flax weighs the old average, torch the new batch.
+    f = torch_to_flax(t.state_dict(), nnx.BatchNorm(5, momentum=0.9, rngs=nnx.Rngs(0)))
+    f.train()
+    old_mean, old_var = t.running_mean.numpy().copy(), t.running_var.numpy().copy()
+    x = _rand(8, 5)
+    want = t(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(np.asarray(f(x)), want, atol=ATOL, rtol=0)  # both normalize by the biased variance
+    x64, n = x.astype(np.float64), x.shape[0]
+    expected_mean = 0.9 * old_mean + 0.1 * x64.mean(axis=0)
+    np.testing.assert_allclose(np.asarray(f.mean.get_value()), expected_mean, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(t.running_mean.numpy(), expected_mean, atol=1e-6, rtol=0)
+    # torch folds the unbiased batch variance (n / (n - 1)) into running_var; Flax the biased one.
+    np.testing.assert_allclose(np.asarray(f.var.get_value()), 0.9 * old_var + 0.1 * x64.var(axis=0), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(t.running_var.numpy(), 0.9 * old_var + 0.1 * x64.var(axis=0) * n / (n - 1),
+                               atol=1e-6, rtol=0)
+
+
+def test_register_rule_teaches_a_new_layer_type_without_editing_the_package():
+    class Scale(nnx.Module):
+        def __init__(self, n, rngs):
+            self.w = nnx.Param(rngs.params.normal((n,)))
+
+    table = dict(parity.RULES)
+    with pytest.raises(ConversionError, match=r"w \(a Scale\)"):
+        torch_to_flax({"w": torch.ones(3)}, Scale(3, nnx.Rngs(0)), rules=table)
+    parity.register_rule(Scale, parity.Rule("gain", "w"), table=table)
+    f = torch_to_flax({"gain": torch.arange(3.0)}, Scale(3, nnx.Rngs(0)), rules=table)
+    np.testing.assert_array_equal(np.asarray(f.w.get_value()), [0.0, 1.0, 2.0])
+    assert Scale not in parity.RULES  # the package's table is untouched
+
+
+def test_torch_only_buffer_without_a_rule_is_reported_not_dropped():
+    t = torch.nn.BatchNorm1d(5)
+    f = nnx.LayerNorm(5, rngs=nnx.Rngs(0))  # a port that lost the running statistics
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax(t.state_dict(), f)
+    for key in ("running_mean", "running_var", "num_batches_tracked"):
+        assert f"unexpected key {key!r}" in str(info.value)
+
+
+def test_conv_kernel_given_in_flax_layout_is_called_another_layout():
+    t = torch.nn.Conv2d(4, 6, (3, 2))
+    f = nnx.Conv(4, 6, (3, 2), rngs=nnx.Rngs(0))
+    bad = dict(t.state_dict(), weight=t.weight.detach().permute(2, 3, 1, 0))  # HWIO: what Flax holds
+    with pytest.raises(ConversionError, match=r"looks like a kernel in another layout"):
+        torch_to_flax(bad, f)
