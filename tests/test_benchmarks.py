@@ -105,3 +105,25 @@ def test_the_base_preset_is_the_issues():
     large = get_bench_preset("large")
     assert (large.model.embed_size, large.model.heads, large.model.num_layers, large.seq_len, large.dtype) == \
         (1024, 16, 12, 512, "bfloat16")
+
+
+def test_scaling_quick_reports_every_path_at_every_point(tmp_path, capsys):
+    """``python -m benchmarks.scaling --quick`` on one sweep: a row per point and path, with a
+    time, a memory reading and a compile time; the table and the plot are written."""
+    from benchmarks import scaling
+
+    out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
+    threads = torch.get_num_threads()
+    try:
+        assert scaling.main(["--quick", "--sweeps", "depth", "--json", str(out), "--plot", str(png)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rep = json.loads(out.read_text())
+    depths = scaling.QUICK["depth"]["values"]
+    assert sorted((p["num_layers"], p["variant"]) for p in rep["points"]) == \
+        sorted((d, v) for d in depths for v in scaling.VARIANTS)
+    for p in rep["points"]:
+        assert _positive(p["median_ms"]) and p["peak_mb"] is not None and p["first_call_overhead_s"] >= 0, p
+    assert png.stat().st_size > 0
+    table = capsys.readouterr().out
+    assert "| num_layers |" in table and all(f"| {d} |" in table for d in depths)
