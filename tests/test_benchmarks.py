@@ -127,3 +127,19 @@ def test_scaling_quick_reports_every_path_at_every_point(tmp_path, capsys):
     assert png.stat().st_size > 0
     table = capsys.readouterr().out
     assert "| num_layers |" in table and all(f"| {d} |" in table for d in depths)
+
+
+def test_cpuinfo_names_family_and_the_gemm_isa_extensions():
+    """benchmarks.machine reads /proc/cpuinfo's first processor: a Zen 4 excerpt (family 25,
+    AVX-512 with bf16, no AMX) gives those fields, in ISA_FLAGS order."""
+    from benchmarks import machine
+
+    text = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "model name\t: AMD EPYC 9R14 96-Core Processor\nstepping\t: 1\n"
+            "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw avx512vl avx512_bf16 avx512_vnni\n\n"
+            "processor\t: 1\nflags\t\t: amx_tile\n")
+    info = machine.cpuinfo(text)
+    assert info["model_name"] == "AMD EPYC 9R14 96-Core Processor"
+    assert (info["family"], info["model"], info["stepping"]) == (25, 17, 1)
+    assert info["isa"] == ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"]
+    assert info["microarchitecture"] == "Zen 3 / Zen 4"
