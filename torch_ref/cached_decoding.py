@@ -92,8 +92,10 @@ def decode_one_token(model, self_k, self_v, cross_k, cross_v, source_mask, token
     self_mask = (torch.arange(N, device=tokens.device) <= t)[None, None, None, :]  # (1, 1, 1, N)
     for i, layer in enumerate(decoder.decoder_layers):
         H = layer.attention.heads
-        self_k[i].index_copy_(2, pos, _heads(layer.attention.W_k, x, H))  # (B, H, 1, K) at t
-        self_v[i].index_copy_(2, pos, _heads(layer.attention.W_v, x, H))
+        # (B, H, 1, K) at t; cast, since under torch.autocast the projection is bfloat16
+        # while the cache keeps the encoder output's dtype.
+        self_k[i].index_copy_(2, pos, _heads(layer.attention.W_k, x, H).to(self_k.dtype))
+        self_v[i].index_copy_(2, pos, _heads(layer.attention.W_v, x, H).to(self_v.dtype))
         # DecoderBlock.forward, then TransformerBlock.forward, with cached keys/values.
         a = _attend(layer.attention, x, self_k[i], self_v[i], self_mask)
         query = layer.dropout(layer.norm(a + x))
