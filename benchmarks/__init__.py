@@ -5,7 +5,8 @@ the median of several repetitions of the forward pass (eval mode), the training 
 (forward, backward, Adam) and greedy decoding of N new tokens, for every path on the same
 configuration and the same seeded inputs; measures this machine's matmul peak with each
 library; and prints achieved FLOP/s, the fraction of that peak, first-call (compile)
-overhead and peak memory, then the issue's targets. ``docs/benchmarks.md`` holds a run.
+overhead and peak memory, then the torch/Flax ratios of the run. ``docs/benchmarks.md``
+holds the runs, the machines they ran on and the targets.
 
 One concept per module:
 
@@ -18,8 +19,10 @@ One concept per module:
     flax_bench.py   flaxformer_mini paths: jax.jit
     runner.py       one run: environment, peaks, every operation
     report.py       JSON document, printed table, targets
-    xla_profile.py  where a Flax path spends its time (per-HLO-instruction profile)
-    ablations.py    Flax train-step variants timed side by side in one process
+    machine.py      where a figure holds: CPU, ISA extensions, cores, versions, GEMM backends
+    scaling.py      ``python -m benchmarks.scaling``: cost against length, batch and depth
+
+Investigation scripts (an XLA profile, ablations) are in ``tools/``, outside the product.
 
 Benchmarks are not tests: nothing here asserts a speed. ``tests/test_benchmarks.py`` only
 checks that a tiny run completes and reports well-formed numbers.

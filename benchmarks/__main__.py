@@ -6,9 +6,9 @@ import sys
 
 import benchmarks
 from benchmarks.presets import PRESETS, get_bench_preset
-from benchmarks.runner import OPS, VARIANTS
+from benchmarks.runner import DEFAULT_OPS, OPS, VARIANTS
 from flaxformer_mini.attention import ATTENTION_IMPLS
-from flaxformer_mini.host_memory import keep_freed_memory
+from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
 
 def parse_args(argv=None):
@@ -18,7 +18,8 @@ def parse_args(argv=None):
     parser.add_argument("--reps", type=int, help="timed repetitions of forward and train step (preset default)")
     parser.add_argument("--decode-reps", type=int, help="timed repetitions of each decoding path (preset default)")
     parser.add_argument("--warmup", type=int, help="untimed calls after the first one (preset default)")
-    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="operations to time (default: all)")
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=list(DEFAULT_OPS),
+                        help=f"operations to time (default: {' '.join(DEFAULT_OPS)})")
     parser.add_argument("--paths", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="paths to time (default: all)")
     parser.add_argument("--dropout", type=float, help="override the model's dropout rate (both twins)")
@@ -42,10 +43,13 @@ def preset_from_args(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    # As `flaxformer-mini train --keep-freed-memory` does: without it, the base train step
-    # page-faults its temporaries in on every call (docs/benchmarks.md). Process-wide, so the
-    # torch paths run under it too; FLAXFORMER_MINI_KEEP_FREED_MEMORY=0 turns it off.
-    keep_freed_memory()
+    if argv is None:
+        # As `flaxformer-mini train --keep-freed-memory` does: the process restarts once with
+        # glibc's malloc tunables set, or the base train step page-faults its temporaries in
+        # on every call. Process-wide, so the torch paths run under it too;
+        # FLAXFORMER_MINI_KEEP_FREED_MEMORY=0 turns it off. (Not when called as a function:
+        # it would replace the caller's process.)
+        restart_keeping_freed_memory()
     preset = preset_from_args(args)
     from benchmarks import report, runner
 

@@ -119,7 +119,7 @@ def _forward_path(preset, model, jbatch, probe):
         return aot.compiled(state, jbatch.source, jbatch.target_in).block_until_ready()
 
     path = Path("forward", VARIANT, "jax", run, flops.forward(c, B, L, L), prepare=aot.prepare, probe=probe, info=info)
-    path.aot = aot  # the compiled executable, for benchmarks.xla_profile
+    path.aot = aot  # the compiled executable, for tools/xla_profile.py
     return path
 
 

@@ -3,12 +3,12 @@
 A large square matmul is about the best case for either library's GEMM (on CPU: MKL for
 torch, XLA's CPU GEMM (YNNPACK) for JAX), so its rate is the ceiling a model's achieved
 FLOP/s is compared with. "Same library": a torch path is compared with torch's peak, a
-JAX path with JAX's, because the two GEMMs differ a lot on some CPUs (on this project's
-AMD EPYC, MKL reaches less than half of XLA's rate).
+JAX path with JAX's, because the two GEMMs differ a lot on some CPUs (docs/benchmarks.md,
+"Machines measured"); the report also gives each path's share of the better library's peak.
 
-Two sizes, n/2 and n: on this CPU XLA's rate drops from ~460 GFLOP/s at 2048 to ~360 at
-4096 (the operands leave the caches), and the model's own GEMMs (1024 x 512 x 512) run at
-the higher rate, so n alone would understate the ceiling and flatter every path's
+Two sizes, n/2 and n: on some CPUs the rate drops between them (the operands leave the
+caches; docs/benchmarks.md has the figures), and the model's own GEMMs (1024 x 512 x 512)
+run at the higher rate, so n alone would understate the ceiling and flatter every path's
 fraction of it. The peak is the best of ``reps`` timed products at the best size (the
 medians are reported too): a peak is a ceiling, and on a loaded machine the best
 repetition is the least disturbed one.

@@ -8,9 +8,9 @@ for both twins) with what the benchmark feeds it:
     new_tokens  N, tokens greedy decoding generates (from a source of length S), so the
                 model's max_len must be >= N (decoder positions) and >= S
 
-Repetition counts are per preset: the base preset's defaults keep ``python -m benchmarks``
-under 5 minutes on a quiet 2-core CPU (about 4 minutes; torch.compile's three first calls,
-about 90 s, and the uncached decoders, seconds per call, take most of it).
+Repetition counts are per preset: the base preset's defaults are chosen to keep
+``python -m benchmarks`` under 5 minutes on a quiet 2-core CPU, where torch.compile's first
+calls take most of the time (docs/benchmarks.md has the measured wall times).
 """
 
 import dataclasses

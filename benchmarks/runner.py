@@ -9,7 +9,6 @@ import contextlib
 import datetime
 import gc
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -17,53 +16,31 @@ import time
 
 import jax
 
-from benchmarks import flax_bench, matmul_peak, report
+from benchmarks import flax_bench, machine, matmul_peak, report
 from benchmarks.inputs import make_batch
 from benchmarks.measure import log, measure
-from flaxformer_mini import host_memory
+from flaxformer_mini import malloc_tunables
 
 OPS = ("forward", "train_step", "decode_cached", "decode_uncached")
+# Uncached decoding (seed 001's inference: the whole prefix again for every token) takes
+# seconds a call and is not how anyone decodes; it runs on request (--ops).
+DEFAULT_OPS = ("forward", "train_step", "decode_cached")
 VARIANTS = ("torch_eager", "torch_compile", "flax_jit")
 TORCH_VARIANTS = ("torch_eager", "torch_compile")
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment():
-    import flax
-
+    """The machine (benchmarks.machine) plus the settings that change the numbers."""
     env = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "flax": flax.__version__,
-        "jax_backend": jax.default_backend(),
-        "jax_devices": [str(d) for d in jax.devices()],
-        # Settings that change the numbers: XLA's flags, glibc's allocator (docs/benchmarks.md:
-        # without keep_freed_memory() the Flax train step page-faults its temporaries in).
-        "keep_freed_memory": host_memory.applied(),
+        "machine": machine.describe(),
+        # glibc's allocator: without the tunables the Flax train step page-faults its
+        # temporaries in on every call (flaxformer_mini/malloc_tunables.py).
+        "keep_freed_memory": malloc_tunables.keeping_freed_memory(),
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
         "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""),
         "JAX_DEFAULT_PRNG_IMPL": os.environ.get("JAX_DEFAULT_PRNG_IMPL", ""),
     }
-    try:
-        import torch
-
-        env["torch"] = torch.__version__
-        env["torch_threads"] = torch.get_num_threads()
-    except ImportError:
-        env["torch"] = None
     return env
 
 
@@ -107,7 +84,7 @@ def fresh_compile_caches(enabled=True):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run(preset, ops=OPS, variants=VARIANTS, force=False, fresh_caches=True):
+def run(preset, ops=DEFAULT_OPS, variants=VARIANTS, force=False, fresh_caches=True):
     """The whole benchmark of ``preset``; see the package docstring. ``fresh_caches=False``
     lets torch.compile reuse what earlier runs left in its on-disk cache."""
     with fresh_compile_caches(fresh_caches):

@@ -5,11 +5,13 @@
   tokens, backward, global-norm clipping at 1.0, Adam, constant learning rate 1e-4), the
   model in train mode (dropout on). Under torch.compile only the model is compiled
   (forward and, through AOTAutograd, backward); loss, clipping and Adam run eagerly;
-- decode: ``torch_ref.decoding.greedy_decode``, seed 001's inference without a cache: the
-  decoder re-reads the whole prefix for every new token, so the decoder input grows from 1
-  to N positions. Under torch.compile, the decoder is compiled with ``dynamic=True``, so
-  the growing length is one symbolic shape instead of one compilation per length; the
-  number of graphs dynamo compiled is reported.
+- decode_cached: ``torch_ref.cached_decoding.CachedDecoder(model).greedy``: the encoder and
+  the cross-attention keys/values once, then one position per token with a preallocated
+  (L, B, H, N, K) key/value cache written in place (gpt-fast's scheme). Under torch.compile
+  the one-token step is compiled with static shapes: one graph for all N steps;
+- decode_uncached (on request): ``torch_ref.decoding.greedy_decode``, seed 001's inference
+  without a cache: the decoder re-reads the whole prefix for every new token. Under
+  torch.compile, the decoder is compiled with ``dynamic=True``.
 
 Each path gets its own model instance (eval-mode forward and eager decoding share one),
 seeded, so a compiled path never shares parameters or optimizer state with an eager one.
@@ -25,32 +27,9 @@ from benchmarks import flops
 from benchmarks.inputs import EOS_BIAS
 from benchmarks.measure import Path
 from flaxformer_mini.data import EOS
+from torch_ref.cached_decoding import CachedDecoder
+from torch_ref.decoding import greedy_decode
 from torch_ref.training import make_optimizer, train_step
-
-try:  # another session is writing it; fall back to the same loop here while it is absent
-    from torch_ref.decoding import greedy_decode as _greedy_decode
-except ImportError:  # pragma: no cover
-    _greedy_decode = None
-
-
-def _fallback_greedy_decode(model, source, max_new_tokens, bos=1):
-    """Seed 001's inference: the whole decoder over the prefix for each of N new tokens."""
-    model.eval()
-    with torch.no_grad():
-        enc_out, source_mask = model.encode(source)
-        ys = torch.full((source.shape[0], 1), bos, dtype=torch.long, device=source.device)
-        out = []
-        for t in range(max_new_tokens):
-            logits = model.decoder(ys, enc_out, source_mask, model.create_target_mask(ys))
-            token = logits[:, -1].argmax(dim=-1)
-            out.append(token)
-            ys = torch.cat([ys, token[:, None]], dim=1)
-    return torch.stack(out, dim=1)
-
-
-greedy_decode = _greedy_decode or _fallback_greedy_decode
-DECODER_SOURCE = "torch_ref.decoding.greedy_decode" if _greedy_decode else "benchmarks' own uncached greedy loop"
-
 
 def setup_threads():
     """Intra-op threads = the machine's cores (torch's default may be lower in a container)."""
@@ -189,6 +168,25 @@ def make_paths(preset, batch, ops, variants):
                 _compile_watch(p)
             paths.append(p)
 
+    if "decode_cached" in ops:
+        for variant in variants:
+            decoder = CachedDecoder(eval_shared(), compile=variant == "torch_compile",
+                                    backend=preset.torch_compile_backend)
+
+            def run(decoder=decoder):
+                with _autocast(preset):
+                    out = decoder.greedy(source, N)
+                _sync(device)
+                return out
+
+            p = Path("decode_cached", variant, "torch", run, flops.decode_cached(c, B, L, N, key_slots=lambda t: N),
+                     probe=probe, check=lambda out: check_decode_length(out, N),
+                     notes=["CachedDecoder.greedy: KV cache, Python loop"])
+            if variant == "torch_compile":
+                p.notes.append("one-token step compiled, static shapes")
+                _compile_watch(p)
+            paths.append(p)
+
     if "decode_uncached" in ops:
         for variant in variants:
             if variant == "torch_compile":
@@ -205,7 +203,7 @@ def make_paths(preset, batch, ops, variants):
                 return out
 
             p = Path("decode_uncached", variant, "torch", run, flops.decode_uncached_growing(c, B, L, N), probe=probe,
-                     check=lambda out: check_decode_length(out, N), notes=[f"{DECODER_SOURCE}: decoder over 1..N positions per token"])
+                     check=lambda out: check_decode_length(out, N), notes=["torch_ref.decoding.greedy_decode: decoder over 1..N positions per token"])
             if variant == "torch_compile":
                 p.notes.append("decoder compiled with dynamic=True")
                 _compile_watch(p)

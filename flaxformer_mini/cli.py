@@ -34,9 +34,9 @@ TEXT_MAX_LEN, SYNTHETIC_MAX_LEN = 64, 10  # --max-len's defaults: the model's, a
 
 def _train(args):
     if args.keep_freed_memory:
-        from flaxformer_mini.host_memory import keep_freed_memory
+        from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
-        keep_freed_memory()  # before any JAX computation starts XLA's threads: see host_memory.py
+        restart_keeping_freed_memory()  # re-executes with GLIBC_TUNABLES set: see malloc_tunables.py
     from flaxformer_mini.fit import fit
     from flaxformer_mini.run import Run
     from flaxformer_mini.run_config import DataConfig, TrainOptions
@@ -199,7 +199,7 @@ def build_parser():
     t.add_argument("--keep-freed-memory", action="store_true",
                    help="CPU, large models: keep freed host memory in the process (one glibc arena, no mmap), so "
                         "each step stops page-faulting its temporaries in; slower for small models "
-                        "(flaxformer_mini/host_memory.py)")
+                        "(flaxformer_mini/malloc_tunables.py)")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", help="loss, token accuracy and exact match of a run's latest checkpoint",

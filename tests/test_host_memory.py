@@ -1,7 +1,9 @@
-"""keep_freed_memory(): freed host memory is reused, so repeated XLA calls stop page-faulting.
+"""restart_keeping_freed_memory(): under glibc's tunables freed host memory is reused, so
+repeated XLA calls stop page-faulting; without them every call faults its buffer in again.
 
-Each case runs in a fresh interpreter: the setting is process-wide and must come before
-XLA starts its threads, as it does in ``flaxformer-mini`` and ``python -m benchmarks``.
+Each case runs in a fresh interpreter, which re-executes itself with GLIBC_TUNABLES set (the
+tunables are read at process start), as ``flaxformer-mini train --keep-freed-memory`` and
+``python -m benchmarks`` do.
 """
 
 import json
@@ -12,17 +14,19 @@ import textwrap
 
 import pytest
 
-from flaxformer_mini import host_memory  # only its constants: calling it here would change pytest's allocator
+from flaxformer_mini import malloc_tunables  # only its constants: calling it here would replace pytest's process
 
-glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt's settings are glibc's")
+glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="GLIBC_TUNABLES are glibc's")
 
 # A jitted call whose 64 MiB output buffer XLA allocates afresh on every call: the same
 # pattern as the train step's temporaries, at a size glibc would serve with mmap.
 _PROBE = textwrap.dedent("""
     import json, resource, sys, time
-    from flaxformer_mini.host_memory import applied as is_applied, keep_freed_memory
-    applied = keep_freed_memory()
-    assert keep_freed_memory() == applied == is_applied()  # a second call changes nothing
+    import os
+    from flaxformer_mini.malloc_tunables import keeping_freed_memory, restart_keeping_freed_memory
+    applied = restart_keeping_freed_memory()  # with the switch on, this line runs twice: before and after exec
+    assert restart_keeping_freed_memory() == applied == keeping_freed_memory()  # a second call changes nothing
+    restarts = int("FLAXFORMER_MINI_MALLOC_RESTARTED" in os.environ)
     import jax, jax.numpy as jnp
     f = jax.jit(lambda x: x * 2.0)
     x = jnp.ones((16 * 2**20,), jnp.float32)  # 64 MiB
@@ -33,14 +37,15 @@ _PROBE = textwrap.dedent("""
         del y
         time.sleep(0.05)  # JAX frees a deleted array's buffer asynchronously
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    print(json.dumps({"applied": applied, "faults": faults}))
+    print(json.dumps({"applied": applied, "restarts": restarts, "faults": faults, "tunables": os.environ.get("GLIBC_TUNABLES", "")}))
 """)
 
 PAGES_64MIB = 16 * 2**20 * 4 // 4096  # 16384 pages of 4 KiB
 
 
 def _probe(switch):
-    env = dict(os.environ, **{host_memory.ENV_SWITCH: switch})
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "FLAXFORMER_MINI_MALLOC_RESTARTED")}
+    env[malloc_tunables.ENV_SWITCH] = switch
     out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120,
                          check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -49,7 +54,8 @@ def _probe(switch):
 @glibc
 def test_repeated_calls_reuse_memory_instead_of_faulting_it_in():
     result = _probe("1")
-    assert result["applied"] is True
+    assert result["applied"] is True and result["restarts"] == 1
+    assert malloc_tunables.KEEP_FREED_MEMORY in result["tunables"]
     # The first few outputs of a fresh jitted function stay alive a while (measured: the
     # heap grew for 3 to 6 calls, 16384 faults each, then never again), so look at the
     # steady state: each call's buffer is made of pages an earlier call freed, a few
@@ -62,5 +68,5 @@ def test_without_it_every_call_faults_its_buffer_in():
     # The control: glibc's defaults mmap and munmap the 64 MiB buffer on every call, which
     # is what the test above must not see.
     result = _probe("0")
-    assert result["applied"] is False
+    assert result["applied"] is False and result["restarts"] == 0 and result["tunables"] == ""
     assert min(result["faults"][-4:]) > PAGES_64MIB * 0.9, result

@@ -19,6 +19,7 @@ from torch_ref.attention import (
 from torch_ref.layers import FeedForward, LearnedPositionalEncoding, TransformerBlock, DecoderBlock
 from torch_ref.model import Decoder, Encoder, Transformer, check_tokens
 from torch_ref.decoding import greedy_decode
+from torch_ref.cached_decoding import CachedDecoder, beam_search, greedy_decode_cached
 from torch_ref.training import make_optimizer, token_cross_entropy, train_step
 
 __all__ = [
@@ -37,6 +38,9 @@ __all__ = [
     "FeedForward",
     "check_tokens",
     "greedy_decode",
+    "CachedDecoder",
+    "greedy_decode_cached",
+    "beam_search",
     "make_optimizer",
     "token_cross_entropy",
     "train_step",

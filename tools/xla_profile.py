@@ -1,6 +1,6 @@
 """Where the compiled Flax train step (or forward) spends its time, by kind of HLO operation.
 
-``python -m benchmarks.xla_profile [--preset base] [--op train_step] [--steps 3] [--top 15]``
+``python -m tools.xla_profile [--preset base] [--op train_step] [--steps 3] [--top 15]``
 
 Runs the same Flax path as the benchmark under ``jax.profiler.trace``, reads the trace back
 with ``jax.profiler.ProfileData`` and adds up, per HLO instruction of the compiled program,
@@ -45,7 +45,7 @@ import jax
 from benchmarks import flax_bench
 from benchmarks.inputs import make_batch
 from benchmarks.presets import PRESETS, get_bench_preset
-from flaxformer_mini.host_memory import keep_freed_memory
+from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*? ([a-z][a-z0-9\-]*)\(")
 _COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
@@ -211,7 +211,7 @@ def _decode_hlo(preset, batch, op):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.xla_profile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.xla_profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
     parser.add_argument("--op", default="train_step", choices=("train_step", "forward", "decode_cached", "decode_uncached"))
     parser.add_argument("--steps", type=int, default=3, help="traced calls (after 2 untraced)")
@@ -220,7 +220,7 @@ def main(argv=None):
     parser.add_argument("--json", metavar="OUT", help="write every instruction's row as JSON")
     parser.add_argument("--hlo", metavar="OUT", help="write the optimised HLO text")
     args = parser.parse_args(argv)
-    keep_freed_memory()  # as python -m benchmarks does
+    restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
 
     preset = get_bench_preset(args.preset)
     if args.dropout is not None:

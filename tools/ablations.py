@@ -1,6 +1,6 @@
 """What the Flax train step's time depends on: variants timed side by side in one process.
 
-``python -m benchmarks.ablations [--preset base] [--reps 7]``
+``python -m tools.ablations [--preset base] [--reps 7]``
 
 Timings of the same path differ by 10-20% from one process to the next on this machine
 (the train step allocates ~650 MB of fresh temporaries per call, see docs/benchmarks.md),
@@ -39,7 +39,7 @@ from benchmarks.measure import Path, measure
 from benchmarks.presets import PRESETS, get_bench_preset
 from flaxformer_mini import primitives
 from flaxformer_mini.data import Batch
-from flaxformer_mini.host_memory import keep_freed_memory
+from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 from flaxformer_mini.training import Trainer, TrainConfig
 
 
@@ -122,11 +122,11 @@ def _forward_x3(preset, jbatch):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.ablations", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.ablations", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args(argv)
-    keep_freed_memory()  # as python -m benchmarks does
+    restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
     preset = get_bench_preset(args.preset)
     jbatch = Batch(*(jax.numpy.asarray(x) for x in make_batch(preset)))
     no_dropout = preset.replace(model=preset.model.replace(dropout=0.0))

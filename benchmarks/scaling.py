@@ -1,0 +1,172 @@
+"""How the train step's cost grows: time, peak memory and compile time against sequence
+length, batch size and depth, for Flax (``jax.jit``) and torch (eager, ``torch.compile``).
+
+``python -m benchmarks.scaling [--sweeps length batch depth] [--json OUT] [--plot OUT.png]``
+
+Each point is one model and batch, built fresh; its paths are timed side by side
+(``benchmarks.measure``: median of ``--reps`` interleaved calls after a first, compiling
+call). Reported per point and path: median step time, peak resident memory above the
+pre-call level during one step (activations and temporaries), and the first call's excess
+over the median (tracing and compiling; for Flax also XLA's compile time alone).
+
+Sweeps (the base model's width, D=512, 8 heads, unless ``--width``):
+
+    length  S = T in 64 .. 1024 at batch 4, 6 + 6 layers
+    batch   B in 4 .. 32 at length 64, 6 + 6 layers
+    depth   2 .. 24 layers on each side at batch 16, length 64: step time and compile time
+
+``--quick``: the tests' tiny model, two points per sweep, one repetition, torch.compile's
+"eager" backend (tracing only): a smoke test of seconds, not a measurement.
+"""
+
+import argparse
+import json
+import sys
+
+from benchmarks import machine
+from benchmarks.inputs import make_batch
+from benchmarks.measure import log, measure
+from benchmarks.presets import get_bench_preset
+from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
+
+SWEEPS = {
+    "length": dict(axis="seq_len", values=(64, 128, 256, 512, 1024), fixed=dict(batch=4, num_layers=6)),
+    "batch": dict(axis="batch", values=(4, 8, 16, 32), fixed=dict(seq_len=64, num_layers=6)),
+    "depth": dict(axis="num_layers", values=(2, 6, 12, 24), fixed=dict(batch=16, seq_len=64)),
+}
+QUICK = {
+    "length": dict(axis="seq_len", values=(4, 8), fixed=dict(batch=2, num_layers=1)),
+    "batch": dict(axis="batch", values=(1, 2), fixed=dict(seq_len=4, num_layers=1)),
+    "depth": dict(axis="num_layers", values=(1, 2), fixed=dict(batch=2, seq_len=4)),
+}
+VARIANTS = ("torch_eager", "torch_compile", "flax_jit")
+
+
+def point_preset(base, width, backend, seq_len, batch, num_layers):
+    """The benchmark preset of one point: ``base``'s model at this depth, length and batch."""
+    model = base.model.replace(num_layers=num_layers, max_len=max(base.model.max_len, seq_len))
+    if width:
+        model = model.replace(embed_size=width)
+    return base.replace(name=f"{base.name}-L{num_layers}-B{batch}-S{seq_len}", model=model, batch=batch,
+                        seq_len=seq_len, new_tokens=min(base.new_tokens, model.max_len),
+                        torch_compile_backend=backend or base.torch_compile_backend)
+
+
+def measure_point(preset, variants, reps):
+    """[row per path] of one point: step time, memory and compile time."""
+    from benchmarks import flax_bench
+
+    batch = make_batch(preset)
+    paths = []
+    torch_variants = [v for v in variants if v != "flax_jit"]
+    if torch_variants:
+        from benchmarks import torch_bench
+
+        torch_bench.setup_threads()
+        paths += torch_bench.make_paths(preset, batch, ["train_step"], torch_variants)
+    if "flax_jit" in variants:
+        paths += flax_bench.make_paths(preset, batch, ["train_step"])
+    rows = []
+    for r in measure(paths, reps=reps, warmup=0):
+        m = r.memory
+        rows.append({
+            "variant": r.variant, "median_ms": r.median_s * 1e3, "gflops_per_s": r.gflops_per_s,
+            "peak_mb": m.get("peak_rss_delta_mb", m.get("peak_device_delta_mb")),
+            "first_call_overhead_s": r.first_call_overhead_s, "xla_compile_s": r.info.get("xla_compile_s"),
+        })
+    return rows
+
+
+def run(sweeps, quick=False, width=None, variants=VARIANTS, reps=3):
+    base = get_bench_preset("tiny" if quick else "base")
+    table = QUICK if quick else SWEEPS
+    out = {"machine": machine.describe(), "quick": quick, "points": [],
+           "sweeps": {name: table[name] for name in sweeps}}
+    for name in sweeps:
+        sweep = table[name]
+        for value in sweep["values"]:
+            dims = dict(sweep["fixed"], **{sweep["axis"]: value})
+            preset = point_preset(base, width, "eager" if quick else None, **dims)
+            log(f"scaling {name}: {preset.summary()}")
+            for row in measure_point(preset, variants, 1 if quick else reps):
+                out["points"].append({"sweep": name, **dims, "embed_size": preset.model.embed_size, **row})
+    return out
+
+
+def markdown(rep):
+    """One table per sweep: a row per point, time / memory / compile per path."""
+    lines = []
+    for name, sweep in rep["sweeps"].items():
+        points = [p for p in rep["points"] if p["sweep"] == name]
+        if not points:
+            continue
+        axis = sweep["axis"]
+        variants = [v for v in VARIANTS if any(p["variant"] == v for p in points)]
+        lines += [f"{name} ({', '.join(f'{k}={v}' for k, v in sweep['fixed'].items())}): "
+                  "step ms / peak MB / first-call overhead s", "",
+                  f"| {axis} | " + " | ".join(variants) + " | torch eager / Flax |",
+                  "| ---: | " + " | ".join("---:" for _ in variants) + " | ---: |"]
+        for value in sorted({p[axis] for p in points}):
+            row = {p["variant"]: p for p in points if p[axis] == value}
+            cells = [f"{row[v]['median_ms']:.0f} / {row[v]['peak_mb'] or 0:.0f} / {row[v]['first_call_overhead_s']:.1f}"
+                     if v in row else "-" for v in variants]
+            ratio = (row["torch_eager"]["median_ms"] / row["flax_jit"]["median_ms"]
+                     if {"torch_eager", "flax_jit"} <= set(row) else None)
+            lines.append(f"| {value} | " + " | ".join(cells) + f" | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rep, path):
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    sweeps = list(rep["sweeps"])
+    fig, axes = plt.subplots(2, len(sweeps), figsize=(4.5 * len(sweeps), 7), squeeze=False)
+    for col, name in enumerate(sweeps):
+        axis = rep["sweeps"][name]["axis"]
+        for v in VARIANTS:
+            pts = sorted((p[axis], p) for p in rep["points"] if p["sweep"] == name and p["variant"] == v)
+            if not pts:
+                continue
+            xs = [x for x, _ in pts]
+            axes[0][col].plot(xs, [p["median_ms"] for _, p in pts], marker="o", label=v)
+            lower = [p["first_call_overhead_s"] for _, p in pts] if name == "depth" else [p["peak_mb"] or 0 for _, p in pts]
+            axes[1][col].plot(xs, lower, marker="o", label=v)
+        axes[0][col].set(title=f"train step vs {axis}", xlabel=axis, ylabel="ms", xscale="log", yscale="log")
+        axes[1][col].set(xlabel=axis, xscale="log",
+                         ylabel="first-call overhead (compile) s" if name == "depth" else "peak MB above baseline")
+        axes[0][col].legend(fontsize=8)
+    c = rep["machine"]["cpu"]
+    fig.suptitle(f"{c['model_name']} family {c.get('family')}, {rep['machine']['cores']} cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweeps", nargs="+", choices=sorted(SWEEPS), default=list(SWEEPS))
+    parser.add_argument("--paths", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--reps", type=int, default=3, help="timed steps per point and path (median)")
+    parser.add_argument("--width", type=int, help="model width D instead of the base model's 512")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke test (seconds), not a measurement")
+    parser.add_argument("--json", metavar="OUT", help="write every point as JSON")
+    parser.add_argument("--plot", metavar="OUT", help="write a PNG plot")
+    args = parser.parse_args(argv)
+    if argv is None:  # as python -m benchmarks: restart once under glibc's malloc tunables
+        restart_keeping_freed_memory()
+    rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps)
+    print(machine.one_line(rep["machine"]))
+    print(markdown(rep))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rep, f, indent=2)
+    if args.plot:
+        plot(rep, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+"""Investigation tools, not part of the product: run from a source checkout, never installed.
+
+    xla_profile.py  where a Flax path spends its time: a ``jax.profiler`` trace summed per HLO
+                    instruction; instructions are put in categories by reading the optimised
+                    HLO text with regular expressions (a heuristic, good enough to point at
+                    the matmuls, the RNG and the layout copies; not a stable interface)
+    ablations.py    Flax train-step variants timed side by side in one process; one variant
+                    (nnx_linear) swaps flaxformer_mini's Linear class for the duration of a
+                    model's construction, which only an investigation may do
+
+``python -m tools.xla_profile --preset base`` and ``python -m tools.ablations --preset base``;
+the product is ``python -m benchmarks`` (and ``python -m benchmarks.scaling``).
+"""
