@@ -41,7 +41,9 @@ def masked_fill(scores, mask):
     """torch's ``scores.masked_fill(mask == 0, MASK_FILL_VALUE)``: jnp.where, out of place."""
     if mask is None:
         return scores
-    return jnp.where(_as_rank4(mask) == 0, MASK_FILL_VALUE, scores)
+    # A cast, not `mask == 0`: the same for bool and 0/1 masks, and no bool-int comparison
+    # (an error under jax_numpy_dtype_promotion="strict").
+    return jnp.where(~_as_rank4(mask).astype(jnp.bool_), MASK_FILL_VALUE, scores)
 
 
 def _softmax_f32(scores, axis=-1):

@@ -169,12 +169,16 @@ def train_step(state: TrainState, batch):
     # counters inside the trace (jax.grad over merged state cannot mutate them).
     grad_fn = nnx.value_and_grad(_loss, has_aux=True)
     (loss, (count, correct)), grads = grad_fn(model, batch, state.config.label_smoothing)
-    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    # optax mixes Python floats with its int32 step count (bias correction, schedules): run it
+    # under standard promotion, so the step also traces where a user (or our tests) set
+    # jax_numpy_dtype_promotion="strict" to catch silent promotions in the model.
+    with jax.numpy_dtype_promotion("standard"):
+        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
     metrics = {
         "loss": loss,
         "tokens": count,
-        "token_accuracy": correct / jnp.maximum(count, 1.0),
+        "token_accuracy": correct.astype(jnp.float32) / jnp.maximum(count, 1.0),
         "grad_norm": optax.tree.norm(grads),
         "learning_rate": learning_rate_schedule(state.config, model.config.embed_size)(state.step),
     }
