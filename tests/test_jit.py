@@ -4,6 +4,7 @@ Eager JAX runs op by op; under jit XLA fuses and may reorder float operations, s
 can differ in the last bits. 1e-6 (one tenth of the parity tolerance) bounds that.
 """
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,8 +59,7 @@ def test_jit_of_module_equals_eager(name):
     make_model, make_args = CASES[name]
     model, args = make_model(), make_args()
     eager, jitted = model(*args), jit_apply(model, *args)
-    for e, j in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted)):
-        np.testing.assert_allclose(np.asarray(j), np.asarray(e), atol=JIT_ATOL, rtol=0)
+    chex.assert_trees_all_close(jitted, eager, atol=JIT_ATOL, rtol=0)
 
 
 def test_jit_of_transformer_equals_eager(tiny_config):

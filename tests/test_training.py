@@ -4,6 +4,7 @@ bfloat16, run directories and their bad input."""
 import json
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -135,8 +136,7 @@ def test_stopping_and_resuming_gives_the_uninterrupted_parameters_bit_for_bit(tm
     fit(config, tmp_path / "resumed", 24, **kw)  # the same run, continued
     (s1, a), (s2, b) = final_params(tmp_path / "straight"), final_params(tmp_path / "resumed")
     assert s1 == s2 == 24
-    for x, y in zip(jax.tree.leaves((a.params, a.opt_state)), jax.tree.leaves((b.params, b.opt_state))):
-        np.testing.assert_array_equal(x, y)
+    chex.assert_trees_all_equal((a.params, a.opt_state), (b.params, b.opt_state))  # bit for bit
     # The resumed log has each logged step once, as the uninterrupted one does.
     steps = lambda out: [r["step"] for r in RunDir(out).read_metrics() if "loss" in r]
     assert steps(tmp_path / "resumed") == steps(tmp_path / "straight") == [5, 10, 15, 20]
