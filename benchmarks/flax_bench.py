@@ -29,13 +29,14 @@ from benchmarks.measure import Path
 from flaxformer_mini.attention import set_attention_impl
 from flaxformer_mini.data import EOS, Batch
 from flaxformer_mini.decoding import greedy_decode, greedy_decode_uncached
+from flaxformer_mini.run_config import COMPUTE_DTYPES
 from flaxformer_mini.training import Trainer, TrainConfig
 
 VARIANT = "flax_jit"
 
 
 def _new_model(preset, seed):
-    dtype = jnp.bfloat16 if preset.dtype == "bfloat16" else None
+    dtype = COMPUTE_DTYPES[preset.dtype]
     model = fm.Transformer.from_config(preset.model, dtype=dtype, rngs=nnx.Rngs(seed))
     return set_attention_impl(model, preset.attention_impl)
 

@@ -17,6 +17,7 @@ import dataclasses
 
 from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.config import ModelConfig, get_preset
+from flaxformer_mini.run_config import DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +45,8 @@ class BenchPreset:
             problems.append(f"seq_len={self.seq_len} exceeds the model's max_len={c.max_len}")
         if self.new_tokens > c.max_len:
             problems.append(f"new_tokens={self.new_tokens} exceeds the model's max_len={c.max_len}")
-        if self.dtype not in ("float32", "bfloat16"):
-            problems.append(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_impl not in ATTENTION_IMPLS:
             problems.append(f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, got {self.attention_impl!r}")
         if self.device not in ("cpu", "gpu"):

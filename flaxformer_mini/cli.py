@@ -23,6 +23,7 @@ import os
 import sys
 
 from flaxformer_mini.config import PRESETS
+from flaxformer_mini.run_config import DTYPES
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEBUG_ENV = "FLAXFORMER_MINI_DEBUG"  # set (to anything) for full tracebacks, as --debug
@@ -175,7 +176,7 @@ def build_parser():
     t.add_argument("--clip-norm", type=_clip_norm, default=1.0, help="global gradient-norm clipping ('none': off)")
     t.add_argument("--label-smoothing", type=float, default=0.0)
     t.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
-    t.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+    t.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="compute dtype (parameters stay float32)")
     t.add_argument("--devices", type=int, default=1,
                    help="shard each batch over this many devices (data parallelism)")

@@ -71,9 +71,7 @@ PRESETS = {
     ),
     # Real tasks. Vocabularies and max_len are placeholders, replaced from the data by the run
     # (as for "small"). "medium" has F = 4D as in the paper and trains on a 2-core CPU in
-    # minutes: `train --task reverse --preset medium --steps 300` (batch 64, 5.5 M parameters)
-    # took 103 s of CPU time and reached token accuracy 0.92, exact match 0.62 (AMD EPYC,
-    # family 26, 2026-11-23, float32; 3:52 wall, the machine loaded by other jobs).
+    # minutes (measured figures: docs/data.md).
     "medium": ModelConfig(
         src_pad_idx=0, source_vocab_size=16, target_vocab_size=16, max_len=11,
         embed_size=256, heads=4, num_layers=3, dropout=0.1, ffn_dim=1024,

@@ -33,9 +33,8 @@ class Linear(nnx.Linear):
     Same parameters, same result; only the shape of the product XLA sees changes. Over a
     (B, T, D) input, the kernel's gradient is a product contracting two axes (B and T),
     which XLA:CPU compiled into transposing copies fused with the gradient's producer
-    (the LayerNorm backward) ahead of the GEMM; over (B*T, D) it is a plain GEMM.
-    Measured on the base preset's train step (2-core CPU, one process, interleaved):
-    825 -> 643 ms per step (docs/benchmarks.md).
+    (the LayerNorm backward) ahead of the GEMM; over (B*T, D) it is a plain GEMM
+    (the measured gain: docs/benchmarks.md).
     """
 
     def __call__(self, inputs, out_sharding=None):
