@@ -260,7 +260,7 @@ def test_one_process_owns_every_row_of_the_batch(runs):
     assert runs["local_row_range"] == [0, BATCH_SIZE]
 
 
-# In-process checks (this session's single device).
+# In-process checks (this pytest process's single device).
 
 
 def test_process_local_rows_in_one_process_is_the_whole_batch():
