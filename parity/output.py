@@ -17,12 +17,20 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from flaxformer_mini.files import write_atomic  # noqa: F401 - parity's one writer of files
 
 # What parity's orbax directories hold (flax_io's two items and orbax's own records): a
 # directory holding only these (or nothing) is a parity output that --force may replace;
 # anything else may be someone's data, and is never removed.
 ORBAX_ENTRIES = frozenset({"params", "config", "_CHECKPOINT_METADATA", "commit_success.txt"})
+
+
+def write_atomic(path, data):
+    """``flaxformer_mini.files.write_atomic``: the project's one atomic writer of files. Imported
+    on first use, since importing flaxformer_mini loads JAX, which the torch-side readers and
+    writers (parity.checkpoint_io) otherwise never need."""
+    from flaxformer_mini.files import write_atomic as write
+
+    write(path, data)
 
 
 class OutputExistsError(ValueError):
