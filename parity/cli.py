@@ -36,6 +36,8 @@ def _check_parent(option, path):
     parent = Path(path).absolute().parent
     if not parent.is_dir():
         raise UsageError(f"{option} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):  # else the temporary file's name would be the one named
+        raise UsageError(f"{option} {path}: no permission to write in the directory {parent}")
 
 
 def _check_output_paths(args):
@@ -44,6 +46,8 @@ def _check_output_paths(args):
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             _check_parent(option, path)
+            if Path(path).is_dir():
+                raise UsageError(f"{option} {path}: is a directory; give a file name")
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"--plot {args.plot}: unknown image type {Path(args.plot).suffix or '(no suffix)'!r}; "
                          f"use one of {', '.join(PLOT_SUFFIXES)}")
@@ -280,7 +284,7 @@ def explain(error, args):
     """
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         out = getattr(args, "output", None) or error.filename
-        return (f"no space left on the device writing {out}; nothing was written"
+        return (f"no space left on the device{f' writing {out}' if out else ''}; nothing was written"
                 + (f" ({out} is as it was)" if out and os.path.lexists(out) else "")
                 + ": free some space and run the command again")
     if isinstance(error, OSError) and error.filename is not None:

@@ -434,6 +434,7 @@ PARITY_CASES = [
     ("config_unknown_key", config_file('{"head": 2}'), 2, r"unknown config key 'head' \(did you mean 'heads'\?\)"),
     ("json_report_directory_missing", parity_check(GOOD, "--json", "no/such/dir/report.json"), 2,
      r"--json no/such/dir/report\.json: the directory .* does not exist"),
+    ("json_report_is_a_directory", parity_check(GOOD, "--json", "."), 2, r"--json \.: is a directory; give a file name"),
     ("plot_unknown_image_type", parity_check(GOOD, "--plot", "plot.gif"), 2, r"--plot plot\.gif: unknown image type '\.gif'"),
     ("unknown_preset", lambda d, w: ["check", "--preset", "huge"], 2, r"huge"),
 ]

@@ -111,6 +111,17 @@ def test_a_write_failing_midway_leaves_no_output_no_temp_file_and_an_existing_ou
     assert snapshot(tmp_path) == before, "a file was changed, or a partial or temporary file was left"
 
 
+def test_a_report_whose_write_fails_midway_is_not_left_half_written(checkpoint, tmp_path, capsys, monkeypatch):
+    sizes, real_fdopen = [], os.fdopen
+    monkeypatch.setattr(flaxformer_mini.files.os, "fdopen", lambda fd, *a, **k: _DiskFullAfterHalf(real_fdopen(fd, *a, **k), sizes))
+    before = snapshot(tmp_path)
+    code, out, err = run(capsys, "check", "--torch-checkpoint", checkpoint, "--heads", "2", "--json", tmp_path / "r.json")
+    assert sizes and sizes[0] > 0
+    assert code == 2 and "no space left on the device; nothing was written" in err and "Traceback" not in err
+    assert "intermediates within" in out  # the comparison itself ran and was printed
+    assert snapshot(tmp_path) == before and listing(tmp_path) == ["model.pt"]
+
+
 def test_an_orbax_write_failing_midway_leaves_no_directory_and_an_existing_one_unchanged(checkpoint, tmp_path, capsys,
                                                                                          monkeypatch):
     import orbax.checkpoint as ocp
