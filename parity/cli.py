@@ -4,6 +4,7 @@
     parity check --torch-checkpoint model.pt --heads 5 [--grads] [--json OUT] [--plot OUT.png]
     parity convert model.pt model.safetensors     # torch state dict -> Flax parameters
     parity convert model.safetensors back.pt      # and back, bit for bit
+    parity convert model.pt model.safetensors --force   # replace an earlier conversion
 
 Exit codes: 0 every compared tensor within tolerance (``convert``: written), 1 some
 difference beyond it, 2 the options, inputs or output are unusable (the message says which
