@@ -275,27 +275,30 @@ def test_a_bug_keeps_its_traceback_without_debug(checkpoint, tmp_path, monkeypat
         main(["convert", str(checkpoint), str(tmp_path / "flax.safetensors"), "--heads", "2"])
 
 
-def test_a_real_full_disk_leaves_the_previous_output_and_no_temporary_file(checkpoint, tmp_path, capsys):
-    # A 12 KiB tmpfs (3 pages) holds the user's 4 KiB file and 8 KiB more, not the ~12 KB
-    # conversion. Mounting needs root (as here and in CI); elsewhere the simulated tests above
-    # cover the same path.
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 12 KiB tmpfs (3 pages). Mounting needs root (as here and in CI); elsewhere the test
+    skips, and the simulated tests above cover the same path."""
     import subprocess
 
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()})")
-    try:
-        out = disk / "flax.safetensors"
-        out.write_bytes(b"p" * 4096)
-        code, _, err = run(capsys, "convert", checkpoint, out, "--heads", "2", "--force")
-        assert code == 2 and "Traceback" not in err
-        assert f"no space left on the device writing {out}; nothing was written ({out} is as it was)" in err
-        assert listing(disk) == ["flax.safetensors"] and out.read_bytes() == b"p" * 4096
-        # Control: the same conversion fits once the disk is free, so it was the space that failed.
-        out.unlink()
-        assert run(capsys, "convert", checkpoint, out, "--heads", "2")[0] == 0
-        assert out.stat().st_size > 8192
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mount.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({mount.stderr.strip()})")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_real_full_disk_leaves_the_previous_output_and_no_temporary_file(checkpoint, small_disk, capsys):
+    # The disk holds the user's 4 KiB file and 8 KiB more, not the ~12 KB conversion.
+    out = small_disk / "flax.safetensors"
+    out.write_bytes(b"p" * 4096)
+    code, _, err = run(capsys, "convert", checkpoint, out, "--heads", "2", "--force")
+    assert code == 2 and "Traceback" not in err
+    assert f"no space left on the device writing {out}; nothing was written ({out} is as it was)" in err
+    assert listing(small_disk) == ["flax.safetensors"] and out.read_bytes() == b"p" * 4096
+    # Control: the same conversion fits once the disk is free, so it was the space that failed.
+    out.unlink()
+    assert run(capsys, "convert", checkpoint, out, "--heads", "2")[0] == 0
+    assert out.stat().st_size > 8192
