@@ -12,6 +12,8 @@ The pieces stay separate so that a test can change one twin between building and
 Call ``parity_numerics()`` first (the command line does): parity needs exact float32 matmuls.
 """
 
+import numpy as np
+
 from parity.compare import Report, compare_models
 from parity.gradients import gradient_rows
 from parity.twins import as_inputs, sample_batch, twins_from_state_dict
@@ -33,7 +35,34 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAUL
     return report
 
 
+def refuse_unusable_weights(state_dict, config):
+    """Raise ConversionError, before any comparison, for weights a parity check cannot judge.
+
+    First the strict checks of ``parity convert`` (every key, shape, and a floating-point
+    dtype: torch's load_state_dict would silently cast int64 weights to float), in its words;
+    then non-finite values, by key: NaN is never within any tolerance (NaN != NaN), so a NaN
+    weight would be reported as a divergence of the port when the checkpoint is at fault.
+    """
+    from parity import engine
+    from parity.convert import tensor_to_numpy
+    from parity.flax_io import abstract_model
+
+    arrays = engine.check_torch(engine.plan(abstract_model(config)), state_dict, "Transformer", read=tensor_to_numpy)
+    lines, invalid = [], {}
+    for name, found in (("NaN", np.isnan), ("Inf", np.isinf)):
+        keys = [key for key, array in arrays.items() if found(array).any()]
+        invalid.update({key: f"contains {name}" for key in keys})
+        if keys:
+            lines.append(f"weights contain {name}: key{'s' if len(keys) > 1 else ''} {', '.join(map(repr, keys))}")
+    if lines:
+        raise engine.ConversionError(
+            "; ".join(lines) + f" ({len(invalid)} of {len(arrays)} tensors); a parity check compares finite "
+            "numbers only, so fix the checkpoint (or the run that wrote it) first", invalid=invalid)
+
+
 def check_checkpoint(state_dict, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False) -> Report:
-    """Load ``state_dict`` into both twins of ``config`` (strictly) and check them."""
+    """Load ``state_dict`` into both twins of ``config`` (strictly) and check them; weights
+    that cannot be judged (``refuse_unusable_weights``) raise ConversionError first."""
+    refuse_unusable_weights(state_dict, config)
     torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=seed)
     return check_twins(torch_model, flax_model, config, batch=batch, seed=seed, atol=atol, grads=grads)

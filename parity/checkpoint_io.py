@@ -6,13 +6,14 @@ containers only and refuses anything else before it runs. ``.safetensors`` holds
 at all, which is why it is preferred.
 """
 
-import os
+import io
 import pickle
 from pathlib import Path
 
 import torch
 
-from parity.file_kinds import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError  # noqa: F401 - public names
+from parity import output
+from parity.file_kinds import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError, readable_file  # noqa: F401 - public names
 
 # Common wrappers: torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, ...).
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
@@ -49,9 +50,7 @@ def _read_safetensors(path):
 
 def load_state_dict(path):
     """Read a torch state dict {key: tensor} from ``.pt``/``.pth``/``.bin`` or ``.safetensors``."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such file")
+    path = readable_file(path)
     suffix = path.suffix.lower()
     if suffix == SAFETENSORS_SUFFIX:
         obj = _read_safetensors(path)
@@ -77,21 +76,23 @@ def load_state_dict(path):
 
 
 def save_state_dict(state_dict, path):
-    """Write {key: tensor} as ``.safetensors`` or ``.pt``, chosen by the suffix; atomically, so
-    an interrupted write never leaves a truncated file under the final name."""
+    """Write {key: tensor} as ``.safetensors`` or ``.pt``, chosen by the suffix; atomically
+    (``parity.output``), so a failed write never leaves a truncated file under the final name
+    nor a temporary file beside it."""
     path = Path(path)
     suffix = path.suffix.lower()
     if not path.absolute().parent.is_dir():  # torch.save would say so as a RuntimeError
         raise CheckpointError(f"{path}: the directory {path.absolute().parent} does not exist")
-    tmp = path.with_name(path.name + ".tmp")
     tensors = {k: v.contiguous() for k, v in state_dict.items()}
     if suffix == SAFETENSORS_SUFFIX:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
-        save_file(tensors, tmp)
+        data = save(tensors)
     elif suffix in TORCH_SUFFIXES:
-        torch.save(tensors, tmp)
+        buffer = io.BytesIO()
+        torch.save(tensors, buffer)
+        data = buffer.getvalue()
     else:
         raise CheckpointError(f"{path}: unknown checkpoint type {suffix!r}; use .safetensors or .pt")
-    os.replace(tmp, path)
+    output.write_atomic(path, data)
     return path

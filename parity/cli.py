@@ -4,18 +4,25 @@
     parity check --torch-checkpoint model.pt --heads 5 [--grads] [--json OUT] [--plot OUT.png]
     parity convert model.pt model.safetensors     # torch state dict -> Flax parameters
     parity convert model.safetensors back.pt      # and back, bit for bit
+    parity convert model.pt model.safetensors --force   # replace an earlier conversion
 
 Exit codes: 0 every compared tensor within tolerance (``convert``: written), 1 some
-difference beyond it, 2 the options or inputs are unusable (the message says which key,
-file or option).
+difference beyond it, 2 the options, inputs or output are unusable (the message says which
+key, file or option; nothing was written). A user's mistake prints one line; ``--debug`` (or
+PARITY_DEBUG=1) shows the traceback. Outputs are written all at once or not at all, and an
+existing OUT is replaced only with ``--force`` (``parity.output``).
 """
 
 import argparse
+import errno
+import math
+import os
 import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_DIVERGED, EXIT_UNUSABLE = 0, 1, 2
 DEFAULT_ATOL = 1e-5  # DESIGN.md's parity policy, as parity.check.DEFAULT_ATOL
+DEBUG_ENV = "PARITY_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
 
 class UsageError(ValueError):
@@ -30,6 +37,8 @@ def _check_parent(option, path):
     parent = Path(path).absolute().parent
     if not parent.is_dir():
         raise UsageError(f"{option} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):  # else the temporary file's name would be the one named
+        raise UsageError(f"{option} {path}: no permission to write in the directory {parent}")
 
 
 def _check_output_paths(args):
@@ -38,6 +47,8 @@ def _check_output_paths(args):
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             _check_parent(option, path)
+            if Path(path).is_dir():
+                raise UsageError(f"{option} {path}: is a directory; give a file name")
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"--plot {args.plot}: unknown image type {Path(args.plot).suffix or '(no suffix)'!r}; "
                          f"use one of {', '.join(PLOT_SUFFIXES)}")
@@ -62,17 +73,23 @@ def _seed_keys(state_dict, path):
 
 def _load_checkpoint(args):
     """(state dict, config, description of where heads and padding came from)."""
-    from parity.checkpoint_io import CheckpointError, load_state_dict
+    from parity.check import refuse_unusable_weights
+    from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError, load_state_dict
     from parity.flax_io import checkpoint_kind
     from parity.infer import infer_config, read_config_file
 
     path = args.torch_checkpoint
-    if checkpoint_kind(path) != "torch":
+    if Path(path).is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a torch checkpoint file ({', '.join(TORCH_SUFFIXES)} or "
+                              f"{SAFETENSORS_SUFFIX}); Flax parameters in an orbax directory turn back into one "
+                              f"with `parity convert {path} OUT.pt`")
+    if Path(path).suffix.lower() == SAFETENSORS_SUFFIX and checkpoint_kind(path) != "torch":
         raise CheckpointError(f"{path}: holds Flax parameters, not a torch state dict; "
                               f"`parity convert {path} OUT.pt` turns it back into one")
     state_dict = _seed_keys(load_state_dict(path), path)
     overrides = read_config_file(args.config) if args.config else {}
     config = infer_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx, overrides=overrides)
+    refuse_unusable_weights(state_dict, config)  # int64 or NaN weights are the file's fault, not the port's
     sources = {"heads": _where(args.heads, "--heads", "heads", overrides),
                "src_pad_idx": _where(args.pad_idx, "--pad-idx", "src_pad_idx", overrides)}
     return state_dict, config, sources
@@ -114,7 +131,9 @@ def _check(args):
           + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
     print(report.format_table(show_all=args.all))
     if args.json:
-        Path(args.json).write_text(report.to_json(indent=2) + "\n")
+        from parity.output import write_atomic
+
+        write_atomic(args.json, report.to_json(indent=2) + "\n")
         print(f"report written to {args.json}")
     if args.plot:
         from parity.plot import plot_report
@@ -132,6 +151,7 @@ def _convert(args):
     from parity.convert import flax_params_from_state_dict, state_dict_from_flax_params
     from parity.flax_io import checkpoint_kind, is_orbax_path, load_flax_params, save_flax_params
     from parity.infer import infer_config, read_config_file
+    from parity.output import refuse_existing
 
     source, out = args.input, args.output
     if Path(source).absolute() == Path(out).absolute():
@@ -139,6 +159,8 @@ def _convert(args):
     out_suffix = "" if is_orbax_path(out) else Path(out).suffix.lower()
     kind = checkpoint_kind(source)
     _check_parent("OUT", Path(out.rstrip("/") or out))
+    if not args.force:
+        refuse_existing(out)  # before the work: a conversion never replaces a file unasked
 
     if kind == "torch":
         if out_suffix not in ("", SAFETENSORS_SUFFIX):
@@ -149,7 +171,7 @@ def _convert(args):
         overrides = read_config_file(args.config) if args.config else {}
         config = infer_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx, overrides=overrides)
         params = flax_params_from_state_dict(state_dict, config)
-        written = save_flax_params(params, config, out)
+        written = save_flax_params(params, config, out, overwrite=args.force)
         form = "an orbax directory" if out_suffix == "" else SAFETENSORS_SUFFIX
         print(f"{source} (torch state dict, {len(state_dict)} tensors) -> {written} "
               f"(Flax parameters, {len(params)} arrays in Flax layout, {form}; the config in its metadata)")
@@ -189,9 +211,11 @@ def _config_options(parser, what):
 def build_parser():
     parser = argparse.ArgumentParser(prog="parity", description="Prove the torch and Flax twins compute the same numbers.")
     sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")
 
     check = sub.add_parser(
-        "check", help="run both twins with the same weights and compare every intermediate",
+        "check", parents=[common], help="run both twins with the same weights and compare every intermediate",
         description="Run the torch and Flax twins with the same weights on seeded, padded inputs and compare "
                     "every intermediate; name the first one that diverges.",
     )
@@ -211,7 +235,7 @@ def build_parser():
     check.set_defaults(run=_check)
 
     convert = sub.add_parser(
-        "convert", help="torch checkpoint <-> Flax parameters, bit for bit",
+        "convert", parents=[common], help="torch checkpoint <-> Flax parameters, bit for bit",
         description="A torch state dict (.pt/.pth/.bin/.safetensors) to Flax parameters (OUT.safetensors with Flax "
                     "paths as keys and the config in its metadata, or an orbax directory: OUT without a suffix or "
                     "ending in /); or Flax parameters written by this command back to a torch state dict "
@@ -219,6 +243,9 @@ def build_parser():
     )
     convert.add_argument("input", metavar="IN", help="torch checkpoint, or Flax .safetensors / orbax directory")
     convert.add_argument("output", metavar="OUT", help="where to write the other framework's parameters")
+    convert.add_argument("--force", action="store_true",
+                         help="replace an existing OUT (a file, or an orbax directory this command wrote); "
+                              "it is replaced only once the new one is complete")
     _config_options(convert, "torch checkpoint")
     convert.set_defaults(run=_convert)
     return parser
@@ -234,14 +261,40 @@ def main(argv=None):
     if getattr(args, "batch", 1) < 1:
         print(f"parity {args.command}: error: --batch must be >= 1, got {args.batch}", file=sys.stderr)
         return EXIT_UNUSABLE
-    if getattr(args, "atol", 0.0) < 0:
-        print(f"parity {args.command}: error: --atol must be >= 0, got {args.atol}", file=sys.stderr)
+    atol = getattr(args, "atol", 0.0)
+    if not (math.isfinite(atol) and atol >= 0):  # NaN would pass `< 0` and then fail every row
+        print(f"parity {args.command}: error: --atol must be a finite number >= 0, got {atol}", file=sys.stderr)
         return EXIT_UNUSABLE
     try:
         return args.run(args)
-    except (ValueError, OSError) as e:  # unknown preset, unreadable checkpoint, conversion error, unwritable OUT...
-        print(f"parity {args.command}: error: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
+        message = explain(e, args)
+        if message is None or args.debug or os.environ.get(DEBUG_ENV):
+            raise
+        print(f"parity {args.command}: error: {message}", file=sys.stderr)
         return EXIT_UNUSABLE
+
+
+def explain(error, args):
+    """One line naming the problem for an error a user can fix (exit 2), or None for a bug.
+
+    Unknown presets, unreadable checkpoints, keys that do not fit, an OUT that exists (all
+    ValueErrors, named by their raiser) and file errors (named by their file). A full disk
+    while writing is not the user's mistake, but its fix is theirs, and nothing was written:
+    exit 2 as well (parity's 1 means "the twins differ").
+    """
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        out = getattr(args, "output", None) or error.filename
+        return (f"no space left on the device{f' writing {out}' if out else ''}; nothing was written"
+                + (f" ({out} is as it was)" if out and os.path.lexists(out) else "")
+                + ": free some space and run the command again")
+    if isinstance(error, OSError) and error.filename is not None:
+        from flaxformer_mini.cli import explain as explain_file_error  # "FILE: reason (hint)", shared wording
+
+        return explain_file_error(error)[1]
+    if isinstance(error, (ValueError, OSError)):
+        return str(error)
+    return None
 
 
 if __name__ == "__main__":

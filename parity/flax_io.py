@@ -27,9 +27,9 @@ from flax import nnx
 
 import flaxformer_mini
 from flaxformer_mini.config import ModelConfig
-from parity import engine
+from parity import engine, output
 from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
-from parity.file_kinds import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError
+from parity.file_kinds import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError, readable_file
 
 FLAX_FORMAT = "flaxformer_mini.flax_params"
 CONFIG_METADATA_KEY = "model_config"
@@ -52,8 +52,7 @@ def checkpoint_kind(path):
         if not path.is_dir():
             raise CheckpointError(f"{path}: no such orbax directory")
         return "flax"
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such file")
+    readable_file(path)
     suffix = path.suffix.lower()
     if suffix in TORCH_SUFFIXES:
         return "torch"
@@ -117,21 +116,21 @@ def _describe(config):
 # ----------------------------------------------------------------------------- files
 
 
-def save_flax_params(params, config: ModelConfig, path):
-    """Write {Flax path: array} and ``config`` as ``.safetensors`` or an orbax directory."""
+def save_flax_params(params, config: ModelConfig, path, *, overwrite=False):
+    """Write {Flax path: array} and ``config`` as ``.safetensors`` or an orbax directory, all at
+    once or not at all (``parity.output``). ``overwrite``: replace an existing orbax directory
+    written by ``parity convert`` (a file is always replaced, atomically)."""
     params = {k: np.ascontiguousarray(v) for k, v in params.items()}
     if is_orbax_path(path):
-        return _save_orbax(params, config, Path(path))
+        return _save_orbax(params, config, Path(path), overwrite)
     path = Path(path)
     if path.suffix.lower() != SAFETENSORS_SUFFIX:
         raise CheckpointError(f"{path}: Flax parameters are written as {SAFETENSORS_SUFFIX} or an orbax directory "
                               f"(a path without a suffix, or ending in '/'), not {path.suffix!r}")
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     metadata = {"format": FLAX_FORMAT, CONFIG_METADATA_KEY: json.dumps(config.to_dict())}
-    tmp = path.with_name(path.name + ".tmp")  # atomic, as save_state_dict
-    save_file(params, tmp, metadata=metadata)
-    os.replace(tmp, path)
+    output.write_atomic(path, save(params, metadata=metadata))
     return path
 
 
@@ -191,21 +190,21 @@ def _flatten(tree, prefix=""):
             yield path, np.asarray(value)
 
 
-def _save_orbax(params, config, path):
-    path = path.absolute()
-    if path.exists():
-        if not path.is_dir() or any(path.iterdir()):
-            raise CheckpointError(f"{path}: already exists; orbax writes a new directory (remove it or choose another)")
-        path.rmdir()  # an empty directory: orbax creates its own
-    if not path.parent.is_dir():
-        raise CheckpointError(f"{path}: its parent directory does not exist")
+def _save_orbax(params, config, path, overwrite=False):
     ocp = _orbax()
     meta = {"format": FLAX_FORMAT, CONFIG_METADATA_KEY: config.to_dict()}
-    # orbax writes into a temporary directory and renames it when complete.
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-        checkpointer.save(path, ocp.args.Composite(params=ocp.args.StandardSave(_nest(params)),
-                                                   config=ocp.args.JsonSave(meta)))
-    return path
+
+    def write(directory):
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            checkpointer.save(directory, ocp.args.Composite(params=ocp.args.StandardSave(_nest(params)),
+                                                            config=ocp.args.JsonSave(meta)))
+
+    # orbax renames its own temporary directory when complete, but into `path`'s place only if
+    # nothing is there; parity.output stages it beside `path` so --force can replace one.
+    try:
+        return output.write_directory_atomic(path, write, overwrite=overwrite)
+    except output.OutputExistsError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _load_orbax(path):

@@ -5,8 +5,11 @@ Drawn with matplotlib's object API on an Agg canvas (no pyplot, no global backen
 works without a display and does not change the caller's matplotlib state.
 """
 
+import io
 import math
 from pathlib import Path
+
+from parity.output import write_atomic
 
 # Exact agreement (a difference of 0.0) has no place on a log axis: drawn at this floor.
 ZERO_FLOOR = 1e-12
@@ -88,5 +91,7 @@ def plot_report(report, path, title=None):
         _panel(ax, rows, report.atol, what, landmarks, width)
     fig.suptitle(title or ("torch vs Flax: every intermediate within tolerance" if report.ok
                            else f"torch vs Flax: first divergence at {report.first_divergence.label}"), fontsize=10)
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, format=path.suffix.lower()[1:], dpi=120)
+    write_atomic(path, image.getvalue())  # never a half-drawn image under the final name
     return path

@@ -252,3 +252,217 @@ def test_bad_input_is_named_with_its_exit_code_and_nothing_is_lost(name, setup, 
 
 def test_the_matrix_covers_at_least_forty_kinds():
     assert len(CASES) >= 40
+
+
+# ============================================================================= parity
+# The same four checks for the `parity` command line (parity.cli.main, in-process): exit code,
+# a message naming the problem, no traceback, nothing changed and nothing written.
+
+PARITY_SIZES = dict(src_pad_idx=0, source_vocab_size=11, target_vocab_size=13, max_len=7, embed_size=8, heads=2,
+                    num_layers=1, dropout=0.0)
+
+
+def parity_cli(*args):
+    import contextlib
+    import io
+    import subprocess
+
+    from parity.cli import main as parity_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = parity_main([str(a) for a in args])
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="module")
+def parity_weights():
+    """A tiny torch_ref Transformer's state dict (width 8, so --heads 3 does not divide it)."""
+    import torch
+
+    import torch_ref
+
+    torch.manual_seed(0)
+    return torch_ref.Transformer(**PARITY_SIZES).state_dict()
+
+
+def weights_file(name, change=None, writer="torch.save"):
+    """Write the weights (changed by ``change(state_dict)``) to ``d/name``; returns the path."""
+    def make(d, weights):
+        import torch
+
+        from parity import save_state_dict
+
+        state_dict = {k: v.clone() for k, v in weights.items()}
+        if change:
+            change(state_dict)
+        if writer == "torch.save":
+            torch.save(state_dict, d / name)
+        else:
+            save_state_dict(state_dict, d / name)
+        return d / name
+    return make
+
+
+def parity_check(make, *options):
+    def setup(d, weights):
+        return ["check", "--torch-checkpoint", make(d, weights), "--heads", "2", *options]
+    return setup
+
+
+def parity_convert(make, out, *options, existing=None):
+    def setup(d, weights):
+        if existing is not None:
+            existing(d / out)
+        return ["convert", make(d, weights), d / out, "--heads", "2", *options]
+    return setup
+
+
+def raw_file(name, content):
+    def make(d, weights):
+        (d / name).write_bytes(content)
+        return d / name
+    return make
+
+
+def truncated(name):
+    def make(d, weights):
+        path = weights_file(name, writer="parity")(d, weights)
+        path.write_bytes(path.read_bytes()[:200])
+        return path
+    return make
+
+
+def directory(name):
+    def make(d, weights):
+        (d / name).mkdir()
+        return d / name
+    return make
+
+
+def missing(name):
+    return lambda d, weights: d / name
+
+
+class _TouchOnLoad:
+    """Unpickling this would create ``marker``: a harmless stand-in for os.system."""
+
+    def __init__(self, marker):
+        self.marker = Path(marker)
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def malicious_pickle(d, weights):
+    import torch
+
+    torch.save({"encoder.embedding_layer.weight": torch.zeros(11, 8), "payload": _TouchOnLoad(d / "pwned")},
+               d / "evil.pt")
+    return d / "evil.pt"
+
+
+def to_int64(state_dict):
+    state_dict.update({k: v.to(__import__("torch").int64) for k, v in state_dict.items()})
+
+
+def plant(value, key="encoder.transformer_layers.0.norm1.weight"):
+    def change(state_dict):
+        state_dict[key][0] = value
+    return change
+
+
+def config_file(text):
+    def setup(d, weights):
+        (d / "config.json").write_text(text)
+        return parity_check(weights_file("model.pt"), "--config", d / "config.json")(d, weights)
+    return setup
+
+
+def make_file(text):
+    return lambda path: path.write_text(text)
+
+
+def make_foreign_directory(path):
+    path.mkdir()
+    (path / "params").mkdir()
+    (path / "train.py").write_text("mine")
+
+
+GOOD = weights_file("model.pt")
+PARITY_CASES = [
+    ("checkpoint_missing", parity_check(missing("nope.pt")), 2, r"nope\.pt: no such file"),
+    ("checkpoint_missing_convert", parity_convert(missing("nope.pt"), "flax.safetensors"), 2, r"nope\.pt: no such file"),
+    ("checkpoint_is_a_directory", parity_check(directory("model.pt")), 2,
+     r"model\.pt: is a directory, not a torch checkpoint file"),
+    ("checkpoint_random_bytes_pt", parity_check(raw_file("model.pt", bytes(range(256)) * 3)), 2,
+     r"model\.pt: refused to load: .*or is not a torch checkpoint at all"),
+    ("checkpoint_random_bytes_safetensors", parity_check(raw_file("model.safetensors", bytes(range(256)) * 3)), 2,
+     r"model\.safetensors: not a readable \.safetensors file \(truncated or corrupt\?\)"),
+    ("checkpoint_truncated_safetensors", parity_check(truncated("model.safetensors")), 2,
+     r"model\.safetensors: not a readable \.safetensors file \(truncated or corrupt\?\)"),
+    ("checkpoint_truncated_pt", parity_check(truncated("model.pt")), 2, r"model\.pt: (not a readable torch checkpoint|refused)"),
+    ("checkpoint_malicious_pickle", parity_check(malicious_pickle), 2,
+     r"evil\.pt: refused to load: the pickle asks for objects other than tensors"),
+    ("checkpoint_unknown_suffix", parity_check(weights_file("model.npz")), 2, r"model\.npz: unknown checkpoint type '\.npz'"),
+    ("checkpoint_unknown_suffix_convert", parity_convert(weights_file("model.npz"), "flax.safetensors"), 2,
+     r"model\.npz: unknown checkpoint type '\.npz'"),
+    ("convert_output_exists", parity_convert(GOOD, "flax.safetensors", existing=make_file("mine")), 2,
+     r"OUT .*flax\.safetensors: already exists \(a file\); nothing was written\. Give --force"),
+    ("convert_orbax_output_exists", parity_convert(GOOD, "flax_orbax", existing=make_foreign_directory), 2,
+     r"OUT .*flax_orbax: already exists \(a directory\).*--force"),
+    ("convert_force_over_a_foreign_directory", parity_convert(GOOD, "flax_orbax", "--force", existing=make_foreign_directory),
+     2, r"flax_orbax: exists and is not a directory of Flax parameters written by `parity convert`"),
+    ("convert_in_is_out", lambda d, w: ["convert", GOOD(d, w), d / "model.pt", "--force"], 2, r"IN and OUT are the same path"),
+    ("check_int64_weights", parity_check(weights_file("model.pt", to_int64)), 2,
+     r"invalid value for 'encoder\.embedding_layer\.weight': dtype int64 is not a floating-point dtype"),
+    ("convert_int64_weights", parity_convert(weights_file("model.pt", to_int64), "flax.safetensors"), 2,
+     r"invalid value for 'decoder\.fc\.bias': dtype int64 is not a floating-point dtype"),
+    ("check_nan_weights", parity_check(weights_file("model.pt", plant(float("nan")))), 2,
+     r"weights contain NaN: key 'encoder\.transformer_layers\.0\.norm1\.weight'"),
+    ("check_inf_weights", parity_check(weights_file("model.safetensors", plant(float("inf"), "decoder.fc.bias"), "parity")), 2,
+     r"weights contain Inf: key 'decoder\.fc\.bias'"),
+    ("heads_not_dividing_the_width", parity_check(GOOD, "--heads", "3"), 2, r"heads=3 does not divide the model width D=8"),
+    ("heads_zero", parity_check(GOOD, "--heads", "0"), 2, r"heads=0 does not divide the model width"),
+    ("atol_negative", parity_check(GOOD, "--atol", "-1"), 2, r"--atol must be a finite number >= 0, got -1"),
+    ("atol_nan", parity_check(GOOD, "--atol", "nan"), 2, r"--atol must be a finite number >= 0, got nan"),
+    ("atol_not_a_number", parity_check(GOOD, "--atol", "tiny"), 2, r"--atol: invalid float value: 'tiny'"),
+    ("batch_zero", parity_check(GOOD, "--batch", "0"), 2, r"--batch must be >= 1, got 0"),
+    ("config_missing", parity_check(GOOD, "--config", "nope.json"), 2, r"config file nope\.json: cannot read: No such file"),
+    ("config_not_json", config_file("{heads: 2"), 2, r"config file .*config\.json: not valid JSON"),
+    ("config_not_an_object", config_file("[2]"), 2, r"config file .*config\.json: expected a JSON object"),
+    ("config_unknown_key", config_file('{"head": 2}'), 2, r"unknown config key 'head' \(did you mean 'heads'\?\)"),
+    ("json_report_directory_missing", parity_check(GOOD, "--json", "no/such/dir/report.json"), 2,
+     r"--json no/such/dir/report\.json: the directory .* does not exist"),
+    ("json_report_is_a_directory", parity_check(GOOD, "--json", "."), 2, r"--json \.: is a directory; give a file name"),
+    ("plot_unknown_image_type", parity_check(GOOD, "--plot", "plot.gif"), 2, r"--plot plot\.gif: unknown image type '\.gif'"),
+    ("unknown_preset", lambda d, w: ["check", "--preset", "huge"], 2, r"huge"),
+]
+
+
+@pytest.mark.parametrize("name, setup, code, message", PARITY_CASES, ids=[c[0] for c in PARITY_CASES])
+def test_parity_bad_input_is_named_with_its_exit_code_and_nothing_is_written(name, setup, code, message, parity_weights,
+                                                                              tmp_path, monkeypatch):
+    import re
+
+    monkeypatch.chdir(tmp_path)  # relative paths (--json, --config) land in the case's directory
+    args = setup(tmp_path, parity_weights)
+    before = snapshot(tmp_path)
+    before_paths = sorted(tmp_path.rglob("*"))
+    proc = parity_cli(*args)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, output
+    assert re.search(message, output), output
+    assert "Traceback" not in output
+    after = snapshot(tmp_path)
+    changed = sorted(str(p) for p in before if after.get(p) != before[p])
+    assert not changed, f"changed or removed: {changed}"
+    assert sorted(tmp_path.rglob("*")) == before_paths, "something was written (a partial output, a temp file, pwned)"
+
+
+def test_the_parity_matrix_covers_every_kind_of_mistake_issue_15_lists():
+    kinds = {"checkpoint_missing", "checkpoint_is_a_directory", "checkpoint_random_bytes_pt",
+             "checkpoint_truncated_safetensors", "checkpoint_malicious_pickle", "checkpoint_unknown_suffix",
+             "convert_output_exists", "check_int64_weights", "check_nan_weights", "heads_not_dividing_the_width",
+             "atol_negative", "atol_nan", "config_missing", "config_not_json"}
+    assert kinds <= {case[0] for case in PARITY_CASES}

@@ -52,6 +52,28 @@ def test_file_round_trip_is_bit_exact(state_dict, tmp_path, suffix):
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
 
 
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_a_save_failing_midway_keeps_the_previous_file_and_leaves_no_temporary_file(state_dict, tmp_path, suffix,
+                                                                                   monkeypatch):
+    import errno
+    import os
+
+    import flaxformer_mini.files
+    from test_parity_faults import _DiskFullAfterHalf
+
+    path = tmp_path / f"model{suffix}"
+    previous = {"w": torch.arange(6.0)}
+    save_state_dict(previous, path)
+    sizes, real_fdopen = [], os.fdopen
+    monkeypatch.setattr(flaxformer_mini.files.os, "fdopen", lambda fd, *a, **k: _DiskFullAfterHalf(real_fdopen(fd, *a, **k), sizes))
+    with pytest.raises(OSError) as info:
+        save_state_dict(state_dict, path)
+    assert info.value.errno == errno.ENOSPC and sizes and sizes[0] > 0
+    monkeypatch.undo()
+    assert_same_tensors(load_state_dict(path), previous)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
 def test_save_with_unknown_suffix_is_refused_and_writes_nothing(state_dict, tmp_path):
     path = tmp_path / "model.npz"
     with pytest.raises(CheckpointError, match="unknown checkpoint type '.npz'") as info:

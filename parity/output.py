@@ -1,0 +1,82 @@
+"""parity's outputs are written all at once or not at all, and never over a file unasked.
+
+Files (``.safetensors``, ``.pt``, the ``--json`` report, the ``--plot`` image) are serialised in
+memory, then written by ``flaxformer_mini.files.write_atomic`` (a temporary file beside the
+output, fsync, rename): a failure at any byte (a full disk, Ctrl-C, a crash) leaves the old
+file, or none, and no temporary file. The price is a second copy of the file in memory while
+it is written (the serialised bytes beside the arrays): for the models this project converts
+(transformer-base: ~250 MB of float32) that is affordable, and it keeps one atomic writer.
+
+An orbax directory is written into a temporary directory beside the output and renamed into
+place once orbax has finished; with ``overwrite``, the old directory is moved aside first and
+removed only after the new one is in place.
+"""
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+# What parity's orbax directories hold (flax_io's two items and orbax's own records): a
+# directory holding only these (or nothing) is a parity output that --force may replace;
+# anything else may be someone's data, and is never removed.
+ORBAX_ENTRIES = frozenset({"params", "config", "_CHECKPOINT_METADATA", "commit_success.txt"})
+
+
+def write_atomic(path, data):
+    """``flaxformer_mini.files.write_atomic``: the project's one atomic writer of files. Imported
+    on first use, since importing flaxformer_mini loads JAX, which the torch-side readers and
+    writers (parity.checkpoint_io) otherwise never need."""
+    from flaxformer_mini.files import write_atomic as write
+
+    write(path, data)
+
+
+class OutputExistsError(ValueError):
+    """The output path exists and replacing it was not asked for (``--force``)."""
+
+
+def refuse_existing(path, what="OUT"):
+    """Raise OutputExistsError naming ``path`` if anything (a file, a directory, a link) is there."""
+    if os.path.lexists(path):
+        kind = "a directory" if os.path.isdir(path) else "a file"
+        raise OutputExistsError(f"{what} {path}: already exists ({kind}); nothing was written. "
+                                f"Give --force to replace it, or choose another path")
+
+
+def _replaceable_directory(path):
+    return {p.name for p in path.iterdir()} <= ORBAX_ENTRIES
+
+
+def write_directory_atomic(path, write, overwrite=False):
+    """Call ``write(tmp)`` to create the directory ``tmp`` (which does not exist yet; orbax
+    creates its own), then rename it to ``path``. On any failure nothing is left but what was
+    at ``path`` before. An existing ``path`` (but an empty directory) is refused unless
+    ``overwrite``; even then only a directory parity wrote is replaced, never another file or
+    directory."""
+    path = Path(path).absolute()
+    if os.path.lexists(path) and not (path.is_dir() and not path.is_symlink() and not any(path.iterdir())):
+        if not overwrite:
+            raise OutputExistsError(f"{path}: already exists; orbax writes a new directory (remove it or choose another)")
+        if not path.is_dir() or path.is_symlink() or not _replaceable_directory(path):
+            raise OutputExistsError(f"{path}: exists and is not a directory of Flax parameters written by "
+                                    f"`parity convert`; not replaced, even with --force")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(2, "its parent directory does not exist", str(path))
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        new, old = staging / "new", staging / "old"
+        write(new)
+        if os.path.lexists(path):
+            os.rename(path, old)  # aside, within the same directory: atomic, and undone below
+            try:
+                os.rename(new, path)
+            except BaseException:
+                os.rename(old, path)
+                raise
+        else:
+            os.rename(new, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
