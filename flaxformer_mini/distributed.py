@@ -16,6 +16,8 @@ misses its heartbeats for ``timeout_s`` and stops them. Either way nothing waits
 import hashlib
 import json
 import os
+import socket
+import time
 
 import jax
 import numpy as np
@@ -93,6 +95,8 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
                                f"(0 to {num_processes - 1})")
     if timeout_s < 1:
         raise DistributedError(f"--distributed-timeout must be >= 1 second, got {timeout_s}")
+    if coordinator and process_id not in (None, 0):
+        _wait_for_coordinator(coordinator, timeout_s)
     # CPU collectives across processes need an implementation (gloo, over TCP); the GPU and TPU
     # backends bring their own. This setting changes nothing on those.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -105,6 +109,28 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
         raise DistributedError(f"could not start the multi-process runtime with the coordinator {address} "
                                f"within {timeout_s}s (--distributed-timeout): {first}") from None
     return True
+
+
+def _wait_for_coordinator(address, timeout_s):
+    """Wait until ``address`` (process 0's coordination service) accepts a TCP connection.
+
+    Hand-written because jax.distributed cannot say it: a client that cannot register within
+    its timeout ends the process with a C++ fatal log (SIGABRT), no Python error to catch."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise DistributedError(f"--coordinator {address!r} is not HOST:PORT")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, timeout_s)):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise DistributedError(f"the coordinator {address} could not be reached within {timeout_s}s "
+                                       f"(--distributed-timeout): {e.strerror or e}. Start process 0 "
+                                       f"(--process-id 0) with the same --coordinator, and check the address "
+                                       f"and port are reachable from this host.") from None
+            time.sleep(0.2)
 
 
 def is_main():

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from flax import nnx
 
-from flaxformer_mini import checkpoint
+from flaxformer_mini import checkpoint, distributed
 from flaxformer_mini.data import Batch, SyntheticTask, TextPairs, Vocab, read_tsv
 from flaxformer_mini.model import Transformer
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
@@ -94,6 +94,8 @@ class Run:
         vocabularies; nothing is written when the config does not fit."""
         run_dir = RunDir(out)
         data = data if data is not None else load_data(config.data, run_dir)
+        if not distributed.is_main():  # scale-out: process 0 alone writes (and locks) the run's files
+            return cls(run_dir, config, data)
         resuming = run_dir.start_or_resume(config)
         if data.vocabs is not None and not run_dir.has_vocabularies():
             run_dir.save_vocabularies(data.vocabs)
@@ -143,9 +145,12 @@ class Run:
     def checkpoints(self, max_to_keep=3):
         return checkpoint.open_manager(self.dir.checkpoints.absolute(), max_to_keep=max_to_keep)
 
-    def restore_or_init(self, manager):
-        """The state of the latest checkpoint in ``manager``, or a fresh one at step 0."""
+    def restore_or_init(self, manager, place=None):
+        """The state of the latest checkpoint in ``manager``, or a fresh one at step 0.
+        ``place(state)`` lays the template out first (sharding.shard_state): orbax restores
+        into the template's layout, whatever layout the checkpoint was saved from."""
         state = self.trainer.init_state()
+        state = state if place is None else place(state)
         return checkpoint.restore(manager, state) if manager.latest_step() is not None else state
 
     def latest_state(self):
