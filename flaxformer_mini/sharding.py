@@ -24,27 +24,17 @@ arguments are placed::
 ``sharded_train_step`` compiles the same step with the shardings pinned (``in_shardings`` /
 ``out_shardings``), for callers who want the output layout guaranteed rather than inferred.
 
-Multi-host (a TPU pod slice, several GPU machines). Not tested here: the test suite only
-simulates 8 devices in one process (``XLA_FLAGS=--xla_force_host_platform_device_count=8``).
+Multi-process (several hosts, or several processes on one machine): ``distributed.py``
+starts JAX's runtime and ``flaxformer-mini train --coordinator ...`` runs it
+(``docs/scale-out.md``; tested with real processes in ``tests/test_multiprocess.py``).
 
-- Run one process per host, every host the same command with the same arguments.
-- Call ``initialize_distributed()`` first on each host, before anything else touches JAX
-  (``jax.devices()``, creating arrays, building the model). On Cloud TPU, and under SLURM or
-  Open MPI, JAX finds the coordinator, process count and process id itself; elsewhere pass
-  them, or set ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0),
-  ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` in each host's environment.
-- ``jax.devices()`` then lists every device of every host, and ``make_mesh()`` spans them all
-  (use all devices: a mesh over a subset would leave some hosts without a slice).
-- Each host feeds only its own rows: ``shard_batch(local_batch, mesh)`` calls
-  ``jax.make_array_from_process_local_data`` with this host's slice, and the global batch
-  is the hosts' slices laid out in mesh order (B = per-host batch x number of hosts).
-  The data here are functions of ``(seed, step)``, so every host can draw the same global
-  batch and keep its rows with ``process_local_rows(global_batch, mesh)``.
-- Model initialisation must be identical on every host (same seed). orbax's checkpoint
-  manager is called on every process (it coordinates the writes of a sharded state);
-  logs and plots should be written by process 0 alone (``jax.process_index() == 0``).
-- ``Trainer.step``/``check_batch`` read token values with ``np.asarray``, which cannot read
-  an array spread over several hosts: check the host's numpy batch before ``shard_batch``.
+- ``make_mesh(n)`` takes ``n`` devices of every process (``--devices`` counts per process).
+- Each process draws the same global batch from ``(seed, step)``, checks it on the host, and
+  feeds its own rows: ``shard_batch(process_local_rows(batch, mesh), mesh)`` assembles the
+  global array with ``jax.make_array_from_process_local_data``.
+- ``shard_state`` places host values across processes (``jax.device_put`` refuses arrays
+  committed to one local device there); ``to_local`` brings a state back to this process's
+  device for work each process does alone (evaluation, decoding).
 """
 
 import jax
