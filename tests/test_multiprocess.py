@@ -126,7 +126,7 @@ def _worker(spec):
     for r in spec["runs"]:
         mesh = training_mesh(r["devices"], r["sharding"], BATCH_SIZE)
         run = Run.create(r["out"], _worker_config(), echo=lambda m: None)
-        fit(run, STEPS, log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
+        fit(run, r.get("steps", STEPS), log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
             sharding=r["sharding"], echo=lambda m: None)
 
 
@@ -172,16 +172,40 @@ LAYOUTS = {
 }
 
 
+# Checkpoints across meshes: a run saved at STEPS under one layout, continued to 2 * STEPS
+# under another, against the single-process run continued on its own mesh.
+CONTINUED = {
+    # name: (the run whose step-STEPS checkpoint it starts from, processes, devices per process, sharding)
+    "continued_on_1_process": ("reference", 1, 1, "replicated"),  # the original mesh
+    "1_process_to_2_processes": ("reference", 2, 1, "fsdp"),
+    "fsdp_4_devices_to_1_device": ("2x2_fsdp", 1, 1, "replicated"),
+}
+
+
 @pytest.fixture(scope="module")
 def equivalence_runs(tmp_path_factory):
+    import shutil
+
     root = tmp_path_factory.mktemp("equivalence")
     t0 = time.time()
     launch_workers(1, [{"out": str(root / "reference"), "devices": 1, "sharding": "replicated"}])
     groups = {}
     for name, (n, d, sharding) in LAYOUTS.items():
         groups.setdefault((n, d), []).append({"out": str(root / name), "devices": d, "sharding": sharding})
+    for name, (source, n, d, sharding) in CONTINUED.items():
+        if source == "reference":  # the others' sources are trained in this loop's launches
+            shutil.copytree(root / source, root / name)
+            groups.setdefault((n, d), []).append({"out": str(root / name), "devices": d, "sharding": sharding,
+                                                  "steps": 2 * STEPS})
     for (n, d), runs in groups.items():  # one launch per process layout, its runs one after another
         launch_workers(n, runs, devices_per_process=d)
+    later = []
+    for name, (source, n, d, sharding) in CONTINUED.items():
+        if source != "reference":
+            assert (n, d) == (1, 1)
+            shutil.copytree(root / source, root / name)
+            later.append({"out": str(root / name), "devices": d, "sharding": sharding, "steps": 2 * STEPS})
+    launch_workers(1, later)
     print(f"equivalence launches: {time.time() - t0:.0f}s", file=sys.stderr)
     return root
 
@@ -203,6 +227,18 @@ def test_multiprocess_losses_and_parameters_equal_one_process(equivalence_runs, 
     assert worst <= EQUIV_ATOL, f"{layout}: losses differ by {worst:.2e}"
     diff, where = max_param_diff(final_state(equivalence_runs / "reference"), final_state(equivalence_runs / layout))
     assert diff <= EQUIV_ATOL, f"{layout}: parameters differ by {diff:.2e} at {where}"
+
+
+@pytest.mark.parametrize("name", [n for n in CONTINUED if n != "continued_on_1_process"])
+def test_a_checkpoint_continues_on_another_mesh_as_on_its_own(equivalence_runs, name):
+    own, other = equivalence_runs / "continued_on_1_process", equivalence_runs / name
+    assert int(final_state(own).step) == int(final_state(other).step) == 2 * STEPS
+    ref, got = losses(own), losses(other)
+    assert sorted(got) == list(range(1, 2 * STEPS + 1))
+    worst = max(abs(ref[s] - got[s]) for s in range(STEPS + 1, 2 * STEPS + 1))
+    assert worst <= EQUIV_ATOL, f"{name}: continued losses differ by {worst:.2e}"
+    diff, where = max_param_diff(final_state(own), final_state(other))
+    assert diff <= EQUIV_ATOL, f"{name}: parameters differ by {diff:.2e} at {where}"
 
 
 def test_only_process_0_writes_the_run_files(equivalence_runs):
