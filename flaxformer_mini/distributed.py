@@ -100,6 +100,10 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     # CPU collectives across processes need an implementation (gloo, over TCP); the GPU and TPU
     # backends bring their own. This setting changes nothing on those.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # SIGTERM is fit.py's (_StopRequests, then an all-reduce of the stop flag at each step
+    # boundary: every process saves the same step). JAX's preemption service would install its
+    # own SIGTERM notifier, which can take the signal from Python's handler.
+    jax.config.update("jax_enable_preemption_service", False)
     address = coordinator or os.environ.get(ENV_COORDINATOR) or "(found by JAX's cluster detection)"
     try:
         jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=int(timeout_s),
