@@ -38,7 +38,7 @@ ADAM_EPS = 1e-4
 LEARNING_RATE = 1e-2
 EQUIV_ATOL = 1e-6  # the bar for losses and parameters; reached, no looser tolerance needed
 
-# The CLI's tiny run (tests/test_train_cli.py's, without --no-progress's absence of a bar).
+# The CLI's tiny run: tests/test_train_cli.py's, logging every step.
 TINY_RUN = ["--task", "copy", "--preset", "tiny", "--vocab-size", "11", "--max-len", "5", "--batch-size", "8",
             "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every", "1", "--no-progress"]
 
