@@ -38,6 +38,10 @@ def _train(args):
         from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
         restart_keeping_freed_memory()  # re-executes with GLIBC_TUNABLES set: see malloc_tunables.py
+    from flaxformer_mini import distributed
+
+    # Scale-out: the multi-process runtime starts before anything touches a device.
+    distributed.start_runtime(args.coordinator, args.num_processes, args.process_id, args.distributed_timeout)
     from flaxformer_mini.fit import fit
     from flaxformer_mini.run import Run
     from flaxformer_mini.run_config import DataConfig, TrainOptions
@@ -55,14 +59,40 @@ def _train(args):
                            warmup=args.warmup, weight_decay=args.weight_decay, clip_norm=args.clip_norm,
                            label_smoothing=args.label_smoothing, dropout=args.dropout, dtype=args.dtype,
                            seed=args.seed)
-    echo = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    echo = lambda m: print(m, file=sys.stderr) if distributed.is_main() else None  # noqa: E731
     mesh = training_mesh(args.devices, args.sharding, args.batch_size)  # before anything is written
-    run = Run.start(args.out, options, data, echo=echo)
-    result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every, save_every=args.save_every,
-                 max_to_keep=args.keep, progress=not args.no_progress, mesh=mesh, sharding=args.sharding, echo=echo)
-    if result:
+    distributed.agree_on(_identity(args))  # every process started with the same options, or none runs
+    error = run = None
+    try:
+        run = Run.start(args.out, options, data, echo=echo)
+    except (ValueError, FileNotFoundError) as e:
+        error = e
+    distributed.all_started(error)  # process 0 refused the directory: every process stops
+    try:
+        result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every,
+                     save_every=args.save_every, max_to_keep=args.keep, progress=not args.no_progress, mesh=mesh,
+                     sharding=args.sharding, echo=echo)
+    except (RuntimeError, ValueError) as e:
+        lost = distributed.as_lost_process(e)
+        if lost is None:
+            raise
+        raise lost from None
+    if result and distributed.is_main():
         print(json.dumps({"step": args.steps, **result}))
     return EXIT_OK
+
+
+def _identity(args):
+    """What every process of a run must agree on: its options (not the process id) and
+    the content of its data files."""
+    from flaxformer_mini.distributed import file_digest
+
+    own = {"process_id", "coordinator", "distributed_timeout", "no_progress", "run"}
+    identity = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in own}
+    for option in ("data", "valid"):
+        if getattr(args, option, None):
+            identity[f"--{option} (sha256 of the file)"] = file_digest(getattr(args, option))
+    return identity
 
 
 def _evaluate(args):
@@ -119,6 +149,9 @@ RANGES = {
     "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "devices": (lambda v: v >= 1, ">= 1"),
+    "num_processes": (lambda v: v >= 1, ">= 1"),
+    "process_id": (lambda v: v >= 0, ">= 0"),
+    "distributed_timeout": (lambda v: v >= 1, ">= 1"),
     "seed": (lambda v: v >= 0, ">= 0"),
     "vocab_size": (lambda v: v >= 5, ">= 5 (4 special tokens and at least one value)"),
     "min_len": (lambda v: v >= 1, ">= 1"),
@@ -178,8 +211,8 @@ def build_parser():
     t.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     t.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="compute dtype (parameters stay float32)")
-    t.add_argument("--devices", type=int, default=1,
-                   help="shard each batch over this many devices (data parallelism)")
+    t.add_argument("--devices", type=int, default=None,
+                   help="shard each batch over this many devices per process (data parallelism); default: all")
     t.add_argument("--sharding", choices=("replicated", "fsdp"), default="replicated",
                    help="with --devices > 1: replicate parameters, or shard them FSDP-style")
     t.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seeds initialisation, data and dropout")
@@ -201,6 +234,14 @@ def build_parser():
                    help="CPU, large models: keep freed host memory in the process (one glibc arena, no mmap), so "
                         "each step stops page-faulting its temporaries in; slower for small models "
                         "(flaxformer_mini/malloc_tunables.py)")
+    scale = t.add_argument_group("scale-out (docs/scale-out.md): one process per host, every process the same "
+                                 "command; with none of these, JAX's own detection (JAX_COORDINATOR_ADDRESS, "
+                                 "JAX_NUM_PROCESSES, JAX_PROCESS_ID, SLURM, Open MPI, Cloud TPU)")
+    scale.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address, the same on every process")
+    scale.add_argument("--num-processes", type=int, metavar="N", help="how many processes the run has")
+    scale.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 to N-1")
+    scale.add_argument("--distributed-timeout", type=int, default=300, metavar="SECONDS",
+                       help="give up on an unreachable coordinator, or on a silent process, after this long")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", help="loss, token accuracy and exact match of a run's latest checkpoint",
@@ -244,6 +285,8 @@ def main(argv=None):
         if code is None or args.debug or os.environ.get(DEBUG_ENV):
             raise
         print(f"flaxformer-mini {args.command}: error: {message}", file=sys.stderr)
+        if type(e).__name__ == "ProcessLostError":  # jax's exit barrier would wait for the lost process
+            sys.stdout.flush(), sys.stderr.flush(), os._exit(EXIT_FAILED)
         return code
 
 
@@ -253,9 +296,10 @@ def explain(error):
     2: unusable options, files or run directories (nothing was written, or nothing lost);
     1: a run that failed on the way (a NaN loss, a full disk): its last checkpoint is kept.
     """
+    from flaxformer_mini.distributed import ProcessLostError
     from flaxformer_mini.fit import NonFiniteLossError
 
-    if isinstance(error, NonFiniteLossError):
+    if isinstance(error, (NonFiniteLossError, ProcessLostError)):
         return EXIT_FAILED, str(error)
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {error.filename}" if error.filename else ""

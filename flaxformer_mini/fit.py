@@ -16,12 +16,12 @@ import time
 import jax
 import numpy as np
 
-from flaxformer_mini import checkpoint
+from flaxformer_mini import checkpoint, distributed
 from flaxformer_mini.data import PAD
 from flaxformer_mini.evaluation import evaluate
 from flaxformer_mini.plot import plot_metrics
 from flaxformer_mini.run import Run
-from flaxformer_mini.sharding import shard_batch, shard_state
+from flaxformer_mini.sharding import process_local_rows, shard_batch, shard_state, to_local
 from flaxformer_mini.training import check_batch
 
 
@@ -43,11 +43,15 @@ def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to
 
 def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo):
     manager = run.checkpoints(max_to_keep)
-    state = run.restore_or_init(manager, echo=echo)
-    if mesh is not None:
-        state = shard_state(state, mesh, sharding)
+    # Restored straight into the mesh's layout (whatever mesh the checkpoint was saved under).
+    state = run.restore_or_init(manager, echo=echo, place=None if mesh is None else lambda s: shard_state(s, mesh, sharding))
     start = int(state.step)
-    run.dir.truncate_metrics(start, echo=echo)  # a killed run may have logged steps past its last checkpoint
+    # Scale-out: process 0 alone writes the run's files and shows the bar; every process
+    # trains, evaluates and takes part in orbax's saves and restores.
+    main = distributed.is_main()
+    progress = progress and main
+    if main:
+        run.dir.truncate_metrics(start, echo=echo)  # a killed run may have logged steps past its last checkpoint
     if start:
         echo(f"resuming {run.path} from step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
@@ -58,20 +62,23 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     if run.describe_evaluation():
         echo(run.describe_evaluation())
     seed, batch_size = run.config.train.seed, run.config.batch_size
-    log = _StepLog(run, steps, start, log_every, progress)
+    log = _StepLog(run, steps, start, log_every, progress, write=main)
     last_eval = {}
     try:
         with _StopRequests() as stop:
             for step in range(start, steps):
                 batch = run.data.train.batch(seed, step, batch_size)
                 check_batch(batch, trainer.model_config)  # on the host, before any sharding
-                state, metrics = trainer.train_step(state, batch if mesh is None else shard_batch(batch, mesh))
+                state, metrics = trainer.train_step(
+                    state, batch if mesh is None else shard_batch(process_local_rows(batch, mesh), mesh))
                 done = step + 1
                 log.push(done, metrics, batch)
                 if done % eval_every == 0 or done == steps:
                     log.flush()  # also checks the loss is finite
-                    last_eval = evaluate(trainer, state, eval_batches)
+                    last_eval = evaluate(trainer, to_local(state), eval_batches)
                     log.eval(done, last_eval)
+                # Every process must save the same step: a SIGTERM seen by one stops all.
+                stop.requested = distributed.any_process(stop.requested)
                 if done % save_every == 0 or done == steps or stop.requested:
                     log.flush()  # never checkpoint a NaN state; the saved step's metrics are on disk first
                     checkpoint.save(manager, state)
@@ -90,8 +97,9 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     log.close()
     if not last_eval and start >= steps:
         echo(f"{run.path} has already reached step {start} (asked for {steps}); evaluating")
-        last_eval = evaluate(trainer, state, eval_batches)
-    plot_metrics(run.dir)
+        last_eval = evaluate(trainer, to_local(state), eval_batches)
+    if main:
+        plot_metrics(run.dir)
     return last_eval
 
 
@@ -99,10 +107,10 @@ class _StepLog:
     """The metrics log and the progress bar. Each step's metrics are read back one step late
     (``push``), so logging never makes the host wait for the device."""
 
-    def __init__(self, run, steps, start, log_every, progress):
+    def __init__(self, run, steps, start, log_every, progress, write=True):
         from tqdm.auto import tqdm
 
-        self.run, self.log_every = run, log_every
+        self.run, self.log_every, self.write = run, log_every, write
         self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
         self.pending = None  # (step, metrics, tokens/s or None) not yet read back
         self.tokens, self.t0 = 0, time.perf_counter()
@@ -126,12 +134,13 @@ class _StepLog:
         loss = float(metrics["loss"])
         if not math.isfinite(loss):
             raise NonFiniteLossError(f"loss is {loss} at step {step}")
-        if rate is not None:
+        if rate is not None and self.write:
             self.run.dir.log({"step": step, **{k: float(v) for k, v in metrics.items()}, "tokens_per_s": rate})
             self.bar.set_postfix(loss=f"{loss:.4g}", tok_s=f"{rate:,.0f}")
 
     def eval(self, step, result):
-        self.run.dir.log({"step": step, **{f"eval_{k}": v for k, v in result.items()}})
+        if self.write:
+            self.run.dir.log({"step": step, **{f"eval_{k}": v for k, v in result.items()}})
         self.bar.set_postfix_str(f"eval loss {result['loss']:.4g}, exact {result['exact_match']:.3f}")
 
     def close(self):

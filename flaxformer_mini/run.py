@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 from flax import nnx
 
-from flaxformer_mini import checkpoint
+from flaxformer_mini import checkpoint, distributed
 from flaxformer_mini.data import Batch, SyntheticTask, TextPairs, Vocab, read_tsv
 from flaxformer_mini.model import Transformer
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
@@ -119,6 +119,8 @@ class Run:
         vocabularies; nothing is written when the config does not fit."""
         run_dir = RunDir(out)
         data = data if data is not None else load_data(config.data, run_dir)
+        if not distributed.is_main():  # scale-out: process 0 alone writes (and locks) the run's files
+            return cls(run_dir, config, data)
         checksums = run_dir.vocabulary_checksums(data.vocabs) if data.vocabs is not None else {}
         asked = config
         resuming, lock, config = run_dir.start_or_resume(config, checksums)
@@ -180,15 +182,19 @@ class Run:
     def checkpoints(self, max_to_keep=3):
         return checkpoint.open_manager(self.dir.checkpoints.absolute(), max_to_keep=max_to_keep)
 
-    def restore_or_init(self, manager, echo=_warn):
+    def restore_or_init(self, manager, echo=_warn, place=None):
         """The state of the newest readable checkpoint in ``manager``, or a fresh one at step
-        0. Damaged newer checkpoints are skipped, said so, and moved out of the way into
-        ``OUT/damaged_checkpoints/`` (kept for inspection; the run saves those steps again)."""
+        0. ``place(state)`` lays the template out first (sharding.shard_state): orbax restores
+        into the template's layout, whatever layout the checkpoint was saved from. Damaged
+        newer checkpoints are skipped, said so, and moved out of the way into
+        ``OUT/damaged_checkpoints/`` by process 0 (kept for inspection; the run saves those
+        steps again)."""
         state = self.trainer.init_state()
+        state = state if place is None else place(state)
         if manager.latest_step() is None:
             return state
         state, skipped = checkpoint.restore_latest_intact(manager, state)
-        if skipped:
+        if skipped and distributed.is_main():
             aside = self.path / "damaged_checkpoints"
             aside.mkdir(exist_ok=True)
             for step, why in skipped:

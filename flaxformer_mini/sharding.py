@@ -24,27 +24,17 @@ arguments are placed::
 ``sharded_train_step`` compiles the same step with the shardings pinned (``in_shardings`` /
 ``out_shardings``), for callers who want the output layout guaranteed rather than inferred.
 
-Multi-host (a TPU pod slice, several GPU machines). Not tested here: the test suite only
-simulates 8 devices in one process (``XLA_FLAGS=--xla_force_host_platform_device_count=8``).
+Multi-process (several hosts, or several processes on one machine): ``distributed.py``
+starts JAX's runtime and ``flaxformer-mini train --coordinator ...`` runs it
+(``docs/scale-out.md``; tested with real processes in ``tests/test_multiprocess.py``).
 
-- Run one process per host, every host the same command with the same arguments.
-- Call ``initialize_distributed()`` first on each host, before anything else touches JAX
-  (``jax.devices()``, creating arrays, building the model). On Cloud TPU, and under SLURM or
-  Open MPI, JAX finds the coordinator, process count and process id itself; elsewhere pass
-  them, or set ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0),
-  ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` in each host's environment.
-- ``jax.devices()`` then lists every device of every host, and ``make_mesh()`` spans them all
-  (use all devices: a mesh over a subset would leave some hosts without a slice).
-- Each host feeds only its own rows: ``shard_batch(local_batch, mesh)`` calls
-  ``jax.make_array_from_process_local_data`` with this host's slice, and the global batch
-  is the hosts' slices laid out in mesh order (B = per-host batch x number of hosts).
-  The data here are functions of ``(seed, step)``, so every host can draw the same global
-  batch and keep its rows with ``process_local_rows(global_batch, mesh)``.
-- Model initialisation must be identical on every host (same seed). orbax's checkpoint
-  manager is called on every process (it coordinates the writes of a sharded state);
-  logs and plots should be written by process 0 alone (``jax.process_index() == 0``).
-- ``Trainer.step``/``check_batch`` read token values with ``np.asarray``, which cannot read
-  an array spread over several hosts: check the host's numpy batch before ``shard_batch``.
+- ``make_mesh(n)`` takes ``n`` devices of every process (``--devices`` counts per process).
+- Each process draws the same global batch from ``(seed, step)``, checks it on the host, and
+  feeds its own rows: ``shard_batch(process_local_rows(batch, mesh), mesh)`` assembles the
+  global array with ``jax.make_array_from_process_local_data``.
+- ``shard_state`` places host values across processes (``jax.device_put`` refuses arrays
+  committed to one local device there); ``to_local`` brings a state back to this process's
+  device for work each process does alone (evaluation, decoding).
 """
 
 import jax
@@ -71,15 +61,37 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
     return jax.process_index(), jax.process_count()
 
 
+def _per_process_devices(num_devices):
+    """The first ``num_devices`` local devices of every process (all when None), in process
+    order: a mesh must give every process the same share, or some would feed no rows."""
+    by_process = {}
+    for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
+        by_process.setdefault(d.process_index, []).append(d)
+    local = len(by_process[jax.process_index()])
+    n = local if num_devices is None else num_devices
+    if n > local:
+        raise ValueError(
+            f"asked for {n} devices per process but this process has only {local} "
+            f"({jax.local_devices()[0].platform}); on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
+            "simulates N devices"
+        )
+    return [d for p in sorted(by_process) for d in by_process[p][:n]]
+
+
 def make_mesh(num_devices=None, axis_name=DATA_AXIS):
-    """A 1-D mesh over the first ``num_devices`` of ``jax.devices()`` (all by default)."""
+    """A 1-D mesh over the first ``num_devices`` of ``jax.devices()`` (all by default).
+    In a multi-process run ``num_devices`` counts each process's devices, and the mesh holds
+    that many of every process's, process 0's first."""
     devices = jax.devices()
+    if num_devices is not None:
+        if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)):
+            raise TypeError(f"num_devices must be an integer, got {num_devices!r}")
+        if num_devices < 1:
+            raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+    if jax.process_count() > 1:
+        return Mesh(np.asarray(_per_process_devices(num_devices)), (axis_name,))
     if num_devices is None:
         num_devices = len(devices)
-    if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)):
-        raise TypeError(f"num_devices must be an integer, got {num_devices!r}")
-    if num_devices < 1:
-        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
     if num_devices > len(devices):
         raise ValueError(
             f"asked for {num_devices} devices but only {len(devices)} are available "
@@ -90,13 +102,13 @@ def make_mesh(num_devices=None, axis_name=DATA_AXIS):
 
 
 def training_mesh(num_devices, strategy, batch_size):
-    """The mesh a training run uses, or None for one device: checks the options (device
-    count, strategy, the batch size's divisibility) before anything is written.
-    ``num_devices`` None means every device."""
-    if num_devices == 1:
-        return None
+    """The mesh a training run uses, or None for one device in one process: checks the
+    options (device count, strategy, the batch size's divisibility by the global device
+    count) before anything is written. ``num_devices`` (per process) None means every device."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown --sharding {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    if jax.process_count() == 1 and (num_devices == 1 or (num_devices is None and jax.device_count() == 1)):
+        return None
     mesh = make_mesh(num_devices)
     _check_divisible(batch_size, mesh.size, "--batch-size")
     return mesh
@@ -214,9 +226,40 @@ def state_shardings(state, mesh, strategy="replicated"):
     return jax.tree.map(choose, state)
 
 
+def _put(leaf, sharding):
+    """``jax.device_put`` that also works across processes: there it takes host values (the
+    same on every process: same seed), not arrays committed to one local device. PRNG key
+    arrays go as their raw key data."""
+    if jax.process_count() == 1:
+        return jax.device_put(leaf, sharding)
+    if _is_key_array(leaf):
+        data = jax.device_put(np.asarray(jax.random.key_data(leaf)), sharding)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+    return jax.device_put(np.asarray(leaf), sharding)
+
+
 def shard_state(state, mesh, strategy="replicated"):
-    """``jax.device_put(state, state_shardings(state, mesh, strategy))``."""
-    return jax.device_put(state, state_shardings(state, mesh, strategy))
+    """``state`` laid out by ``state_shardings(state, mesh, strategy)``, in one process or many."""
+    return jax.tree.map(_put, state, state_shardings(state, mesh, strategy))
+
+
+def to_local(tree):
+    """The same values on this process's own device(s), for work every process does alone
+    (evaluation, decoding): a replicated leaf is read from a local copy, a split one gathered
+    across processes (``process_allgather``: the whole array on every host, fine at the sizes
+    this project trains). In one process: ``tree`` itself."""
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+
+    def local(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return x
+        if x.is_fully_replicated:
+            return x.addressable_data(0)
+        return multihost_utils.process_allgather(x, tiled=True)
+
+    return jax.tree.map(local, tree)
 
 
 def sharded_train_step(state_sharding, batch_sharding):

@@ -1,0 +1,222 @@
+"""JAX's multi-controller runtime for ``flaxformer-mini train``: one process per host, every
+process the same program (``jax.distributed``).
+
+    started = start_runtime("10.0.0.1:1234", num_processes=2, process_id=0)  # before any device use
+    agree_on(run_identity(config, steps, ...))  # refuse processes started with other options
+    if is_main(): write the run's files           # process 0 alone writes config, metrics, plot
+
+On CPU the processes' collectives go over gloo (TCP), so several processes on one machine
+run the whole multi-host path: that is how tests/test_multiprocess.py checks it.
+
+A process that dies mid-run: the others' next collective fails at once (gloo reads a closed
+socket: "Connection reset by peer"), or, when they were not in one, JAX's coordination service
+misses its heartbeats for ``timeout_s`` and stops them. Either way nothing waits forever.
+"""
+
+import hashlib
+import json
+import os
+import socket
+import time
+
+import jax
+import numpy as np
+
+# Our own environment variables for the process count and index: jax.distributed reads
+# JAX_COORDINATOR_ADDRESS itself but (0.10) not these two.
+ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
+DEFAULT_TIMEOUT_S = 300  # jax.distributed's own initialization timeout
+
+
+class DistributedError(ValueError):
+    """The processes of a multi-process run cannot start together: an unreachable coordinator,
+    a process id out of range, processes started with different options (CLI exit code 2)."""
+
+
+class ProcessLostError(RuntimeError):
+    """Another process of the run stopped mid-run (CLI exit code 1); the last checkpoint is kept."""
+
+
+# What XLA's errors say when a peer is gone: gloo's closed sockets, the coordination service.
+_LOST_MARKERS = ("gloo", "connection reset", "connection closed", "coordination", "heartbeat", "barrier", "unavailable")
+
+
+def as_lost_process(error):
+    """``error`` as a ProcessLostError when it says another process is gone, else None."""
+    text = str(error)
+    if not is_multiprocess() or not any(m in text.lower() for m in _LOST_MARKERS):
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return ProcessLostError(f"process {jax.process_index()} lost contact with another process of the run (it stopped "
+                            f"or was killed): {first}")
+
+
+def _cluster_detected():
+    """Whether JAX's own cluster detection (SLURM, Open MPI, Cloud TPU, Kubernetes) would find
+    a cluster. jax exposes no public call for this question; its ClusterEnv registry answers it.
+    Without a cluster, ``jax.distributed.initialize()`` raises, and a lone process must not."""
+    if os.environ.get(ENV_COORDINATOR):
+        return True
+    try:
+        from jax._src.clusters import ClusterEnv
+    except ImportError:  # a jax without the registry: only explicit options start the runtime
+        return False
+    return any(not env.opt_in_only_method and env.is_env_present() for env in ClusterEnv._cluster_types)
+
+
+def _env_int(name):
+    value = os.environ.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise DistributedError(f"{name}={value!r} is not an integer") from None
+
+
+def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout_s=DEFAULT_TIMEOUT_S):
+    """Start ``jax.distributed`` when this is a multi-process run; call it before anything
+    touches a device. Returns True when the runtime was started.
+
+    Explicit arguments win; then ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and
+    ``JAX_PROCESS_ID``; then JAX's cluster detection (SLURM, Open MPI, Cloud TPU). With none of
+    them, a single process: nothing is started. ``timeout_s`` bounds both the wait for the
+    coordinator and the heartbeat after which a silent process counts as lost.
+    """
+    num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
+    process_id = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
+    explicit = coordinator is not None or num_processes is not None or process_id is not None
+    if not explicit and not _cluster_detected():
+        return False
+    if num_processes is not None and num_processes < 1:
+        raise DistributedError(f"--num-processes must be >= 1, got {num_processes}")
+    if process_id is not None and num_processes is not None and not 0 <= process_id < num_processes:
+        raise DistributedError(f"--process-id {process_id} is out of range for --num-processes {num_processes} "
+                               f"(0 to {num_processes - 1})")
+    if timeout_s < 1:
+        raise DistributedError(f"--distributed-timeout must be >= 1 second, got {timeout_s}")
+    if coordinator and process_id not in (None, 0):
+        _wait_for_coordinator(coordinator, timeout_s)
+    # CPU collectives across processes need an implementation (gloo, over TCP); the GPU and TPU
+    # backends bring their own. This setting changes nothing on those.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # SIGTERM is fit.py's (_StopRequests, then an all-reduce of the stop flag at each step
+    # boundary: every process saves the same step). JAX's preemption service would install its
+    # own SIGTERM notifier, which can take the signal from Python's handler.
+    jax.config.update("jax_enable_preemption_service", False)
+    address = coordinator or os.environ.get(ENV_COORDINATOR) or "(found by JAX's cluster detection)"
+    try:
+        jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=int(timeout_s),
+                                   heartbeat_timeout_seconds=int(timeout_s))
+    except (RuntimeError, ValueError, TypeError) as e:  # XlaRuntimeError is a RuntimeError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DistributedError(f"could not start the multi-process runtime with the coordinator {address} "
+                               f"within {timeout_s}s (--distributed-timeout): {first}") from None
+    return True
+
+
+def _wait_for_coordinator(address, timeout_s):
+    """Wait until ``address`` (process 0's coordination service) accepts a TCP connection.
+
+    Hand-written because jax.distributed cannot say it: a client that cannot register within
+    its timeout ends the process with a C++ fatal log (SIGABRT), no Python error to catch."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise DistributedError(f"--coordinator {address!r} is not HOST:PORT")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, timeout_s)):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise DistributedError(f"the coordinator {address} could not be reached within {timeout_s}s "
+                                       f"(--distributed-timeout): {e.strerror or e}. Start process 0 "
+                                       f"(--process-id 0) with the same --coordinator, and check the address "
+                                       f"and port are reachable from this host.") from None
+            time.sleep(0.2)
+
+
+def is_main():
+    """Process 0: the one that writes the run's config, metrics, plot and vocabularies."""
+    return jax.process_index() == 0
+
+
+def is_multiprocess():
+    return jax.process_count() > 1
+
+
+# ----------------------------------------------------------------------------- agreement
+
+
+def file_digest(path):
+    """sha256 of a file's bytes: two processes reading different data files disagree on it."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def allgather_bytes(payload: bytes):
+    """Every process's ``payload``, in process order. Two ``process_allgather`` calls (the
+    lengths, then the bytes padded to the longest): the public multihost API, no side channel."""
+    from jax.experimental import multihost_utils
+
+    lengths = np.asarray(multihost_utils.process_allgather(np.array([len(payload)], np.int32))).reshape(-1)
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[: len(payload)] = np.frombuffer(payload, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(lengths), -1)
+    return [bytes(row[:n]) for row, n in zip(rows, lengths)]
+
+
+def agree_on(identity: dict):
+    """Refuse to run when the processes were started with different options.
+
+    ``identity`` maps an option's name to its value on this process (JSON-able). Each process
+    hashes it; when the hashes differ, the options themselves are gathered so the error names
+    each differing option with process 0's value and the other's. Every process raises the same
+    error, so none is left waiting for the others.
+    """
+    if not is_multiprocess():
+        return
+    text = json.dumps(identity, sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).digest()
+    digests = allgather_bytes(digest)
+    if all(d == digests[0] for d in digests):
+        return
+    everyone = [json.loads(t) for t in allgather_bytes(text.encode())]
+    reference = everyone[0]
+    problems = []
+    for i, other in enumerate(everyone[1:], 1):
+        for key in sorted(set(reference) | set(other)):
+            if reference.get(key) != other.get(key):
+                problems.append(f"{key}: {reference.get(key)!r} on process 0, {other.get(key)!r} on process {i}")
+    raise DistributedError("the processes were started with different options: " + "; ".join(problems)
+                           + ". Start every process with the same command.")
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process when ``flag`` is True on any: the step-boundary all-reduce that
+    makes a SIGTERM seen by one process stop (and save) all of them at the same step."""
+    if not is_multiprocess():
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(np.asarray(multihost_utils.process_allgather(np.array([int(flag)], np.int32))).any())
+
+
+def all_started(error: Exception | None):
+    """A barrier after process 0 has written (or refused) the run directory: when any process
+    failed to start, every process raises, so none trains alone into a collective that never
+    completes."""
+    if not is_multiprocess():
+        if error is not None:
+            raise error
+        return
+    failed = np.asarray(allgather_bytes(b"1" if error is not None else b"0")) == b"1"
+    if error is not None:
+        raise error
+    if failed.any():
+        who = ", ".join(str(i) for i in np.flatnonzero(failed))
+        raise DistributedError(f"process(es) {who} could not start the run (see their error); stopping")

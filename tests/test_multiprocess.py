@@ -1,0 +1,393 @@
+"""Training on several real processes (JAX's multi-controller runtime over gloo, on this CPU)
+computes what one process computes, resumes exactly, and fails cleanly.
+
+Each test starts real processes (``subprocess``, a free port for the coordinator), as a user
+would on several hosts. Two kinds of launch:
+
+- the library path (``Run.create`` + ``fit``, what ``train`` calls), from this file run as
+  ``--worker``: the equivalence runs, with Adam's epsilon raised (see ADAM_EPS);
+- the CLI itself (``python -m flaxformer_mini train --coordinator ...``): the kill, SIGTERM
+  and resume story, the refusals.
+
+Time (2-core CPU shared with other jobs): see docs/scale-out.md; each launch costs a JAX
+start-up and a compilation per process.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 6
+BATCH_SIZE = 8
+LAUNCH_TIMEOUT_S = 300
+HEARTBEAT_S = 30  # --distributed-timeout of the CLI tests: start-up skew under load, and how long a lost process may go unnoticed
+# Adam's epsilon and learning rate of the equivalence runs: tests/test_sharding.py explains
+# why 1e-9 turns round-off in the attention key biases' (exactly zero) gradients into ~lr-sized
+# steps whose sign depends on summation order. 1e-4 damps that; the real updates keep their size.
+ADAM_EPS = 1e-4
+LEARNING_RATE = 1e-2
+EQUIV_ATOL = 1e-6  # the issue's bar for losses and parameters; reached, no looser tolerance needed
+
+# The CLI's tiny run: tests/test_train_cli.py's, logging every step.
+TINY_RUN = ["--task", "copy", "--preset", "tiny", "--vocab-size", "11", "--max-len", "5", "--batch-size", "8",
+            "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every", "1", "--no-progress"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_with(devices_per_process=1):
+    return dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        # Optimisation level 0 halves XLA:CPU's compile time, the bulk of each launch; float
+        # semantics are unchanged and every run compared here (the reference too) uses it.
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process} --xla_backend_optimization_level=0",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        PYTHONUNBUFFERED="1",
+    )
+
+
+def start_processes(argv_for, n, devices_per_process=1):
+    """``n`` processes, process i running ``argv_for(i)``; stdout/stderr kept per process."""
+    return [subprocess.Popen(argv_for(i), env=env_with(devices_per_process), cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for i in range(n)]
+
+
+def finish(procs, timeout=LAUNCH_TIMEOUT_S):
+    """[(returncode, stdout, stderr)] once every process has ended; kills them all on a timeout."""
+    deadline, results = time.time() + timeout, []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return results
+
+
+def train_cli(out, n, *extra, port=None, timeout_s=HEARTBEAT_S):
+    port = port or free_port()
+
+    def argv(i):
+        dist = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)] if n > 1 else []
+        return [sys.executable, "-m", "flaxformer_mini", "train", *TINY_RUN, "--out", str(out), *dist,
+                "--distributed-timeout", str(timeout_s), *extra]
+
+    return argv
+
+
+def assert_all_ok(results):
+    for i, (code, _, err) in enumerate(results):
+        assert code == 0, f"process {i} exited {code}:\n{err[-3000:]}"
+
+
+# ----------------------------------------------------------------------------- the worker
+
+
+def _worker_config():
+    from flaxformer_mini.run_config import DataConfig, RunConfig, model_config_for
+    from flaxformer_mini.training import TrainConfig
+
+    data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
+    # tiny's width 30 has no factor 4: width 40 (K = 8 per head) gives FSDP on 4 devices an
+    # axis to split in every kernel.
+    model = model_config_for("tiny", 11, 11, data.model_max_len).replace(embed_size=40)
+    return RunConfig(model=model,
+                     train=TrainConfig(schedule="constant", learning_rate=LEARNING_RATE, eps=ADAM_EPS, seed=0),
+                     data=data, batch_size=BATCH_SIZE)
+
+
+def _worker(spec):
+    """Train each of ``spec['runs']`` for STEPS steps in this process (one of spec['n'])."""
+    from flaxformer_mini import distributed
+
+    if spec["n"] > 1:
+        distributed.start_runtime(spec["coordinator"], spec["n"], spec["process_id"], timeout_s=60)
+    from flaxformer_mini.fit import fit
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.sharding import training_mesh
+
+    for r in spec["runs"]:
+        mesh = training_mesh(r["devices"], r["sharding"], BATCH_SIZE)
+        run = Run.create(r["out"], _worker_config(), echo=lambda m: None)
+        fit(run, r.get("steps", STEPS), log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
+            sharding=r["sharding"], echo=lambda m: None)
+
+
+def launch_workers(n, runs, devices_per_process=1):
+    port = free_port()
+
+    def argv(i):
+        spec = {"n": n, "process_id": i, "coordinator": f"127.0.0.1:{port}", "runs": runs}
+        return [sys.executable, __file__, "--worker", json.dumps(spec)]
+
+    assert_all_ok(finish(start_processes(argv, n, devices_per_process)))
+
+
+def losses(out):
+    from flaxformer_mini.run_dir import RunDir
+
+    return {r["step"]: r["loss"] for r in RunDir(out).read_metrics() if "loss" in r}
+
+
+def final_state(out):
+    from flaxformer_mini.run import Run
+
+    return Run.open(out).latest_state()
+
+
+def max_param_diff(a, b):
+    worst, where = 0.0, None
+    flat_b = dict(jax.tree_util.tree_flatten_with_path(b.params)[0])
+    for path, x in jax.tree_util.tree_flatten_with_path(a.params)[0]:
+        d = float(np.abs(np.asarray(x, np.float64) - np.asarray(flat_b[path], np.float64)).max())
+        if d >= worst:
+            worst, where = d, jax.tree_util.keystr(path)
+    return worst, where
+
+
+# ----------------------------------------------------------------------------- equivalence
+
+LAYOUTS = {
+    # name: (processes, devices per process, sharding)
+    "2x1_replicated": (2, 1, "replicated"),
+    "2x2_fsdp": (2, 2, "fsdp"),
+    "4x1_fsdp": (4, 1, "fsdp"),
+}
+
+
+# Checkpoints across meshes: a run saved at STEPS under one layout, continued to 2 * STEPS
+# under another, against the single-process run continued on its own mesh.
+CONTINUED = {
+    # name: (the run whose step-STEPS checkpoint it starts from, processes, devices per process, sharding)
+    "continued_on_1_process": ("reference", 1, 1, "replicated"),  # the original mesh
+    "1_process_to_2_processes": ("reference", 2, 1, "fsdp"),
+    "fsdp_4_devices_to_1_device": ("2x2_fsdp", 1, 1, "replicated"),
+}
+
+
+@pytest.fixture(scope="module")
+def equivalence_runs(tmp_path_factory):
+    import shutil
+
+    root = tmp_path_factory.mktemp("equivalence")
+    t0 = time.time()
+    launch_workers(1, [{"out": str(root / "reference"), "devices": 1, "sharding": "replicated"}])
+    groups = {}
+    for name, (n, d, sharding) in LAYOUTS.items():
+        groups.setdefault((n, d), []).append({"out": str(root / name), "devices": d, "sharding": sharding})
+    for name, (source, n, d, sharding) in CONTINUED.items():
+        if source == "reference":  # the others' sources are trained in this loop's launches
+            shutil.copytree(root / source, root / name)
+            groups.setdefault((n, d), []).append({"out": str(root / name), "devices": d, "sharding": sharding,
+                                                  "steps": 2 * STEPS})
+    for (n, d), runs in groups.items():  # one launch per process layout, its runs one after another
+        launch_workers(n, runs, devices_per_process=d)
+    later = []
+    for name, (source, n, d, sharding) in CONTINUED.items():
+        if source != "reference":
+            assert (n, d) == (1, 1)
+            shutil.copytree(root / source, root / name)
+            later.append({"out": str(root / name), "devices": d, "sharding": sharding, "steps": 2 * STEPS})
+    launch_workers(1, later)
+    print(f"equivalence launches: {time.time() - t0:.0f}s", file=sys.stderr)
+    return root
+
+
+def test_the_reference_run_moves_the_parameters_well_beyond_the_tolerance(equivalence_runs):
+    from flaxformer_mini.run import Run
+
+    run = Run.open(equivalence_runs / "reference")
+    moved, _ = max_param_diff(final_state(equivalence_runs / "reference"), run.trainer.init_state())
+    assert moved > 1000 * EQUIV_ATOL
+    assert sorted(losses(equivalence_runs / "reference")) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_multiprocess_losses_and_parameters_equal_one_process(equivalence_runs, layout):
+    ref, got = losses(equivalence_runs / "reference"), losses(equivalence_runs / layout)
+    assert sorted(got) == sorted(ref), "process 0 logs every step once"
+    worst = max(abs(ref[s] - got[s]) for s in ref)
+    assert worst <= EQUIV_ATOL, f"{layout}: losses differ by {worst:.2e}"
+    diff, where = max_param_diff(final_state(equivalence_runs / "reference"), final_state(equivalence_runs / layout))
+    assert diff <= EQUIV_ATOL, f"{layout}: parameters differ by {diff:.2e} at {where}"
+
+
+@pytest.mark.parametrize("name", [n for n in CONTINUED if n != "continued_on_1_process"])
+def test_a_checkpoint_continues_on_another_mesh_as_on_its_own(equivalence_runs, name):
+    own, other = equivalence_runs / "continued_on_1_process", equivalence_runs / name
+    assert int(final_state(own).step) == int(final_state(other).step) == 2 * STEPS
+    ref, got = losses(own), losses(other)
+    assert sorted(got) == list(range(1, 2 * STEPS + 1))
+    worst = max(abs(ref[s] - got[s]) for s in range(STEPS + 1, 2 * STEPS + 1))
+    assert worst <= EQUIV_ATOL, f"{name}: continued losses differ by {worst:.2e}"
+    diff, where = max_param_diff(final_state(own), final_state(other))
+    assert diff <= EQUIV_ATOL, f"{name}: parameters differ by {diff:.2e} at {where}"
+
+
+def test_only_process_0_writes_the_run_files(equivalence_runs):
+    # Four processes, one metrics log with each step once (not four interleaved copies).
+    from flaxformer_mini.run_dir import RunDir
+
+    records = [r for r in RunDir(equivalence_runs / "4x1_fsdp").read_metrics() if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+
+
+# ----------------------------------------------------------------------------- the CLI: faults
+
+
+def test_processes_started_with_different_options_are_refused_naming_the_option(tmp_path):
+    out = tmp_path / "run"
+    port = free_port()
+    argv = train_cli(out, 2, port=port)
+    results = finish(start_processes(lambda i: argv(i) + ["--steps", str(6 + 2 * i)], 2))
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "--steps: 6 on process 0, 8 on process 1" in err, err[-2000:]
+    assert not out.exists(), "nothing is written when the processes disagree"
+
+
+def test_an_unreachable_coordinator_is_an_error_naming_it_within_the_timeout(tmp_path):
+    port = free_port()  # nobody listens there
+    t0 = time.time()
+    (code, _, err), = finish(start_processes(
+        lambda i: train_cli(tmp_path / "run", 2, port=port, timeout_s=3)(1) + ["--steps", "2"], 1), timeout=120)
+    assert code == 2, err[-2000:]
+    assert f"127.0.0.1:{port}" in err and "within 3s" in err, err[-2000:]
+    assert time.time() - t0 < 60
+
+
+def test_a_process_id_out_of_range_is_refused():
+    from tests.test_train_cli import cli
+
+    proc = cli("train", *TINY_RUN, "--out", "unused", "--coordinator", "127.0.0.1:1", "--num-processes", "2",
+               "--process-id", "2")
+    assert proc.returncode == 2
+    assert "--process-id 2 is out of range for --num-processes 2" in proc.stderr
+
+
+def test_a_batch_size_not_divisible_by_the_global_device_count_is_refused(tmp_path):
+    out = tmp_path / "run"
+    argv = train_cli(out, 2)
+    results = finish(start_processes(lambda i: argv(i) + ["--steps", "2", "--batch-size", "7"], 2))
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "--batch-size 7 is not divisible by 2 devices" in err
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- the CLI: a run's life
+
+STORY_STEPS, SAVE_EVERY = 240, 20  # long enough that the signals land mid-run
+
+
+def wait_for(predicate, procs, what, timeout=LAUNCH_TIMEOUT_S):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if any(p.poll() is not None for p in procs):
+            raise AssertionError(f"a process ended before {what}: " + "".join(p.stderr.read()[-2000:] for p in procs))
+        time.sleep(0.05)
+    raise AssertionError(f"not {what} within {timeout}s")
+
+
+def checkpoint_steps(out):
+    ckpts = out / "checkpoints"
+    return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.exists() else []
+
+
+def assert_bit_identical(a, b):
+    assert int(a.step) == int(b.step)
+    for x, y in zip(jax.tree.leaves((a.params, a.opt_state)), jax.tree.leaves((b.params, b.opt_state))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module")
+def straight_two_process_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight2") / "run"
+    argv = train_cli(out, 2)
+    results = finish(start_processes(lambda i: argv(i) + ["--steps", str(STORY_STEPS), "--save-every", str(SAVE_EVERY)], 2))
+    assert_all_ok(results)
+    return out, results
+
+
+def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two_process_run):
+    out, results = straight_two_process_run
+    (_, out0, err0), (_, out1, err1) = results
+    assert json.loads(out0.strip().splitlines()[-1])["step"] == STORY_STEPS
+    # (gloo itself prints "[Gloo] Rank 1 is connected ..." on every process's stdout)
+    assert not [line for line in out1.splitlines() if line.startswith("{")], "only process 0 prints the result"
+    assert "parameters" in err0 and "parameters" not in err1
+    assert (out / "config.json").exists() and (out / "loss.png").exists()
+    from flaxformer_mini.run_dir import RunDir
+
+    assert [r["step"] for r in RunDir(out).read_metrics() if "loss" in r] == list(range(1, STORY_STEPS + 1))
+
+
+def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_two_process_run):
+    from tests.test_train_cli import cli
+
+    out = straight_two_process_run[0]
+    result = cli("evaluate", "--checkpoint", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    trained = json.loads(straight_two_process_run[1][0][1].strip().splitlines()[-1])
+    assert abs(json.loads(result.stdout)["loss"] - trained["loss"]) <= 1e-5  # the same model, restored on 1 device
+    gen = cli("generate", "--checkpoint", str(out), "5 3 6")
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stdout.split() and set(gen.stdout.split()) <= set("0123456")
+
+
+def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(straight_two_process_run, tmp_path):
+    out, port = tmp_path / "run", free_port()
+    argv = train_cli(out, 2, port=port)
+    command = lambda i: argv(i) + ["--steps", str(STORY_STEPS), "--save-every", str(SAVE_EVERY)]  # noqa: E731
+
+    # 1. SIGTERM to process 0 only: both processes save the same step and exit like Ctrl-C.
+    procs = start_processes(command, 2)
+    # After the first checkpoint: a SIGTERM in the first steps was seen to be lost (not explained yet).
+    wait_for(lambda: checkpoint_steps(out), procs, "a first checkpoint")
+    procs[0].send_signal(signal.SIGTERM)
+    results = finish(procs)
+    for code, _, err in results:
+        assert code == 130, err[-2000:]
+    saved = int(results[0][2].split("interrupted: saved step ")[1].split(";")[0])
+    assert checkpoint_steps(out)[-1] == saved < STORY_STEPS
+
+    # 2. Resume; kill -9 process 1 mid-run: process 0 stops with an error within the heartbeat
+    #    bound, never hangs, and the last checkpoint stays intact.
+    procs = start_processes(command, 2)
+    wait_for(lambda: checkpoint_steps(out)[-1] >= saved + SAVE_EVERY, procs, "a checkpoint after resuming")
+    procs[1].kill()
+    t0 = time.time()
+    (code, _, err), _ = finish(procs, timeout=HEARTBEAT_S * 6 + 60)
+    assert code == 1, err[-3000:]
+    assert "lost contact with another process" in err, err[-3000:]
+    assert time.time() - t0 < HEARTBEAT_S * 6 + 60
+
+    # 3. The same command on every process resumes from the last checkpoint and ends
+    #    bit-identical to the uninterrupted run.
+    results = finish(start_processes(command, 2))
+    assert_all_ok(results)
+    assert "resuming" in results[0][2]
+    assert_bit_identical(final_state(straight_two_process_run[0]), final_state(out))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _worker(json.loads(sys.argv[2]))
