@@ -11,6 +11,7 @@ what makes a resumed run bit-identical to an uninterrupted one.
 """
 
 import dataclasses
+import functools
 import math
 
 import flax.struct
@@ -71,7 +72,11 @@ def learning_rate_schedule(config: TrainConfig, d_model: int):
     return rsqrt
 
 
+@functools.cache
 def make_optimizer(config: TrainConfig, d_model: int):
+    """The optax optimizer of ``config``: one object per (config, width), so train states of
+    equal configs carry the same static ``tx`` and share their compiled steps (a second run
+    in the same process, a resumed one, an evaluation, reuse the first one's compilation)."""
     lr = learning_rate_schedule(config, d_model)
     # optax's adam divides by sqrt(v_hat) + eps, as torch.optim.Adam does (eps_root = 0).
     if config.weight_decay > 0:
