@@ -16,9 +16,8 @@ import numpy as np
 
 from parity.compare import Report, compare_models
 from parity.gradients import gradient_rows
+from parity.policy import DEFAULT_ATOL
 from parity.twins import as_inputs, sample_batch, twins_from_state_dict
-
-DEFAULT_ATOL = 1e-5  # DESIGN.md's parity policy (Hugging Face's PT/Flax standard)
 
 
 def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False) -> Report:

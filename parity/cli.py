@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_DIVERGED, EXIT_UNUSABLE = 0, 1, 2
-DEFAULT_ATOL = 1e-5  # DESIGN.md's parity policy, as parity.check.DEFAULT_ATOL
+from parity.policy import DEFAULT_ATOL
 DEBUG_ENV = "PARITY_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
 
@@ -224,7 +224,7 @@ def build_parser():
     source.add_argument("--torch-checkpoint", metavar="FILE",
                         help="a seed 001 Transformer state dict (.pt/.pth/.bin, read with weights_only=True, or .safetensors)")
     _config_options(check, "checkpoint")
-    check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="max absolute difference allowed (default 1e-5)")
+    check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"max absolute difference allowed (default {DEFAULT_ATOL:g})")
     check.add_argument("--batch", type=int, default=4, help="batch size of the seeded inputs (default 4)")
     check.add_argument("--seed", type=int, default=0, help="seed for the inputs (and a preset's weights) (default 0)")
     check.add_argument("--grads", action="store_true",

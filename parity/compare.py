@@ -23,6 +23,7 @@ import torch
 from flax import nnx
 
 from parity.convert import tensor_to_numpy
+from parity.policy import DEFAULT_ATOL
 
 # Rows beyond the forward pass (``parity.gradients``): the loss, then one per parameter.
 GRAD_PREFIX = "grad:"
@@ -219,7 +220,7 @@ def compare_intermediates(torch_named, flax_named, atol):
     return Report(rows, atol)
 
 
-def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=1e-5):
+def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL):
     """Run both twins (in eval mode) on the same inputs and compare every intermediate."""
     _, t = torch_intermediates(torch_model, *torch_inputs)
     _, f = flax_intermediates(flax_model, *flax_inputs)
@@ -252,7 +253,7 @@ def _channels_first(named):
     return {k: (np.moveaxis(v, -1, 1) if v.ndim >= 3 else v) for k, v in named.items()}
 
 
-def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=1e-5, rename=None, channels_last=False,
+def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL, rename=None, channels_last=False,
             ignore_missing=False):
     """Run any torch module and any NNX module on the same inputs and compare every submodule's
     output, matched by path (torch paths renamed by the ``rename`` map's module prefixes), in

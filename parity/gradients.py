@@ -21,7 +21,9 @@ from flaxformer_mini.data import PAD
 from flaxformer_mini.training import token_cross_entropy as flax_token_cross_entropy
 from parity.compare import GRAD_PREFIX, LOSS_ROW, Row, diff
 from parity.convert import flax_to_torch, tensor_to_numpy
+from parity.policy import DEFAULT_ATOL
 from torch_ref.training import token_cross_entropy as torch_token_cross_entropy
+
 
 def next_token_labels(target, pad_id=PAD):
     """Labels (B, T) for inputs ``target`` (B, T): ``labels[:, t] = target[:, t + 1]``, the
@@ -82,7 +84,7 @@ def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD):
     return rows
 
 
-def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inputs, flax_inputs, atol=1e-5,
+def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inputs, flax_inputs, atol=DEFAULT_ATOL,
                       rename=None, rules=None, channels_last=False):
     """A Report of the loss and every parameter's gradient, for any pair of models and a loss
     the user gives on each side: ``torch_loss(torch_model, *torch_inputs)`` (a scalar tensor)
