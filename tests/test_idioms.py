@@ -2,7 +2,10 @@
 
 - drift: the committed guide equals what ``docs/build_idioms.py`` generates from today's
   source (a quoted function that changed makes this fail, naming the snippet);
-- every placeholder of the template resolves, and the generator's filters do what it says;
+- every placeholder of the template resolves, and the generator's filters (``skip=`` too) do
+  what it says;
+- the guide's executed checks assert its sentences (shapes, defaults, layouts) with the
+  sentence as the message, so a false one fails the build (the ``generated`` fixture) by name;
 - the "Defaults that differ" claims, checked here directly (the guide's examples also run,
   with their own asserts, whenever it is built).
 """
