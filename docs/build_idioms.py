@@ -18,7 +18,11 @@ The template is Markdown with three kinds of placeholder:
     - ``from="TEXT"`` / ``to="TEXT"``: keep the lines from the first one containing the
       ``from`` text through the first one after it containing the ``to`` text (either may
       be given alone; docstring lines are never anchors). Prefer these to ``lines=``: they
-      survive edits above the excerpt.
+      survive edits above the excerpt;
+    - ``skip="TEXT"`` (may be repeated): leave out each line containing TEXT together with the
+      lines below it indented deeper (its block, or the rest of its statement), shown as one
+      ``# ...`` line: production-only branches (error handling, dtype plumbing, sharding)
+      that do not teach the idiom.
 
 ``{{toc}}``
     A table of contents of the ``##`` and ``###`` headings that follow it.
@@ -83,9 +87,12 @@ def parse_spec(spec):
     options = {}
     for word in words[1:]:
         key, eq, value = word.partition("=")
-        if key not in ("nodoc", "lines", "from", "to") or (key == "nodoc") == bool(eq):
-            raise SnippetError(f"{{{{snippet: {spec}}}}}: unknown option {word!r} (nodoc, lines=, from=, to=)")
-        options[key] = value if eq else True
+        if key not in ("nodoc", "lines", "from", "to", "skip") or (key == "nodoc") == bool(eq):
+            raise SnippetError(f"{{{{snippet: {spec}}}}}: unknown option {word!r} (nodoc, lines=, from=, to=, skip=)")
+        if key == "skip":
+            options.setdefault("skip", []).append(value)
+        else:
+            options[key] = value if eq else True
     return path, qualname, options
 
 
@@ -135,6 +142,10 @@ def _ranges(text, spec):
     return out
 
 
+def _indent(text):
+    return len(text) - len(text.lstrip())
+
+
 def resolve(spec, root=ROOT):
     """The source text a placeholder quotes (dedented) and whether it is an excerpt."""
     path, qualname, options = parse_spec(spec)
@@ -182,13 +193,30 @@ def resolve(spec, root=ROOT):
                     f"contains {options['to']!r}"
                 )
         kept = kept[start:stop + 1]
+    elided = set()
+    for marker in options.get("skip", []):
+        hits = [i for i, (n, t) in enumerate(kept) if n not in doc and marker in t]
+        if not hits:
+            raise SnippetError(f"{{{{snippet: {spec}}}}}: skip={marker!r}, but no quoted line of {qualname} contains it")
+        for i in hits:
+            depth = _indent(kept[i][1])
+            elided.add(i)
+            j = i + 1  # the block or continuation below: deeper lines (and blank lines among them)
+            while j < len(kept) and (not kept[j][1].strip() or _indent(kept[j][1]) > depth):
+                j += 1
+            while j > i + 1 and not kept[j - 1][1].strip():  # a trailing blank line stays
+                j -= 1
+            elided.update(range(i + 1, j))
     out = []
     for i, (n, text) in enumerate(kept):
+        if i in elided:
+            if i - 1 not in elided:
+                out.append(" " * _indent(text) + "# ...")
+            continue
         if gaps_shown and i and n != kept[i - 1][0] + 1:
-            indent = text[: len(text) - len(text.lstrip())]
-            out.append(indent + "...")
+            out.append(" " * _indent(text) + "...")
         out.append(text)
-    excerpt = bool({"lines", "from", "to"} & set(options))
+    excerpt = bool({"lines", "from", "to", "skip"} & set(options))
     return textwrap.dedent("\n".join(out)).strip("\n"), excerpt, bool(options.get("nodoc"))
 
 

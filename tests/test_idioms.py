@@ -2,7 +2,10 @@
 
 - drift: the committed guide equals what ``docs/build_idioms.py`` generates from today's
   source (a quoted function that changed makes this fail, naming the snippet);
-- every placeholder of the template resolves, and the generator's filters do what it says;
+- every placeholder of the template resolves, and the generator's filters (``skip=`` too) do
+  what it says;
+- the guide's executed checks assert its sentences (shapes, defaults, layouts) with the
+  sentence as the message, so a false one fails the build (the ``generated`` fixture) by name;
 - the "Defaults that differ" claims, checked here directly (the guide's examples also run,
   with their own asserts, whenever it is built).
 """
@@ -112,6 +115,28 @@ def test_an_edited_source_changes_the_generated_snippet(tmp_path):
         "snippet mod.py::A.f nodoc: no longer matches the code it quotes",
         'snippet mod.py::A.f from="z =" to="return": no longer matches the code it quotes',
     ]
+
+
+def test_skip_elides_the_marked_line_and_its_block_as_one_comment(tmp_path):
+    (tmp_path / "mod.py").write_text(
+        "def f(x, dtype=None):\n"
+        "    y = x + 1\n"
+        "    if dtype is not None:  # plumbing\n"
+        "        y = y.astype(dtype)\n"
+        "\n"
+        "        y = y * 1\n"
+        "    return y\n"
+    )
+    code, excerpt, _ = gen.resolve('mod.py::f skip="# plumbing"', root=tmp_path)
+    assert code == "def f(x, dtype=None):\n    y = x + 1\n    # ...\n    return y" and excerpt
+    with pytest.raises(gen.SnippetError, match="skip='nothing like this'"):
+        gen.resolve('mod.py::f skip="nothing like this"', root=tmp_path)
+
+
+def test_a_false_sentence_fails_the_build_naming_it():
+    template = "```python example=claim\nassert 1 + 1 == 3, 'one and one make three'\n```\n"
+    with pytest.raises(gen.SnippetError, match="example 'claim' failed: AssertionError: one and one make three"):
+        gen.build(template)
 
 
 @pytest.mark.parametrize(
