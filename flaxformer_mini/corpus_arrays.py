@@ -12,41 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import UNK, DataError, make_batch
+from .data import UNK, DataError, iter_tsv, make_batch  # noqa: F401  (iter_tsv re-exported)
 
 _CHUNK_LINES = 8192  # lines encoded per encode_batch call: big enough to amortise, small in memory
-
-
-def iter_tsv(path):
-    """``(line_number, source, target)`` for each pair of a ``source<TAB>target`` file,
-    streamed: the rules and errors of ``data.read_tsv`` (same line numbering, BOM skipped,
-    blank lines skipped, ``DataError`` naming ``file:line``), without reading the whole file.
-    """
-    path = Path(path)
-    lineno, found = 0, False
-    with path.open("rb") as f:
-        for physical in f:
-            if lineno == 0 and physical.startswith(b"\xef\xbb\xbf"):
-                physical = physical[3:]
-            # bytes.splitlines, as read_tsv numbers lines (a lone \r ends a line too).
-            for raw in physical.splitlines() or [b""]:
-                lineno += 1
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-                if not line.strip():
-                    continue
-                tabs = line.count("\t")
-                if tabs != 1:
-                    raise DataError(f"{path}:{lineno}: expected one tab between source and target, found {'no tab' if tabs == 0 else f'{tabs} tabs'}")
-                source, target = (side.strip() for side in line.split("\t"))
-                if not source or not target:
-                    raise DataError(f"{path}:{lineno}: empty {'source' if not source else 'target'}")
-                found = True
-                yield lineno, source, target
-    if not found:
-        raise DataError(f"{path}: no source<TAB>target pairs (the file is empty)")
 
 
 def _flatten(encoded):

@@ -19,13 +19,11 @@ Shapes: B batch, S source length, N decode positions, L decoder layers, H heads,
 width, D model width, V target vocabulary, W beams.
 """
 
-import operator
 
 import torch
 
 from torch_ref.attention import MASK_FILL_VALUE
-from torch_ref.decoding import BOS, EOS, PAD
-from torch_ref.model import check_tokens
+from torch_ref.decoding import BOS, EOS, PAD, check_decode_inputs
 
 # The Flax twin's defaults (flaxformer_mini.decoding), repeated: torch_ref never imports JAX.
 DEFAULT_LENGTH_PENALTY = 0.6
@@ -121,20 +119,7 @@ class CachedDecoder:
         self._step = step
 
     def _start(self, source, max_new_tokens):
-        m = self.model
-        check_tokens(source, m.encoder.num_embeddings, m.encoder.max_len, "source")
-        if source.shape[1] == 0:
-            raise ValueError("source: empty input (length 0)")
-        try:
-            N = operator.index(max_new_tokens)
-        except TypeError:
-            raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}") from None
-        if N < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {N}")
-        if N > m.decoder.max_len:
-            raise ValueError(f"max_new_tokens={N} exceeds max_len={m.decoder.max_len}: the positional table "
-                             f"holds {m.decoder.max_len} decoder positions (BOS + {m.decoder.max_len - 1} fed-back tokens)")
-        return N
+        return check_decode_inputs(self.model, source, max_new_tokens)
 
     def step(self, cache, tokens, t):
         return self._step(self.model, cache.self_k, cache.self_v, cache.cross_k, cache.cross_v, cache.source_mask,

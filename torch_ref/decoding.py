@@ -27,21 +27,7 @@ def greedy_decode(model, source, max_new_tokens, bos=BOS, eos=EOS, pad=PAD):
     The decoder reads BOS plus the first N - 1 chosen tokens (the last one is emitted, never
     fed back), so ``max_new_tokens`` may be at most the model's ``max_len``.
     """
-    check_tokens(source, model.encoder.num_embeddings, model.encoder.max_len, "source")
-    if source.shape[1] == 0:
-        raise ValueError("source: empty input (length 0)")
-    try:
-        N = operator.index(max_new_tokens)
-    except TypeError:
-        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}") from None
-    max_len = model.decoder.max_len
-    if N < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {N}")
-    if N > max_len:
-        raise ValueError(
-            f"max_new_tokens={N} exceeds max_len={max_len}: the positional table holds {max_len} "
-            f"decoder positions (BOS + {max_len - 1} fed-back tokens)"
-        )
+    N = check_decode_inputs(model, source, max_new_tokens)
 
     was_training = model.training
     model.eval()  # no dropout while decoding
@@ -64,3 +50,24 @@ def greedy_decode(model, source, max_new_tokens, bos=BOS, eos=EOS, pad=PAD):
     finally:
         model.train(was_training)
     return out
+
+
+def check_decode_inputs(model, source, max_new_tokens):
+    """Check a decoder's inputs (the token ids, a non-empty source, 1 <= max_new_tokens <=
+    max_len); return max_new_tokens as an int. Shared by both torch decoders."""
+    check_tokens(source, model.encoder.num_embeddings, model.encoder.max_len, "source")
+    if source.shape[1] == 0:
+        raise ValueError("source: empty input (length 0)")
+    try:
+        N = operator.index(max_new_tokens)
+    except TypeError:
+        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}") from None
+    max_len = model.decoder.max_len
+    if N < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {N}")
+    if N > max_len:
+        raise ValueError(
+            f"max_new_tokens={N} exceeds max_len={max_len}: the positional table holds {max_len} "
+            f"decoder positions (BOS + {max_len - 1} fed-back tokens)"
+        )
+    return N
