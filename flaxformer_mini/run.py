@@ -44,7 +44,7 @@ class RunData(NamedTuple):
         return (self.train.vocab_size,) * 2 if self.vocabs is None else tuple(len(v) for v in self.vocabs)
 
 
-def load_data(config: DataConfig, run_dir: RunDir) -> RunData:
+def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     """The run's examples. A text run keeps its saved vocabularies when it has them (a resumed
     run keeps its ids even if the training file changed); a new one builds them from the
     training pairs that fit ``max_len``, so a dropped pair adds no words."""
@@ -59,7 +59,7 @@ def load_data(config: DataConfig, run_dir: RunDir) -> RunData:
         chosen = set(np.random.default_rng(0).choice(len(pairs), size=n, replace=False).tolist()) if n else set()
         held_out = [p for i, p in enumerate(pairs) if i in chosen]
         pairs = [p for i, p in enumerate(pairs) if i not in chosen]
-    if run_dir.has_vocabularies(config):
+    if run_dir.has_vocabularies(config) or not rebuild:  # evaluate: a missing file is an error naming it
         vocabs = run_dir.load_vocabularies(config)
     else:
         vocabs = build_tokenizers(config, pairs)
@@ -190,8 +190,8 @@ class Run:
 
     @property
     def data(self) -> RunData:
-        if self._data is None:
-            self._data = load_data(self.config.data, self.dir)
+        if self._data is None:  # an opened run (evaluate): its saved tokenizers, never rebuilt ones
+            self._data = load_data(self.config.data, self.dir, rebuild=False)
         return self._data
 
     @functools.cached_property
