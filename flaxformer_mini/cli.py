@@ -31,6 +31,7 @@ DEBUG_ENV = "FLAXFORMER_MINI_DEBUG"  # set (to anything) for full tracebacks, as
 # Defaults of the main job (README): `reverse` to >= 0.99 exact match on this 2-core CPU.
 DEFAULTS = dict(preset="small", steps=3000, batch_size=64, warmup=200, lr=3e-3, seed=0)
 TEXT_MAX_LEN, SYNTHETIC_MAX_LEN = 64, 10  # --max-len's defaults: the model's, and the content's
+SYNTHETIC_VOCAB_SIZE = 16  # --vocab-size's default for --task (text: None, every word/character)
 
 
 def _train(args):
@@ -48,19 +49,26 @@ def _train(args):
     from flaxformer_mini.sharding import training_mesh
 
     if args.task:
-        data = DataConfig(kind="synthetic", task=args.task, vocab_size=args.vocab_size, min_len=args.min_len,
-                          max_len=args.max_len or SYNTHETIC_MAX_LEN, eval_sequences=args.eval_sequences)
+        data = DataConfig(kind="synthetic", task=args.task, vocab_size=args.vocab_size or SYNTHETIC_VOCAB_SIZE,
+                          min_len=args.min_len, max_len=args.max_len or SYNTHETIC_MAX_LEN,
+                          eval_sequences=args.eval_sequences, eval_decode_lines=args.eval_decode_lines)
     else:  # --max-len is the model's max_len for text: the longest side, with its EOS
         data = DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=args.data,
                           valid_path=args.valid, eval_pairs=args.valid_size,
-                          holdout=0 if args.valid else args.valid_size)
+                          holdout=0 if args.valid else args.valid_size, tokenizer=args.tokenizer,
+                          tokenizer_vocab_size=args.vocab_size, shared_vocab=args.shared_vocab,
+                          eval_decode_lines=args.eval_decode_lines)
+    echo = lambda m: print(m, file=sys.stderr) if distributed.is_main() else None  # noqa: E731
+    batch_size = args.batch_size or DEFAULTS["batch_size"]
+    if args.max_tokens is not None and args.batch_size is not None:
+        echo(f"note: --max-tokens {args.max_tokens} wins: training batches hold up to that many tokens; "
+             f"--batch-size {args.batch_size} sets only the evaluation batch size")
     options = TrainOptions(preset=args.preset, embed_size=args.embed_size, heads=args.heads, num_layers=args.layers,
-                           ffn_dim=args.ffn_dim, batch_size=args.batch_size, lr=args.lr, schedule=args.schedule,
+                           ffn_dim=args.ffn_dim, batch_size=batch_size, lr=args.lr, schedule=args.schedule,
                            warmup=args.warmup, weight_decay=args.weight_decay, clip_norm=args.clip_norm,
                            label_smoothing=args.label_smoothing, dropout=args.dropout, dtype=args.dtype,
-                           seed=args.seed)
-    echo = lambda m: print(m, file=sys.stderr) if distributed.is_main() else None  # noqa: E731
-    mesh = training_mesh(args.devices, args.sharding, args.batch_size)  # before anything is written
+                           seed=args.seed, max_tokens=args.max_tokens, accumulate=args.accumulate)
+    mesh = training_mesh(args.devices, args.sharding, batch_size)  # before anything is written
     distributed.agree_on(_identity(args))  # every process started with the same options, or none runs
     error = run = None
     try:
@@ -98,12 +106,13 @@ def _identity(args):
 def _evaluate(args):
     from flaxformer_mini.evaluation import evaluate_run
 
-    result = evaluate_run(args.checkpoint, batch_size=args.batch_size, beam_size=args.beam_size)
+    result = evaluate_run(args.checkpoint, batch_size=args.batch_size, beam_size=args.beam_size, output=args.output)
     if args.json:
-        print(json.dumps({k: result[k] for k in ("loss", "token_accuracy", "exact_match")}))
+        print(json.dumps({k: v for k, v in result.items() if k != "step"}))
     else:
         print(f"{args.checkpoint} at step {result['step']}: loss {result['loss']:.4f}, "
-              f"token accuracy {result['token_accuracy']:.4f}, exact match {result['exact_match']:.4f}")
+              f"token accuracy {result['token_accuracy']:.4f}, exact match {result['exact_match']:.4f}, "
+              f"BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f}, WER {result['wer']:.4f}, CER {result['cer']:.4f}")
     return EXIT_OK
 
 
@@ -158,6 +167,9 @@ RANGES = {
     "max_len": (lambda v: v >= 2, ">= 2"),
     "eval_sequences": (lambda v: v >= 1, ">= 1"),
     "valid_size": (lambda v: v >= 1, ">= 1"),
+    "max_tokens": (lambda v: v >= 1, ">= 1"),
+    "accumulate": (lambda v: v >= 1, ">= 1 (micro-batches per optimizer update; 1: no accumulation)"),
+    "eval_decode_lines": (lambda v: v >= 1, ">= 1"),
     "log_every": (lambda v: v >= 1, ">= 1"),
     "eval_every": (lambda v: v >= 1, ">= 1"),
     "save_every": (lambda v: v >= 1, ">= 1"),
@@ -200,7 +212,14 @@ def build_parser():
     t.add_argument("--layers", type=int, default=None, help="override the preset's layers (each of encoder and decoder)")
     t.add_argument("--ffn-dim", type=int, default=None, help="override the preset's feed-forward width F")
     t.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="total optimizer steps")
-    t.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
+    t.add_argument("--batch-size", type=int, default=None,
+                   help=f"sentences per training batch (default {DEFAULTS['batch_size']}); with --max-tokens, "
+                        f"--max-tokens wins and this sets only the evaluation batch size")
+    t.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="text: batches of at most N tokens (source or target, padding included), bucketed by "
+                        "length (fairseq's --max-tokens)")
+    t.add_argument("--accumulate", type=int, default=1, metavar="K",
+                   help="accumulate gradients over K micro-batches per optimizer update (= one K-times larger batch)")
     t.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak learning rate")
     t.add_argument("--schedule", choices=("rsqrt", "constant"), default="rsqrt",
                    help="rsqrt: linear warm-up then 1/sqrt(step) decay ('Attention Is All You Need')")
@@ -216,7 +235,16 @@ def build_parser():
     t.add_argument("--sharding", choices=("replicated", "fsdp"), default="replicated",
                    help="with --devices > 1: replicate parameters, or shard them FSDP-style")
     t.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seeds initialisation, data and dropout")
-    t.add_argument("--vocab-size", type=int, default=16, help="synthetic: token ids, 4 special ones included")
+    t.add_argument("--vocab-size", type=int, default=None,
+                   help=f"synthetic: token ids, 4 special ones included (default {SYNTHETIC_VOCAB_SIZE}); text: the "
+                        f"tokenizer's vocabulary size, 4 special tokens included (needed for bpe/unigram; for "
+                        f"word/char it keeps the most frequent; default: all)")
+    t.add_argument("--tokenizer", choices=("word", "char", "bpe", "unigram"), default="word",
+                   help="text: whitespace words (today's vocabularies), characters, or BPE/Unigram subwords "
+                        "trained on the training file (Hugging Face tokenizers)")
+    t.add_argument("--shared-vocab", action="store_true", help="text: one tokenizer for source and target")
+    t.add_argument("--eval-decode-lines", type=int, default=256, metavar="N",
+                   help="evaluation during training scores BLEU, chrF, WER and CER on this many held-out lines")
     t.add_argument("--min-len", type=int, default=1, help="synthetic: shortest sequence")
     t.add_argument("--max-len", type=int, default=None,
                    help=f"synthetic: longest sequence (default {SYNTHETIC_MAX_LEN}); "
@@ -244,10 +272,13 @@ def build_parser():
                        help="give up on an unreachable coordinator, or on a silent process, after this long")
     t.set_defaults(run=_train)
 
-    e = sub.add_parser("evaluate", help="loss, token accuracy and exact match of a run's latest checkpoint",
+    e = sub.add_parser("evaluate", help="loss, token accuracy, exact match, BLEU, chrF, WER and CER of a run's "
+                                        "latest checkpoint on its held-out data",
                        parents=[common])
     e.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
-    e.add_argument("--json", action="store_true", help="print one JSON object: loss, token_accuracy, exact_match")
+    e.add_argument("--json", action="store_true",
+                   help="print one JSON object: loss, token_accuracy, exact_match, bleu, chrf, wer, cer")
+    e.add_argument("--output", metavar="FILE", help="write the decoded hypotheses, one per line in held-out order")
     e.add_argument("--batch-size", type=int, default=None)
     e.add_argument("--beam-size", type=int, default=1, help="exact match of the best beam (1: greedy)")
     e.set_defaults(run=_evaluate)
@@ -272,6 +303,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if getattr(args, "valid", None) and not getattr(args, "data", None):
         parser.error("--valid goes with --data")
+    if getattr(args, "task", None):
+        for option, value, default in (("--tokenizer", args.tokenizer, "word"), ("--shared-vocab", args.shared_vocab, False),
+                                       ("--max-tokens", args.max_tokens, None)):
+            if value != default:
+                parser.error(f"{option} goes with --data (synthetic tasks have integer tokens and fixed-size batches)")
+    if getattr(args, "devices", 1) > 1 and (args.max_tokens is not None or args.accumulate > 1):
+        parser.error("--max-tokens and --accumulate run on one device for now; drop --devices")
     problem = check_ranges(args)
     if problem:
         parser.error(problem)

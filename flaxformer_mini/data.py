@@ -456,6 +456,27 @@ class TextPairs:
             return np.arange(len(self))
         return np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
 
+    @property
+    def source_lengths(self):
+        """Encoder lengths (tokens + EOS), one int per pair: what batching.TokenBatcher takes."""
+        return self._source_lengths
+
+    @property
+    def target_lengths(self):
+        """Decoder lengths (BOS + tokens)."""
+        return self._target_lengths
+
+    def batch_of_rows(self, rows, max_tokens=None):
+        """The ``Batch`` of examples ``rows`` (a --max-tokens batch). With ``max_tokens``,
+        filled up with PAD rows (no labels) to ``max_tokens // max(S, T)`` rows, so the batch
+        shape depends on its (S, T) alone and the jitted step compiles a few times, not once
+        per row count."""
+        batch = self._batch_of(rows)
+        if max_tokens is not None:
+            missing = max(max_tokens // max(batch.source.shape[1], batch.target_in.shape[1]) - len(rows), 0)
+            batch = Batch(*(np.pad(a, ((0, missing), (0, 0)), constant_values=PAD) for a in batch))
+        return batch
+
     def _epoch_plan(self, seed, epoch, batch_size):
         """The epoch's batches, as lists of example indices.
 

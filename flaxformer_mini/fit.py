@@ -22,7 +22,7 @@ from flaxformer_mini.evaluation import evaluate
 from flaxformer_mini.plot import plot_metrics
 from flaxformer_mini.run import Run
 from flaxformer_mini.sharding import process_local_rows, shard_batch, shard_state, to_local
-from flaxformer_mini.training import check_batch
+from flaxformer_mini.training import check_batch, stack_batches
 
 
 class NonFiniteLossError(RuntimeError):
@@ -61,21 +61,28 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     trainer, eval_batches = run.trainer, run.eval_batches(limit=run.config.data.eval_pairs)
     if run.describe_evaluation():
         echo(run.describe_evaluation())
-    seed, batch_size = run.config.train.seed, run.config.batch_size
+    # Scored as text (BLEU, chrF, WER, CER) at each evaluation: the first eval_decode_lines examples.
+    scoring = dict(codec=run.codec, decode_lines=run.config.data.eval_decode_lines)
     log = _StepLog(run, steps, start, log_every, progress, write=main)
     last_eval = {}
     try:
         with _StopRequests() as stop:
             for step in range(start, steps):
-                batch = run.data.train.batch(seed, step, batch_size)
-                check_batch(batch, trainer.model_config)  # on the host, before any sharding
-                state, metrics = trainer.train_step(
-                    state, batch if mesh is None else shard_batch(process_local_rows(batch, mesh), mesh))
+                micro = run.train_batches(step)
+                for batch in micro:
+                    check_batch(batch, trainer.model_config)  # on the host, before any sharding
+                if len(micro) == 1:
+                    batch = micro[0]
+                    state, metrics = trainer.train_step(
+                        state, batch if mesh is None else shard_batch(process_local_rows(batch, mesh), mesh))
+                else:  # --accumulate K: one update from K micro-batches (on one device)
+                    batch = stack_batches(micro)
+                    state, metrics = trainer.accumulated_train_step(state, batch)
                 done = step + 1
                 log.push(done, metrics, batch)
                 if done % eval_every == 0 or done == steps:
                     log.flush()  # also checks the loss is finite
-                    last_eval = evaluate(trainer, to_local(state), eval_batches)
+                    last_eval = evaluate(trainer, to_local(state), eval_batches, **scoring)
                     log.eval(done, last_eval)
                 # Every process must save the same step: a SIGTERM seen by one stops all.
                 stop.requested = distributed.any_process(stop.requested)
@@ -97,7 +104,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     log.close()
     if not last_eval and start >= steps:
         echo(f"{run.path} has already reached step {start} (asked for {steps}); evaluating")
-        last_eval = evaluate(trainer, to_local(state), eval_batches)
+        last_eval = evaluate(trainer, to_local(state), eval_batches, **scoring)
     if main:
         plot_metrics(run.dir)
     return last_eval
@@ -114,6 +121,7 @@ class _StepLog:
         self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
         self.pending = None  # (step, metrics, tokens/s or None) not yet read back
         self.tokens, self.t0 = 0, time.perf_counter()
+        self.events = None  # TensorBoard writer, opened at the first logged line (tensorboardX loads then)
 
     def push(self, step, metrics, batch):
         self.tokens += int(np.sum(batch.target_out != PAD))
@@ -135,16 +143,33 @@ class _StepLog:
         if not math.isfinite(loss):
             raise NonFiniteLossError(f"loss is {loss} at step {step}")
         if rate is not None and self.write:
-            self.run.dir.log({"step": step, **{k: float(v) for k, v in metrics.items()}, "tokens_per_s": rate})
+            record = {k: float(v) for k, v in metrics.items()}
+            self.run.dir.log({"step": step, **record, "tokens_per_s": rate})
+            self._scalars(step, {f"train/{k}": v for k, v in {**record, "tokens_per_s": rate}.items()})
             self.bar.set_postfix(loss=f"{loss:.4g}", tok_s=f"{rate:,.0f}")
 
     def eval(self, step, result):
         if self.write:
             self.run.dir.log({"step": step, **{f"eval_{k}": v for k, v in result.items()}})
-        self.bar.set_postfix_str(f"eval loss {result['loss']:.4g}, exact {result['exact_match']:.3f}")
+            self._scalars(step, {f"eval/{k}": v for k, v in result.items()})
+        self.bar.set_postfix_str(f"eval loss {result['loss']:.4g}, exact {result['exact_match']:.3f}"
+                                 + (f", BLEU {result['bleu']:.1f}" if "bleu" in result else ""))
+
+    def _scalars(self, step, values):
+        """The same values into OUT/tensorboard/ (``tensorboard --logdir runs/``). A resumed run
+        writes a new event file; steps it replays after its checkpoint appear twice there
+        (metrics.jsonl, truncated on resume, holds each step once)."""
+        if self.events is None:
+            from flaxformer_mini.tensorboard import open_writer
+
+            self.events = open_writer(self.run.dir.tensorboard)
+        self.events.scalars(step, values)
 
     def close(self):
         self.bar.close()
+        if self.events is not None:
+            self.events.close()
+            self.events = None
 
 
 class _StopRequests:

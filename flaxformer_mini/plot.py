@@ -18,7 +18,20 @@ def plot_metrics(run_dir: RunDir):
     evals = [r for r in records if "eval_loss" in r]
     if not train and not evals:
         return None
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    text = [r for r in evals if "eval_bleu" in r]  # runs scored as text (BLEU, chrF, WER, CER)
+    fig, axes = plt.subplots(1, 3 if text else 2, figsize=(15 if text else 10, 4))
+    ax_loss, ax_acc = axes[:2]
+    if text:
+        steps = [r["step"] for r in text]
+        ax_text = axes[2]
+        for key, label in (("eval_bleu", "BLEU"), ("eval_chrf", "chrF")):
+            ax_text.plot(steps, [r[key] for r in text], "o-", label=label)
+        ax_text.set(xlabel="step", ylabel="score (0-100)", ylim=(0, 101), title="held-out text metrics")
+        ax_rate = ax_text.twinx()  # rates (0 is perfect) on their own axis
+        for key, label in (("eval_wer", "WER"), ("eval_cer", "CER")):
+            ax_rate.plot(steps, [r[key] for r in text], "s--", label=label)
+        ax_rate.set(ylabel="error rate")
+        ax_rate.legend(loc="center right")
     if train:
         ax_loss.plot(*zip(*train), label="train loss", lw=1)
     if evals:
@@ -28,7 +41,7 @@ def plot_metrics(run_dir: RunDir):
             ax_acc.plot([r["step"] for r in evals], [r["eval_exact_match"] for r in evals], "s-", label="exact match")
     ax_loss.set(xlabel="step", ylabel="cross-entropy", yscale="log", title="loss")
     ax_acc.set(xlabel="step", ylabel="accuracy", ylim=(0, 1.02), title="held-out accuracy")
-    for ax in (ax_loss, ax_acc):
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(str(run_dir.path))

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 from flax import nnx
 
-from flaxformer_mini import checkpoint, distributed
+from flaxformer_mini import checkpoint, distributed, tokenizers
 from flaxformer_mini.data import Batch, SyntheticTask, TextPairs, Vocab, read_tsv
 from flaxformer_mini.model import Transformer
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
@@ -44,7 +44,7 @@ class RunData(NamedTuple):
         return (self.train.vocab_size,) * 2 if self.vocabs is None else tuple(len(v) for v in self.vocabs)
 
 
-def load_data(config: DataConfig, run_dir: RunDir) -> RunData:
+def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     """The run's examples. A text run keeps its saved vocabularies when it has them (a resumed
     run keeps its ids even if the training file changed); a new one builds them from the
     training pairs that fit ``max_len``, so a dropped pair adds no words."""
@@ -59,13 +59,10 @@ def load_data(config: DataConfig, run_dir: RunDir) -> RunData:
         chosen = set(np.random.default_rng(0).choice(len(pairs), size=n, replace=False).tolist()) if n else set()
         held_out = [p for i, p in enumerate(pairs) if i in chosen]
         pairs = [p for i, p in enumerate(pairs) if i not in chosen]
-    if run_dir.has_vocabularies():
-        vocabs = run_dir.load_vocabularies()
+    if run_dir.has_vocabularies(config) or not rebuild:  # evaluate: a missing file is an error naming it
+        vocabs = run_dir.load_vocabularies(config)
     else:
-        # Whitespace words are the word vocabulary's tokens: a side longer than max_len words
-        # is a pair TextPairs will drop.
-        kept = [(s, t) for s, t in pairs if max(len(s.split()), len(t.split())) <= config.max_len]
-        vocabs = (Vocab.build([s for s, _ in kept]), Vocab.build([t for _, t in kept]))
+        vocabs = build_tokenizers(config, pairs)
     train = TextPairs(pairs, *vocabs, config.model_max_len)
     if config.valid_path:
         valid = TextPairs(read_tsv(config.valid_path), *vocabs, config.model_max_len)
@@ -74,8 +71,38 @@ def load_data(config: DataConfig, run_dir: RunDir) -> RunData:
     return RunData(train, valid, vocabs)
 
 
+def build_tokenizers(config: DataConfig, pairs):
+    """(source, target) tokenizers trained on the training ``pairs`` that can be kept (the
+    same object twice with ``shared_vocab``).
+
+    A side longer than max_len whitespace words (word), or characters (char), is a pair
+    TextPairs will drop, so it adds nothing to the vocabulary. A subword side has at least
+    as many pieces as words, so a pair over the limit in words is left out of bpe/unigram
+    training too (a pair that fits in words but not in pieces still trains them: its
+    pieces are only known after training)."""
+    kind = config.tokenizer
+    if kind == "char":
+        normalize = tokenizers._normalizer().normalize_str  # built once: tokenizers.normalize builds it per call
+        size = lambda text: len(normalize(text))  # noqa: E731
+    else:
+        size = lambda text: len(text.split())  # noqa: E731
+    kept = [(s, t) for s, t in pairs if max(size(s), size(t)) <= config.max_len]
+    if kind == "word" and not config.shared_vocab and config.tokenizer_vocab_size is None:
+        return Vocab.build([s for s, _ in kept]), Vocab.build([t for _, t in kept])  # today's exactly
+
+    def fit(texts):
+        tokenizer = tokenizers.train(kind, texts, config.tokenizer_vocab_size)
+        return tokenizer.vocab if kind == "word" else tokenizer  # word: the Vocab, its files as today
+
+    if config.shared_vocab:
+        shared = fit([s for s, _ in kept] + [t for _, t in kept])
+        return shared, shared
+    return fit([s for s, _ in kept]), fit([t for _, t in kept])
+
+
 class Codec:
-    """Text <-> token ids in a run's own format: a synthetic task's integers, or words."""
+    """Text <-> token ids in a run's own format: a synthetic task's integers, or text through
+    the run's tokenizers (words, characters or subwords)."""
 
     def __init__(self, task: SyntheticTask | None = None, vocabs=None):
         self._task, self._vocabs = task, vocabs
@@ -89,6 +116,17 @@ class Codec:
 
     def decode(self, ids):
         return self._task.decode_ids(ids) if self._task is not None else self._vocabs[1].decode(ids)
+
+
+class _PairNames:
+    """``names[i]``: training pair i in words, for the one error that names it (built on
+    demand: no string per pair is kept)."""
+
+    def __init__(self, pairs, path):
+        self.pairs, self.path = pairs, path
+
+    def __getitem__(self, i):
+        return f"{self.path}: pair {self.pairs.source_vocab.decode(self.pairs.sources[i])!r}"
 
 
 class Run:
@@ -109,6 +147,7 @@ class Run:
         """A new run in ``out`` from the user's options, or the run already there when the
         options give the same config (then it resumes)."""
         run_dir = RunDir(out)
+        run_dir.check_data(data_config)  # another tokenizer or vocabulary size: refused before any is trained
         data = load_data(data_config, run_dir)
         config = resolve_config(options, data_config, *data.vocab_sizes)
         return cls.create(out, config, data, echo=echo)
@@ -121,14 +160,14 @@ class Run:
         data = data if data is not None else load_data(config.data, run_dir)
         if not distributed.is_main():  # scale-out: process 0 alone writes (and locks) the run's files
             return cls(run_dir, config, data)
-        checksums = run_dir.vocabulary_checksums(data.vocabs) if data.vocabs is not None else {}
+        checksums = run_dir.vocabulary_checksums(data.vocabs, config.data) if data.vocabs is not None else {}
         asked = config
         resuming, lock, config = run_dir.start_or_resume(config, checksums)
         if config.data != asked.data:  # a run written before a data setting existed keeps its old one
             data = load_data(config.data, run_dir)
-        if data.vocabs is not None and not run_dir.has_vocabularies():
+        if data.vocabs is not None and not run_dir.has_vocabularies(config.data):
             try:
-                run_dir.save_vocabularies(data.vocabs)  # refused if a rebuilt one differs from the recorded
+                run_dir.save_vocabularies(data.vocabs, config.data)  # refused if a rebuilt one differs from the recorded
             except BaseException:
                 lock.release()
                 raise
@@ -153,8 +192,8 @@ class Run:
 
     @property
     def data(self) -> RunData:
-        if self._data is None:
-            self._data = load_data(self.config.data, self.dir)
+        if self._data is None:  # an opened run (evaluate): its saved tokenizers, never rebuilt ones
+            self._data = load_data(self.config.data, self.dir, rebuild=False)
         return self._data
 
     @functools.cached_property
@@ -163,7 +202,7 @@ class Run:
         d = self.config.data
         if d.kind == "synthetic":
             return Codec(task=SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len))
-        return Codec(vocabs=self._data.vocabs if self._data is not None else self.dir.load_vocabularies())
+        return Codec(vocabs=self._data.vocabs if self._data is not None else self.dir.load_vocabularies(d))
 
     def _report_dropped(self, echo):
         for name, pairs in (("training", self.data.train), ("validation", self.data.eval)):
@@ -215,6 +254,31 @@ class Run:
         for step, why in skipped:
             echo(f"warning: checkpoint {step} cannot be read ({why}); using step {int(state.step)}")
         return state
+
+    # --- training batches
+
+    def train_batches(self, step):
+        """The micro-batches of optimizer update ``step`` (one, or ``accumulate`` of them): a
+        function of (seed, step) alone, so a resumed run sees the same batches. Micro-batch j
+        of update k is the data stream's batch k * accumulate + j."""
+        k = self.config.accumulate
+        return [self._batch(step * k + j) for j in range(k)]
+
+    def _batch(self, index):
+        seed = self.config.train.seed
+        if self.config.max_tokens is None:
+            return self.data.train.batch(seed, index, self.config.batch_size)
+        return self.data.train.batch_of_rows(self.token_batcher.rows(seed, index), max_tokens=self.config.max_tokens)
+
+    @functools.cached_property
+    def token_batcher(self):
+        """--max-tokens batches over the training pairs (batching.TokenBatcher); an example
+        that alone exceeds the budget is an error naming it."""
+        from flaxformer_mini.batching import TokenBatcher
+
+        train = self.data.train
+        return TokenBatcher(train.source_lengths, train.target_lengths, self.config.max_tokens,
+                            length_multiple=train.length_multiple, names=_PairNames(train, self.config.data.train_path))
 
     # --- held-out data
 

@@ -47,6 +47,16 @@ class DataConfig:
     # validation set (0: evaluate on the training pairs, as runs before version 2 did).
     eval_pairs: int | None = None
     holdout: int = 0
+    # Text runs: how text becomes ids (tokenizers.KINDS; "word" is the whitespace vocabulary
+    # every run before these fields had), the subword vocabulary size asked for (--vocab-size;
+    # None: all words/characters, and required for bpe/unigram), and one vocabulary for both
+    # sides. Runs written before these fields load with the defaults: word, separate.
+    tokenizer: str = "word"
+    tokenizer_vocab_size: int | None = None
+    shared_vocab: bool = False
+    # Held-out lines whose decoded text is scored (BLEU, chrF, WER, CER) at each evaluation
+    # during training; `evaluate` scores them all.
+    eval_decode_lines: int = 256
 
     @property
     def model_max_len(self):
@@ -60,12 +70,20 @@ class RunConfig:
     data: DataConfig
     batch_size: int = 64
     dtype: str = "float32"
+    # Token-budget batches (--max-tokens; None: batch_size sentences a step) and gradient
+    # accumulation over `accumulate` micro-batches per optimizer update.
+    max_tokens: int | None = None
+    accumulate: int = 1
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise RunConfigError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.batch_size < 1:
             raise RunConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.accumulate < 1:
+            raise RunConfigError(f"accumulate must be >= 1, got {self.accumulate}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise RunConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
 
     @property
     def compute_dtype(self):
@@ -90,6 +108,8 @@ class RunConfig:
                 data=DataConfig(**data),
                 batch_size=d["batch_size"],
                 dtype=d["dtype"],
+                max_tokens=d.get("max_tokens"),
+                accumulate=d.get("accumulate", 1),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise RunConfigError(f"{source}: malformed run config: {e}") from None
@@ -115,6 +135,8 @@ class TrainOptions:
     dropout: float | None = None  # None: the preset's
     dtype: str = "float32"
     seed: int = 0
+    max_tokens: int | None = None
+    accumulate: int = 1
 
 
 def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None, **sizes):
@@ -148,4 +170,5 @@ def resolve_config(options: TrainOptions, data: DataConfig, source_vocab_size, t
                              dropout=options.dropout, embed_size=options.embed_size, heads=options.heads,
                              num_layers=options.num_layers, ffn_dim=options.ffn_dim)
     return RunConfig(model=model, train=train_config_for(options, model.embed_size), data=data,
-                     batch_size=options.batch_size, dtype=options.dtype)
+                     batch_size=options.batch_size, dtype=options.dtype, max_tokens=options.max_tokens,
+                     accumulate=options.accumulate)

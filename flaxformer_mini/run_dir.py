@@ -2,13 +2,17 @@
 
     OUT/config.json          the RunConfig (checked on resume)
     OUT/vocab_source.json    for text runs: the vocabularies built from the training file
-    OUT/vocab_target.json
+    OUT/vocab_target.json    (--tokenizer word; vocab_shared.json with --shared-vocab)
+    OUT/tokenizer_source.json  --tokenizer char|bpe|unigram: Hugging Face tokenizers' own
+    OUT/tokenizer_target.json  format (tokenizer_shared.json with --shared-vocab)
+    OUT/tensorboard/         TensorBoard event files (the metrics.jsonl values)
     OUT/metrics.jsonl        one JSON object per logged step and per evaluation
     OUT/checkpoints/<step>/  rotating orbax checkpoints
     OUT/loss.png             the loss curves, drawn at the end of the run
     OUT/.lock                held (flock) by the one process training the run
 """
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -16,6 +20,7 @@ import os
 import socket
 from pathlib import Path
 
+from flaxformer_mini import tokenizers
 from flaxformer_mini.data import Vocab
 from flaxformer_mini.files import write_atomic
 from flaxformer_mini.run_config import RunConfig, RunConfigError
@@ -74,6 +79,7 @@ class RunDir:
         self.checkpoints = self.path / "checkpoints"
         self.plot_path = self.path / "loss.png"
         self.vocab_paths = (self.path / "vocab_source.json", self.path / "vocab_target.json")
+        self.tensorboard = self.path / "tensorboard"
         self.lock_path = self.path / LOCK_NAME
 
     def exists(self):
@@ -106,12 +112,7 @@ class RunDir:
                 old = self.load_config()
                 # Settings added after the run was written are absent from its file: it keeps
                 # their defaults (its old behaviour), whatever today's options say.
-                diffs = _differences(old.to_dict(), config.to_dict(), present=stored)
-                if diffs:
-                    raise RunConfigError(
-                        f"--out {self.path} holds another run whose config differs: {'; '.join(diffs)}. "
-                        f"Use another --out, or the same options to resume it. Nothing was overwritten."
-                    )
+                self._refuse_differences(_differences(old.to_dict(), config.to_dict(), present=stored))
                 config = old
             else:
                 _write_json(self.config_path, {**config.to_dict(), "checksums": dict(checksums or {})})
@@ -121,10 +122,32 @@ class RunDir:
         lock.write_holder()
         return resuming, lock, config
 
-    # --- vocabularies (text runs)
+    def check_data(self, data):
+        """Before a resumed run loads (and maybe trains tokenizers for) its data: refuse a
+        DataConfig that differs from the run's, e.g. another --tokenizer or --vocab-size."""
+        if self.exists():
+            stored = json.loads(self.config_path.read_text())
+            old = self.load_config().to_dict()["data"]
+            self._refuse_differences(_differences(old, dataclasses.asdict(data), "data.", present=stored.get("data", {})))
 
-    def has_vocabularies(self):
-        return all(p.exists() for p in self.vocab_paths)
+    def _refuse_differences(self, diffs):
+        if diffs:
+            raise RunConfigError(
+                f"--out {self.path} holds another run whose config differs: {'; '.join(diffs)}. "
+                f"Use another --out, or the same options to resume it. Nothing was overwritten."
+            )
+
+    # --- vocabularies and tokenizers (text runs)
+
+    def tokenizer_files(self, data=None):
+        """[(side, path)] of the run's tokenizer files for ``data`` (a DataConfig; None: word,
+        separate): sides "source" and "target", or "shared" alone."""
+        kind = getattr(data, "tokenizer", "word")
+        sides = ("shared",) if getattr(data, "shared_vocab", False) else ("source", "target")
+        return [(side, tokenizers.tokenizer_path(self.path, kind, side)) for side in sides]
+
+    def has_vocabularies(self, data=None):
+        return all(path.exists() for _, path in self.tokenizer_files(data))
 
     def recorded_checksums(self):
         """{file name: sha256} that config.json recorded (empty for runs written before)."""
@@ -143,23 +166,28 @@ class RunDir:
                 f"or train a new run."
             )
 
-    def load_vocabularies(self):
-        vocabs = []
-        for path in self.vocab_paths:
+    def load_vocabularies(self, data=None):
+        """(source, target) tokenizers: ``data.Vocab`` for word (today's files), a
+        ``tokenizers.HFTokenizer`` for the others; the same object twice when shared."""
+        kind = getattr(data, "tokenizer", "word")
+        loaded = []
+        for side, path in self.tokenizer_files(data):
             if not path.exists():
-                raise FileNotFoundError(f"{path}: the run's vocabulary is missing; restore it (or resume training "
-                                        f"with the same --data, which rebuilds it)")
+                raise FileNotFoundError(f"{path}: the run's {'vocabulary' if kind == 'word' else 'tokenizer'} "
+                                        f"is missing; restore it (or resume training with the same --data, "
+                                        f"which rebuilds it)")
             self.verify(path, path.read_bytes())
-            vocabs.append(Vocab.load(path))
-        return tuple(vocabs)
+            loaded.append(Vocab.load(path) if kind == "word" else tokenizers.load(self.path, kind, side))
+        return (loaded[0], loaded[0]) if len(loaded) == 1 else tuple(loaded)
 
-    def save_vocabularies(self, vocabs):
-        for vocab, path in zip(vocabs, self.vocab_paths):
-            self.verify(path, vocab.to_bytes())  # a rebuilt vocabulary must be the one recorded
-            vocab.save(path)
+    def save_vocabularies(self, vocabs, data=None):
+        for (_, path), vocab in zip(self.tokenizer_files(data), vocabs):
+            content = tokenizer_bytes(vocab)
+            self.verify(path, content)  # a rebuilt vocabulary must be the one recorded
+            write_atomic(path, content)
 
-    def vocabulary_checksums(self, vocabs):
-        return {path.name: sha256(vocab.to_bytes()) for vocab, path in zip(vocabs, self.vocab_paths)}
+    def vocabulary_checksums(self, vocabs, data=None):
+        return {path.name: sha256(tokenizer_bytes(vocab)) for (_, path), vocab in zip(self.tokenizer_files(data), vocabs)}
 
     # --- the metrics log
 
@@ -196,6 +224,14 @@ class RunDir:
                 continue
             out.append((record, line))
         return out
+
+
+def tokenizer_bytes(vocab):
+    """The bytes of a saved vocabulary or tokenizer file: ``Vocab.to_bytes``, or what
+    ``tokenizers.Tokenizer.save`` (pretty JSON) writes for the Hugging Face kinds."""
+    if isinstance(vocab, Vocab):
+        return vocab.to_bytes()
+    return vocab.hf.to_str(pretty=True).encode("utf-8")
 
 
 def sha256(data: bytes):

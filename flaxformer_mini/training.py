@@ -190,6 +190,75 @@ def train_step(state: TrainState, batch):
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
+def _summed_loss(model, batch, label_smoothing):
+    logits = model(batch.source, batch.target_in)
+    _, (total, count) = token_cross_entropy(logits, batch.target_out, label_smoothing)
+    return total, (count, correct_tokens(logits, batch.target_out))
+
+
+def accumulated_train_step(state: TrainState, batches):
+    """One optimizer update from K micro-batches: ``batches`` is a ``Batch`` of arrays with a
+    leading axis K (``stack_batches``). Pure, like ``train_step``.
+
+    Gradients of the summed token losses are added over the micro-batches (``lax.scan``: one
+    micro-batch's activations in memory at a time) and divided by the total token count, so
+    the update equals ``train_step`` on the K micro-batches concatenated into one batch (with
+    dropout 0; micro-batch j's dropout keys are fold_in(step key, j)). optax.MultiSteps would
+    average per-micro-batch *mean* gradients instead, which weighs a short micro-batch's tokens
+    more than the big batch does, and keeps its own step counter in the optimizer state
+    (checkpoints of --accumulate runs would then differ in structure).
+    """
+    base = jax.random.fold_in(jax.random.key(state.config.seed), state.step)
+    d_model = nnx.merge(state.graphdef, state.params, state.other).config.embed_size  # at trace time only
+    grad_fn = nnx.value_and_grad(_summed_loss, has_aux=True)
+
+    def micro(carry, inputs):
+        # The RNG state rides in the carry: nnx may only reseed variables of the scan's own trace.
+        grads_sum, total_sum, count_sum, correct_sum, params, other = carry
+        j, batch = inputs
+        model = nnx.merge(state.graphdef, params, other)
+        key = jax.random.fold_in(base, j)
+        nnx.reseed(model, default=key, dropout=key)
+        (total, (count, correct)), grads = grad_fn(model, batch, state.config.label_smoothing)
+        grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
+        _, params, other = nnx.split(model, nnx.Param, ...)
+        return (grads_sum, total_sum + total, count_sum + count, correct_sum + correct, params, other), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    k = batches.source.shape[0]
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32),
+            state.params, state.other)
+    (grads, total, count, correct, _, _), _ = jax.lax.scan(micro, init, (jnp.arange(k), batches))
+    denominator = jnp.maximum(count, 1.0)
+    grads = jax.tree.map(lambda g: g / denominator, grads)
+    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {
+        "loss": total / denominator,
+        "tokens": count,
+        "token_accuracy": correct / denominator,
+        "grad_norm": optax.tree.norm(grads),
+        "learning_rate": learning_rate_schedule(state.config, d_model)(state.step),
+    }
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def stack_batches(batches):
+    """K ``Batch``es padded with PAD to one shape and stacked: a ``Batch`` of (K, B, S) and
+    (K, B, T) arrays for ``accumulated_train_step``. PAD rows and columns carry no labels."""
+    import numpy as np
+
+    rows = max(b.source.shape[0] for b in batches)
+    s = max(b.source.shape[1] for b in batches)
+    t = max(b.target_in.shape[1] for b in batches)
+
+    def pad(a, length):
+        return np.pad(a, ((0, rows - a.shape[0]), (0, length - a.shape[1])), constant_values=PAD)
+
+    return type(batches[0])(*(np.stack([pad(getattr(b, f), n) for b in batches])
+                              for f, n in (("source", s), ("target_in", t), ("target_out", t))))
+
+
 def eval_step(state: TrainState, batch):
     """Teacher-forced sums over one batch, pure: summed loss, label count, correct labels."""
     model = state.model()
@@ -224,6 +293,7 @@ class Trainer:
         self.lr_schedule = learning_rate_schedule(config, model.config.embed_size)
         self._template = TrainState.create(model, config)
         self.train_step = jax.jit(train_step, donate_argnums=0)
+        self.accumulated_train_step = jax.jit(accumulated_train_step, donate_argnums=0)
         self.eval_step = jax.jit(eval_step)
 
     def init_state(self):

@@ -128,7 +128,7 @@ def test_evaluate_json_prints_the_three_metrics(straight_run):
     proc = cli("evaluate", "--checkpoint", str(straight_run[0]), "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert set(result) == {"loss", "token_accuracy", "exact_match"}
+    assert set(result) >= {"loss", "token_accuracy", "exact_match"}  # and the text metrics (test_real_corpora)
     assert 0.0 <= result["exact_match"] <= 1.0 and result["loss"] > 0
 
 

@@ -1,0 +1,225 @@
+"""Real corpora through the training product (issue #11): tokenizers saved and checked in the
+run, --max-tokens batches with exact resume, --accumulate equal to one larger batch, text
+metrics from `evaluate`, TensorBoard events, and the bad input around them."""
+
+import json
+import signal
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import flaxformer_mini as fm
+from flaxformer_mini import tokenizers
+from flaxformer_mini.data import SyntheticTask
+from flaxformer_mini.metrics import corpus_metrics
+from flaxformer_mini.run import Run
+from flaxformer_mini.run_dir import RunDir
+from flaxformer_mini.tensorboard import read_scalars
+from flaxformer_mini.training import TrainConfig, Trainer, stack_batches
+from test_train_cli import assert_same_training_state, cli, latest_state, run_process, start, wait_for_checkpoint
+
+WORDS = ["the cat", "a dog", "sat on", "the mat", "red fox", "ran far", "big sun", "old tree", "blue sky"]
+
+
+def write_corpus(path, n, reverse_words=True):
+    """``n`` pairs: a phrase -> its words reversed (a task with an exact answer)."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for _ in range(n):
+        source = " ".join(WORDS[i] for i in rng.choice(len(WORDS), size=rng.integers(1, 3)))
+        target = " ".join(source.split()[::-1]) if reverse_words else source
+        lines.append(f"{source}\t{target}\n")
+    path.write_text("".join(lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    return write_corpus(d / "train.tsv", 60), write_corpus(d / "valid.tsv", 7)
+
+
+def text_args(corpus, out, *extra):
+    train, valid = corpus
+    return ["train", "--data", str(train), "--valid", str(valid), "--out", str(out), "--preset", "tiny",
+            "--max-len", "24", "--warmup", "5", "--log-every", "2", "--eval-every", "4", "--save-every", "4",
+            "--no-progress", *extra]
+
+
+@pytest.fixture(scope="module")
+def bpe_run(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bpe") / "run"
+    args = text_args(corpus, out, "--tokenizer", "bpe", "--vocab-size", "40", "--max-tokens", "96")
+    proc = cli(*args, "--steps", "8")
+    assert proc.returncode == 0, proc.stderr
+    return out, args
+
+
+def test_a_bpe_run_saves_its_tokenizers_in_hf_format_with_recorded_checksums(bpe_run):
+    out, _ = bpe_run
+    recorded = RunDir(out).recorded_checksums()
+    for side in ("source", "target"):
+        path = out / f"tokenizer_{side}.json"
+        assert recorded[path.name] == tokenizers.file_sha256(path)
+        assert tokenizers.load(out, "bpe", side, sha256=recorded[path.name]).kind == "bpe"
+    config = json.loads((out / "config.json").read_text())
+    assert config["data"]["tokenizer"] == "bpe" and config["data"]["tokenizer_vocab_size"] == 40
+    assert config["max_tokens"] == 96
+
+
+def test_evaluate_json_scores_the_hypotheses_it_writes_with_corpus_metrics(bpe_run, tmp_path):
+    out, _ = bpe_run
+    hypotheses_file = tmp_path / "hyp.txt"
+    proc = cli("evaluate", "--checkpoint", str(out), "--json", "--output", str(hypotheses_file))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert set(result) == {"loss", "token_accuracy", "exact_match", "bleu", "chrf", "wer", "cer"}
+    hypotheses = hypotheses_file.read_text().splitlines()
+    # References independently: the valid file's targets through the run's own target tokenizer.
+    run = Run.open(out)
+    targets = [line.split("\t")[1] for line in corpus_lines(bpe_run[1])]
+    references = [run.codec.decode(run.dir.load_vocabularies(run.config.data)[1].encode(t)) for t in targets]
+    assert len(hypotheses) == len(references) == 7
+    expected = corpus_metrics(hypotheses, references)
+    for key in ("bleu", "chrf", "wer", "cer"):
+        assert result[key] == pytest.approx(expected[key], abs=1e-9)
+
+
+def corpus_lines(args):
+    return open(args[args.index("--valid") + 1]).read().splitlines()
+
+
+def test_a_subword_tokenizer_decodes_its_own_encoding_of_normalised_text(bpe_run):
+    run = Run.open(bpe_run[0])
+    for line in corpus_lines(bpe_run[1]):
+        source = line.split("\t")[0]
+        ids, unknown = run.codec.encode(source)
+        assert unknown == []
+        assert run.dir.load_vocabularies(run.config.data)[0].decode(ids) == tokenizers.normalize(source)
+
+
+def test_training_writes_tensorboard_events_with_the_logged_metrics(bpe_run):
+    out, _ = bpe_run
+    scalars = read_scalars(out / "tensorboard")
+    logged = [r for r in RunDir(out).read_metrics() if "loss" in r]
+    assert [s for s, _ in scalars["train/loss"]] == [r["step"] for r in logged]
+    # Stored as float32 by TensorBoard: equal to the log's float64 at float32 precision.
+    np.testing.assert_allclose([v for _, v in scalars["train/loss"]], [r["loss"] for r in logged], rtol=1e-6)
+    for tag in ("train/learning_rate", "train/grad_norm", "train/tokens_per_s", "eval/bleu", "eval/wer", "eval/cer"):
+        assert tag in scalars, tag
+    evals = [r for r in RunDir(out).read_metrics() if "eval_bleu" in r]
+    np.testing.assert_allclose([v for _, v in scalars["eval/chrf"]], [r["eval_chrf"] for r in evals], rtol=1e-6)
+
+
+def test_max_tokens_batches_respect_the_budget_and_are_a_function_of_the_step(bpe_run):
+    run = Run.open(bpe_run[0])
+    for step in range(6):
+        (batch,) = run.train_batches(step)
+        real = batch.target_out[:, 0] != 0  # rows of PAD only carry no labels
+        rows = int(real.sum())
+        assert rows * max(batch.source.shape[1], batch.target_in.shape[1]) <= 96
+        (again,) = Run.open(bpe_run[0]).train_batches(step)
+        for a, b in zip(batch, again):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_max_tokens_run_killed_with_sigkill_resumes_bit_identical(corpus, tmp_path):
+    args = lambda out: text_args(corpus, out, "--tokenizer", "bpe", "--vocab-size", "40", "--max-tokens", "96",  # noqa: E731
+                                 "--steps", "24", "--eval-every", "100", "--log-every", "4")
+    straight = run_process(*args(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr
+    out = tmp_path / "killed"
+    proc = start(*args(out))
+    wait_for_checkpoint(out, 8, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = run_process(*args(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stderr
+    (s1, a), (s2, b) = latest_state(tmp_path / "straight"), latest_state(out)
+    assert s1 == s2 == 24
+    assert_same_training_state(a, b)
+
+
+def test_accumulating_k_micro_batches_equals_one_k_times_larger_batch():
+    jax.config.update("jax_default_matmul_precision", "highest")
+    config = fm.get_preset("tiny").replace(dropout=0.0, source_vocab_size=13, target_vocab_size=13, max_len=8)
+    # eps=1: Adam's first step is ~lr * sign(g) at the paper's eps=1e-9, which turns a
+    # float32 rounding difference in a near-zero gradient into a full lr-sized step.
+    trainer = Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)), TrainConfig(warmup_steps=3, eps=1.0))
+    big = SyntheticTask("reverse", 13, 1, 7).batch(0, 0, 12)
+    micro = [type(big)(*(a[i : i + 4] for a in big)) for i in range(0, 12, 4)]
+    one, m1 = trainer.train_step(trainer.init_state(), big)
+    many, m3 = trainer.accumulated_train_step(trainer.init_state(), stack_batches(micro))
+    for x, y in zip(jax.tree.leaves(one.params), jax.tree.leaves(many.params)):
+        np.testing.assert_allclose(x, y, atol=1e-6)
+    assert float(m3["loss"]) == pytest.approx(float(m1["loss"]), abs=1e-6)
+    assert int(many.step) == 1
+
+
+def test_an_accumulate_run_trains_and_counts_updates(corpus, tmp_path):
+    proc = cli(*text_args(corpus, tmp_path / "acc", "--accumulate", "2", "--batch-size", "8", "--steps", "4"))
+    assert proc.returncode == 0, proc.stderr
+    assert latest_state(tmp_path / "acc")[0] == 4
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_vocab_size_smaller_than_the_alphabet_is_refused_naming_both(corpus, tmp_path):
+    proc = cli(*text_args(corpus, tmp_path / "r", "--tokenizer", "char", "--vocab-size", "8", "--steps", "2"))
+    assert proc.returncode == 2
+    alphabet = len(set("".join(line.replace("\t", " ") for line in corpus_lines(["--valid", str(corpus[0])]))))
+    assert "vocab_size=8 is smaller than" in proc.stderr and str(alphabet + 4) in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_max_tokens_smaller_than_the_longest_example_is_refused_naming_it(corpus, tmp_path):
+    proc = cli(*text_args(corpus, tmp_path / "r", "--max-tokens", "4", "--steps", "2"))
+    assert proc.returncode == 2
+    assert "--max-tokens 4 is smaller than the longest example" in proc.stderr and "train.tsv: pair" in proc.stderr
+
+
+@pytest.mark.parametrize("changed, named", [(["--tokenizer", "unigram", "--vocab-size", "40"], "data.tokenizer: 'bpe' in the run, 'unigram' now"),
+                                            (["--tokenizer", "bpe", "--vocab-size", "50"], "data.tokenizer_vocab_size: 40 in the run, 50 now")])
+def test_resuming_with_another_tokenizer_or_vocab_size_is_refused_naming_both(bpe_run, changed, named):
+    out, args = bpe_run
+    before = (out / "config.json").read_bytes()
+    at = args.index("--tokenizer")
+    proc = cli(*args[:at], *changed, *args[at + 4 :], "--steps", "12")
+    assert proc.returncode == 2 and named in proc.stderr, proc.stderr
+    assert (out / "config.json").read_bytes() == before
+
+
+def test_a_hand_edited_tokenizer_file_is_refused_naming_it(corpus, tmp_path):
+    out = tmp_path / "r"
+    args = text_args(corpus, out, "--tokenizer", "char", "--steps", "2")
+    assert cli(*args).returncode == 0
+    path = out / "tokenizer_target.json"
+    path.write_text(path.read_text().replace('"a"', '"@"', 1))
+    for proc in (cli("evaluate", "--checkpoint", str(out)), cli("generate", "--checkpoint", str(out), "the cat")):
+        assert proc.returncode == 2 and "tokenizer_target.json differs from the file this run wrote" in proc.stderr
+
+
+def test_a_missing_tokenizer_file_is_named(corpus, tmp_path):
+    out = tmp_path / "r"
+    assert cli(*text_args(corpus, out, "--tokenizer", "char", "--shared-vocab", "--steps", "2")).returncode == 0
+    assert not (out / "tokenizer_source.json").exists()
+    (out / "tokenizer_shared.json").unlink()
+    proc = cli("evaluate", "--checkpoint", str(out))
+    assert proc.returncode == 2 and "tokenizer_shared.json: the run's tokenizer is missing" in proc.stderr
+
+
+def test_accumulate_zero_is_refused_by_name(corpus, tmp_path):
+    proc = cli(*text_args(corpus, tmp_path / "r", "--accumulate", "0"))
+    assert proc.returncode == 2 and "--accumulate must be >= 1" in proc.stderr
+
+
+def test_max_tokens_wins_over_batch_size_and_says_so(corpus, tmp_path):
+    proc = cli(*text_args(corpus, tmp_path / "r", "--max-tokens", "96", "--batch-size", "3", "--steps", "2"))
+    assert proc.returncode == 0, proc.stderr
+    assert "--max-tokens 96 wins" in proc.stderr
+    (batch,) = Run.open(tmp_path / "r").train_batches(0)
+    assert batch.source.shape[0] > 3  # rows from the token budget, not --batch-size
