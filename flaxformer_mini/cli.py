@@ -69,6 +69,9 @@ def _train(args):
                            label_smoothing=args.label_smoothing, dropout=args.dropout, dtype=args.dtype,
                            seed=args.seed, max_tokens=args.max_tokens, accumulate=args.accumulate)
     mesh = training_mesh(args.devices, args.sharding, batch_size)  # before anything is written
+    if mesh is not None and (args.max_tokens is not None or args.accumulate > 1):
+        raise ValueError(f"--max-tokens and --accumulate run on one device for now; this run has {mesh.size} "
+                         f"(--devices 1 in one process)")
     distributed.agree_on(_identity(args))  # every process started with the same options, or none runs
     error = run = None
     try:
@@ -308,8 +311,6 @@ def main(argv=None):
                                        ("--max-tokens", args.max_tokens, None)):
             if value != default:
                 parser.error(f"{option} goes with --data (synthetic tasks have integer tokens and fixed-size batches)")
-    if getattr(args, "devices", 1) > 1 and (args.max_tokens is not None or args.accumulate > 1):
-        parser.error("--max-tokens and --accumulate run on one device for now; drop --devices")
     problem = check_ranges(args)
     if problem:
         parser.error(problem)
