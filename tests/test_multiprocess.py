@@ -354,6 +354,10 @@ def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_t
     assert gen.stdout.split() and set(gen.stdout.split()) <= set("0123456")
 
 
+# Deselected by default (pyproject's `-m "not slow"`; run it with `pytest -m slow`): it takes
+# ~5 minutes on 2 cores, and on 2026-11-23 it hung once when the SIGTERM reached process 0
+# before the first checkpoint (the known early-SIGTERM problem of issue #12, not yet fixed).
+@pytest.mark.slow
 def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(straight_two_process_run, tmp_path):
     out, port = tmp_path / "run", free_port()
     argv = train_cli(out, 2, port=port)
