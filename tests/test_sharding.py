@@ -2,7 +2,7 @@
 
 The multi-device runs need 8 devices, which on CPU means
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` before JAX starts. That flag would
-change the device count of the whole test session, so the runs happen in a subprocess
+change the device count of the whole pytest run, so the runs happen in a subprocess
 (this file, run as a script with ``--worker``), which prints one JSON line of measurements;
 the tests below assert on it. The worker also asserts that it sees 8 devices and that FSDP
 really splits parameters, so nothing here can pass on one device by accident.
