@@ -35,9 +35,15 @@ from flaxformer_mini.training import Trainer, TrainConfig
 VARIANT = "flax_jit"
 
 
+def variant(preset):
+    """The Flax path's name: flax_jit, with _scan for scanned layers and _remat for remat."""
+    return VARIANT + ("_scan" if preset.scan_layers else "") + ("_remat" if preset.remat else "")
+
+
 def _new_model(preset, seed):
     dtype = COMPUTE_DTYPES[preset.dtype]
-    model = fm.Transformer.from_config(preset.model, dtype=dtype, rngs=nnx.Rngs(seed))
+    model = fm.Transformer.from_config(preset.model, dtype=dtype, scan_layers=preset.scan_layers,
+                                       remat=preset.remat, rngs=nnx.Rngs(seed))
     return set_attention_impl(model, preset.attention_impl)
 
 
@@ -119,7 +125,8 @@ def _forward_path(preset, model, jbatch, probe):
     def run():
         return aot.compiled(state, jbatch.source, jbatch.target_in).block_until_ready()
 
-    path = Path("forward", VARIANT, "jax", run, flops.forward(c, B, L, L), prepare=aot.prepare, probe=probe, info=info)
+    path = Path("forward", variant(preset), "jax", run, flops.forward(c, B, L, L), prepare=aot.prepare, probe=probe,
+                info=info)
     path.aot = aot  # the compiled executable, for tools/xla_profile.py
     return path
 
@@ -136,8 +143,8 @@ def _train_path(preset, jbatch, probe):
         holder["state"], metrics = aot.compiled(holder["state"], jbatch)
         return jax.block_until_ready((holder["state"], metrics))
 
-    path = Path("train_step", VARIANT, "jax", run, flops.train_step(c, B, L, L), prepare=aot.prepare, probe=probe,
-                info=info)
+    path = Path("train_step", variant(preset), "jax", run, flops.train_step(c, B, L, L), prepare=aot.prepare,
+                probe=probe, info=info)
     path.aot = aot
     return path
 
@@ -157,7 +164,7 @@ def _decode_path(preset, model, jbatch, probe, cached):
     else:
         op, executed, note = "decode_uncached", flops.decode_uncached_fixed(c, B, L, N), \
             "greedy_decode_uncached: decoder over N positions per token"
-    return Path(op, VARIANT, "jax", run, executed, probe=probe, check=lambda out: check_decode_length(out, N),
+    return Path(op, variant(preset), "jax", run, executed, probe=probe, check=lambda out: check_decode_length(out, N),
                 notes=[note])
 
 

@@ -36,6 +36,11 @@ class BenchPreset:
     matmul_size: int = 4096  # side of the square matmul that measures the machine's peak
     torch_compile_backend: str = "inductor"  # torch.compile's default; "eager" only traces (smoke tests)
     attention_impl: str = "einsum"  # the Flax path's SelfAttention (flaxformer_mini.attention.ATTENTION_IMPLS)
+    # The Flax model's layer layout (flaxformer_mini/scanned.py): stacked layers run by nnx.scan,
+    # and activations recomputed in the backward pass. The Flax path is named after them:
+    # flax_jit, flax_jit_scan, flax_jit_remat, flax_jit_scan_remat.
+    scan_layers: bool = False
+    remat: bool = False
     description: str = ""
 
     def __post_init__(self):
@@ -68,7 +73,8 @@ class BenchPreset:
         return (f"{self.name}: B={self.batch} S=T={self.seq_len} N={self.new_tokens} D={c.embed_size} "
                 f"H={c.heads} L={c.num_layers}+{c.num_layers} V={c.target_vocab_size} {self.dtype}, "
                 f"dropout {c.dropout} in the train step"
-                + ("" if self.attention_impl == "einsum" else f"; Flax attention: {self.attention_impl}"))
+                + ("" if self.attention_impl == "einsum" else f"; Flax attention: {self.attention_impl}")
+                + ("; Flax layers scanned" if self.scan_layers else "") + ("; Flax remat" if self.remat else ""))
 
 
 PRESETS = {

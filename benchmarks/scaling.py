@@ -9,6 +9,12 @@ call). Reported per point and path: median step time, peak resident memory above
 pre-call level during one step (activations and temporaries), and the first call's excess
 over the median (tracing and compiling; for Flax also XLA's compile time alone).
 
+Paths (``--paths``): torch eager and ``torch.compile``; Flax with per-layer blocks
+(``flax_jit``), with scanned layers (``flax_jit_scan``: one ``nnx.scan`` over stacked blocks,
+so XLA compiles one block whatever the depth) and scanned with rematerialisation
+(``flax_jit_scan_remat``: activations recomputed in the backward pass). Flax rows also give
+XLA's temporary-buffer size (``xla_temp_mb``), the memory remat trades for time.
+
 Sweeps (the base model's width, D=512, 8 heads, unless ``--width``):
 
     length  S = T in 64 .. 1024 at batch 4, 6 + 6 layers
@@ -39,7 +45,13 @@ QUICK = {
     "batch": dict(axis="batch", values=(1, 2), fixed=dict(seq_len=4, num_layers=1)),
     "depth": dict(axis="num_layers", values=(1, 2), fixed=dict(batch=2, seq_len=4)),
 }
-VARIANTS = ("torch_eager", "torch_compile", "flax_jit")
+VARIANTS = ("torch_eager", "torch_compile", "flax_jit", "flax_jit_scan", "flax_jit_scan_remat")
+# The Flax paths: the model's layer layout of each (flaxformer_mini/scanned.py).
+FLAX_VARIANTS = {
+    "flax_jit": dict(scan_layers=False, remat=False),
+    "flax_jit_scan": dict(scan_layers=True, remat=False),  # one block body compiled, whatever the depth
+    "flax_jit_scan_remat": dict(scan_layers=True, remat=True),  # activations recomputed in the backward pass
+}
 
 
 def point_preset(base, width, backend, seq_len, batch, num_layers):
@@ -58,28 +70,36 @@ def measure_point(preset, variants, reps):
 
     batch = make_batch(preset)
     paths = []
-    torch_variants = [v for v in variants if v != "flax_jit"]
+    torch_variants = [v for v in variants if v not in FLAX_VARIANTS]
     if torch_variants:
         from benchmarks import torch_bench
 
         torch_bench.setup_threads()
         paths += torch_bench.make_paths(preset, batch, ["train_step"], torch_variants)
-    if "flax_jit" in variants:
-        paths += flax_bench.make_paths(preset, batch, ["train_step"])
+    for v in (v for v in FLAX_VARIANTS if v in variants):
+        paths += flax_bench.make_paths(preset.replace(**FLAX_VARIANTS[v]), batch, ["train_step"])
     rows = []
     for r in measure(paths, reps=reps, warmup=0):
         m = r.memory
+        xla_memory = r.info.get("xla_memory_mb")
         rows.append({
             "variant": r.variant, "median_ms": r.median_s * 1e3, "gflops_per_s": r.gflops_per_s,
             "peak_mb": m.get("peak_rss_delta_mb", m.get("peak_device_delta_mb")),
             "first_call_overhead_s": r.first_call_overhead_s, "xla_compile_s": r.info.get("xla_compile_s"),
+            "trace_lower_s": r.info.get("trace_lower_s"),
+            # XLA's own count of the step's temporary buffers (activations kept for the backward
+            # pass among them): what remat shrinks, independent of the allocator's RSS.
+            "xla_temp_mb": xla_memory.get("temporaries") if isinstance(xla_memory, dict) else None,
         })
     return rows
 
 
-def run(sweeps, quick=False, width=None, variants=VARIANTS, reps=3):
+def run(sweeps, quick=False, width=None, variants=VARIANTS, reps=3, values=None):
+    """``values``: the swept axis's values in place of the sweep's own (one sweep)."""
     base = get_bench_preset("tiny" if quick else "base")
     table = QUICK if quick else SWEEPS
+    if values:
+        table = {name: dict(table[name], values=tuple(values)) for name in sweeps}
     out = {"machine": machine.describe(), "quick": quick, "points": [],
            "sweeps": {name: table[name] for name in sweeps}}
     for name in sweeps:
@@ -149,15 +169,21 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweeps", nargs="+", choices=sorted(SWEEPS), default=list(SWEEPS))
     parser.add_argument("--paths", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--values", nargs="+", type=int, metavar="N",
+                        help="the swept axis's values instead of the sweep's own (one sweep only)")
     parser.add_argument("--reps", type=int, default=3, help="timed steps per point and path (median)")
     parser.add_argument("--width", type=int, help="model width D instead of the base model's 512")
     parser.add_argument("--quick", action="store_true", help="tiny smoke test (seconds), not a measurement")
     parser.add_argument("--json", metavar="OUT", help="write every point as JSON")
     parser.add_argument("--plot", metavar="OUT", help="write a PNG plot")
     args = parser.parse_args(argv)
+    if args.values and len(args.sweeps) != 1:
+        parser.error("--values goes with one --sweeps name")
+    if args.values and min(args.values) < 1:
+        parser.error(f"--values must be >= 1, got {min(args.values)}")
     if argv is None:  # as python -m benchmarks: restart once under glibc's malloc tunables
         restart_keeping_freed_memory()
-    rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps)
+    rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps, values=args.values)
     print(machine.one_line(rep["machine"]))
     print(markdown(rep))
     if args.json:

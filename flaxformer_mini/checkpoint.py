@@ -11,6 +11,7 @@ half-written one that a restore could pick up.
 import contextlib
 import errno
 import logging
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -102,6 +103,21 @@ def _stored_params(manager, step):
         return None
 
 
+def _unindexed(path):
+    # 'encoder/transformer_layers/0/norm1/scale' -> 'encoder/transformer_layers/norm1/scale':
+    # a per-layer path as the stacked (scanned) model names the same parameter.
+    return re.sub(r"/\d+/", "/", path, count=1)
+
+
+def _layout_hint(have, want):
+    """Where a checkpoint and a model differ only in their layer layout, say so first."""
+    if {_unindexed(k) for k in want} == set(have) != set(want):
+        return "it holds scanned (stacked) layers and the model one module per layer (scan_layers differs); "
+    if {_unindexed(k) for k in have} == set(want) != set(have):
+        return "it holds one module per layer and the model scanned (stacked) layers (scan_layers differs); "
+    return ""
+
+
 def restore(manager, template: TrainState, step=None) -> TrainState:
     """Restore checkpoint ``step`` (default: the latest) into the structure of ``template``.
 
@@ -123,7 +139,7 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
             more = len(bad) + len(missing) - len(details)
             raise CheckpointMismatchError(
                 f"checkpoint {step} in {manager.directory} is from a different model: "
-                + "; ".join(details) + (f"; and {more} more" if more > 0 else "")
+                + _layout_hint(have, want) + "; ".join(details) + (f"; and {more} more" if more > 0 else "")
             )
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, wanted)
     restored = manager.restore(step, args=ocp.args.StandardRestore(target))

@@ -67,7 +67,8 @@ def _train(args):
                            ffn_dim=args.ffn_dim, batch_size=batch_size, lr=args.lr, schedule=args.schedule,
                            warmup=args.warmup, weight_decay=args.weight_decay, clip_norm=args.clip_norm,
                            label_smoothing=args.label_smoothing, dropout=args.dropout, dtype=args.dtype,
-                           seed=args.seed, max_tokens=args.max_tokens, accumulate=args.accumulate)
+                           seed=args.seed, max_tokens=args.max_tokens, accumulate=args.accumulate,
+                           scan_layers=args.scan_layers, remat=args.remat)
     mesh = training_mesh(args.devices, args.sharding, batch_size)  # before anything is written
     if mesh is not None and (args.max_tokens is not None or args.accumulate > 1):
         raise ValueError(f"--max-tokens and --accumulate run on one device for now; this run has {mesh.size} "
@@ -233,6 +234,12 @@ def build_parser():
     t.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     t.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="compute dtype (parameters stay float32)")
+    t.add_argument("--scan-layers", action="store_true",
+                   help="hold each side's layers as one stacked block run by a scan: compile time stays flat in "
+                        "depth (checkpoints hold stacked parameters; recorded in the run)")
+    t.add_argument("--remat", action="store_true",
+                   help="recompute each layer's activations in the backward pass instead of keeping them: less "
+                        "memory at long sequences, about one more forward pass of time")
     t.add_argument("--devices", type=int, default=None,
                    help="shard each batch over this many devices per process (data parallelism); default: all")
     t.add_argument("--sharding", choices=("replicated", "fsdp"), default="replicated",

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flaxformer_mini import scanned
 from flaxformer_mini.data import BOS, EOS, PAD
 from flaxformer_mini.validation import check_tokens
 
@@ -47,17 +48,13 @@ class DecodeCache:
 def prefill(model, source, max_positions):
     """Encode ``source`` (B, S) and build the cache for ``max_positions`` target positions."""
     enc_out, source_mask = model.encode(source, check_inputs=False)  # _check checked it
-    layers = model.decoder.decoder_layers
-    cross = [layer.transformer_block.attention.project_kv(enc_out, enc_out) for layer in layers]
-    B = source.shape[0]
-    attn = layers[0].attention
-    dtype = cross[0][0].dtype
-    empty = jnp.zeros((len(layers), B, attn.heads, max_positions, attn.head_dim), dtype)
-    return DecodeCache(
-        self_k=empty, self_v=empty,
-        cross_k=jnp.stack([k for k, _ in cross]), cross_v=jnp.stack([v for _, v in cross]),
-        source_mask=source_mask,
-    )
+    decoder = model.decoder
+    cross_k, cross_v = scanned.per_layer(  # (L, B, H, S, K) each
+        decoder.decoder_layers, lambda layer: layer.transformer_block.attention.project_kv(enc_out, enc_out),
+        scan=decoder.scan_layers)
+    L, B, H, _, K = cross_k.shape
+    empty = jnp.zeros((L, B, H, max_positions, K), cross_k.dtype)
+    return DecodeCache(self_k=empty, self_v=empty, cross_k=cross_k, cross_v=cross_v, source_mask=source_mask)
 
 
 def decode_one_token(model, cache: DecodeCache, tokens, t):
@@ -70,6 +67,9 @@ def decode_one_token(model, cache: DecodeCache, tokens, t):
     x = decoder.dropout(decoder.embedding_layer(tokens[:, None]) + decoder.positional_embedding(position))  # (B, 1, D)
     # Query t sees positions 0..t; positions past t hold zeros, masked like the causal mask.
     self_mask = (jnp.arange(N) <= t)[None, None, None, :]  # (1, 1, 1, N)
+    if decoder.scan_layers:
+        x, self_k, self_v = _scanned_step(decoder.decoder_layers, cache, x, t, self_mask)
+        return decoder.fc(x)[:, 0], cache.replace(self_k=self_k, self_v=self_v)
     self_k, self_v = cache.self_k, cache.self_v
     for i, layer in enumerate(decoder.decoder_layers):
         k, v = layer.attention.project_kv(x, x)  # (B, H, 1, K)
@@ -79,6 +79,22 @@ def decode_one_token(model, cache: DecodeCache, tokens, t):
         x = layer.step(x, (self_k[i], self_v[i]), (cache.cross_k[i], cache.cross_v[i]), cache.source_mask, self_mask)
     logits = decoder.fc(x)[:, 0]  # (B, V)
     return logits, cache.replace(self_k=self_k, self_v=self_v)
+
+
+def _scanned_step(layers, cache, x, t, self_mask):
+    """``decode_one_token``'s layer loop over a stacked decoder (``scan_layers``): one
+    ``nnx.scan`` over the layers and their cache slices, carrying x (B, 1, D). Returns x and
+    the self-attention cache (L, B, H, N, K) with position t written."""
+
+    def layer_step(x, layer, self_k, self_v, cross_k, cross_v):  # one layer's slices: (B, H, N, K)
+        k, v = layer.attention.project_kv(x, x)  # (B, H, 1, K)
+        self_k = jax.lax.dynamic_update_slice(self_k, k.astype(self_k.dtype), (0, 0, t, 0))
+        self_v = jax.lax.dynamic_update_slice(self_v, v.astype(self_v.dtype), (0, 0, t, 0))
+        x = layer.step(x, (self_k, self_v), (cross_k, cross_v), cache.source_mask, self_mask)
+        return x, self_k, self_v
+
+    scan = nnx.scan(layer_step, in_axes=(nnx.Carry, 0, 0, 0, 0, 0), out_axes=(nnx.Carry, 0, 0))
+    return scan(x, layers, cache.self_k, cache.self_v, cache.cross_k, cache.cross_v)
 
 
 def check_options(model_config, *, max_new_tokens=None, beam_size=1, alpha=DEFAULT_LENGTH_PENALTY,
@@ -122,6 +138,12 @@ def _check(model, source, max_new_tokens):
     return nnx.split(view)
 
 
+# Loop bodies (lax.while_loop, fori_loop) merge their own copy of the model from (graphdef,
+# state) rather than closing over the model merged outside the loop: an nnx transform inside
+# the model (the nnx.scan of scanned layers) refuses Variables of another trace level, and
+# copy=True makes new ones in the body's. Merging costs nothing at run time: it happens
+# once, while the body is traced.
+
 # --- greedy and sampling --------------------------------------------------------------
 
 
@@ -155,7 +177,8 @@ def _token_by_token(graphdef, state, source, max_new_tokens, rule, key):
 
     def body(carry):
         t, tokens, cache, out, done = carry
-        logits, cache = decode_one_token(model, cache, tokens, t)
+        # The body's own copy of the model: nnx transforms refuse Variables of another trace.
+        logits, cache = decode_one_token(nnx.merge(graphdef, state, copy=True), cache, tokens, t)
         token = jnp.where(done, PAD, _pick(rule, logits, t, key).astype(tokens.dtype))  # after EOS, padding
         return t + 1, token, cache, out.at[:, t].set(token), done | (token == EOS)
 
@@ -206,7 +229,8 @@ def _beam(graphdef, state, source, max_new_tokens, beam_size, alpha):
 
     def body(carry):
         t, tokens, cache, alive_seq, alive_logp, fin_seq, fin_score = carry
-        logits, cache = decode_one_token(model, cache, tokens, t)  # (B*W, V)
+        # (B*W, V); the body's own copy of the model: nnx transforms refuse Variables of another trace
+        logits, cache = decode_one_token(nnx.merge(graphdef, state, copy=True), cache, tokens, t)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(B, W, V) + alive_logp[..., None]
         # 2W candidates: even if W of them end in EOS, W remain to continue.
         cand_logp, flat = jax.lax.top_k(logp.reshape(B, W * V), 2 * W)  # (B, 2W)
@@ -280,7 +304,8 @@ def _greedy_uncached(graphdef, state, source, max_new_tokens):
 
     def step(t, carry):
         buf, done = carry
-        logits = model.decoder(buf[:, :N], enc_out, source_mask, target_mask)  # (B, N, V)
+        decoder = nnx.merge(graphdef, state, copy=True).decoder  # the body's own copy, as above
+        logits = decoder(buf[:, :N], enc_out, source_mask, target_mask)  # (B, N, V)
         token = jnp.where(done, PAD, jnp.argmax(logits[:, t], axis=-1).astype(buf.dtype))
         return buf.at[:, t + 1].set(token), done | (token == EOS)
 

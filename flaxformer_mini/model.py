@@ -7,6 +7,7 @@ target mask (B, 1, T, T) is causal.
 import jax.numpy as jnp
 from flax import nnx
 
+from flaxformer_mini import scanned
 from flaxformer_mini.config import ModelConfig
 from flaxformer_mini.layers import DecoderBlock, TransformerBlock
 from flaxformer_mini.primitives import embedding, linear
@@ -19,20 +20,32 @@ def _positions(B, T):
     return jnp.broadcast_to(jnp.arange(T), (B, T))
 
 
+def _blocks(make_block, num_layers, rngs, scan_layers):
+    """The layer list: one block per layer in an ``nnx.List`` (torch's indices in the paths),
+    or with ``scan_layers`` one stacked block (``scanned.stack``)."""
+    if scan_layers:
+        return scanned.stack(make_block, num_layers, rngs)
+    return nnx.List([make_block(rngs) for _ in range(num_layers)])
+
+
 class Encoder(nnx.Module):
     """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks.
-    ``ffn_dim``: the blocks' feed-forward width F; None keeps the seed's F = D."""
+    ``ffn_dim``: the blocks' feed-forward width F; None keeps the seed's F = D.
+    ``scan_layers``, ``remat``: as in ``Transformer``."""
 
     def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout, *,
-                 ffn_dim=None, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False, remat=False,
+                 rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.num_embeddings = num_embeddings
         self.max_len = max_len
+        self.scan_layers, self.remat = scan_layers, remat
         self.embedding_layer = embedding(num_embeddings, embed_size, **kw)
         self.positional_encoding = embedding(max_len, embed_size, **kw)
-        self.transformer_layers = nnx.List(
-            [TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, **kw) for _ in range(num_layers)]
-        )
+        self.transformer_layers = _blocks(
+            lambda rngs: TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, dtype=dtype,
+                                          param_dtype=param_dtype, rngs=rngs),
+            num_layers, rngs, scan_layers)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, input, mask, *, check_inputs=True):
@@ -41,25 +54,27 @@ class Encoder(nnx.Module):
             check_tokens(input, self.num_embeddings, self.max_len, "source input")
         B, S = input.shape
         out = self.dropout(self.embedding_layer(input) + self.positional_encoding(_positions(B, S)))
-        for block in self.transformer_layers:
-            out = block(out, out, out, mask)
-        return out  # (B, S, D)
+        return scanned.apply(self.transformer_layers, out, lambda block, x: block(x, x, x, mask),
+                             scan=self.scan_layers, remat=self.remat)  # (B, S, D)
 
 
 class Decoder(nnx.Module):
     """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits.
-    ``ffn_dim`` as in Encoder."""
+    ``ffn_dim``, ``scan_layers``, ``remat`` as in Encoder."""
 
     def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *,
-                 ffn_dim=None, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False, remat=False,
+                 rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.target_vocab_size = target_vocab_size
         self.max_len = max_len
+        self.scan_layers, self.remat = scan_layers, remat
         self.embedding_layer = embedding(target_vocab_size, embed_size, **kw)
         self.positional_embedding = embedding(max_len, embed_size, **kw)
-        self.decoder_layers = nnx.List(
-            [DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, **kw) for _ in range(num_layers)]
-        )
+        self.decoder_layers = _blocks(
+            lambda rngs: DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, dtype=dtype,
+                                      param_dtype=param_dtype, rngs=rngs),
+            num_layers, rngs, scan_layers)
         self.fc = linear(embed_size, target_vocab_size, **kw)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
@@ -68,8 +83,9 @@ class Decoder(nnx.Module):
             check_tokens(input, self.target_vocab_size, self.max_len, "target input")
         B, T = input.shape
         x = self.dropout(self.embedding_layer(input) + self.positional_embedding(_positions(B, T)))
-        for layer in self.decoder_layers:
-            x = layer(x, enc_out, enc_out, source_mask, target_mask)
+        x = scanned.apply(self.decoder_layers, x,
+                          lambda layer, x: layer(x, enc_out, enc_out, source_mask, target_mask),
+                          scan=self.scan_layers, remat=self.remat)
         # Logits, no softmax: the loss applies log-softmax itself.
         return self.fc(x)  # (B, T, V)
 
@@ -81,21 +97,32 @@ class Transformer(nnx.Module):
     parameters are stored in; softmax and LayerNorm statistics stay in float32. ``ffn_dim``
     is the feed-forward width F of every block; None keeps the seed's F = D (the paper's base
     model has D = 512, F = 2048).
+
+    ``scan_layers=True`` holds each side's blocks as one stacked block run by ``nnx.scan``
+    (compile time flat in depth; parameter paths without the layer index, a leading L axis
+    instead: ``flaxformer_mini/scanned.py``). ``remat=True`` recomputes each block's
+    activations in the backward pass (``nnx.remat``) instead of keeping them. Both default to
+    off: the seed's model, paths and initial values.
     """
 
     def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads,
-                 num_layers, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 num_layers, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False,
+                 remat=False, rngs: nnx.Rngs):
         # Validates the arguments (divisible heads, pad id inside the vocabulary, ...).
         self.config = ModelConfig(src_pad_idx, source_vocab_size, target_vocab_size, max_len,
                                   embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
         self.src_pad_idx = src_pad_idx
-        kw = dict(ffn_dim=ffn_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.scan_layers, self.remat = scan_layers, remat
+        kw = dict(ffn_dim=ffn_dim, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
+                  rngs=rngs)
         self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
         self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
 
     @classmethod
-    def from_config(cls, config: ModelConfig, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        return cls(**config.to_dict(), dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    def from_config(cls, config: ModelConfig, *, dtype=None, param_dtype=jnp.float32, scan_layers=False,
+                    remat=False, rngs: nnx.Rngs):
+        return cls(**config.to_dict(), dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
+                   rngs=rngs)
 
     def create_source_mask(self, source_input):
         return (source_input != self.src_pad_idx)[:, None, None, :]  # (B, 1, 1, S)

@@ -24,7 +24,6 @@ from flax import nnx
 
 from flaxformer_mini import checkpoint, distributed, tokenizers
 from flaxformer_mini.data import Batch, SyntheticTask, TextPairs, Vocab, read_tsv
-from flaxformer_mini.model import Transformer
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
 from flaxformer_mini.run_dir import RunDir
 from flaxformer_mini.training import Trainer
@@ -214,9 +213,7 @@ class Run:
 
     @functools.cached_property
     def trainer(self):
-        model = Transformer.from_config(self.config.model, dtype=self.config.compute_dtype,
-                                        rngs=nnx.Rngs(self.config.train.seed))
-        return Trainer(model, self.config.train)
+        return Trainer(self.config.build_model(nnx.Rngs(self.config.train.seed)), self.config.train)
 
     def checkpoints(self, max_to_keep=3):
         return checkpoint.open_manager(self.dir.checkpoints.absolute(), max_to_keep=max_to_keep)

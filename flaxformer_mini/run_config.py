@@ -74,8 +74,17 @@ class RunConfig:
     # accumulation over `accumulate` micro-batches per optimizer update.
     max_tokens: int | None = None
     accumulate: int = 1
+    # How the model is laid out and differentiated (flaxformer_mini/scanned.py): each side's
+    # blocks as one stacked block run by nnx.scan (checkpoints then hold stacked parameters),
+    # and activations recomputed in the backward pass. Runs written before these fields load
+    # with False, False: the layout of their checkpoints.
+    scan_layers: bool = False
+    remat: bool = False
 
     def __post_init__(self):
+        for name in ("scan_layers", "remat"):
+            if not isinstance(getattr(self, name), bool):
+                raise RunConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.dtype not in DTYPES:
             raise RunConfigError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.batch_size < 1:
@@ -88,6 +97,13 @@ class RunConfig:
     @property
     def compute_dtype(self):
         return COMPUTE_DTYPES[self.dtype]
+
+    def build_model(self, rngs):
+        """The run's Flax model: its ModelConfig, compute dtype and layer layout."""
+        from flaxformer_mini.model import Transformer
+
+        return Transformer.from_config(self.model, dtype=self.compute_dtype, scan_layers=self.scan_layers,
+                                       remat=self.remat, rngs=rngs)
 
     def to_dict(self):
         return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
@@ -110,6 +126,8 @@ class RunConfig:
                 dtype=d["dtype"],
                 max_tokens=d.get("max_tokens"),
                 accumulate=d.get("accumulate", 1),
+                scan_layers=d.get("scan_layers", False),
+                remat=d.get("remat", False),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise RunConfigError(f"{source}: malformed run config: {e}") from None
@@ -137,6 +155,8 @@ class TrainOptions:
     seed: int = 0
     max_tokens: int | None = None
     accumulate: int = 1
+    scan_layers: bool = False
+    remat: bool = False
 
 
 def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None, **sizes):
@@ -171,4 +191,4 @@ def resolve_config(options: TrainOptions, data: DataConfig, source_vocab_size, t
                              num_layers=options.num_layers, ffn_dim=options.ffn_dim)
     return RunConfig(model=model, train=train_config_for(options, model.embed_size), data=data,
                      batch_size=options.batch_size, dtype=options.dtype, max_tokens=options.max_tokens,
-                     accumulate=options.accumulate)
+                     accumulate=options.accumulate, scan_layers=options.scan_layers, remat=options.remat)

@@ -162,6 +162,13 @@ def _loss(model, batch, label_smoothing):
     return loss, (count, correct_tokens(logits, batch.target_out))
 
 
+def reseed_dropout(model, key):
+    """Reset every dropout stream from ``key``. A scalar stream gets the key as nnx.reseed
+    gives it (the unscanned model's draws are unchanged); a stacked one (scanned layers, one
+    key per layer) gets ``key`` split to its shape, so layers keep distinct masks."""
+    nnx.reseed(model, policy="match_shape", default=key, dropout=key)
+
+
 def train_step(state: TrainState, batch):
     """One optimizer update: ``(state, batch) -> (state, metrics)``, pure. Jit it (the
     ``Trainer`` does, donating the state); ``check_batch`` the batch on the host first."""
@@ -169,7 +176,7 @@ def train_step(state: TrainState, batch):
     # Dropout keys from (seed, step) alone. Tag "default" when the model was built with
     # nnx.Rngs(seed), "dropout" when it has a dropout stream; reseed ignores absent tags.
     key = jax.random.fold_in(jax.random.key(state.config.seed), state.step)
-    nnx.reseed(model, default=key, dropout=key)
+    reseed_dropout(model, key)
     # nnx.value_and_grad differentiates the Params and lets dropout advance its RNG
     # counters inside the trace (jax.grad over merged state cannot mutate them).
     grad_fn = nnx.value_and_grad(_loss, has_aux=True)
@@ -218,7 +225,7 @@ def accumulated_train_step(state: TrainState, batches):
         j, batch = inputs
         model = nnx.merge(state.graphdef, params, other)
         key = jax.random.fold_in(base, j)
-        nnx.reseed(model, default=key, dropout=key)
+        reseed_dropout(model, key)
         (total, (count, correct)), grads = grad_fn(model, batch, state.config.label_smoothing)
         grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
         _, params, other = nnx.split(model, nnx.Param, ...)

@@ -41,13 +41,15 @@ class ParamLink:
     flax_path: str  # 'encoder/transformer_layers/0/attention/W_q/kernel'
     rule: Rule
     torch_shape: tuple
-    flax_shape: tuple
+    flax_shape: tuple  # of the slice ``layer``, for a stacked variable
+    layer: int | None = None  # scanned layers: the slice of the stacked Flax variable's axis 0
 
 
 def param_links(model, rules=None):
     """A ``ParamLink`` for every variable of the Flax model ``model`` (which may be abstract,
-    from ``nnx.eval_shape``), in the model's order; ``rule.op_names`` says the layout change."""
-    return [ParamLink(link.torch_key, link.flax_path, link.rule, link.torch_shape, link.flax_shape)
+    from ``nnx.eval_shape``), in the model's order; ``rule.op_names`` says the layout change.
+    A stacked variable (scanned layers) has one ParamLink per layer."""
+    return [ParamLink(link.torch_key, link.flax_path, link.rule, link.torch_shape, link.flax_shape, link.layer)
             for link in _plan(model, rules).links if link.flax_path is not None]
 
 

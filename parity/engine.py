@@ -6,6 +6,11 @@ batch statistics): its Flax path, the torch key it comes from and that key's tor
 Keys are never guessed from names or shapes. A variable no rule covers is refused, naming the
 variable and its layer type.
 
+A stacked block (scanned layers: one module whose variables carry a leading layer axis L,
+declared in ``parity.rules.STACKS``) yields L Links per variable, one per layer: Link i names
+torch's ``….{i}.…`` key and slice i of the Flax variable (``layer=i``, ``flax_shape`` the
+slice's shape). The plan lists them layer by layer, as torch's state dict does.
+
 ``to_flax(plan, arrays)`` / ``to_torch(plan, arrays)`` move numpy arrays between the two
 layouts (every dtype bit for bit: no JAX, which would narrow float64), for arrays in memory and
 files alike; ``check_torch`` is the one strict checker of a torch-keyed mapping. No torch here.
@@ -51,8 +56,15 @@ class Link:
     flax_path: str | None  # 'encoder/transformer_layers/0/attention/W_q/kernel'; None: torch-only buffer
     rule: _rules.Rule
     layer_type: type
-    flax_shape: tuple
+    flax_shape: tuple  # of this Link's slice, for a stacked variable
     flax_dtype: object
+    layer: int | None = None  # a stacked variable's slice along axis 0; None: the whole variable
+    depth: int | None = None  # a stacked variable's number of layers L
+
+    @property
+    def variable_shape(self):
+        """The Flax variable's shape: the stacked (L, *flax_shape) for a layer's slice."""
+        return self.flax_shape if self.layer is None else (self.depth, *self.flax_shape)
 
     @property
     def torch_shape(self):
@@ -134,25 +146,32 @@ def _value(var):
     return var.get_value() if hasattr(var, "get_value") else var.value
 
 
-def plan(model, rules=None):
-    """The conversion plan of the Flax ``model`` under ``rules`` (default: ``parity.RULES``)."""
+def plan(model, rules=None, stacks=None):
+    """The conversion plan of the Flax ``model`` under ``rules`` (default: ``parity.RULES``)
+    and ``stacks`` (default: ``parity.rules.STACKS``)."""
     rules = _rules.RULES if rules is None else rules
-    out, covered = Plan(), set()
     modules = {tuple(path): module for path, module in nnx.iter_modules(model)}
+    depths = _stacked_depths(modules, _rules.STACKS if stacks is None else stacks)
+    entries, covered = [], set()  # entries: (order, torch key, Link)
     # A rule naming a sublayer's variable ("query/kernel") covers that sublayer: it is not
     # looked up on its own (MultiHeadAttention's LinearGenerals).
     owners = [path for path, module in modules.items()
               if any(r.flax_name and "/" in r.flax_name for r in rules.get(type(module), ()))]
+    index = {path: i for i, path in enumerate(modules)}
     for path, module in modules.items():
         if any(len(path) > len(o) and path[:len(o)] == o for o in owners):
             continue
         layer_rules = rules.get(type(module))
         if layer_rules is None:
             continue
-        for rule in layer_rules:
-            key = ".".join(map(str, (*path, rule.torch_name)))
+        root = next((r for r in depths if path[:len(r)] == r), None)
+        for r, rule in enumerate(layer_rules):
             if rule.flax_name is None:
-                out.setdefault(key, []).append(Link(key, None, rule, type(module), (), None))
+                if root is not None:
+                    raise ConversionError(f"{'/'.join(map(str, path))}: a torch-only buffer ({rule.torch_name!r}) "
+                                          f"inside a stacked block is not supported")
+                key = ".".join(map(str, (*path, rule.torch_name)))
+                entries.append(((index[path], 0, index[path], r), key, Link(key, None, rule, type(module), (), None)))
                 continue
             var = module
             for name in rule.flax_name.split("/"):
@@ -161,8 +180,22 @@ def plan(model, rules=None):
                 continue
             value = _value(var)
             flax_path = "/".join(map(str, (*path, rule.flax_name)))
-            out.setdefault(key, []).append(Link(key, flax_path, rule, type(module), tuple(value.shape), value.dtype))
             covered.add(flax_path)
+            if root is None:
+                key = ".".join(map(str, (*path, rule.torch_name)))
+                link = Link(key, flax_path, rule, type(module), tuple(value.shape), value.dtype)
+                entries.append(((index[path], 0, index[path], r), key, link))
+                continue
+            # Layer i of a stacked block: torch's index goes right after the list's name, and
+            # the entries sort layer by layer (all of layer 0, then layer 1, ...), as torch's.
+            L, inner = depths[root], path[len(root):]
+            for i in range(L):
+                key = ".".join(map(str, (*root, i, *inner, rule.torch_name)))
+                link = Link(key, flax_path, rule, type(module), tuple(value.shape[1:]), value.dtype, layer=i, depth=L)
+                entries.append(((index[root], i, index[path], r), key, link))
+    out = Plan()
+    for _, key, link in sorted(entries, key=lambda e: e[0]):
+        out.setdefault(key, []).append(link)
     for key, links in out.items():
         links.sort(key=lambda link: link.rule.part or (0, 1))
     uncovered = []
@@ -179,21 +212,49 @@ def plan(model, rules=None):
     return out
 
 
+def _stacked_depths(modules, stacks):
+    """{path of a stacked block: its number of layers L}, for each layer list that ``stacks``
+    declares and the model holds as one module rather than an ``nnx.List``. L is the leading
+    axis every variable of the block shares; a block whose variables disagree is refused."""
+    depths = {}
+    for path, module in modules.items():
+        for name in stacks.get(type(module), ()):
+            block = getattr(module, name, None)
+            if not isinstance(block, nnx.Module) or isinstance(block, nnx.List):
+                continue
+            leading = {np.shape(_value(var))[0] if np.ndim(_value(var)) else None
+                       for _, var in nnx.to_flat_state(nnx.state(block, _VARIABLES))}
+            root = (*path, name)
+            if len(leading) != 1 or None in leading:
+                raise ConversionError(
+                    f"{'/'.join(map(str, root))} should be a stacked block (layer axis first on every variable), "
+                    f"but its variables' leading axes are {sorted(leading, key=str)}")
+            depths[root] = leading.pop()
+    return depths
+
+
 def _type_names(types):
     names = [t.__name__ for t in types]
     return [f"{t.__module__}.{t.__name__}" if names.count(t.__name__) > 1 else t.__name__ for t in types]
 
 
 def to_flax(the_plan, arrays):
-    """{Flax path: numpy array, Flax layout} from checked {torch key: numpy array}."""
-    out = {}
+    """{Flax path: numpy array, Flax layout} from checked {torch key: numpy array}; a stacked
+    variable's layers are stacked along axis 0."""
+    out, layers = {}, defaultdict(dict)
     for key, links in the_plan.items():
         if links[0].flax_path is None:
             continue  # a torch-only buffer, dropped by its rule
         chunks = _split(arrays[key], links)
         for link, chunk in zip(links, chunks):
-            if link.flax_path is not None:
+            if link.flax_path is None:
+                continue
+            if link.layer is None:
                 out[link.flax_path] = array_to_flax(link, chunk)
+            else:
+                layers[link.flax_path][link.layer] = array_to_flax(link, chunk)
+    for path, by_layer in layers.items():
+        out[path] = np.stack([by_layer[i] for i in range(len(by_layer))])
     return out
 
 
@@ -204,9 +265,13 @@ def to_torch(the_plan, arrays):
         if links[0].flax_path is None:
             out[key] = np.array(links[0].rule.torch_default, dtype=np.int64)
             continue
-        parts = [array_to_torch(link, arrays[link.flax_path]) for link in links]
+        parts = [array_to_torch(link, _slice(link, arrays[link.flax_path])) for link in links]
         out[key] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
     return out
+
+
+def _slice(link, array):
+    return array if link.layer is None else np.asarray(array)[link.layer]
 
 
 def _split(array, links):
@@ -315,8 +380,8 @@ def check_flax(the_plan, params, what):
     expected = {link.flax_path: link for link in links}
     missing = [p for p in expected if p not in params]
     unexpected = [p for p in params if p not in expected]
-    mismatched = {p: (tuple(np.shape(params[p])), link.flax_shape) for p, link in expected.items()
-                  if p in params and tuple(np.shape(params[p])) != link.flax_shape}
+    mismatched = {p: (tuple(np.shape(params[p])), link.variable_shape) for p, link in expected.items()
+                  if p in params and tuple(np.shape(params[p])) != link.variable_shape}
     if missing or unexpected or mismatched:
         lines = [f"Flax parameters do not fit {what}:"]
         lines += [f"  missing parameter {p!r}" for p in missing]

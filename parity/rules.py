@@ -13,13 +13,20 @@ the torch shape a Flax variable expects by running them backward on the Flax sha
   tensor (``nn.MultiheadAttention.in_proj_weight`` = [q; k; v]); Flax -> torch concatenates.
 
 Users extend the table without editing the package: ``parity.register_rule(MyLayer, Rule(...), ...)``.
+
+``STACKS`` is the second table: which layer lists a module may hold as one stacked block
+(scanned layers, ``flaxformer_mini/scanned.py``). There torch's ``encoder.transformer_layers.{i}.…``
+is slice i of axis 0 of the stacked Flax variable ``encoder/transformer_layers/…``; the engine
+stacks on load and slices on save, and each slice then goes through its layer's rules as any
+other variable. A list held as an ``nnx.List`` (the default model) has its indices in the
+paths already and needs nothing. ``parity.register_stack`` adds a container type.
 """
 
 import dataclasses
 
 from flax import nnx
 
-from flaxformer_mini import primitives
+from flaxformer_mini import model, primitives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +106,26 @@ RULES = {
                     Rule("num_batches_tracked", None, torch_default=0)),
     nnx.MultiHeadAttention: _attention_rules(),
 }
+
+
+# {container type: attribute names of its layer lists that may be stacked}: both lists of the
+# seq2seq Transformer, stacked by Encoder/Decoder(scan_layers=True).
+STACKS = {
+    model.Encoder: ("transformer_layers",),
+    model.Decoder: ("decoder_layers",),
+}
+
+
+def register_stack(container_type, *names, table=None):
+    """Teach the converter that ``container_type``'s attributes ``names`` may each be one
+    stacked block (leading layer axis) standing for torch's list ``{name}.0``, ``{name}.1``, ...
+    Replaces any names the type had."""
+    if not isinstance(container_type, type):
+        raise TypeError(f"register_stack needs a Flax module type (a class), got {container_type!r}")
+    if not names or not all(isinstance(n, str) and n and "." not in n and "/" not in n for n in names):
+        raise TypeError(f"register_stack({container_type.__name__}, ...) needs attribute names, got {names!r}")
+    (STACKS if table is None else table)[container_type] = tuple(names)
+    return container_type
 
 
 def register_rule(layer_type, *rules, table=None):

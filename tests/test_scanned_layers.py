@@ -1,0 +1,279 @@
+"""Scanned layers (``scan_layers=True``) and rematerialisation (``remat=True``).
+
+Properties checked:
+- a scanned model's parameters are the per-layer ones stacked along a leading axis L, under the
+  list's path without the index, and ``parity`` reads and writes them under torch's per-layer
+  keys: torch -> scanned Flax -> torch is bit-exact, and a missing or extra layer key is named;
+- with the same weights, a scanned model computes the unscanned model's logits and gradients,
+  and torch_ref's, within the parity policy's 1e-5; remat changes neither;
+- training steps (dropout 0) give the unscanned model's losses; with dropout, each layer draws
+  its own masks;
+- cached greedy and beam decoding give the unscanned model's tokens;
+- the train state (stacked parameters) saves and restores through orbax;
+- ``flaxformer-mini train --scan-layers --remat`` records both in the run, ``evaluate`` and
+  ``generate`` load it, and resuming with another layout is refused (exit 2).
+
+Sizes: the tiny preset with 3 layers (odd and distinct from every other axis: D=30, H=5,
+vocabularies 23/19), so a stacked axis in the wrong place changes a shape.
+"""
+
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import flaxformer_mini as fm
+from flaxformer_mini import checkpoint, decoding
+from flaxformer_mini.data import EOS, Batch
+from flaxformer_mini.run_config import DataConfig, RunConfig
+from flaxformer_mini.training import Trainer, TrainConfig, token_cross_entropy
+from parity import ConversionError, flax_to_torch, sample_batch, torch_to_flax, transformer_pair
+from parity.gradients import gradient_rows
+
+from conftest import ATOL, assert_close
+from test_train_cli import TINY_RUN, cli
+
+CONFIG = fm.get_preset("tiny").replace(num_layers=3, dropout=0.0)
+L = CONFIG.num_layers
+
+
+def scanned_model(config=CONFIG, seed=5, **kwargs):
+    return fm.Transformer.from_config(config, scan_layers=True, rngs=nnx.Rngs(seed), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """(torch_ref model, unscanned Flax twin, scanned Flax twin): the same weights, eval mode."""
+    torch_model, flat = transformer_pair(CONFIG, seed=2)
+    stacked = scanned_model()
+    torch_to_flax(torch_model.state_dict(), stacked)
+    stacked.eval()
+    return torch_model, flat, stacked
+
+
+def _logits(model, source, target):
+    graphdef, state = nnx.split(model)
+    return jax.jit(lambda s, a, b: nnx.merge(graphdef, s)(a, b))(state, source, target)
+
+
+# --- layout and conversion --------------------------------------------------------------
+
+
+def test_scanned_parameters_are_the_layers_stacked_under_the_list_path():
+    params = nnx.to_flat_state(nnx.state(scanned_model(), nnx.Param))
+    shapes = {"/".join(map(str, path)): tuple(v.get_value().shape) for path, v in params}
+    D, F = CONFIG.embed_size, CONFIG.feed_forward_width
+    assert shapes["encoder/transformer_layers/attention/W_q/kernel"] == (L, D, D)
+    assert shapes["encoder/transformer_layers/fc/0/kernel"] == (L, D, F)
+    assert shapes["decoder/decoder_layers/transformer_block/norm2/scale"] == (L, D)
+    assert shapes["decoder/fc/kernel"] == (D, CONFIG.target_vocab_size)  # outside the stack: unchanged
+    assert not any("/0/" in p and "fc/0" not in p for p in shapes), "a layer index left in a stacked path"
+
+
+def test_default_model_keeps_its_per_layer_paths_and_initial_values():
+    # The options default to off: the same paths (torch's indices) and the same RNG draws.
+    a = fm.Transformer.from_config(CONFIG, rngs=nnx.Rngs(0))
+    b = fm.Transformer.from_config(CONFIG, scan_layers=False, remat=False, rngs=nnx.Rngs(0))
+    chex.assert_trees_all_equal(nnx.state(a, nnx.Param), nnx.state(b, nnx.Param))
+    assert nnx.state(a, nnx.Param)["encoder"]["transformer_layers"][2]["norm1"]["scale"].get_value().shape == (30,)
+
+
+def test_each_layer_of_a_scanned_model_starts_from_its_own_values():
+    kernel = nnx.state(scanned_model(), nnx.Param)["encoder"]["transformer_layers"]["attention"]["W_q"]["kernel"]
+    k = np.asarray(kernel.get_value())
+    assert not np.array_equal(k[0], k[1]) and not np.array_equal(k[1], k[2])
+
+
+def test_torch_to_scanned_flax_to_torch_is_bit_exact_with_torchs_own_keys():
+    torch.manual_seed(4)
+    torch_model = fm_torch(CONFIG)
+    state_dict = torch_model.state_dict()
+    model = torch_to_flax(state_dict, scanned_model())
+    back = flax_to_torch(model)
+    flat = flax_to_torch(torch_to_flax(state_dict, fm.Transformer.from_config(CONFIG, rngs=nnx.Rngs(0))))
+    assert list(back) == list(flat)  # torch's keys, in the unscanned model's order (layer by layer)
+    assert set(back) == set(state_dict)
+    for key, tensor in state_dict.items():
+        assert torch.equal(back[key], tensor), key
+    fm_torch(CONFIG).load_state_dict(back, strict=True)
+
+
+def fm_torch(config):
+    import torch_ref
+
+    return torch_ref.Transformer(**config.to_dict())
+
+
+def test_missing_and_extra_layer_keys_are_named_and_nothing_is_loaded():
+    state_dict = dict(fm_torch(CONFIG).state_dict())
+    missing = "encoder.transformer_layers.1.norm1.weight"
+    extra = f"decoder.decoder_layers.{L}.norm.bias"
+    del state_dict[missing]
+    state_dict[extra] = torch.zeros(CONFIG.embed_size)
+    model = scanned_model()
+    before = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+    with pytest.raises(ConversionError) as e:
+        torch_to_flax(state_dict, model)
+    assert e.value.missing == [missing] and e.value.unexpected == [extra]
+    assert missing in str(e.value) and extra in str(e.value)
+    chex.assert_trees_all_equal(jax.tree.map(np.asarray, nnx.state(model, nnx.Param)), before)
+
+
+def test_a_state_dict_of_another_depth_is_refused_naming_the_depths():
+    state_dict = fm_torch(CONFIG.replace(num_layers=L + 1)).state_dict()
+    with pytest.raises(ConversionError, match=f"encoder.transformer_layers has {L + 1} layers in the checkpoint, {L}"):
+        torch_to_flax(state_dict, scanned_model())
+
+
+# --- forward and gradients --------------------------------------------------------------
+
+
+def test_scanned_logits_equal_unscanned_and_torch_within_the_parity_tolerance(pair):
+    torch_model, flat, stacked = pair
+    source, target = sample_batch(CONFIG, batch=4, seed=3)
+    want = np.asarray(_logits(flat, source, target))
+    got = np.asarray(_logits(stacked, source, target))
+    # Not bit-exact: XLA fuses the scan's body differently from the unrolled layers
+    # (measured: max |difference| ~1e-7 on this config).
+    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    with torch.no_grad():
+        assert_close(got, torch_model(torch.from_numpy(source), torch.from_numpy(target)))
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["scan", "scan+remat"])
+def test_scanned_gradients_equal_torch_refs_parameter_by_parameter(pair, remat):
+    torch_model, _, stacked = pair
+    model = stacked
+    if remat:
+        model = scanned_model(remat=True)
+        torch_to_flax(torch_model.state_dict(), model)
+        model.eval()
+    source, target = sample_batch(CONFIG, batch=3, seed=4)
+    rows = gradient_rows(torch_model, model, source, target, ATOL)
+    assert len(rows) == 1 + len(torch_model.state_dict())  # the loss, then every parameter
+    bad = [(r.name, r.max_abs) for r in rows if not r.ok]
+    assert not bad, bad
+
+
+def test_remat_gives_the_same_gradients_as_keeping_activations():
+    # Unscanned (nnx.remat around each block), on one layer to keep the two compilations short.
+    config = CONFIG.replace(num_layers=1)
+    source, target = sample_batch(config, batch=3, seed=5)
+    labels = jnp.asarray(np.roll(target, -1, axis=1))
+
+    def grads(remat):
+        model = fm.Transformer.from_config(config, remat=remat, rngs=nnx.Rngs(0))
+        model.eval()
+        loss = lambda m: token_cross_entropy(m(source, target), labels)[0]  # noqa: E731
+        return nnx.jit(nnx.grad(loss))(model)
+
+    # The recomputed forward is the same XLA code as the kept one: equal to rounding at most.
+    chex.assert_trees_all_close(grads(True), grads(False), atol=1e-7, rtol=0)
+
+
+# --- training -----------------------------------------------------------------------------
+
+
+def _batches(n, config=CONFIG, batch=4):
+    out = []
+    for i in range(n):
+        source, target = sample_batch(config, batch=batch, seed=10 + i)
+        out.append(Batch(source, target[:, :-1], target[:, 1:]))
+    return out
+
+
+def test_train_steps_give_the_unscanned_models_losses():
+    config = CONFIG.replace(num_layers=2)  # two layers: the unscanned step compiles faster
+    torch.manual_seed(6)
+    state_dict = fm_torch(config).state_dict()
+    train = TrainConfig(schedule="constant", learning_rate=1e-3, seed=0)
+    batch = _batches(1, config)[0]
+    losses = {}
+    for scan in (False, True):
+        trainer = Trainer(torch_to_flax(state_dict, fm.Transformer.from_config(config, scan_layers=scan,
+                                                                               rngs=nnx.Rngs(1))), train)
+        state, losses[scan] = trainer.init_state(), []
+        for _ in range(3):  # one batch three times: the loss must fall
+            state, metrics = trainer.step(state, batch)
+            losses[scan].append(float(metrics["loss"]))
+    np.testing.assert_allclose(losses[True], losses[False], rtol=0, atol=ATOL)
+    assert losses[True][2] < losses[True][0]
+
+
+def test_every_layer_of_a_scanned_model_draws_its_own_dropout_masks():
+    # The train step reseeds dropout from (seed, step); a stacked stream gets one key per layer.
+    from flaxformer_mini.training import reseed_dropout
+
+    model = scanned_model(CONFIG.replace(dropout=0.3))
+    reseed_dropout(model, jax.random.key(0))
+    stacks = model.encoder.transformer_layers, model.decoder.decoder_layers.transformer_block
+    for stream in (stack.dropout.rngs for stack in stacks):
+        keys = np.asarray(jax.random.key_data(stream.key.get_value()))
+        assert keys.shape[0] == L and len({k.tobytes() for k in keys}) == L
+    # The embeddings' dropout, outside the stack, keeps one scalar key, as in the unscanned model.
+    assert model.encoder.dropout.rngs.key.get_value().shape == ()
+
+
+# --- decoding and checkpoints ---------------------------------------------------------------
+
+
+def test_cached_greedy_and_beam_decoding_give_the_unscanned_models_tokens(pair):
+    _, flat, stacked = pair
+    source = sample_batch(CONFIG, batch=3, seed=6)[0]
+    N = CONFIG.max_len
+    np.testing.assert_array_equal(decoding.greedy_decode(stacked, source, N), decoding.greedy_decode(flat, source, N))
+    tokens, scores = decoding.beam_search(stacked, source, N, beam_size=3)
+    want_tokens, want_scores = decoding.beam_search(flat, source, N, beam_size=3)
+    np.testing.assert_array_equal(tokens, want_tokens)
+    np.testing.assert_allclose(scores, want_scores, rtol=0, atol=ATOL)
+    assert not np.all(np.asarray(tokens) == EOS)
+
+
+def test_a_scanned_train_state_saves_and_restores(tmp_path):
+    trainer = Trainer(scanned_model(), TrainConfig(schedule="constant", learning_rate=1e-3))
+    state = trainer.init_state().replace(step=jnp.asarray(1, jnp.int32))  # stacked parameters, Adam's moments
+    manager = checkpoint.open_manager(tmp_path / "ckpt")
+    checkpoint.save(manager, state)
+    restored = checkpoint.restore(manager, trainer.init_state())
+    assert int(restored.step) == 1
+    chex.assert_trees_all_equal((restored.params, restored.opt_state), (state.params, state.opt_state))
+    # ...and into an unscanned model's template it does not fit: named, not loaded.
+    flat_trainer = Trainer(fm.Transformer.from_config(CONFIG, rngs=nnx.Rngs(0)), trainer.config)
+    with pytest.raises(checkpoint.CheckpointMismatchError, match=r"holds scanned \(stacked\) layers and the model one"):
+        checkpoint.restore(manager, flat_trainer.init_state())
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def test_train_scan_layers_remat_is_recorded_and_evaluate_generate_load_it(tmp_path):
+    out = tmp_path / "run"
+    args = ["train", *TINY_RUN, "--save-every", "4", "--out", str(out)]
+    proc = cli(*args, "--steps", "4", "--scan-layers", "--remat")
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["scan_layers"] is True and config["remat"] is True
+    ev = cli("evaluate", "--checkpoint", str(out), "--json")
+    assert ev.returncode == 0, ev.stderr
+    assert np.isfinite(json.loads(ev.stdout)["loss"])
+    gen = cli("generate", "--checkpoint", str(out), "3 4 5")
+    assert gen.returncode == 0 and gen.stdout.strip(), gen.stderr
+    # Resuming it with the other layout would restore stacked parameters into per-layer ones.
+    refused = cli(*args, "--steps", "8")
+    assert refused.returncode == 2
+    assert "scan_layers: True in the run, False now" in refused.stderr and "remat: True in the run" in refused.stderr
+
+
+def test_a_run_config_written_before_the_options_loads_with_both_off():
+    config = RunConfig(model=CONFIG, train=TrainConfig(), data=DataConfig(kind="synthetic", task="copy"),
+                       scan_layers=True, remat=True)
+    old = {k: v for k, v in config.to_dict().items() if k not in ("scan_layers", "remat")}
+    loaded = RunConfig.from_dict(json.loads(json.dumps(old)))
+    assert (loaded.scan_layers, loaded.remat) == (False, False)
+    with pytest.raises(ValueError, match="scan_layers must be true or false"):
+        RunConfig.from_dict({**config.to_dict(), "scan_layers": "yes"})
