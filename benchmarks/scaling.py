@@ -12,8 +12,10 @@ over the median (tracing and compiling; for Flax also XLA's compile time alone).
 Paths (``--paths``): torch eager and ``torch.compile``; Flax with per-layer blocks
 (``flax_jit``), with scanned layers (``flax_jit_scan``: one ``nnx.scan`` over stacked blocks,
 so XLA compiles one block whatever the depth) and scanned with rematerialisation
-(``flax_jit_scan_remat``: activations recomputed in the backward pass). Flax rows also give
-XLA's temporary-buffer size (``xla_temp_mb``), the memory remat trades for time.
+(``flax_jit_scan_remat``: activations recomputed in the backward pass; not run unless named,
+e.g. ``--sweeps length --values 256 1024 --paths flax_jit_scan flax_jit_scan_remat``). Flax
+rows also give XLA's temporary-buffer size (``xla_temp_mb``), the memory remat trades for time.
+``--values`` replaces one sweep's points (``--sweeps depth --values 2 6 12 24``).
 
 Sweeps (the base model's width, D=512, 8 heads, unless ``--width``):
 
@@ -52,6 +54,9 @@ FLAX_VARIANTS = {
     "flax_jit_scan": dict(scan_layers=True, remat=False),  # one block body compiled, whatever the depth
     "flax_jit_scan_remat": dict(scan_layers=True, remat=True),  # activations recomputed in the backward pass
 }
+# Without --paths: all but remat, which is for long sequences (--sweeps length --paths
+# flax_jit_scan flax_jit_scan_remat), not for the depth and batch sweeps.
+DEFAULT_PATHS = tuple(v for v in VARIANTS if v != "flax_jit_scan_remat")
 
 
 def point_preset(base, width, backend, seq_len, batch, num_layers):
@@ -94,7 +99,7 @@ def measure_point(preset, variants, reps):
     return rows
 
 
-def run(sweeps, quick=False, width=None, variants=VARIANTS, reps=3, values=None):
+def run(sweeps, quick=False, width=None, variants=DEFAULT_PATHS, reps=3, values=None):
     """``values``: the swept axis's values in place of the sweep's own (one sweep)."""
     base = get_bench_preset("tiny" if quick else "base")
     table = QUICK if quick else SWEEPS
@@ -168,7 +173,8 @@ def plot(rep, path):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweeps", nargs="+", choices=sorted(SWEEPS), default=list(SWEEPS))
-    parser.add_argument("--paths", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--paths", nargs="+", choices=VARIANTS, default=list(DEFAULT_PATHS),
+                        help=f"default: {' '.join(DEFAULT_PATHS)}")
     parser.add_argument("--values", nargs="+", type=int, metavar="N",
                         help="the swept axis's values instead of the sweep's own (one sweep only)")
     parser.add_argument("--reps", type=int, default=3, help="timed steps per point and path (median)")

@@ -162,6 +162,11 @@ class Run:
         checksums = run_dir.vocabulary_checksums(data.vocabs, config.data) if data.vocabs is not None else {}
         asked = config
         resuming, lock, config = run_dir.start_or_resume(config, checksums)
+        if resuming:
+            for name in ("scan_layers", "remat"):
+                if getattr(asked, name) and not getattr(config, name):  # absent from an older config.json
+                    echo(f"note: the run in {out} was written before --{name.replace('_', '-')} existed and "
+                         f"resumes without it, as it was trained")
         if config.data != asked.data:  # a run written before a data setting existed keeps its old one
             data = load_data(config.data, run_dir)
         if data.vocabs is not None and not run_dir.has_vocabularies(config.data):

@@ -22,6 +22,11 @@ Rematerialisation (``remat=True``) wraps each block's forward in ``nnx.remat``
 instead of keeping them, trading about one more forward pass for memory that no longer
 grows with L x (activations of one block).
 
+Like every nnx transform, ``nnx.scan`` refuses Variables made at another trace level: trace a
+scanned model through nnx's own transforms (``nnx.jit``, ``nnx.value_and_grad``), or merge it
+inside the traced function from (graphdef, state) arguments; a state closed over from outside
+a ``jax.grad`` or a loop body needs ``nnx.merge(..., copy=True)`` (decoding.py does this).
+
 Shapes: L layers, and the model's legend (``flaxformer_mini/__init__.py``).
 """
 

@@ -9,7 +9,7 @@ variable and its layer type.
 A stacked block (scanned layers: one module whose variables carry a leading layer axis L,
 declared in ``parity.rules.STACKS``) yields L Links per variable, one per layer: Link i names
 torch's ``….{i}.…`` key and slice i of the Flax variable (``layer=i``, ``flax_shape`` the
-slice's shape). The plan lists them layer by layer, as torch's state dict does.
+slice's shape). The plan lists them layer by layer, in the unscanned model's order.
 
 ``to_flax(plan, arrays)`` / ``to_torch(plan, arrays)`` move numpy arrays between the two
 layouts (every dtype bit for bit: no JAX, which would narrow float64), for arrays in memory and
@@ -187,7 +187,8 @@ def plan(model, rules=None, stacks=None):
                 entries.append(((index[path], 0, index[path], r), key, link))
                 continue
             # Layer i of a stacked block: torch's index goes right after the list's name, and
-            # the entries sort layer by layer (all of layer 0, then layer 1, ...), as torch's.
+            # the entries sort layer by layer (all of layer 0, then layer 1, ...), as the
+            # unscanned model's do.
             L, inner = depths[root], path[len(root):]
             for i in range(L):
                 key = ".".join(map(str, (*root, i, *inner, rule.torch_name)))
@@ -222,8 +223,8 @@ def _stacked_depths(modules, stacks):
             block = getattr(module, name, None)
             if not isinstance(block, nnx.Module) or isinstance(block, nnx.List):
                 continue
-            leading = {np.shape(_value(var))[0] if np.ndim(_value(var)) else None
-                       for _, var in nnx.to_flat_state(nnx.state(block, _VARIABLES))}
+            shapes = [tuple(_value(var).shape) for _, var in nnx.to_flat_state(nnx.state(block, _VARIABLES))]
+            leading = {shape[0] if shape else None for shape in shapes}  # works on abstract (eval_shape) models
             root = (*path, name)
             if len(leading) != 1 or None in leading:
                 raise ConversionError(

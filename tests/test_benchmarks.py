@@ -108,8 +108,9 @@ def test_the_base_preset_is_the_issues():
 
 
 def test_scaling_quick_reports_every_path_at_every_point(tmp_path, capsys):
-    """``python -m benchmarks.scaling --quick`` on one sweep: a row per point and path, with a
-    time, a memory reading and a compile time; the table and the plot are written."""
+    """``python -m benchmarks.scaling --quick`` on one sweep: a row per point and path (the
+    scanned-layers path included), with a time, a memory reading and a compile time; the table
+    and the plot are written."""
     from benchmarks import scaling
 
     out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
@@ -121,9 +122,11 @@ def test_scaling_quick_reports_every_path_at_every_point(tmp_path, capsys):
     rep = json.loads(out.read_text())
     depths = scaling.QUICK["depth"]["values"]
     assert sorted((p["num_layers"], p["variant"]) for p in rep["points"]) == \
-        sorted((d, v) for d in depths for v in scaling.VARIANTS)
+        sorted((d, v) for d in depths for v in scaling.DEFAULT_PATHS)
     for p in rep["points"]:
         assert _positive(p["median_ms"]) and p["peak_mb"] is not None and p["first_call_overhead_s"] >= 0, p
+        if p["variant"].startswith("flax"):
+            assert _positive(p["xla_compile_s"]) and _positive(p["xla_temp_mb"]), p
     assert png.stat().st_size > 0
     table = capsys.readouterr().out
     assert "| num_layers |" in table and all(f"| {d} |" in table for d in depths)

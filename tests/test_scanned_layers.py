@@ -32,7 +32,7 @@ from flaxformer_mini import checkpoint, decoding
 from flaxformer_mini.data import EOS, Batch
 from flaxformer_mini.run_config import DataConfig, RunConfig
 from flaxformer_mini.training import Trainer, TrainConfig, token_cross_entropy
-from parity import ConversionError, flax_to_torch, sample_batch, torch_to_flax, transformer_pair
+from parity import ConversionError, flax_to_torch, sample_batch, torch_key_shapes, torch_to_flax, transformer_pair
 from parity.gradients import gradient_rows
 
 from conftest import ATOL, assert_close
@@ -101,6 +101,9 @@ def test_torch_to_scanned_flax_to_torch_is_bit_exact_with_torchs_own_keys():
     for key, tensor in state_dict.items():
         assert torch.equal(back[key], tensor), key
     fm_torch(CONFIG).load_state_dict(back, strict=True)
+    # The plan of an abstract scanned model (nnx.eval_shape, no arrays) asks for torch's shapes.
+    abstract = nnx.eval_shape(lambda: scanned_model())
+    assert torch_key_shapes(abstract) == {k: tuple(v.shape) for k, v in state_dict.items()}
 
 
 def fm_torch(config):
@@ -128,6 +131,25 @@ def test_a_state_dict_of_another_depth_is_refused_naming_the_depths():
     state_dict = fm_torch(CONFIG.replace(num_layers=L + 1)).state_dict()
     with pytest.raises(ConversionError, match=f"encoder.transformer_layers has {L + 1} layers in the checkpoint, {L}"):
         torch_to_flax(state_dict, scanned_model())
+
+
+def test_stacking_keeps_sharding_names_and_leaves_the_layer_axis_unsharded():
+    # Parameters may carry logical axis names (nnx.with_partitioning); the stack prepends None
+    # (the layer axis is not sharded) and the scan body sees the per-layer names again.
+    from flaxformer_mini import scanned
+
+    init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+    stacked = scanned.stack(lambda rngs: nnx.Linear(3, 5, kernel_init=init, rngs=rngs), L, nnx.Rngs(0))
+    assert stacked.kernel.get_value().shape == (L, 3, 5)
+    assert stacked.kernel.get_metadata()["out_sharding"] == (None, "embed", "mlp")
+    seen = []
+
+    def call(layer, x):
+        seen.append(layer.kernel.get_metadata()["out_sharding"])
+        return x @ layer.kernel[...][:, :3]
+
+    out = scanned.apply(stacked, jnp.ones((2, 3)), call, scan=True, remat=False)
+    assert out.shape == (2, 3) and seen == [("embed", "mlp")]
 
 
 # --- forward and gradients --------------------------------------------------------------
