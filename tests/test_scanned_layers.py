@@ -300,3 +300,24 @@ def test_a_run_config_written_before_the_options_loads_with_both_off():
     assert (loaded.scan_layers, loaded.remat) == (False, False)
     with pytest.raises(ValueError, match="scan_layers must be true or false"):
         RunConfig.from_dict({**config.to_dict(), "scan_layers": "yes"})
+
+
+def test_a_run_written_before_the_options_resumes_with_its_own_layout_and_says_so(tmp_path):
+    import dataclasses
+
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.run_config import model_config_for
+
+    data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5)
+    config = RunConfig(model=model_config_for("tiny", 11, 11, data.model_max_len), train=TrainConfig(), data=data)
+    out = tmp_path / "run"
+    Run.create(out, config).close()
+    stored = json.loads((out / "config.json").read_text())
+    del stored["scan_layers"], stored["remat"]  # as a run written before them
+    (out / "config.json").write_text(json.dumps(stored))
+    notes = []
+    run = Run.create(out, dataclasses.replace(config, scan_layers=True), echo=notes.append)
+    run.close()
+    # Its checkpoints hold one module per layer: it resumes so, and says --scan-layers is not used.
+    assert run.config.scan_layers is False
+    assert any("written before --scan-layers existed and resumes without it" in n for n in notes), notes
