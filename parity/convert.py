@@ -8,6 +8,11 @@ torch key                                   Flax path                           
 encoder.transformer_layers.0.attention.W_q.weight  encoder/transformer_layers/0/attention/W_q/kernel  transpose
 encoder.embedding_layer.weight              encoder/embedding_layer/embedding               copy
 encoder.transformer_layers.0.norm1.weight   encoder/transformer_layers/0/norm1/scale        copy
+
+A scanned model (``Transformer(..., scan_layers=True)``) holds each side's layers stacked: the
+same torch keys then read and write slice i of one variable (``parity.rules.STACKS``):
+
+encoder.transformer_layers.2.norm1.weight   encoder/transformer_layers/norm1/scale[2]       copy
 """
 
 import dataclasses
