@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from flaxformer_mini.partitioning import EMBED, HEADS, KV
 from flaxformer_mini.primitives import linear
 
 # How SelfAttention computes softmax(q k^T / sqrt(K)) v once q, k and v are projected:
@@ -59,10 +60,10 @@ class SelfAttention(nnx.Module):
         self.head_dim = embed_size // heads
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         # Same order as the seed (W_k first), though in Flax the order changes nothing.
-        self.W_k = linear(embed_size, embed_size, **kw)
-        self.W_q = linear(embed_size, embed_size, **kw)
-        self.W_v = linear(embed_size, embed_size, **kw)
-        self.fc = linear(heads * self.head_dim, embed_size, **kw)
+        self.W_k = linear(embed_size, embed_size, axes=(EMBED, HEADS), **kw)
+        self.W_q = linear(embed_size, embed_size, axes=(EMBED, HEADS), **kw)
+        self.W_v = linear(embed_size, embed_size, axes=(EMBED, HEADS), **kw)
+        self.fc = linear(heads * self.head_dim, embed_size, axes=(HEADS, EMBED), **kw)
         self.attention_impl = "einsum"
 
     def __call__(self, query, key, value, mask):
@@ -150,10 +151,10 @@ class MultiHeadAttention(nnx.Module):
         self.d_k = d_model // num_heads
         self.num_heads = num_heads
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.W_q = linear(d_model, d_model, **kw)
-        self.W_k = linear(d_model, d_model, **kw)
-        self.W_v = linear(d_model, d_model, **kw)
-        self.W_o = linear(d_model, d_model, **kw)
+        self.W_q = linear(d_model, d_model, axes=(EMBED, HEADS), **kw)
+        self.W_k = linear(d_model, d_model, axes=(EMBED, HEADS), **kw)
+        self.W_v = linear(d_model, d_model, axes=(EMBED, HEADS), **kw)
+        self.W_o = linear(d_model, d_model, axes=(HEADS, EMBED), **kw)
 
     def __call__(self, Q, K, V, mask=None):
         B = Q.shape[0]
@@ -175,10 +176,10 @@ class PerHeadSelfAttention(nnx.Module):
         self.heads = heads
         self.head_dim = embed_size // heads
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.queries = linear(self.head_dim, self.head_dim, use_bias=False, **kw)
-        self.keys = linear(self.head_dim, self.head_dim, use_bias=False, **kw)
-        self.values = linear(self.head_dim, self.head_dim, use_bias=False, **kw)
-        self.fc_out = linear(heads * self.head_dim, embed_size, **kw)
+        self.queries = linear(self.head_dim, self.head_dim, use_bias=False, axes=(KV, KV), **kw)
+        self.keys = linear(self.head_dim, self.head_dim, use_bias=False, axes=(KV, KV), **kw)
+        self.values = linear(self.head_dim, self.head_dim, use_bias=False, axes=(KV, KV), **kw)
+        self.fc_out = linear(heads * self.head_dim, embed_size, axes=(HEADS, EMBED), **kw)
 
     def __call__(self, query, keys, values, mask):
         B, T, _ = query.shape
@@ -208,10 +209,10 @@ class MultiHeadSelfAttention(nnx.Module):
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
         kw = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.W_Q = linear(d_model, d_model, **kw)
-        self.W_K = linear(d_model, d_model, **kw)
-        self.W_V = linear(d_model, d_model, **kw)
-        self.out_proj = linear(d_model, d_model, **kw)
+        self.W_Q = linear(d_model, d_model, axes=(EMBED, HEADS), **kw)
+        self.W_K = linear(d_model, d_model, axes=(EMBED, HEADS), **kw)
+        self.W_V = linear(d_model, d_model, axes=(EMBED, HEADS), **kw)
+        self.out_proj = linear(d_model, d_model, axes=(HEADS, EMBED), **kw)
 
     def __call__(self, x):
         B, T, _ = x.shape

@@ -46,6 +46,7 @@ def _train(args):
     from flaxformer_mini.fit import fit
     from flaxformer_mini.run import Run
     from flaxformer_mini.run_config import DataConfig, TrainOptions
+    from flaxformer_mini.partitioning import parse_mesh
     from flaxformer_mini.sharding import training_mesh
 
     if args.task:
@@ -69,7 +70,9 @@ def _train(args):
                            label_smoothing=args.label_smoothing, dropout=args.dropout, dtype=args.dtype,
                            seed=args.seed, max_tokens=args.max_tokens, accumulate=args.accumulate,
                            scan_layers=args.scan_layers, remat=args.remat)
-    mesh = training_mesh(args.devices, args.sharding, batch_size)  # before anything is written
+    # Before anything is written: the mesh, and the model's split sizes against it.
+    mesh = training_mesh(args.devices, args.sharding, batch_size, model_sizes=_split_sizes(args),
+                         mesh_shape=None if args.mesh is None else parse_mesh(args.mesh))
     if mesh is not None and (args.max_tokens is not None or args.accumulate > 1):
         raise ValueError(f"--max-tokens and --accumulate run on one device for now; this run has {mesh.size} "
                          f"(--devices 1 in one process)")
@@ -92,6 +95,18 @@ def _train(args):
     if result and distributed.is_main():
         print(json.dumps({"step": args.steps, **result}))
     return EXIT_OK
+
+
+def _split_sizes(args):
+    """The sizes a mesh may split (partitioning.check_divisible): the width D, heads H and
+    feed-forward width F of the model these options build (the preset's, overridden)."""
+    from flaxformer_mini.config import get_preset
+
+    preset = get_preset(args.preset)
+    embed = args.embed_size or preset.embed_size
+    # As model_config_for: an override replaces the preset's value; F = D where neither sets F.
+    ffn = args.ffn_dim or preset.ffn_dim or embed
+    return {"embed": embed, "heads": args.heads or preset.heads, "mlp": ffn}
 
 
 def _identity(args):
@@ -240,10 +255,14 @@ def build_parser():
     t.add_argument("--remat", action="store_true",
                    help="recompute each layer's activations in the backward pass instead of keeping them: less "
                         "memory at long sequences, about one more forward pass of time")
-    t.add_argument("--devices", type=int, default=None,
-                   help="shard each batch over this many devices per process (data parallelism); default: all")
+    layout = t.add_mutually_exclusive_group()
+    layout.add_argument("--devices", type=int, default=None,
+                        help="shard each batch over this many devices per process (data parallelism); default: all")
+    layout.add_argument("--mesh", metavar="data=D,model=M", default=None,
+                        help="a 2-D mesh of all D x M devices: batches split over data, attention heads and "
+                             "feed-forward units over model (tensor parallelism)")
     t.add_argument("--sharding", choices=("replicated", "fsdp"), default="replicated",
-                   help="with --devices > 1: replicate parameters, or shard them FSDP-style")
+                   help="over the data axis: replicate parameters, or shard them FSDP-style (along the width D)")
     t.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seeds initialisation, data and dropout")
     t.add_argument("--vocab-size", type=int, default=None,
                    help=f"synthetic: token ids, 4 special ones included (default {SYNTHETIC_VOCAB_SIZE}); text: the "

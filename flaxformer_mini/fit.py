@@ -19,6 +19,7 @@ import numpy as np
 from flaxformer_mini import checkpoint, distributed
 from flaxformer_mini.data import PAD
 from flaxformer_mini.evaluation import evaluate
+from flaxformer_mini.partitioning import format_mesh
 from flaxformer_mini.plot import plot_metrics
 from flaxformer_mini.run import Run
 from flaxformer_mini.sharding import process_local_rows, shard_batch, shard_state, to_local
@@ -32,8 +33,9 @@ class NonFiniteLossError(RuntimeError):
 def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to_keep=3, progress=True,
         mesh=None, sharding="replicated", echo=print):
     """Train ``run`` up to ``steps`` updates, resuming from its latest checkpoint if it has
-    one. With a ``mesh`` (``sharding.training_mesh``) each batch is split over its devices
-    and the state laid out by ``sharding`` ('replicated' or 'fsdp'). Returns the last
+    one. With a ``mesh`` (``sharding.training_mesh``) each batch is split over its 'data'
+    axis and the state laid out by ``sharding`` ('replicated' or 'fsdp'; tensor parallel too
+    on a mesh with a 'model' axis: ``partitioning.LOGICAL_AXIS_RULES``). Returns the last
     evaluation's metrics. Closes ``run`` (its lock) when done."""
     try:
         return _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo)
@@ -55,8 +57,11 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     if start:
         echo(f"resuming {run.path} from step {start}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
+    # The mesh is said here, not stored in config.json: a run may resume under another mesh
+    # (checkpoints hold whole arrays; orbax restores them into the new mesh's layout).
     echo(f"model: {n_params:,} parameters, {run.config.dtype}, on {1 if mesh is None else mesh.size} "
-         f"{jax.devices()[0].platform} device(s)" + (f", {sharding} sharding" if mesh is not None else ""))
+         f"{jax.devices()[0].platform} device(s)"
+         + (f", mesh {format_mesh(mesh)}, {sharding} sharding" if mesh is not None else ""))
 
     trainer, eval_batches = run.trainer, run.eval_batches(limit=run.config.data.eval_pairs)
     if run.describe_evaluation():

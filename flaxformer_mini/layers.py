@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flaxformer_mini.attention import SelfAttention
+from flaxformer_mini.partitioning import EMBED, LENGTH, MLP
 from flaxformer_mini.primitives import ReLU, embedding, layer_norm, linear, sequential
 
 
@@ -20,10 +21,11 @@ class TransformerBlock(nnx.Module):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         F = embed_size if ffn_dim is None else ffn_dim
         self.attention = SelfAttention(embed_size, heads, **kw)
-        self.norm1 = layer_norm(embed_size, **kw)
-        self.norm2 = layer_norm(embed_size, **kw)
+        self.norm1 = layer_norm(embed_size, axes=(EMBED,), **kw)
+        self.norm2 = layer_norm(embed_size, axes=(EMBED,), **kw)
         # nnx.List keeps torch's nn.Sequential indices in the parameter paths: fc/0, fc/2.
-        self.fc = nnx.List([linear(embed_size, F, **kw), ReLU(), linear(F, embed_size, **kw)])
+        self.fc = nnx.List([linear(embed_size, F, axes=(EMBED, MLP), **kw), ReLU(),
+                            linear(F, embed_size, axes=(MLP, EMBED), **kw)])
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, query, key, value, mask):
@@ -48,7 +50,7 @@ class DecoderBlock(nnx.Module):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.attention = SelfAttention(embed_size, heads, **kw)
         self.transformer_block = TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, **kw)
-        self.norm = layer_norm(embed_size, **kw)
+        self.norm = layer_norm(embed_size, axes=(EMBED,), **kw)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, input, key, value, source_mask, target_mask):
@@ -71,7 +73,8 @@ class LearnedPositionalEncoding(nnx.Module):
 
     def __init__(self, d_model, max_len=512, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.max_len = max_len
-        self.pos_embedding = embedding(max_len, d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.pos_embedding = embedding(max_len, d_model, axes=(LENGTH, EMBED), dtype=dtype, param_dtype=param_dtype,
+                                       rngs=rngs)
 
     def __call__(self, x):
         T = x.shape[1]
@@ -86,9 +89,9 @@ class FeedForward(nnx.Module):
 
     def __init__(self, d_model=4, hidden_dim=8, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.linear1 = linear(d_model, hidden_dim, **kw)
+        self.linear1 = linear(d_model, hidden_dim, axes=(EMBED, MLP), **kw)
         self.relu = ReLU()
-        self.linear2 = linear(hidden_dim, d_model, **kw)
+        self.linear2 = linear(hidden_dim, d_model, axes=(MLP, EMBED), **kw)
 
     def __call__(self, x):
         return self.linear2(self.relu(self.linear1(x)))

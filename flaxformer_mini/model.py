@@ -10,6 +10,7 @@ from flax import nnx
 from flaxformer_mini import scanned
 from flaxformer_mini.config import ModelConfig
 from flaxformer_mini.layers import DecoderBlock, TransformerBlock
+from flaxformer_mini.partitioning import EMBED, LENGTH, VOCAB
 from flaxformer_mini.primitives import embedding, linear
 from flaxformer_mini.validation import check_same_batch, check_tokens
 
@@ -40,8 +41,8 @@ class Encoder(nnx.Module):
         self.num_embeddings = num_embeddings
         self.max_len = max_len
         self.scan_layers, self.remat = scan_layers, remat
-        self.embedding_layer = embedding(num_embeddings, embed_size, **kw)
-        self.positional_encoding = embedding(max_len, embed_size, **kw)
+        self.embedding_layer = embedding(num_embeddings, embed_size, axes=(VOCAB, EMBED), **kw)
+        self.positional_encoding = embedding(max_len, embed_size, axes=(LENGTH, EMBED), **kw)
         self.transformer_layers = _blocks(
             lambda rngs: TransformerBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, dtype=dtype,
                                           param_dtype=param_dtype, rngs=rngs),
@@ -69,13 +70,13 @@ class Decoder(nnx.Module):
         self.target_vocab_size = target_vocab_size
         self.max_len = max_len
         self.scan_layers, self.remat = scan_layers, remat
-        self.embedding_layer = embedding(target_vocab_size, embed_size, **kw)
-        self.positional_embedding = embedding(max_len, embed_size, **kw)
+        self.embedding_layer = embedding(target_vocab_size, embed_size, axes=(VOCAB, EMBED), **kw)
+        self.positional_embedding = embedding(max_len, embed_size, axes=(LENGTH, EMBED), **kw)
         self.decoder_layers = _blocks(
             lambda rngs: DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, dtype=dtype,
                                       param_dtype=param_dtype, rngs=rngs),
             num_layers, rngs, scan_layers)
-        self.fc = linear(embed_size, target_vocab_size, **kw)
+        self.fc = linear(embed_size, target_vocab_size, axes=(EMBED, VOCAB), **kw)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, input, enc_out, source_mask, target_mask, *, check_inputs=True):

@@ -8,6 +8,10 @@ Where the defaults differ:
 | Linear    | weight (out, in), U(+-1/sqrt(in)); bias same  | kernel (in, out), LeCun normal; bias 0 |
 | Embedding | N(0, 1)                                      | N(0, 1/D) (variance scaling)  |
 | LayerNorm | eps 1e-5, two-pass variance                  | eps 1e-6, E[x^2] - E[x]^2     |
+
+Each factory takes ``axes``, the logical names of its parameter's axes (partitioning.py), and
+stores them in NNX's sharding metadata (``out_sharding``) where the parameter is created; the
+rules table turns them into a layout on a mesh. They change no value and no RNG draw.
 """
 
 import math
@@ -18,6 +22,17 @@ from flax import nnx
 
 # nn.LayerNorm's default; Flax's nnx.LayerNorm defaults to 1e-6.
 LAYER_NORM_EPS = 1e-5
+
+
+def _partitioned(axes):
+    """NNX's sharding metadata for a parameter with logical axis names ``axes`` (None: none).
+
+    ``eager_sharding=False``: flax 0.12 otherwise places an annotated variable on the mesh in
+    context as soon as it is created (and refuses to create it with no mesh). These names are
+    logical, not mesh axes, and the model is built once on the host, then laid out by
+    ``sharding.shard_state`` through the rules table, so the same model builds anywhere.
+    """
+    return {} if axes is None else {"out_sharding": tuple(axes), "eager_sharding": False}
 
 
 def _uniform(bound):
@@ -45,8 +60,9 @@ class Linear(nnx.Linear):
         return y.reshape(*lead, y.shape[-1])
 
 
-def linear(in_features, out_features, *, use_bias=True, dtype=None, param_dtype=jnp.float32, rngs):
-    """nnx.Linear initialised like torch.nn.Linear: kaiming_uniform(a=sqrt(5)) is U(+-1/sqrt(in))."""
+def linear(in_features, out_features, *, use_bias=True, axes=None, dtype=None, param_dtype=jnp.float32, rngs):
+    """nnx.Linear initialised like torch.nn.Linear: kaiming_uniform(a=sqrt(5)) is U(+-1/sqrt(in)).
+    ``axes``: the kernel's (in, out) logical names; the bias takes the out name."""
     bound = 1.0 / math.sqrt(in_features)
     return Linear(
         in_features,
@@ -56,24 +72,29 @@ def linear(in_features, out_features, *, use_bias=True, dtype=None, param_dtype=
         param_dtype=param_dtype,
         kernel_init=_uniform(bound),
         bias_init=_uniform(bound),
+        kernel_metadata=_partitioned(axes),
+        bias_metadata=_partitioned(None if axes is None else axes[1:]),
         rngs=rngs,
     )
 
 
-def embedding(num_embeddings, features, *, dtype=None, param_dtype=jnp.float32, rngs):
-    """nnx.Embed initialised like torch.nn.Embedding: N(0, 1)."""
+def embedding(num_embeddings, features, *, axes=None, dtype=None, param_dtype=jnp.float32, rngs):
+    """nnx.Embed initialised like torch.nn.Embedding: N(0, 1). ``axes``: the table's (rows,
+    features) logical names."""
     return nnx.Embed(
         num_embeddings,
         features,
         dtype=dtype,
         param_dtype=param_dtype,
         embedding_init=nnx.initializers.normal(stddev=1.0),
+        embedding_metadata=_partitioned(axes),
         rngs=rngs,
     )
 
 
-def layer_norm(num_features, *, dtype=None, param_dtype=jnp.float32, rngs):
-    """nnx.LayerNorm with torch's epsilon and torch's two-pass variance.
+def layer_norm(num_features, *, axes=None, dtype=None, param_dtype=jnp.float32, rngs):
+    """nnx.LayerNorm with torch's epsilon and torch's two-pass variance. ``axes``: the
+    (features,) logical name of its scale and bias.
 
     Flax computes its statistics in float32 even when ``dtype`` is bfloat16, which is what
     the project wants. ``use_fast_variance=False`` computes E[(x - mean)^2] like PyTorch
@@ -85,6 +106,8 @@ def layer_norm(num_features, *, dtype=None, param_dtype=jnp.float32, rngs):
         use_fast_variance=False,
         dtype=dtype,
         param_dtype=param_dtype,
+        scale_metadata=_partitioned(axes),
+        bias_metadata=_partitioned(axes),
         rngs=rngs,
     )
 

@@ -1,20 +1,24 @@
-"""Multi-device training with ``jax.sharding``: data parallelism and FSDP-style parameters.
+"""Multi-device training with ``jax.sharding``: data parallelism, FSDP and tensor parallelism.
 
-One 1-D device mesh with the axis ``'data'``:
+A device mesh with the axis ``'data'`` (``make_mesh``, ``--devices N``), or the axes
+``('data', 'model')`` (``make_mesh_2d``, ``--mesh data=D,model=M``):
 
-- every batch array is split along its batch axis B over the mesh (``P('data')``): each
-  device runs the step on B / n rows, and the gradient is summed across devices by the
-  collectives XLA inserts;
-- the training state is either ``'replicated'`` (plain data parallelism: every device holds
-  all parameters and optimizer moments, ``P()``) or ``'fsdp'`` (each parameter, and the Adam
-  moments of the same shape, is split over ``'data'`` along its largest dimension divisible
-  by the device count; XLA gathers a parameter where the computation needs it whole).
+- every batch array is split along its batch axis B over ``'data'`` (``P('data')``): each
+  data-parallel group runs the step on B / D rows (replicated over ``'model'``), and the
+  gradient is summed across groups by the collectives XLA inserts;
+- each parameter is laid out from the logical names of its axes, which the model gives it
+  where it is created, through one rules table (``partitioning.LOGICAL_AXIS_RULES``):
+  ``'replicated'`` (every device holds all parameters and optimizer moments) or ``'fsdp'``
+  (each parameter, and its Adam moments, split along the width D over ``'data'``; XLA
+  gathers a parameter where the computation needs it whole), plus, on a mesh with a
+  ``'model'`` axis, Megatron-style tensor parallelism (attention heads and feed-forward
+  hidden units split over ``'model'``).
 
 ``jax.jit`` follows the shardings of its inputs ("computation follows data"), so the
 compiled ``training.train_step`` (``Trainer.train_step``) runs sharded as it is once its
 arguments are placed::
 
-    mesh = make_mesh()                                  # all devices
+    mesh = make_mesh_2d(data=2, model=4)                # or make_mesh() for data parallelism
     state = shard_state(trainer.init_state(), mesh, "fsdp")
     for step in range(n):
         batch = task.batch(seed, step, batch_size)      # numpy
@@ -39,13 +43,12 @@ starts JAX's runtime and ``flaxformer-mini train --coordinator ...`` runs it
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from flaxformer_mini.partitioning import (DATA_AXIS, MESH_AXES, MODEL_AXIS, STRATEGIES, check_divisible, format_mesh,
+                                          named_shardings)
 from flaxformer_mini.training import train_step
-
-DATA_AXIS = "data"
-STRATEGIES = ("replicated", "fsdp")
 
 
 def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
@@ -78,18 +81,31 @@ def _per_process_devices(num_devices):
     return [d for p in sorted(by_process) for d in by_process[p][:n]]
 
 
+def _mesh(shape, names, devices):
+    # jax.make_mesh orders the devices for the hardware's topology (a plain reshape on CPU).
+    # Auto axes, not its default Explicit ones: "computation follows data" (XLA's sharding
+    # propagation) is what runs the model unchanged on any layout; Explicit axes would make
+    # every op whose output layout is ambiguous name one (out_sharding=...).
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(names), devices=devices)
+
+
+def _check_count(num_devices):
+    if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)):
+        raise TypeError(f"num_devices must be an integer, got {num_devices!r}")
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+
+
 def make_mesh(num_devices=None, axis_name=DATA_AXIS):
     """A 1-D mesh over the first ``num_devices`` of ``jax.devices()`` (all by default).
     In a multi-process run ``num_devices`` counts each process's devices, and the mesh holds
     that many of every process's, process 0's first."""
     devices = jax.devices()
     if num_devices is not None:
-        if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)):
-            raise TypeError(f"num_devices must be an integer, got {num_devices!r}")
-        if num_devices < 1:
-            raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+        _check_count(num_devices)
     if jax.process_count() > 1:
-        return Mesh(np.asarray(_per_process_devices(num_devices)), (axis_name,))
+        devices = _per_process_devices(num_devices)
+        return _mesh((len(devices),), (axis_name,), devices)
     if num_devices is None:
         num_devices = len(devices)
     if num_devices > len(devices):
@@ -98,37 +114,74 @@ def make_mesh(num_devices=None, axis_name=DATA_AXIS):
             f"({devices[0].platform}); on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
             "simulates N devices"
         )
-    return Mesh(np.asarray(devices[:num_devices]), (axis_name,))
+    return _mesh((num_devices,), (axis_name,), devices[:num_devices])
 
 
-def training_mesh(num_devices, strategy, batch_size):
+def make_mesh_2d(data, model):
+    """A ``data`` x ``model`` mesh with the axes ``('data', 'model')`` over every device of
+    every process (``data * model`` must be all of them). A row of the mesh (one data-parallel
+    group) is ``model`` consecutive devices, so with ``model`` dividing each process's device
+    count the tensor-parallel collectives stay inside a process (a host)."""
+    for size in (data, model):
+        _check_count(size)
+    devices = _per_process_devices(None)
+    if data * model != len(devices):
+        raise ValueError(
+            f"--mesh {format_mesh({DATA_AXIS: data, MODEL_AXIS: model})} needs {data * model} devices but "
+            f"{len(devices)} are available ({devices[0].platform}); on CPU, "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N devices"
+        )
+    return _mesh((data, model), MESH_AXES, devices)
+
+
+def training_mesh(num_devices, strategy, batch_size, *, mesh_shape=None, model_sizes=None):
     """The mesh a training run uses, or None for one device in one process: checks the
-    options (device count, strategy, the batch size's divisibility by the global device
-    count) before anything is written. ``num_devices`` (per process) None means every device."""
+    options before anything is written: the strategy, the device count, the batch size's
+    divisibility by the data-parallel groups, and (``model_sizes``: {'embed': D, 'heads': H,
+    'mlp': F}) the model's split axes against the mesh. ``num_devices`` (per process, None:
+    every device) builds a 1-D 'data' mesh as ``--devices`` does; ``mesh_shape``
+    ({'data': D, 'model': M}, ``partitioning.parse_mesh``) a 2-D one as ``--mesh`` does."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown --sharding {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if jax.process_count() == 1 and (num_devices == 1 or (num_devices is None and jax.device_count() == 1)):
-        return None
-    mesh = make_mesh(num_devices)
-    _check_divisible(batch_size, mesh.size, "--batch-size")
+    if mesh_shape is not None:
+        if num_devices is not None:
+            raise ValueError("--mesh and --devices exclude each other: --mesh data=D,model=M uses D x M devices")
+        option = f"--mesh {format_mesh(mesh_shape)}"
+        if model_sizes is not None:  # a size problem is the user's first problem, whatever the machine
+            check_divisible(model_sizes, strategy, mesh_shape, option)
+        if jax.process_count() == 1 and jax.device_count() == 1 and mesh_shape[DATA_AXIS] * mesh_shape[MODEL_AXIS] == 1:
+            return None
+        mesh = make_mesh_2d(mesh_shape[DATA_AXIS], mesh_shape[MODEL_AXIS])
+    else:
+        if jax.process_count() == 1 and (num_devices == 1 or (num_devices is None and jax.device_count() == 1)):
+            return None
+        mesh = make_mesh(num_devices)
+        if model_sizes is not None:
+            option = f"--devices {num_devices}" if num_devices is not None else f"--devices (all {mesh.size})"
+            check_divisible(model_sizes, strategy, dict(mesh.shape), option)
+    _check_divisible(batch_size, _data_size(mesh), "--batch-size")
     return mesh
 
 
-def _axis(mesh):
-    if len(mesh.axis_names) != 1:
-        raise ValueError(f"expected a 1-D mesh (make_mesh), got axes {mesh.axis_names}")
-    return mesh.axis_names[0]
+def _data_size(mesh):
+    """How many data-parallel groups split a batch: the size of the mesh's 'data' axis."""
+    if DATA_AXIS not in mesh.axis_names:
+        raise ValueError(f"expected a mesh with a {DATA_AXIS!r} axis (make_mesh, make_mesh_2d), got axes {mesh.axis_names}")
+    return mesh.shape[DATA_AXIS]
 
 
 # ----------------------------------------------------------------------------- batches
 
 
 def batch_sharding(mesh):
-    """Every batch array is split along its first (batch) axis: ``P('data')``."""
-    return NamedSharding(mesh, P(_axis(mesh)))
+    """Every batch array is split along its first (batch) axis over 'data' (and replicated
+    over 'model': the devices of one tensor-parallel group see the same rows): ``P('data')``."""
+    _data_size(mesh)  # the mesh has a 'data' axis
+    return NamedSharding(mesh, P(DATA_AXIS))
 
 
 def _check_divisible(batch_size, num_devices, what="batch size"):
+    # num_devices: the data-parallel groups (the 'data' axis); on a 1-D mesh, its devices.
     if batch_size % num_devices:
         raise ValueError(
             f"{what} {batch_size} is not divisible by {num_devices} devices; "
@@ -142,11 +195,12 @@ def local_row_range(mesh, global_batch_size):
     Read from the sharding itself (``addressable_devices_indices_map``), so it holds
     whatever order the mesh puts the hosts' devices in. In a single process: ``(0, B)``.
     """
-    _check_divisible(global_batch_size, mesh.size, "global batch size")
+    _check_divisible(global_batch_size, _data_size(mesh), "global batch size")
     index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size,))
-    ranges = sorted(index[0].indices(global_batch_size)[:2] for index in index_map.values())
+    # A set: on a 2-D mesh the devices of one 'model' group hold the same rows.
+    ranges = sorted({index[0].indices(global_batch_size)[:2] for index in index_map.values()})
     start, stop = ranges[0][0], ranges[-1][1]
-    if sum(b - a for a, b in ranges) != stop - start:  # never on a 1-D mesh from make_mesh
+    if sum(b - a for a, b in ranges) != stop - start:  # never on a mesh from make_mesh / make_mesh_2d
         raise ValueError(f"this process's rows of the batch are not contiguous: {ranges}")
     return start, stop
 
@@ -179,24 +233,31 @@ def shard_batch(batch, mesh):
         raise ValueError(f"batch arrays disagree on the batch size: {sorted(sizes)}")
     (size,) = sizes
     if jax.process_count() == 1:
-        _check_divisible(size, mesh.size)
+        _check_divisible(size, _data_size(mesh))
         return jax.device_put(batch, sharding)
-    # Multi-host: this host holds size rows for its len(mesh.local_devices) devices.
-    _check_divisible(size, len(mesh.local_devices), "per-host batch size")
+    # Multi-host: this host holds size rows for the data-parallel groups its devices are in.
+    _check_divisible(size, _local_data_groups(mesh), "per-host batch size")
     return jax.tree.map(lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), batch)
+
+
+def _local_data_groups(mesh):
+    """How many positions along 'data' this process's devices occupy."""
+    axis = mesh.axis_names.index(DATA_AXIS)
+    here = jax.process_index()
+    return len({index[axis] for index, d in np.ndenumerate(mesh.devices) if d.process_index == here})
 
 
 # ----------------------------------------------------------------------------- training state
 
 
-def _is_key_array(x):
-    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
 def fsdp_spec(shape, num_devices, axis_name=DATA_AXIS):
-    """The PartitionSpec of one array under FSDP: its largest dimension divisible by
-    ``num_devices`` (the first of equal ones) is split over ``axis_name``; an array with
-    no such dimension, and a scalar, is replicated."""
+    """The PartitionSpec of one array under a shape-guessed FSDP: its largest dimension
+    divisible by ``num_devices`` (the first of equal ones) is split over ``axis_name``; an
+    array with no such dimension, and a scalar, is replicated.
+
+    Kept for callers of the first release; the trainer no longer guesses: ``state_shardings``
+    lays parameters out from the logical axis names the model gives them
+    (``partitioning.LOGICAL_AXIS_RULES``)."""
     candidates = [(size, -i) for i, size in enumerate(shape) if size >= num_devices and size % num_devices == 0]
     if num_devices == 1 or not candidates:
         return P()
@@ -209,21 +270,20 @@ def fsdp_spec(shape, num_devices, axis_name=DATA_AXIS):
 def state_shardings(state, mesh, strategy="replicated"):
     """A pytree of ``NamedSharding`` matching ``state`` (a ``TrainState`` or any pytree).
 
-    ``'replicated'``: every leaf ``P()``. ``'fsdp'``: each leaf by ``fsdp_spec`` of its shape,
-    so a parameter and its Adam moments (same shape) are split alike; scalars (the step,
-    optimizer counts, RNG counters) and PRNG key arrays stay replicated.
+    Each parameter by the logical names of its axes under ``strategy``'s row of
+    ``partitioning.LOGICAL_AXIS_RULES`` ('replicated' or 'fsdp', over 'data'), plus the
+    'tensor' row on a mesh with a 'model' axis. Adam's moments hold the same variables as the
+    parameters (metadata included), so each is split like its parameter; scalars (the step,
+    optimizer counts, RNG counters), PRNG keys and unannotated arrays are replicated. A split
+    axis that its mesh axis does not divide is a ValueError naming the parameter.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown sharding strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-    axis = _axis(mesh)
-    replicated = NamedSharding(mesh, P())
+    return named_shardings(state, mesh, strategy)
 
-    def choose(leaf):
-        if strategy == "replicated" or _is_key_array(leaf) or not np.ndim(leaf):
-            return replicated
-        return NamedSharding(mesh, fsdp_spec(np.shape(leaf), mesh.shape[axis], axis))
 
-    return jax.tree.map(choose, state)
+def _is_key_array(x):
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _put(leaf, sharding):

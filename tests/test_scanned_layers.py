@@ -153,6 +153,29 @@ def test_stacking_keeps_sharding_names_and_leaves_the_layer_axis_unsharded():
     assert out.shape == (2, 3) and seen == [("embed", "mlp")]
 
 
+def test_a_scanned_models_parameters_shard_as_the_unscanned_ones_with_the_layer_axis_whole():
+    # partitioning's rules table, on a data=2 x model=5 mesh (sizes only: no devices needed):
+    # each stacked parameter's spec is its per-layer spec with None (not split) in front.
+    from flaxformer_mini.partitioning import axis_rules, state_specs
+
+    mesh = {"data": 2, "model": 5}
+    rules = axis_rules("fsdp", tuple(mesh))
+
+    def specs(model):
+        flat = nnx.to_flat_state(state_specs(nnx.state(model, nnx.Param), rules, mesh))
+        return {tuple(map(str, path)): v.get_value() for path, v in flat}
+
+    stacked = specs(scanned_model())
+    per_layer = specs(fm.Transformer.from_config(CONFIG, rngs=nnx.Rngs(0)))
+    assert stacked[("encoder", "transformer_layers", "attention", "W_q", "kernel")] == jax.sharding.PartitionSpec(
+        None, "data", "model")
+    for path, spec in per_layer.items():
+        if path[1] in ("transformer_layers", "decoder_layers"):
+            assert stacked[path[:2] + path[3:]] == jax.sharding.PartitionSpec(None, *spec), path
+        else:
+            assert stacked[path] == spec, path
+
+
 # --- forward and gradients --------------------------------------------------------------
 
 

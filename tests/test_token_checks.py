@@ -3,7 +3,8 @@
 - Eager: one forward checks each input once, at the Transformer's boundary; the Encoder and
   Decoder still check when a user calls them directly. The same in both twins.
 - Plain ``jax.jit``: values are not checked (documented misuse: NaN, or another token's
-  logits), and the traced check leaves nothing in the compiled code.
+  logits), and the traced check leaves nothing in the compiled code. Likewise under
+  ``torch.compile``: the value check is skipped, so the model is one graph, not three.
 - ``fm.checked(fn)``: an id equal to the vocabulary size or negative raises on the host
   after the compiled call, naming the input, the id and the vocabulary size; valid ids give
   the logits of the unchecked path.
@@ -166,3 +167,16 @@ def test_checked_path_still_raises_static_errors_at_trace_time(flax_model):
     apply, state = pure_apply(flax_model)
     with pytest.raises(ValueError, match="source input: length 18 exceeds max_len=17"):
         fm.checked(apply)(state, jnp.ones((1, 18), jnp.int32), jnp.ones((1, 3), jnp.int32))
+
+
+def test_torch_compile_traces_the_whole_model_as_one_graph_without_the_value_check(batch):
+    # The eager value check reads ids back to the host; under torch.compile it would break
+    # the graph (3 graphs, each break a host sync). Like the Flax twin under jit, it is skipped.
+    model = torch_ref.Transformer(**TINY.to_dict()).eval()
+    source, target = map(torch.from_numpy, batch)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(source, target)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+    with pytest.raises(ValueError, match="outside the vocabulary"):  # eager still checks
+        model(source, torch.full_like(target, TINY.target_vocab_size))

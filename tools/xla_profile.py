@@ -217,6 +217,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="traced calls (after 2 untraced)")
     parser.add_argument("--top", type=int, default=15, help="how many single instructions to list")
     parser.add_argument("--dropout", type=float, help="override the model's dropout rate")
+    parser.add_argument("--seq-len", type=int, help="override the preset's S = T (max_len grows to fit)")
+    parser.add_argument("--batch", type=int, help="override the preset's batch size")
     parser.add_argument("--json", metavar="OUT", help="write every instruction's row as JSON")
     parser.add_argument("--hlo", metavar="OUT", help="write the optimised HLO text")
     args = parser.parse_args(argv)
@@ -225,6 +227,11 @@ def main(argv=None):
     preset = get_bench_preset(args.preset)
     if args.dropout is not None:
         preset = preset.replace(model=preset.model.replace(dropout=args.dropout))
+    if args.seq_len is not None:
+        preset = preset.replace(seq_len=args.seq_len, model=preset.model.replace(
+            max_len=max(preset.model.max_len, args.seq_len)))
+    if args.batch is not None:
+        preset = preset.replace(batch=args.batch)
     batch = make_batch(preset)
     (path,) = flax_bench.make_paths(preset, batch, [args.op])
     if path.prepare is not None:

@@ -26,7 +26,11 @@ def check_tokens(tokens, vocab_size, max_len, name="input"):
         raise ValueError(f"{name}: expected shape (batch, length), got {tuple(tokens.shape)}")
     if tokens.shape[1] > max_len:
         raise ValueError(f"{name}: length {tokens.shape[1]} exceeds max_len={max_len} (the positional table's size)")
-    if tokens.numel():
+    # The value check reads the ids back to the host (``int(...)``), which torch.compile can
+    # only do by breaking the graph. Under compilation it is skipped, as a traced value check
+    # is in the Flax twin (a plain ``jax.jit`` is free of it too); the shape, dtype and
+    # length checks above still run, at trace time.
+    if tokens.numel() and not torch.compiler.is_compiling():
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
