@@ -68,17 +68,34 @@ def start_processes(argv_for, n, devices_per_process=1):
 
 
 def finish(procs, timeout=LAUNCH_TIMEOUT_S):
-    """[(returncode, stdout, stderr)] once every process has ended; kills them all on a timeout."""
-    deadline, results = time.time() + timeout, []
+    """[(returncode, stdout, stderr)] once every process has ended; kills them all on a timeout.
+
+    Every process's pipes are drained at once (a thread each): reading them one process after
+    another lets a later process fill its pipe (64 KiB) and block on a write while the earlier
+    one waits for it in a collective, a deadlock that only the timeout ends."""
+    import threading
+
+    outputs = [None] * len(procs)
+
+    def drain(i):
+        outputs[i] = procs[i].communicate()
+
+    threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
+    for t in threads:
+        t.start()
+    deadline = time.time() + timeout
     try:
-        for p in procs:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
-            results.append((p.returncode, out, err))
+        for t in threads:
+            t.join(max(0.0, deadline - time.time()))
+        if any(t.is_alive() for t in threads):
+            raise subprocess.TimeoutExpired([p.args for p in procs], timeout)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    return results
+        for t in threads:
+            t.join(10)
+    return [(p.returncode, *out) for p, out in zip(procs, outputs)]
 
 
 def train_cli(out, n, *extra, port=None, timeout_s=HEARTBEAT_S):
@@ -124,6 +141,10 @@ def _worker(spec):
     from flaxformer_mini.sharding import training_mesh
 
     for r in spec["runs"]:
+        if "copy_from" in r:  # a checkpoint continued in this launch (single-process launches only)
+            import shutil
+
+            shutil.copytree(r["copy_from"], r["out"])
         mesh = training_mesh(r["devices"], r["sharding"], BATCH_SIZE)
         run = Run.create(r["out"], _worker_config(), echo=lambda m: None)
         fit(run, r.get("steps", STEPS), log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
@@ -184,28 +205,33 @@ CONTINUED = {
 
 @pytest.fixture(scope="module")
 def equivalence_runs(tmp_path_factory):
+    """Four launches (9 processes), each running its layout's runs one after another: the
+    2x2 FSDP run first, so that the single-process launch can train the reference and then
+    continue both its checkpoint and the 2x2 run's (fewer launches: each costs a JAX start-up
+    and a compilation per process)."""
     import shutil
 
     root = tmp_path_factory.mktemp("equivalence")
     t0 = time.time()
-    launch_workers(1, [{"out": str(root / "reference"), "devices": 1, "sharding": "replicated"}])
-    groups = {}
+    run = lambda name, d, sharding, **kw: {"out": str(root / name), "devices": d, "sharding": sharding, **kw}  # noqa: E731
+    assert CONTINUED["fsdp_4_devices_to_1_device"][0] == "2x2_fsdp"
+    launch_workers(2, [run("2x2_fsdp", 2, "fsdp")], devices_per_process=2)
+    one_process = [run("reference", 1, "replicated")]
+    multi = {}
     for name, (n, d, sharding) in LAYOUTS.items():
-        groups.setdefault((n, d), []).append({"out": str(root / name), "devices": d, "sharding": sharding})
+        if name != "2x2_fsdp":
+            multi.setdefault((n, d), []).append(run(name, d, sharding))
     for name, (source, n, d, sharding) in CONTINUED.items():
-        if source == "reference":  # the others' sources are trained in this loop's launches
-            shutil.copytree(root / source, root / name)
-            groups.setdefault((n, d), []).append({"out": str(root / name), "devices": d, "sharding": sharding,
-                                                  "steps": 2 * STEPS})
-    for (n, d), runs in groups.items():  # one launch per process layout, its runs one after another
+        if (n, d) == (1, 1):  # continued in the single-process launch, once its source exists
+            one_process.append(run(name, d, sharding, steps=2 * STEPS, copy_from=str(root / source)))
+        else:
+            multi.setdefault((n, d), []).append(run(name, d, sharding, steps=2 * STEPS, copy_from=source))
+    launch_workers(1, one_process)
+    for (n, d), runs in multi.items():
+        for r in runs:  # copied here, once, not by each process of the launch
+            if "copy_from" in r:
+                shutil.copytree(root / r.pop("copy_from"), r["out"])
         launch_workers(n, runs, devices_per_process=d)
-    later = []
-    for name, (source, n, d, sharding) in CONTINUED.items():
-        if source != "reference":
-            assert (n, d) == (1, 1)
-            shutil.copytree(root / source, root / name)
-            later.append({"out": str(root / name), "devices": d, "sharding": sharding, "steps": 2 * STEPS})
-    launch_workers(1, later)
     print(f"equivalence launches: {time.time() - t0:.0f}s", file=sys.stderr)
     return root
 
@@ -352,26 +378,35 @@ def assert_bit_identical(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.fixture(scope="module")
-def straight_two_process_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("straight2") / "run"
+# The default tests' 2-process CLI run: what they check (one set of files, every step logged
+# once, a run readable in one process) does not depend on its length; 240 steps are the slow
+# story's, so that its signals land mid-run.
+CLI_STEPS = 20
+
+
+def two_process_cli_run(out, steps):
     argv = train_cli(out, 2)
-    results = finish(start_processes(lambda i: argv(i) + ["--steps", str(STORY_STEPS), "--save-every", str(SAVE_EVERY)], 2))
+    results = finish(start_processes(lambda i: argv(i) + ["--steps", str(steps), "--save-every", str(SAVE_EVERY)], 2))
     assert_all_ok(results)
     return out, results
+
+
+@pytest.fixture(scope="module")
+def straight_two_process_run(tmp_path_factory):
+    return two_process_cli_run(tmp_path_factory.mktemp("straight2") / "run", CLI_STEPS)
 
 
 def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two_process_run):
     out, results = straight_two_process_run
     (_, out0, err0), (_, out1, err1) = results
-    assert json.loads(out0.strip().splitlines()[-1])["step"] == STORY_STEPS
+    assert json.loads(out0.strip().splitlines()[-1])["step"] == CLI_STEPS
     # (gloo itself prints "[Gloo] Rank 1 is connected ..." on every process's stdout)
     assert not [line for line in out1.splitlines() if line.startswith("{")], "only process 0 prints the result"
     assert "parameters" in err0 and "parameters" not in err1
     assert (out / "config.json").exists() and (out / "loss.png").exists()
     from flaxformer_mini.run_dir import RunDir
 
-    assert [r["step"] for r in RunDir(out).read_metrics() if "loss" in r] == list(range(1, STORY_STEPS + 1))
+    assert [r["step"] for r in RunDir(out).read_metrics() if "loss" in r] == list(range(1, CLI_STEPS + 1))
 
 
 def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_two_process_run):
@@ -393,7 +428,8 @@ def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_t
 # is fixed: the handler is installed before the runtime starts, and the exit barrier is bounded
 # by --distributed-timeout; test_a_sigterm_before_the_first_step_... checks the earliest case.
 @pytest.mark.slow
-def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(straight_two_process_run, tmp_path):
+def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(tmp_path):
+    straight, _ = two_process_cli_run(tmp_path / "straight", STORY_STEPS)  # the uninterrupted reference
     out, port = tmp_path / "run", free_port()
     argv = train_cli(out, 2, port=port)
     command = lambda i: argv(i) + ["--steps", str(STORY_STEPS), "--save-every", str(SAVE_EVERY)]  # noqa: E731
@@ -426,7 +462,7 @@ def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(straight_t
     results = finish(start_processes(command, 2))
     assert_all_ok(results)
     assert "resuming" in results[0][2]
-    assert_bit_identical(final_state(straight_two_process_run[0]), final_state(out))
+    assert_bit_identical(final_state(straight), final_state(out))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
