@@ -52,9 +52,10 @@ def pytest_unconfigure(config):
         shutil.rmtree(path, ignore_errors=True)
 
 
-# Files whose module-scoped fixtures start processes for minutes: first, so that under
-# `-n 2 --dist loadfile` (pyproject) the longest file does not start, and end, last.
-HEAVY_FIRST = ("test_multiprocess.py", "test_real_corpora.py", "test_train_cli.py", "test_run_lifecycle.py")
+# The longest files (alone on 2 cores, 2026-11-23: 271 s, 253 s, 182 s, 96 s), first, so that
+# under `-n 2 --dist loadfile --no-loadscope-reorder` (pyproject) the longest file does not
+# start, and end, last: xdist hands files out in this order as workers free up.
+HEAVY_FIRST = ("test_multiprocess.py", "test_real_corpora.py", "test_run_lifecycle.py", "test_train_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):
