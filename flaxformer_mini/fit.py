@@ -98,12 +98,15 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                 log.flush()  # also checks the loss is finite
                 last_eval = evaluate(trainer, to_local(state), eval_batches, **scoring)
                 log.eval(done, last_eval)
-            # Every process must save the same step: a SIGTERM seen by one stops all.
-            stop.requested = distributed.any_process(stop.requested)
-            if done % save_every == 0 or done == steps or stop.requested:
+            # Every process must save the same step: a SIGTERM seen by one stops all. The flag is
+            # read, never written back: a signal handled while the all-reduce runs (where a
+            # multi-process run spends its waits) sets it after it was read, and writing the
+            # reduced value back would erase it (issue #12's lost SIGTERM); it counts next step.
+            stopping = distributed.any_process(stop.requested)
+            if done % save_every == 0 or done == steps or stopping:
                 log.flush()  # never checkpoint a NaN state; the saved step's metrics are on disk first
                 checkpoint.save(manager, state)
-            if stop.requested:
+            if stopping:
                 log.close()
                 echo(f"interrupted: saved step {done}; run the same command to resume")
                 raise KeyboardInterrupt
