@@ -422,10 +422,10 @@ def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_t
 
 
 # Deselected by default (pyproject's `-m "not slow"`; run it with `pytest -m slow`): it takes
-# ~5 minutes on 2 cores. The early SIGTERM of issue #12 (a signal before `train` had installed
-# its handler was ended by the default action; jax's exit barrier then waited up to 5 minutes)
-# is fixed: the handler is installed before the runtime starts, and the exit barrier is bounded
-# by --distributed-timeout; test_a_sigterm_before_the_first_step_... checks the earliest case.
+# 1.5-3.5 minutes on 2 cores. Issue #12's lost SIGTERM (the step-boundary all-reduce's result
+# was written back over the stop flag, erasing a signal handled during the all-reduce: this
+# test saw it 1 run in 2) and its early SIGTERM (default action before the handler) are fixed
+# (docs/scale-out.md); test_a_sigterm_before_the_first_step_... checks the earliest case.
 @pytest.mark.slow
 def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(tmp_path):
     straight, _ = two_process_cli_run(tmp_path / "straight", STORY_STEPS)  # the uninterrupted reference
