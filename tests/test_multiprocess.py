@@ -351,6 +351,31 @@ def test_a_sigterm_before_the_first_step_stops_every_process_with_130_and_saves_
     assert time.time() - t0 < 120
 
 
+def test_a_signal_handled_during_the_step_all_reduce_stops_the_run_at_the_next_step(tmp_path, monkeypatch):
+    # Issue #12's lost SIGTERM: the all-reduce's result was written back over the stop flag, so
+    # a signal handled while the all-reduce ran (where a multi-process run waits) was erased.
+    # Deterministic, in one process: the "all-reduce" of step 2 sees the signal arrive.
+    from flaxformer_mini import distributed
+    from flaxformer_mini.fit import fit
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.stop import StopRequests
+
+    stop, seen = StopRequests(), []
+
+    def all_reduce_during_which_a_signal_arrives(flag):
+        seen.append(flag)
+        if len(seen) == 3:  # the check before the first step, step 1's, then step 2's
+            stop.requested = True  # what the handler does when the signal lands mid-call
+        return bool(flag)
+
+    monkeypatch.setattr(distributed, "any_process", all_reduce_during_which_a_signal_arrives)
+    run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
+    with pytest.raises(KeyboardInterrupt):
+        fit(run, 10, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop)
+    assert seen == [False, False, False, True]
+    assert int(final_state(tmp_path / "run").step) == 3  # saved at the step boundary after the signal
+
+
 # ----------------------------------------------------------------------------- the CLI: a run's life
 
 STORY_STEPS, SAVE_EVERY = 240, 20  # long enough that the signals land mid-run
