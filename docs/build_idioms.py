@@ -29,7 +29,8 @@ The template is Markdown with three kinds of placeholder:
 
 A fenced block opened with ```` ```python example=NAME ````
     Code that is run when the guide is built (in a fresh namespace, stdout captured, with
-    ``jax_numpy_rank_promotion='raise'``, the highest matmul precision, and torch's global
+    ``jax_numpy_rank_promotion='raise'``, standard dtype promotion, the highest matmul
+    precision, and torch's global
     RNG state restored afterwards). It is written as a Python block followed by its output.
     Its ``assert`` statements are the claims the guide makes; a failing one stops the build.
     Print only what does not depend on global settings (the tests change some).
@@ -241,6 +242,10 @@ def run_example(name, code):
         with contextlib.ExitStack() as stack:
             stack.enter_context(contextlib.redirect_stdout(buffer))
             stack.enter_context(jax.numpy_rank_promotion("raise"))
+            # JAX's default dtype promotion, as a user's script runs (optax's Adam mixes Python
+            # floats with its int32 step count): the same output whether the tests (strict) or
+            # the command line build the guide.
+            stack.enter_context(jax.numpy_dtype_promotion("standard"))
             stack.enter_context(jax.default_matmul_precision("highest"))
             try:  # an example may seed or draw from torch's global generator: not the caller's
                 import torch

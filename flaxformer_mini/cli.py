@@ -39,6 +39,16 @@ def _train(args):
         from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
         restart_keeping_freed_memory()  # re-executes with GLIBC_TUNABLES set: see malloc_tunables.py
+    from flaxformer_mini.stop import StopRequests
+
+    # Ctrl-C and SIGTERM are ours from here on, before the runtime starts and anything compiles:
+    # a signal at any moment stops every process at the same step (fit.py), never the default
+    # action (which would end this process at once and abort its peers).
+    with StopRequests() as stop:
+        return _train_until_stopped(args, stop)
+
+
+def _train_until_stopped(args, stop):
     from flaxformer_mini import distributed
 
     # Scale-out: the multi-process runtime starts before anything touches a device.
@@ -86,7 +96,7 @@ def _train(args):
     try:
         result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every,
                      save_every=args.save_every, max_to_keep=args.keep, progress=not args.no_progress, mesh=mesh,
-                     sharding=args.sharding, echo=echo)
+                     sharding=args.sharding, echo=echo, stop=stop)
     except (RuntimeError, ValueError) as e:
         lost = distributed.as_lost_process(e)
         if lost is None:

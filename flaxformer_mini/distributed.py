@@ -100,14 +100,18 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     # CPU collectives across processes need an implementation (gloo, over TCP); the GPU and TPU
     # backends bring their own. This setting changes nothing on those.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    # SIGTERM is fit.py's (_StopRequests, then an all-reduce of the stop flag at each step
-    # boundary: every process saves the same step). JAX's preemption service would install its
-    # own SIGTERM notifier, which can take the signal from Python's handler.
+    # SIGTERM is ours (stop.StopRequests, installed by `train` before this call, then fit.py's
+    # all-reduce of the stop flag before the first step and at each step boundary: every process
+    # saves the same step). JAX's preemption service would install its own SIGTERM notifier, which
+    # can take the signal from Python's handler.
     jax.config.update("jax_enable_preemption_service", False)
     address = coordinator or os.environ.get(ENV_COORDINATOR) or "(found by JAX's cluster detection)"
     try:
         jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=int(timeout_s),
-                                   heartbeat_timeout_seconds=int(timeout_s))
+                                   heartbeat_timeout_seconds=int(timeout_s),
+                                   # the exit barrier (every process waits for the others to end):
+                                   # bounded like the rest, not jax's default 5 minutes
+                                   shutdown_timeout_seconds=int(timeout_s))
     except (RuntimeError, ValueError, TypeError) as e:  # XlaRuntimeError is a RuntimeError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DistributedError(f"could not start the multi-process runtime with the coordinator {address} "

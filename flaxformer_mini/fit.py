@@ -9,8 +9,8 @@ The loop reads each step's metrics one step late, so the host never waits for th
 except at logging, evaluation and checkpoint steps.
 """
 
+import contextlib
 import math
-import signal
 import time
 
 import jax
@@ -23,6 +23,7 @@ from flaxformer_mini.partitioning import format_mesh
 from flaxformer_mini.plot import plot_metrics
 from flaxformer_mini.run import Run
 from flaxformer_mini.sharding import process_local_rows, shard_batch, shard_state, to_local
+from flaxformer_mini.stop import StopRequests
 from flaxformer_mini.training import check_batch, stack_batches
 
 
@@ -31,19 +32,26 @@ class NonFiniteLossError(RuntimeError):
 
 
 def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to_keep=3, progress=True,
-        mesh=None, sharding="replicated", echo=print):
+        mesh=None, sharding="replicated", echo=print, stop=None):
     """Train ``run`` up to ``steps`` updates, resuming from its latest checkpoint if it has
     one. With a ``mesh`` (``sharding.training_mesh``) each batch is split over its 'data'
     axis and the state laid out by ``sharding`` ('replicated' or 'fsdp'; tensor parallel too
     on a mesh with a 'model' axis: ``partitioning.LOGICAL_AXIS_RULES``). Returns the last
-    evaluation's metrics. Closes ``run`` (its lock) when done."""
+    evaluation's metrics. Closes ``run`` (its lock) when done.
+
+    ``stop``: a ``StopRequests`` installed by the caller (``train`` installs it before the
+    runtime starts, so an early SIGTERM is remembered); without one, fit installs its own.
+    A stop request raises KeyboardInterrupt once the current step is saved (before the first
+    step: at once, nothing new to save), on every process at the same step."""
     try:
-        return _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo)
+        with contextlib.nullcontext(stop) if stop is not None else StopRequests() as stop:
+            return _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo,
+                        stop)
     finally:
         run.close()
 
 
-def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo):
+def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo, stop):
     manager = run.checkpoints(max_to_keep)
     # Restored straight into the mesh's layout (whatever mesh the checkpoint was saved under).
     state = run.restore_or_init(manager, echo=echo, place=None if mesh is None else lambda s: shard_state(s, mesh, sharding))
@@ -70,35 +78,44 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     scoring = dict(codec=run.codec, decode_lines=run.config.data.eval_decode_lines)
     log = _StepLog(run, steps, start, log_every, progress, write=main)
     last_eval = {}
+    # A signal that came while the runtime started, the run was restored or (on another
+    # process) anything before this point: every process agrees, and stops before its first step.
+    if distributed.any_process(stop.requested):
+        log.close()
+        echo(f"interrupted before the first step: nothing new to save"
+             + (f" (the run stays at step {start})" if start else "") + "; run the same command to resume")
+        raise KeyboardInterrupt
     try:
-        with _StopRequests() as stop:
-            for step in range(start, steps):
-                micro = run.train_batches(step)
-                for batch in micro:
-                    check_batch(batch, trainer.model_config)  # on the host, before any sharding
-                if len(micro) == 1:
-                    batch = micro[0]
-                    state, metrics = trainer.train_step(
-                        state, batch if mesh is None else shard_batch(process_local_rows(batch, mesh), mesh))
-                else:  # --accumulate K: one update from K micro-batches (on one device)
-                    batch = stack_batches(micro)
-                    state, metrics = trainer.accumulated_train_step(state, batch)
-                done = step + 1
-                log.push(done, metrics, batch)
-                if done % eval_every == 0 or done == steps:
-                    log.flush()  # also checks the loss is finite
-                    last_eval = evaluate(trainer, to_local(state), eval_batches, **scoring)
-                    log.eval(done, last_eval)
-                # Every process must save the same step: a SIGTERM seen by one stops all.
-                stop.requested = distributed.any_process(stop.requested)
-                if done % save_every == 0 or done == steps or stop.requested:
-                    log.flush()  # never checkpoint a NaN state; the saved step's metrics are on disk first
-                    checkpoint.save(manager, state)
-                if stop.requested:
-                    log.close()
-                    echo(f"interrupted: saved step {done}; run the same command to resume")
-                    raise KeyboardInterrupt
-            log.flush()
+        for step in range(start, steps):
+            micro = run.train_batches(step)
+            for batch in micro:
+                check_batch(batch, trainer.model_config)  # on the host, before any sharding
+            if len(micro) == 1:
+                batch = micro[0]
+                state, metrics = trainer.train_step(
+                    state, batch if mesh is None else shard_batch(process_local_rows(batch, mesh), mesh))
+            else:  # --accumulate K: one update from K micro-batches (on one device)
+                batch = stack_batches(micro)
+                state, metrics = trainer.accumulated_train_step(state, batch)
+            done = step + 1
+            log.push(done, metrics, batch)
+            if done % eval_every == 0 or done == steps:
+                log.flush()  # also checks the loss is finite
+                last_eval = evaluate(trainer, to_local(state), eval_batches, **scoring)
+                log.eval(done, last_eval)
+            # Every process must save the same step: a SIGTERM seen by one stops all. The flag is
+            # read, never written back: a signal handled while the all-reduce runs (where a
+            # multi-process run spends its waits) sets it after it was read, and writing the
+            # reduced value back would erase it (issue #12's lost SIGTERM); it counts next step.
+            stopping = distributed.any_process(stop.requested)
+            if done % save_every == 0 or done == steps or stopping:
+                log.flush()  # never checkpoint a NaN state; the saved step's metrics are on disk first
+                checkpoint.save(manager, state)
+            if stopping:
+                log.close()
+                echo(f"interrupted: saved step {done}; run the same command to resume")
+                raise KeyboardInterrupt
+        log.flush()
     except NonFiniteLossError as e:
         log.close()
         kept = manager.latest_step()
@@ -175,27 +192,3 @@ class _StepLog:
         if self.events is not None:
             self.events.close()
             self.events = None
-
-
-class _StopRequests:
-    """First Ctrl-C (SIGINT) or SIGTERM (what SLURM, Kubernetes and Cloud TPU send before they
-    take a machine back): finish the current step, save, stop. A second Ctrl-C: stop at once."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.requested = False
-
-    def __enter__(self):
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        return False

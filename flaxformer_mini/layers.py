@@ -7,7 +7,7 @@ from flax import nnx
 
 from flaxformer_mini.attention import SelfAttention
 from flaxformer_mini.partitioning import EMBED, LENGTH, MLP
-from flaxformer_mini.primitives import ReLU, embedding, layer_norm, linear, sequential
+from flaxformer_mini.primitives import ReLU, embedding, layer_norm, linear, normalize, sequential
 
 
 class TransformerBlock(nnx.Module):
@@ -36,9 +36,9 @@ class TransformerBlock(nnx.Module):
         return self._add_norm_feed_forward(query, self.attention.attend(query, k, v, mask))
 
     def _add_norm_feed_forward(self, query, attention):
-        fc_in = self.dropout(self.norm1(attention + query))
+        fc_in = self.dropout(normalize(self.norm1, attention + query))
         fc_out = sequential(self.fc, fc_in)
-        return self.norm2(fc_out + fc_in)
+        return normalize(self.norm2, fc_out + fc_in)
 
 
 class DecoderBlock(nnx.Module):
@@ -55,7 +55,7 @@ class DecoderBlock(nnx.Module):
 
     def __call__(self, input, key, value, source_mask, target_mask):
         x = self.attention(input, input, input, target_mask)
-        query = self.dropout(self.norm(x + input))
+        query = self.dropout(normalize(self.norm, x + input))
         return self.transformer_block(query, key, value, source_mask)
 
     def step(self, input, self_kv, cross_kv, source_mask, target_mask):
@@ -64,7 +64,7 @@ class DecoderBlock(nnx.Module):
         keys/values of the encoder output: what ``__call__`` computes, without recomputing
         the projections of earlier positions."""
         x = self.attention.attend(input, *self_kv, target_mask)
-        query = self.dropout(self.norm(x + input))
+        query = self.dropout(normalize(self.norm, x + input))
         return self.transformer_block.attend(query, *cross_kv, source_mask)
 
 

@@ -112,6 +112,21 @@ def layer_norm(num_features, *, axes=None, dtype=None, param_dtype=jnp.float32, 
     )
 
 
+def normalize(norm, x):
+    """``norm(x)`` for a ``layer_norm``, its float32 statistics allowed under strict promotion.
+
+    With a bfloat16 ``dtype``, Flax's LayerNorm takes its statistics in float32 by promotion
+    (``jnp.promote_types(dtype, float32)`` inside flax's ``_compute_stats``), which
+    ``jax_numpy_dtype_promotion="strict"`` (the tests' setting) refuses. That promotion is the
+    intended one (DESIGN.md: LayerNorm statistics in float32) and happens inside the library,
+    where no explicit cast of ours can reach it: so this call alone runs under standard
+    promotion, and the rest of the model stays checked. (PyTorch's LayerNorm under autocast
+    also runs in float32.)
+    """
+    with jax.numpy_dtype_promotion("standard"):
+        return norm(x)
+
+
 class ReLU(nnx.Module):
     """A parameter-free module, so ``fc`` keeps torch's indices: fc.0, fc.1 (ReLU), fc.2."""
 

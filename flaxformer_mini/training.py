@@ -238,12 +238,13 @@ def accumulated_train_step(state: TrainState, batches):
     (grads, total, count, correct, _, _), _ = jax.lax.scan(micro, init, (jnp.arange(k), batches))
     denominator = jnp.maximum(count, 1.0)
     grads = jax.tree.map(lambda g: g / denominator, grads)
-    updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    with jax.numpy_dtype_promotion("standard"):  # optax's own promotions: see train_step
+        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
     metrics = {
         "loss": total / denominator,
         "tokens": count,
-        "token_accuracy": correct / denominator,
+        "token_accuracy": correct.astype(jnp.float32) / denominator,  # int32 count of correct tokens
         "grad_norm": optax.tree.norm(grads),
         "learning_rate": learning_rate_schedule(state.config, d_model)(state.step),
     }

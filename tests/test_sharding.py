@@ -7,6 +7,14 @@ change the device count of the whole pytest run, so the runs happen in a subproc
 the tests below assert on it. The worker also asserts that it sees 8 devices and that FSDP
 really splits parameters, so nothing here can pass on one device by accident.
 
+Why a subprocess rather than ``jax.config.update("jax_num_cpu_devices", 8)`` (JAX's own
+switch, the idiomatic one): it is refused once the CPU backend has started (jax validates
+"backend not initialized"), and under pytest-xdist earlier tests in the same worker have
+started it; and where it could still be set, it is process-wide, so every later test in that
+worker would see 8 devices and the CLI's ``--devices`` default (all of them) would change
+under them. So the worker keeps its subprocess and its XLA flag (other tests reuse this
+file's worker machinery).
+
 Numbers, for the record (float32, highest matmul precision): losses agree to ~1e-6 and
 parameters after 5 Adam steps to ~5e-7, with and without dropout.
 """
