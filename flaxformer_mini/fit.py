@@ -82,7 +82,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     # process) anything before this point: every process agrees, and stops before its first step.
     if distributed.any_process(stop.requested):
         log.close()
-        echo(f"interrupted before the first step: nothing new to save"
+        echo("interrupted before the first step: nothing new to save"
              + (f" (the run stays at step {start})" if start else "") + "; run the same command to resume")
         raise KeyboardInterrupt
     try:

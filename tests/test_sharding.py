@@ -20,13 +20,13 @@ parameters after 5 Adam steps to ~5e-7, with and without dropout.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from simulated_devices import worker_env
 from jax.sharding import PartitionSpec as P
 
 from flaxformer_mini.sharding import fsdp_spec, local_row_range, make_mesh, process_local_rows, state_shardings
@@ -193,14 +193,7 @@ def _worker():
 @pytest.fixture(scope="module")
 def runs():
     root = Path(__file__).resolve().parents[1]
-    env = dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        # Optimisation level 0 halves XLA's CPU compile time (5 programs here); it does not
-        # change float semantics, and both sides of every comparison use it.
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={NUM_DEVICES} --xla_backend_optimization_level=0",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-    )
+    env = worker_env(NUM_DEVICES)
     proc = subprocess.run(
         [sys.executable, __file__, "--worker"], env=env, cwd=root, capture_output=True, text=True,
         timeout=WORKER_TIMEOUT_S,

@@ -20,13 +20,13 @@ Numbers, for the record (float32, highest matmul precision): see the comments at
 import contextlib
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from simulated_devices import worker_env
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -212,14 +212,7 @@ def _worker(tmp):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = Path(__file__).resolve().parents[1]
-    env = dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        # Optimisation level 0: about half the compile time; float semantics unchanged, and both
-        # sides of every comparison use it.
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={NUM_DEVICES} --xla_backend_optimization_level=0",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-    )
+    env = worker_env(NUM_DEVICES)
     tmp = tmp_path_factory.mktemp("tensor_parallel")
     proc = subprocess.run([sys.executable, __file__, "--worker", str(tmp)], env=env, cwd=root, capture_output=True,
                           text=True, timeout=WORKER_TIMEOUT_S)
