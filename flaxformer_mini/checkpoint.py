@@ -54,6 +54,7 @@ def save(manager, state: TrainState):
     except Exception as e:
         if not _is_disk_full(e):
             raise
+        _ignore_closed_event_loop()  # the failed save leaves abandoned futures too
         for partial in Path(manager.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
             shutil.rmtree(partial, ignore_errors=True)
         raise OSError(errno.ENOSPC, f"No space left on device saving checkpoint {step}",
@@ -172,9 +173,9 @@ def _summary(error):
 
 
 def _ignore_closed_event_loop():
-    """After a failed read, orbax's abandoned futures may call back into its closed event loop
-    when they are garbage-collected, and Python prints each "Event loop is closed" as an
-    ignored exception with a traceback. They carry nothing the one-line summary has not said."""
+    """After a failed read or a save that hit a full disk, orbax's abandoned futures may call
+    back into its closed event loop when they are garbage-collected, and Python prints each
+    "Event loop is closed" as an ignored exception with a traceback. They carry nothing the one-line summary has not said."""
     previous = sys.unraisablehook
     if getattr(previous, "_flaxformer_mini", False):
         return
