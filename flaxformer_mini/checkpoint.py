@@ -14,6 +14,7 @@ import logging
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -55,11 +56,27 @@ def save(manager, state: TrainState):
         if not _is_disk_full(e):
             raise
         _ignore_closed_event_loop()  # the failed save leaves abandoned futures too
-        for partial in Path(manager.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
-            shutil.rmtree(partial, ignore_errors=True)
+        _remove_partial(Path(manager.directory), step)
         raise OSError(errno.ENOSPC, f"No space left on device saving checkpoint {step}",
                       str(manager.directory)) from None
     return step
+
+
+def _remove_partial(directory, step, settle_s=5.0):
+    """Remove the half-written ``step.orbax-checkpoint-tmp*``. orbax's background writer may
+    still create files in it for a moment after the failure surfaced (seen under load: the
+    directory was back after one removal), so remove until it stays gone, for at most
+    ``settle_s`` seconds: bounded, never a wait on orbax itself."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        partials = list(directory.glob(f"{step}.orbax-checkpoint-tmp*"))
+        for partial in partials:
+            shutil.rmtree(partial, ignore_errors=True)
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.25)
+        if not partials and not list(directory.glob(f"{step}.orbax-checkpoint-tmp*")):
+            return
 
 
 def _is_disk_full(error):
