@@ -48,6 +48,9 @@ def save(manager, state: TrainState):
     after removing the half-written temporary directory (the earlier checkpoints are intact:
     orbax renames a checkpoint into place only once it is complete)."""
     step = int(jax.device_get(state.step))
+    # Before the save, not after its failure: orbax's threads report a full disk while the
+    # save is still failing, before the error reaches this function, and after it.
+    _silence_orbax_aftermath()
     try:
         with _quiet():
             manager.save(step, args=ocp.args.StandardSave(_saved(state)), force=True)
@@ -55,7 +58,6 @@ def save(manager, state: TrainState):
     except Exception as e:
         if not _is_disk_full(e):
             raise
-        _ignore_closed_event_loop()  # the failed save leaves abandoned futures too
         _remove_partial(Path(manager.directory), step)
         raise OSError(errno.ENOSPC, f"No space left on device saving checkpoint {step}",
                       str(manager.directory)) from None
@@ -189,21 +191,41 @@ def _summary(error):
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _ignore_closed_event_loop():
-    """After a failed read or a save that hit a full disk, orbax's abandoned futures may call
-    back into its closed event loop when they are garbage-collected, and Python prints each
-    "Event loop is closed" as an ignored exception with a traceback. They carry nothing the one-line summary has not said."""
-    previous = sys.unraisablehook
-    if getattr(previous, "_flaxformer_mini", False):
+def _silence_orbax_aftermath():
+    """After a failed read, or a save that hit a full disk, orbax's writer threads and
+    abandoned futures go on failing for a while and report it again through four channels,
+    each with a traceback: the "absl" logger (its signalling threads), the "asyncio" logger
+    ("exception was never retrieved", often at exit), ``sys.excepthook`` (TensorStore's
+    threads calling into a closed event loop) and ``sys.unraisablehook`` (collected futures).
+    They carry nothing the caller's one-line summary has not said. Installed once, before the
+    first save: it drops only the closed-event-loop error and records of a full disk, and
+    passes every other record and error on."""
+    if getattr(sys.unraisablehook, "_flaxformer_mini", False):
         return
+    previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
 
-    def hook(unraisable):
-        if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(unraisable.exc_value):
-            return
-        previous(unraisable)
+    def unraisable(info):
+        if not _is_closed_loop(info.exc_value):
+            previous_unraisable(info)
 
-    hook._flaxformer_mini = True
-    sys.unraisablehook = hook
+    def excepthook(kind, value, traceback):
+        if not _is_closed_loop(value):
+            previous_except(kind, value, traceback)
+
+    unraisable._flaxformer_mini = excepthook._flaxformer_mini = True
+    sys.unraisablehook, sys.excepthook = unraisable, excepthook
+    for name in ("absl", "asyncio"):
+        logging.getLogger(name).addFilter(_drop_disk_full_records)
+
+
+def _drop_disk_full_records(record):
+    """A logging filter: False (drop) for a record of a full disk."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not (_is_disk_full(error) or "No space left on device" in record.getMessage())
+
+
+def _is_closed_loop(error):
+    return isinstance(error, RuntimeError) and "Event loop is closed" in str(error)
 
 
 def restore_latest_intact(manager, template: TrainState):
@@ -219,7 +241,7 @@ def restore_latest_intact(manager, template: TrainState):
         except CheckpointMismatchError:
             raise
         except Exception as e:  # noqa: BLE001 - any read failure means this step is damaged
-            _ignore_closed_event_loop()
+            _silence_orbax_aftermath()
             skipped.append((step, _summary(e)))
     details = "; ".join(f"step {step}: {why}" for step, why in skipped)
     raise CheckpointError(f"no checkpoint in {manager.directory} can be read ({details})")

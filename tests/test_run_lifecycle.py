@@ -357,6 +357,39 @@ def test_a_full_disk_during_a_checkpoint_save_keeps_the_previous_one(tmp_path, m
     assert cli("train", *TINY_RUN, "--steps", "20", "--save-every", "5", "--out", str(out)).returncode == 0
 
 
+def test_after_a_save_only_orbaxs_disk_full_aftermath_is_silenced(tmp_path, monkeypatch, caplog):
+    # A full disk makes orbax's threads report it again and again, each with a traceback:
+    # through the "absl" and "asyncio" loggers, sys.excepthook (TensorStore's threads calling
+    # into a closed event loop) and sys.unraisablehook (collected futures). Every other record
+    # and error must still come through.
+    import logging
+    import sys
+
+    from flaxformer_mini import checkpoint
+    from flaxformer_mini.training import TrainConfig, Trainer
+
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(("except", str(value))))
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: seen.append(("unraisable", str(info.exc_value))))
+    for name in ("absl", "asyncio"):  # the filters added below go when the test ends
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    manager = checkpoint.open_manager(tmp_path / "ckpt")
+    trainer = Trainer(fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(0)), TrainConfig())
+    checkpoint.save(manager, trainer.init_state())
+    closed, other = RuntimeError("Event loop is closed"), RuntimeError("something else")
+    for error in (closed, other):
+        sys.excepthook(RuntimeError, error, None)
+        sys.unraisablehook(type("Info", (), {"exc_value": error})())
+    assert seen == [("except", "something else"), ("unraisable", "something else")]
+
+    full = ValueError("RESOURCE_EXHAUSTED: Failed to write: No space left on device [os_error_code='28']")
+    with caplog.at_level(logging.ERROR):
+        logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=(ValueError, full, None))
+        logging.getLogger("absl").error("_SignalingThread.run() raised an exception: %s", full)
+        logging.getLogger("asyncio").error("another failure", exc_info=(RuntimeError, other, None))
+    assert [r.getMessage() for r in caplog.records] == ["another failure"]
+
+
 def test_a_real_full_disk_ends_the_run_with_one_line_and_the_previous_checkpoint(tmp_path):
     # A 1.3 MB tmpfs holds one tiny checkpoint (~0.75 MB), not two. Mounting needs root (as
     # here and in CI); elsewhere the simulated test above covers the same path.
