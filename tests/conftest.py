@@ -4,18 +4,28 @@ implicit dtype promotion too (a float32 constant silently widening a bfloat16 ac
 int mixing with a float): the few library calls that promote on purpose say so where they run
 (``jax.numpy_dtype_promotion("standard")`` around optax's update and Flax's LayerNorm).
 
-Speed: the subprocesses the tests start (the CLI, multi-process runs) share one persistent
-compilation cache per pytest run, and the heaviest files are scheduled first (see below)."""
+Speed: XLA:CPU compiles at LLVM optimisation level 0 (below); the subprocesses the tests start
+(the CLI, multi-process runs) share one persistent compilation cache per pytest run, and the
+heaviest files are scheduled first (see below)."""
 
 import os
 import shutil
 import tempfile
 
-import jax
-import numpy as np
-import pytest
-import torch
-from flax import nnx
+# XLA:CPU's LLVM optimisation level 0, for this process and (inherited) every subprocess the
+# tests start: it cuts each compilation by about a third (the tiny train step's XLA compile,
+# Intel Xeon family 6 model 167: 2.6 s -> 1.8 s; two test files 91 s -> 66 s) and the suite is
+# mostly compilation. LLVM keeps float semantics at any level (XLA:CPU leaves fast-math off),
+# and both sides of every comparison here are compiled the same way. Set before JAX starts.
+OPT_LEVEL_FLAG = "--xla_backend_optimization_level=0"
+if OPT_LEVEL_FLAG not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit it
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), OPT_LEVEL_FLAG]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from flax import nnx  # noqa: E402
 
 import flaxformer_mini as fm
 from parity import parity_numerics

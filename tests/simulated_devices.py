@@ -12,14 +12,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def worker_env(num_devices):
-    """``os.environ`` plus CPU only, ``num_devices`` simulated devices and the project on the path.
-
-    Optimisation level 0 halves XLA's CPU compile time; it does not change float semantics,
-    and both sides of every comparison in a worker use it.
-    """
+    """``os.environ`` plus CPU only, ``num_devices`` simulated devices and the project on the path
+    (``XLA_FLAGS`` keeps the tests' optimisation level: tests/conftest.py)."""
     return dict(
         os.environ,
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={num_devices} --xla_backend_optimization_level=0",
+        XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS"), f"--xla_force_host_platform_device_count={num_devices}"])),
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     )

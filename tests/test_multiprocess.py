@@ -14,7 +14,6 @@ start-up and a compilation per process.
 """
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ import chex
 import jax
 import numpy as np
 import pytest
+from simulated_devices import worker_env
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -51,15 +51,7 @@ def free_port():
 
 
 def env_with(devices_per_process=1):
-    return dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        # Optimisation level 0 halves XLA:CPU's compile time, the bulk of each launch; float
-        # semantics are unchanged and every run compared here (the reference too) uses it.
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process} --xla_backend_optimization_level=0",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        PYTHONUNBUFFERED="1",
-    )
+    return dict(worker_env(devices_per_process), PYTHONUNBUFFERED="1")
 
 
 def start_processes(argv_for, n, devices_per_process=1):

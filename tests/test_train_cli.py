@@ -3,7 +3,6 @@
 import contextlib
 import io
 import json
-import os
 import re
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 from flaxformer_mini.run_dir import RunDir
 from flaxformer_mini.cli import main
 from flaxformer_mini.run import Run
+from simulated_devices import worker_env
 
 # A run small enough for a test: the tiny preset on `copy` with short sequences.
 TINY_RUN = ["--task", "copy", "--preset", "tiny", "--vocab-size", "11", "--max-len", "5", "--batch-size", "8",
@@ -185,7 +185,7 @@ def test_unusable_options_exit_2():
 
 
 def test_batch_size_not_divisible_by_the_device_count_is_refused_before_anything_is_written(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = worker_env(8)
     out = tmp_path / "run"
     proc = run_process("train", *TINY_RUN, "--devices", "8", "--batch-size", "30", "--out", str(out), env=env)
     assert proc.returncode == 2
