@@ -115,9 +115,9 @@ def _worker_config():
     from flaxformer_mini.training import TrainConfig
 
     data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
-    # tiny's width 30 has no factor 4: width 40 (K = 8 per head) gives FSDP on 4 devices an
-    # axis to split in every kernel.
-    model = model_config_for("tiny", 11, 11, data.model_max_len).replace(embed_size=40)
+    # tiny's width 30 has no factor 4: width 40 gives FSDP on 4 devices an axis to split in
+    # every kernel, and 4 heads (K = 10) give tensor parallelism over 2 devices heads to split.
+    model = model_config_for("tiny", 11, 11, data.model_max_len).replace(embed_size=40, heads=4)
     return RunConfig(model=model,
                      train=TrainConfig(schedule="constant", learning_rate=LEARNING_RATE, eps=ADAM_EPS, seed=0),
                      data=data, batch_size=BATCH_SIZE)
@@ -138,10 +138,11 @@ def _worker(spec):
             import shutil
 
             shutil.copytree(r["copy_from"], r["out"])
-        mesh = training_mesh(r["devices"], r["sharding"], BATCH_SIZE)
+        mesh = (training_mesh(None, r["sharding"], BATCH_SIZE, mesh_shape=r["mesh"]) if "mesh" in r
+                else training_mesh(r["devices"], r["sharding"], BATCH_SIZE))
         run = Run.create(r["out"], _worker_config(), echo=lambda m: None)
         fit(run, r.get("steps", STEPS), log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
-            sharding=r["sharding"], echo=lambda m: None)
+            sharding=r["sharding"], echo=lambda m: print(f"{r['out']}: {m}", file=sys.stderr))
 
 
 def launch_workers(n, runs, devices_per_process=1):
@@ -151,7 +152,9 @@ def launch_workers(n, runs, devices_per_process=1):
         spec = {"n": n, "process_id": i, "coordinator": f"127.0.0.1:{port}", "runs": runs}
         return [sys.executable, __file__, "--worker", json.dumps(spec)]
 
-    assert_all_ok(finish(start_processes(argv, n, devices_per_process)))
+    results = finish(start_processes(argv, n, devices_per_process))
+    assert_all_ok(results)
+    return results
 
 
 def losses(out):
@@ -184,6 +187,10 @@ LAYOUTS = {
     "2x2_fsdp": (2, 2, "fsdp"),
     "4x1_fsdp": (4, 1, "fsdp"),
 }
+# Tensor parallelism across processes (--mesh data=2,model=2 on 2 processes x 2 devices): each
+# process's two devices split the heads and feed-forward units (make_mesh_2d keeps a row of
+# the mesh inside a process), the data axis and FSDP span the processes.
+TENSOR_PARALLEL = "2x2_mesh_data=2,model=2_fsdp"
 
 
 # Checkpoints across meshes: a run saved at STEPS under one layout, continued to 2 * STEPS
@@ -199,7 +206,7 @@ CONTINUED = {
 @pytest.fixture(scope="module")
 def equivalence_runs(tmp_path_factory):
     """Four launches (9 processes), each running its layout's runs one after another: the
-    2x2 FSDP run first, so that the single-process launch can train the reference and then
+    2x2 FSDP and tensor-parallel runs first, so that the single-process launch can train the reference and then
     continue both its checkpoint and the 2x2 run's (fewer launches: each costs a JAX start-up
     and a compilation per process)."""
     import shutil
@@ -208,7 +215,9 @@ def equivalence_runs(tmp_path_factory):
     t0 = time.time()
     run = lambda name, d, sharding, **kw: {"out": str(root / name), "devices": d, "sharding": sharding, **kw}  # noqa: E731
     assert CONTINUED["fsdp_4_devices_to_1_device"][0] == "2x2_fsdp"
-    launch_workers(2, [run("2x2_fsdp", 2, "fsdp")], devices_per_process=2)
+    results = launch_workers(2, [run("2x2_fsdp", 2, "fsdp"), run(TENSOR_PARALLEL, None, "fsdp", mesh={"data": 2, "model": 2})],
+                             devices_per_process=2)
+    (root / "2x2_launch.stderr").write_text(results[0][2])  # what process 0 said of its runs
     one_process = [run("reference", 1, "replicated")]
     multi = {}
     for name, (n, d, sharding) in LAYOUTS.items():
@@ -238,7 +247,7 @@ def test_the_reference_run_moves_the_parameters_well_beyond_the_tolerance(equiva
     assert sorted(losses(equivalence_runs / "reference")) == list(range(1, STEPS + 1))
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [*LAYOUTS, TENSOR_PARALLEL])
 def test_multiprocess_losses_and_parameters_equal_one_process(equivalence_runs, layout):
     ref, got = losses(equivalence_runs / "reference"), losses(equivalence_runs / layout)
     assert sorted(got) == sorted(ref), "process 0 logs every step once"
@@ -246,6 +255,12 @@ def test_multiprocess_losses_and_parameters_equal_one_process(equivalence_runs, 
     assert worst <= EQUIV_ATOL, f"{layout}: losses differ by {worst:.2e}"
     chex.assert_trees_all_close(final_state(equivalence_runs / layout).params,
                                 final_state(equivalence_runs / "reference").params, atol=EQUIV_ATOL, rtol=0)
+
+
+def test_the_tensor_parallel_run_used_the_2d_mesh_over_both_processes(equivalence_runs):
+    said = (equivalence_runs / "2x2_launch.stderr").read_text()
+    assert f"{equivalence_runs / TENSOR_PARALLEL}: model: " in said
+    assert "on 4 cpu device(s), mesh data=2,model=2, fsdp sharding" in said, said[-2000:]
 
 
 @pytest.mark.parametrize("name", [n for n in CONTINUED if n != "continued_on_1_process"])
@@ -370,7 +385,10 @@ def test_a_signal_handled_during_the_step_all_reduce_stops_the_run_at_the_next_s
 
 # ----------------------------------------------------------------------------- the CLI: a run's life
 
-STORY_STEPS, SAVE_EVERY = 240, 20  # long enough that the signals land mid-run
+# The 2-process CLI run of the tests below, and the uninterrupted reference of the SIGTERM /
+# kill -9 / resume story. 60 steps, checkpoints every 10: the story's signals land mid-run
+# (a step takes tens of milliseconds; the test acts within one 50 ms poll of what it waits for).
+CLI_STEPS, SAVE_EVERY = 60, 10
 
 
 def wait_for(predicate, procs, what, timeout=LAUNCH_TIMEOUT_S):
@@ -394,22 +412,17 @@ def assert_bit_identical(a, b):
     chex.assert_trees_all_equal((a.params, a.opt_state), (b.params, b.opt_state))  # structure and every bit
 
 
-# The default tests' 2-process CLI run: what they check (one set of files, every step logged
-# once, a run readable in one process) does not depend on its length; 240 steps are the slow
-# story's, so that its signals land mid-run.
-CLI_STEPS = 20
-
-
-def two_process_cli_run(out, steps):
-    argv = train_cli(out, 2)
-    results = finish(start_processes(lambda i: argv(i) + ["--steps", str(steps), "--save-every", str(SAVE_EVERY)], 2))
-    assert_all_ok(results)
-    return out, results
+def two_process_command(out, port=None):
+    argv = train_cli(out, 2, port=port)
+    return lambda i: argv(i) + ["--steps", str(CLI_STEPS), "--save-every", str(SAVE_EVERY)]
 
 
 @pytest.fixture(scope="module")
 def straight_two_process_run(tmp_path_factory):
-    return two_process_cli_run(tmp_path_factory.mktemp("straight2") / "run", CLI_STEPS)
+    out = tmp_path_factory.mktemp("straight2") / "run"
+    results = finish(start_processes(two_process_command(out), 2))
+    assert_all_ok(results)
+    return out, results
 
 
 def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two_process_run):
@@ -438,21 +451,15 @@ def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_t
     assert gen.stdout.split() and set(gen.stdout.split()) <= set("0123456")
 
 
-# Deselected by default (pyproject's `-m "not slow"`; run it with `pytest -m slow`): it takes
-# 1.5-3.5 minutes on 2 cores. Issue #12's lost SIGTERM (the step-boundary all-reduce's result
-# was written back over the stop flag, erasing a signal handled during the all-reduce: this
-# test saw it 1 run in 2) and its early SIGTERM (default action before the handler) are fixed
-# (docs/scale-out.md); test_a_sigterm_before_the_first_step_... checks the earliest case.
-@pytest.mark.slow
-def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(tmp_path):
-    straight, _ = two_process_cli_run(tmp_path / "straight", STORY_STEPS)  # the uninterrupted reference
+def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(straight_two_process_run, tmp_path):
+    # Preemption, a lost host and a restart, as a scheduler would cause them; the same command
+    # every time, as a user (or a job's restart policy) would run it.
     out, port = tmp_path / "run", free_port()
-    argv = train_cli(out, 2, port=port)
-    command = lambda i: argv(i) + ["--steps", str(STORY_STEPS), "--save-every", str(SAVE_EVERY)]  # noqa: E731
+    command = two_process_command(out, port)
 
-    # 1. SIGTERM to process 0 only: both processes save the same step and exit like Ctrl-C.
+    # 1. SIGTERM to process 0 only, at its first logged step (before the first checkpoint, where
+    #    issue #12's SIGTERM was once lost): both processes save the same step and exit like Ctrl-C.
     procs = start_processes(command, 2)
-    # At the first logged step, before the first checkpoint (where issue #12's SIGTERM was lost).
     metrics = out / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.read_text().strip(), procs, "a first logged step")
     procs[0].send_signal(signal.SIGTERM)
@@ -460,7 +467,7 @@ def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(tmp_path):
     for code, _, err in results:
         assert code == 130, err[-2000:]
     saved = int(results[0][2].split("interrupted: saved step ")[1].split(";")[0])
-    assert checkpoint_steps(out)[-1] == saved < STORY_STEPS
+    assert checkpoint_steps(out)[-1] == saved < CLI_STEPS
 
     # 2. Resume; kill -9 process 1 mid-run: process 0 stops with an error within the heartbeat
     #    bound, never hangs, and the last checkpoint stays intact.
@@ -472,13 +479,15 @@ def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(tmp_path):
     assert code == 1, err[-3000:]
     assert "lost contact with another process" in err, err[-3000:]
     assert time.time() - t0 < HEARTBEAT_S * 6 + 60
+    kept = checkpoint_steps(out)[-1]
+    assert saved + SAVE_EVERY <= kept < CLI_STEPS
 
     # 3. The same command on every process resumes from the last checkpoint and ends
     #    bit-identical to the uninterrupted run.
     results = finish(start_processes(command, 2))
     assert_all_ok(results)
-    assert "resuming" in results[0][2]
-    assert_bit_identical(final_state(straight), final_state(out))
+    assert f"resuming {out} from step {kept}" in results[0][2]
+    assert_bit_identical(final_state(straight_two_process_run[0]), final_state(out))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
