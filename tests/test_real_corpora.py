@@ -19,7 +19,7 @@ from flaxformer_mini.run import Run
 from flaxformer_mini.run_dir import RunDir
 from flaxformer_mini.tensorboard import read_scalars
 from flaxformer_mini.training import TrainConfig, Trainer, stack_batches
-from test_train_cli import assert_same_training_state, cli, latest_state, run_process, start, wait_for_checkpoint
+from test_train_cli import assert_same_training_state, cli, latest_state, start, wait_for_checkpoint
 
 WORDS = ["the cat", "a dog", "sat on", "the mat", "red fox", "ran far", "big sun", "old tree", "blue sky"]
 
@@ -131,14 +131,16 @@ def test_a_max_tokens_run_killed_with_sigkill_resumes_bit_identical(corpus, tmp_
                                  # 16 steps: killed after checkpoint 8, it resumes through 8 more
                                  # --max-tokens batches (each shape a compilation; 24 cost 50% more)
                                  "--steps", "16", "--eval-every", "100", "--log-every", "4")
-    straight = run_process(*args(tmp_path / "straight"))
+    # Killed in a process of its own; the reference and the resumed run in this one, which
+    # compiles each batch shape once for both.
+    straight = cli(*args(tmp_path / "straight"))
     assert straight.returncode == 0, straight.stderr
     out = tmp_path / "killed"
     proc = start(*args(out))
     wait_for_checkpoint(out, 8, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    resumed = run_process(*args(out))
+    resumed = cli(*args(out))
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr
     (s1, a), (s2, b) = latest_state(tmp_path / "straight"), latest_state(out)

@@ -74,11 +74,17 @@ def wait_for_checkpoint(out, at_least, proc, timeout=240):
     raise AssertionError(f"no checkpoint {at_least} within {timeout}s")
 
 
+# The uninterrupted reference run: long enough that the stop story below lands three
+# signals mid-run (a tiny step takes milliseconds; each signal follows a checkpoint within one
+# 50 ms poll, 10 steps before the next checkpoint at the earliest).
+STRAIGHT_STEPS, SAVE_EVERY = 80, 10
+STRAIGHT = ["train", *TINY_RUN, "--steps", str(STRAIGHT_STEPS), "--save-every", str(SAVE_EVERY)]
+
+
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
-    """The uninterrupted reference: 60 steps, checkpoints every 10."""
     out = tmp_path_factory.mktemp("straight") / "run"
-    proc = run_process("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
+    proc = run_process(*STRAIGHT, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     return out, proc
 
@@ -86,42 +92,51 @@ def straight_run(tmp_path_factory):
 def test_train_prints_final_metrics_and_writes_the_run(straight_run):
     out, proc = straight_run
     final = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert final["step"] == 60 and set(final) >= {"loss", "token_accuracy", "exact_match"}
+    assert final["step"] == STRAIGHT_STEPS and set(final) >= {"loss", "token_accuracy", "exact_match"}
     assert (out / "loss.png").exists() and (out / "config.json").exists()
     assert "parameters" in proc.stderr
 
 
-def test_kill_9_then_resume_ends_bit_identical_to_the_uninterrupted_run(straight_run, tmp_path):
-    out = tmp_path / "run"
-    proc = start("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
-    wait_for_checkpoint(out, 20, proc)
-    proc.send_signal(signal.SIGKILL)  # no chance to clean up or save
-    proc.wait()
-    # The saved step's metrics reach the log before its checkpoint: none is lost for good.
-    assert 20 in [r["step"] for r in RunDir(out).read_metrics() if "loss" in r]
-    # Resumed under --keep-freed-memory: the allocator setting must change nothing but speed.
-    resumed = run_process("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--keep-freed-memory",
-                          "--out", str(out))
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming" in resumed.stderr
-    (s1, a), (s2, b) = latest_state(straight_run[0]), latest_state(out)
-    assert s1 == s2 == 60
-    assert_same_training_state(a, b)
-
-
-def test_ctrl_c_saves_then_resume_ends_bit_identical(straight_run, tmp_path):
-    out = tmp_path / "run"
-    proc = start("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
-    wait_for_checkpoint(out, 10, proc)
-    proc.send_signal(signal.SIGINT)
+def saved_step(proc):
+    """The step a run stopped by a signal saved: exit code 130 and the step it names."""
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "interrupted: saved step" in err
-    saved = int(err.split("interrupted: saved step ")[1].split(";")[0])
-    assert latest_state(out)[0] == saved  # the step it was at, not only the last periodic save
-    resumed = run_process("train", *TINY_RUN, "--steps", "60", "--save-every", "10", "--out", str(out))
+    return int(err.split("interrupted: saved step ")[1].split(";")[0])
+
+
+def test_ctrl_c_sigterm_and_kill_9_each_resume_to_the_uninterrupted_run_bit_for_bit(straight_run, tmp_path):
+    # One run stopped every way a run is stopped, each time resumed with the same command.
+    out = tmp_path / "run"
+    command = [*STRAIGHT, "--out", str(out)]
+    # 1. Ctrl-C: saves the step it is at (not only the last periodic save) and exits 130.
+    proc = start(*command)
+    wait_for_checkpoint(out, SAVE_EVERY, proc)
+    proc.send_signal(signal.SIGINT)
+    first = saved_step(proc)
+    assert latest_state(out)[0] == first
+    # 2. Resumed; SIGTERM, what a scheduler sends before it takes the machine back: the same.
+    proc = start(*command)
+    wait_for_checkpoint(out, first + SAVE_EVERY, proc)
+    proc.send_signal(signal.SIGTERM)
+    second = saved_step(proc)
+    assert latest_state(out)[0] == second > first
+    # 3. Resumed under --keep-freed-memory (the allocator setting must change nothing but
+    #    speed); kill -9: no chance to clean up or save.
+    proc = start(*command, "--keep-freed-memory")
+    wait_for_checkpoint(out, second + SAVE_EVERY, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = latest_state(out)[0]
+    assert second < killed_at < STRAIGHT_STEPS
+    # The saved step's metrics reach the log before its checkpoint: none is lost for good.
+    assert killed_at in [r["step"] for r in RunDir(out).read_metrics() if "loss" in r]
+    # 4. Resumed to the end (in this process): every bit of the uninterrupted run's state.
+    resumed = cli(*command)
     assert resumed.returncode == 0, resumed.stderr
-    assert_same_training_state(latest_state(straight_run[0])[1], latest_state(out)[1])
+    assert f"resuming {out} from step {killed_at}" in resumed.stderr
+    (s1, a), (s2, b) = latest_state(straight_run[0]), latest_state(out)
+    assert s1 == s2 == STRAIGHT_STEPS
+    assert_same_training_state(a, b)
 
 
 def test_evaluate_json_prints_the_three_metrics(straight_run):
