@@ -119,6 +119,18 @@ def make_batch(sources, targets, source_length=None, target_length=None):
     )
 
 
+def pad_rows(batch, rows):
+    """``batch`` with rows of PAD appended up to ``rows`` (unchanged when it has as many). An
+    evaluation's last batch is padded so to its first batch's size, as ``generate`` pads its
+    last batch: the eval step and the decoder compile once per batch size, not again for a
+    smaller remainder. A PAD row adds nothing to the loss sums (every label is PAD) and its
+    decoded row is dropped."""
+    missing = rows - len(batch.source)
+    if missing <= 0:
+        return batch
+    return Batch(*(np.pad(np.asarray(a), ((0, missing), (0, 0)), constant_values=PAD) for a in batch))
+
+
 def _strip_specials(ids):
     """The ids of a model output up to the first EOS, without PAD and BOS."""
     out = []

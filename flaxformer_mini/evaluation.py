@@ -11,6 +11,7 @@ the model sees them, decoded from their ids (so a word outside the vocabulary re
 
 import numpy as np
 
+from flaxformer_mini.data import pad_rows
 from flaxformer_mini.decoding import decode, exact_match
 from flaxformer_mini.files import write_atomic
 from flaxformer_mini.metrics import corpus_metrics
@@ -34,13 +35,14 @@ def evaluate_with_hypotheses(trainer, state, batches, with_exact_match=True, bea
     hypotheses, references = [], []
     if with_exact_match:
         model = state.model()
-        hits = []
+        hits, rows = [], None
         for b in batches:
-            predicted = decode(model, b.source, b.target_out.shape[1], beam_size=beam_size)
+            rows = rows or len(b.source)  # a smaller last batch is padded: one compiled shape
+            predicted = decode(model, pad_rows(b, rows).source, b.target_out.shape[1], beam_size=beam_size)
+            predicted = np.asarray(predicted)[: len(b.source)]
             hits.append(exact_match(predicted, b.target_out))
             wanted = len(b.source) if decode_lines is None else min(len(b.source), decode_lines - len(hypotheses))
             if codec is not None and wanted > 0:
-                predicted = np.asarray(predicted)
                 hypotheses += [codec.decode(row) for row in predicted[:wanted]]
                 references += [codec.decode(row) for row in np.asarray(b.target_out)[:wanted]]
         result["exact_match"] = float(np.concatenate(hits).mean())

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from flaxformer_mini.data import PAD
+from flaxformer_mini.data import PAD, pad_rows
 from flaxformer_mini.validation import check_same_batch, check_tokens
 
 
@@ -314,11 +314,14 @@ class Trainer:
         return self.train_step(state, batch)
 
     def evaluate(self, state, batches):
-        """Teacher-forced loss and token accuracy over ``batches`` (summed, then divided)."""
+        """Teacher-forced loss and token accuracy over ``batches`` (summed, then divided); a
+        last batch smaller than the first is padded to its size (``data.pad_rows``)."""
         total = count = correct = 0.0
+        rows = None
         for batch in batches:
             check_batch(batch, self.model_config)
-            m = jax.device_get(self.eval_step(state, batch))
+            rows = rows or len(batch.source)
+            m = jax.device_get(self.eval_step(state, pad_rows(batch, rows)))
             total, count, correct = total + m["loss_sum"], count + m["tokens"], correct + m["correct"]
         return {"loss": float(total / max(count, 1.0)), "token_accuracy": float(correct / max(count, 1.0))}
 

@@ -197,12 +197,15 @@ def test_resuming_with_another_tokenizer_or_vocab_size_is_refused_naming_both(bp
     assert (out / "config.json").read_bytes() == before
 
 
-def test_a_hand_edited_tokenizer_file_is_refused_naming_it(corpus, tmp_path):
+def test_a_hand_edited_tokenizer_file_is_refused_naming_it(bpe_run, tmp_path):
+    import shutil
+
     out = tmp_path / "r"
-    args = text_args(corpus, out, "--tokenizer", "char", "--steps", "2")
-    assert cli(*args).returncode == 0
+    shutil.copytree(bpe_run[0], out)
     path = out / "tokenizer_target.json"
-    path.write_text(path.read_text().replace('"a"', '"@"', 1))
+    edited = path.read_text().replace('"a"', '"@"', 1)
+    assert edited != path.read_text()
+    path.write_text(edited)
     for proc in (cli("evaluate", "--checkpoint", str(out)), cli("generate", "--checkpoint", str(out), "the cat")):
         assert proc.returncode == 2 and "tokenizer_target.json differs from the file this run wrote" in proc.stderr
 
@@ -221,8 +224,10 @@ def test_accumulate_zero_is_refused_by_name(corpus, tmp_path):
     assert proc.returncode == 2 and "--accumulate must be >= 1" in proc.stderr
 
 
-def test_max_tokens_wins_over_batch_size_and_says_so(corpus, tmp_path):
-    proc = cli(*text_args(corpus, tmp_path / "r", "--max-tokens", "96", "--batch-size", "3", "--steps", "2"))
+def test_max_tokens_wins_over_batch_size_and_says_so(bpe_run, tmp_path):
+    # bpe_run's options (its compiled steps are reused) and a --batch-size
+    args = [a if a != str(bpe_run[0]) else str(tmp_path / "r") for a in bpe_run[1]]
+    proc = cli(*args, "--batch-size", "3", "--steps", "2")
     assert proc.returncode == 0, proc.stderr
     assert "--max-tokens 96 wins" in proc.stderr
     (batch,) = Run.open(tmp_path / "r").train_batches(0)

@@ -34,6 +34,25 @@ def test_evaluate_scores_the_same_sequences_at_any_batch_size(tiny_run):
         assert r["loss"] == pytest.approx(results[0]["loss"], rel=1e-5)
 
 
+def test_a_short_last_evaluation_batch_is_padded_to_the_first_batchs_shape(tiny_run, monkeypatch):
+    # As `generate` pads its last batch: the eval step and the decoder see one shape (one
+    # compilation), and the padding rows count nowhere (the test above: the same scores at
+    # any batch size).
+    from flaxformer_mini import evaluation
+    from flaxformer_mini.run import Run
+
+    run = Run.open(tiny_run)
+    batches = run.eval_batches(5)
+    assert [len(b.source) for b in batches] == [5, 5, 5, 5, 3]  # 23 sequences
+    shapes, eval_step, decode = [], run.trainer.eval_step, evaluation.decode
+    monkeypatch.setattr(run.trainer, "eval_step", lambda state, b: shapes.append(("eval", b.source.shape)) or eval_step(state, b))
+    monkeypatch.setattr(evaluation, "decode",
+                        lambda model, source, *a, **k: shapes.append(("decode", source.shape)) or decode(model, source, *a, **k))
+    evaluation.evaluate(run.trainer, run.latest_state(), batches)
+    S = batches[0].source.shape[1]
+    assert len(shapes) == 10 and set(shapes) == {("eval", (5, S)), ("decode", (5, S))}
+
+
 def test_decoding_leaves_the_callers_model_in_its_mode():
     model = fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(0))
     model.train()
