@@ -205,10 +205,10 @@ CONTINUED = {
 
 @pytest.fixture(scope="module")
 def equivalence_runs(tmp_path_factory):
-    """Four launches (9 processes), each running its layout's runs one after another: the
-    2x2 FSDP and tensor-parallel runs first, so that the single-process launch can train the reference and then
-    continue both its checkpoint and the 2x2 run's (fewer launches: each costs a JAX start-up
-    and a compilation per process)."""
+    """Three launches (8 processes), each running its layout's runs one after another, and
+    the single-process runs in this process: the 2x2 FSDP and tensor-parallel runs first, so
+    that this process can train the reference and then continue both its checkpoint and the
+    2x2 run's (each launch costs a JAX start-up and a compilation per process)."""
     import shutil
 
     root = tmp_path_factory.mktemp("equivalence")
@@ -228,7 +228,7 @@ def equivalence_runs(tmp_path_factory):
             one_process.append(run(name, d, sharding, steps=2 * STEPS, copy_from=str(root / source)))
         else:
             multi.setdefault((n, d), []).append(run(name, d, sharding, steps=2 * STEPS, copy_from=source))
-    launch_workers(1, one_process)
+    _worker({"n": 1, "runs": one_process})  # one process on one device: this one (no launch to pay)
     for (n, d), runs in multi.items():
         for r in runs:  # copied here, once, not by each process of the launch
             if "copy_from" in r:
