@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
+from flaxformer_mini.partitioning import path_name
 from flaxformer_mini.training import TrainState
 
 # orbax logs every save at INFO through absl; the progress bar already says what happens.
@@ -93,19 +94,12 @@ def _is_disk_full(error):
     return False
 
 
-def _key_name(entry):
-    for attr in ("key", "idx", "name"):
-        if hasattr(entry, attr):
-            return str(getattr(entry, attr))
-    return str(entry)
-
-
 def _shapes(tree):
     """{'encoder/embedding_layer/embedding': shape} for a params tree, whether it is an
     nnx.State or orbax's stored metadata (string keys, leaves under 'value')."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))
     return {
-        "/".join(n for n in map(_key_name, path) if n != "value"): tuple(leaf.shape)
+        path_name(path): tuple(leaf.shape)
         for path, leaf in flat
         if hasattr(leaf, "shape")
     }

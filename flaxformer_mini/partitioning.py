@@ -137,14 +137,18 @@ def logical_spec(names, shape, rules, mesh_shape, where="an array"):
     return P(*spec)
 
 
-def _path_name(path):
-    parts = []
-    for entry in path:
-        for attr in ("key", "idx", "name"):
-            if hasattr(entry, attr):
-                parts.append(str(getattr(entry, attr)))
-                break
-    return "/".join(p for p in parts if p != "value")
+def path_name(path):
+    """``'encoder/embedding_layer/embedding'``: a parameter's pytree path (jax key entries of
+    an ``nnx.State``, a TrainState or orbax's stored metadata), without NNX's ``value`` leaf
+    names. What sharding and checkpoint messages call a parameter."""
+    return "/".join(n for n in map(_key_name, path) if n != "value")
+
+
+def _key_name(entry):
+    for attr in ("key", "idx", "name"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
 
 
 def state_specs(tree, rules, mesh_shape):
@@ -158,7 +162,7 @@ def state_specs(tree, rules, mesh_shape):
         if isinstance(x, nnx.Variable):
             names = logical_axes(x)
             shape = () if names is None else np.shape(x.get_value())  # also an abstract (eval_shape) value
-            return x.replace(logical_spec(names, shape, rules, mesh_shape, _path_name(path)))
+            return x.replace(logical_spec(names, shape, rules, mesh_shape, path_name(path)))
         return P()
 
     return jax.tree_util.tree_map_with_path(spec, tree, is_leaf=lambda x: isinstance(x, nnx.Variable))

@@ -93,9 +93,9 @@ def _config(dropout=0.0):
 def _flat(tree):
     import jax
 
-    from flaxformer_mini.partitioning import _path_name
+    from flaxformer_mini.partitioning import path_name
 
-    return {_path_name(path): x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {path_name(path): x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def _spec(x):
