@@ -200,6 +200,28 @@ def agree_on(identity: dict):
                            + ". Start every process with the same command.")
 
 
+def agree_on_values(tree, what):
+    """Refuse to go on when the processes hold different values in ``tree`` (host arrays), and
+    name the first leaf that differs. One digest per leaf, gathered in one ``allgather_bytes``:
+    ``jax.device_put`` of a host value onto devices of several processes makes the same check
+    with a collective (and a compilation) per leaf, which is what ``sharding.shard_state``
+    replaces with this. Values can differ when the processes' data or seeds do (refused
+    earlier, by ``agree_on``) or when hosts of different CPU types round an initializer apart."""
+    if not is_multiprocess():
+        return
+    from flaxformer_mini.partitioning import path_name
+
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    digests = [hashlib.sha256(np.ascontiguousarray(x).reshape(-1).view(np.uint8)).digest() for _, x in flat]
+    everyone = allgather_bytes(b"".join(digests))
+    for i, other in enumerate(everyone[1:], 1):
+        differing = [k for k, d in enumerate(digests) if other[32 * k: 32 * k + 32] != everyone[0][32 * k: 32 * k + 32]]
+        if differing:
+            raise DistributedError(f"{what} differs between process 0 and process {i}, first at "
+                                   f"{path_name(flat[differing[0]][0]) or 'its root'} ({len(differing)} array(s) differ): "
+                                   "every process must hold the same values")
+
+
 def any_process(flag: bool) -> bool:
     """True on every process when ``flag`` is True on any: the step-boundary all-reduce that
     makes a SIGTERM seen by one process stop (and save) all of them at the same step."""

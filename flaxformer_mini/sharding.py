@@ -46,6 +46,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from flaxformer_mini import distributed
 from flaxformer_mini.partitioning import (DATA_AXIS, MESH_AXES, MODEL_AXIS, STRATEGIES, check_divisible, format_mesh,
                                           named_shardings)
 from flaxformer_mini.training import train_step
@@ -286,40 +287,58 @@ def _is_key_array(x):
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _put(leaf, sharding):
-    """``jax.device_put`` that also works across processes: there it takes host values (the
-    same on every process: same seed), not arrays committed to one local device. PRNG key
-    arrays go as their raw key data."""
-    if jax.process_count() == 1:
-        return jax.device_put(leaf, sharding)
-    if _is_key_array(leaf):
-        data = jax.device_put(np.asarray(jax.random.key_data(leaf)), sharding)
-        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
-    return jax.device_put(np.asarray(leaf), sharding)
+def _host_value(leaf):
+    """A state leaf as a host array: a PRNG key array as its raw key data."""
+    return np.asarray(jax.random.key_data(leaf) if _is_key_array(leaf) else leaf)
+
+
+def _from_host(leaf, value, sharding):
+    """The global array of ``sharding`` holding host ``value``: each process fills its own
+    devices' shards (``make_array_from_callback``), no collective. A key array is rebuilt from
+    its key data, laid out as the key array would be (a trailing key axis, not split)."""
+    array = jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+    return jax.random.wrap_key_data(array, impl=jax.random.key_impl(leaf)) if _is_key_array(leaf) else array
 
 
 def shard_state(state, mesh, strategy="replicated"):
-    """``state`` laid out by ``state_shardings(state, mesh, strategy)``, in one process or many."""
-    return jax.tree.map(_put, state, state_shardings(state, mesh, strategy))
+    """``state`` laid out by ``state_shardings(state, mesh, strategy)``, in one process or many.
+
+    Across processes the values come from the host: every process holds the same state (same
+    seed), checked once with one digest per leaf (``distributed.agree_on_values``), and places
+    its own shards. ``jax.device_put`` would refuse arrays committed to a local device there, and
+    for host values it runs a cross-process equality check per leaf: a collective and a
+    compilation for each of a state's hundreds of arrays (4 processes on 2 cores: 5 s)."""
+    shardings = state_shardings(state, mesh, strategy)
+    if jax.process_count() == 1:
+        return jax.device_put(state, shardings)
+    host = jax.tree.map(_host_value, state)
+    distributed.agree_on_values(host, "the initial training state")
+    return jax.tree.map(_from_host, state, host, shardings)
+
+
+def _identity(tree):
+    return tree
 
 
 def to_local(tree):
     """The same values on this process's own device(s), for work every process does alone
-    (evaluation, decoding): a replicated leaf is read from a local copy, a split one gathered
-    across processes (``process_allgather``: the whole array on every host, fine at the sizes
-    this project trains). In one process: ``tree`` itself."""
+    (evaluation, decoding): a replicated leaf is read from a local copy, the split ones gathered
+    across processes all at once (one compiled identity with replicated outputs, as
+    ``multihost_utils.process_allgather`` does leaf by leaf with a compilation per shape; the
+    whole array on every host, fine at the sizes this project trains). In one process: ``tree``
+    itself."""
     if jax.process_count() == 1:
         return tree
-    from jax.experimental import multihost_utils
-
-    def local(x):
-        if not isinstance(x, jax.Array) or x.is_fully_addressable:
-            return x
-        if x.is_fully_replicated:
-            return x.addressable_data(0)
-        return multihost_utils.process_allgather(x, tiled=True)
-
-    return jax.tree.map(local, tree)
+    leaves, treedef = jax.tree.flatten(tree)
+    split = [i for i, x in enumerate(leaves)
+             if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated]
+    if split:
+        replicated = [NamedSharding(leaves[i].sharding.mesh, P()) for i in split]
+        gathered = jax.jit(_identity, out_shardings=replicated)([leaves[i] for i in split])
+        for i, x in zip(split, gathered):
+            leaves[i] = x
+    leaves = [x.addressable_data(0) if isinstance(x, jax.Array) and not x.is_fully_addressable else x for x in leaves]
+    return jax.tree.unflatten(treedef, leaves)
 
 
 def sharded_train_step(state_sharding, batch_sharding):

@@ -296,6 +296,35 @@ def test_processes_started_with_different_options_are_refused_naming_the_option(
     assert not out.exists(), "nothing is written when the processes disagree"
 
 
+def test_processes_holding_different_initial_values_are_refused_naming_the_first_array(monkeypatch):
+    # shard_state's one-digest-per-array check (in place of jax.device_put's collective per
+    # array), in this process: process 1's digests are this process's with two arrays changed.
+    from flaxformer_mini import distributed
+    from flaxformer_mini.partitioning import path_name
+
+    state = {"step": np.zeros((), np.int32), "params": {"a": np.ones((2, 3), np.float32), "b": np.arange(4.0)}}
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    gathered = []
+
+    def allgather(payload):
+        other = bytearray(payload)
+        for k in (0, 1):  # params/a and params/b differ on process 1
+            other[32 * k] ^= 1
+        gathered.append(payload)
+        return [payload, bytes(other)]
+
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    monkeypatch.setattr(distributed, "allgather_bytes", allgather)
+    with pytest.raises(distributed.DistributedError) as e:
+        distributed.agree_on_values(state, "the initial training state")
+    assert [path_name(p) for p, _ in leaves] == ["params/a", "params/b", "step"]
+    assert str(e.value).startswith("the initial training state differs between process 0 and process 1, first at "
+                                   "params/a (2 array(s) differ)")
+    assert len(gathered) == 1 and len(gathered[0]) == 32 * len(leaves)  # one gather, one digest per array
+    monkeypatch.setattr(distributed, "allgather_bytes", lambda payload: [payload, payload])
+    distributed.agree_on_values(state, "the initial training state")  # equal everywhere: no error
+
+
 def test_an_unreachable_coordinator_is_an_error_naming_it_within_the_timeout(tmp_path):
     port = free_port()  # nobody listens there
     t0 = time.time()
