@@ -117,26 +117,20 @@ def test_clip_norm_none_turns_clipping_off(tmp_path):
 def test_pairs_longer_than_max_len_are_reported_and_add_no_words(tmp_path):
     train = tmp_path / "train.tsv"
     long_source = " ".join(f"w{i}" for i in range(30))
-    train.write_text("a b\tx y\nb a\ty x\n" + f"{long_source}\tlongtarget\n")
+    train.write_text(TEXT_PAIRS + f"{long_source}\tlongtarget\n")
     out = tmp_path / "run"
-    proc = cli("train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--steps", "2", "--batch-size", "2",
-               "--max-len", "8", "--no-progress")
+    proc = cli(*text_args(train, out), "--steps", "2")
     assert proc.returncode == 0, proc.stderr
     assert "1 training pair(s) longer than max_len=7 tokens were dropped (the longest had 30)" in proc.stderr
     source_words = json.loads((out / "vocab_source.json").read_text())["tokens"][4:]
     target_words = json.loads((out / "vocab_target.json").read_text())["tokens"][4:]
-    assert sorted(source_words) == ["a", "b"] and sorted(target_words) == ["x", "y"]
+    assert sorted(source_words) == ["a", "b", "c"] and sorted(target_words) == ["x", "y", "z"]
 
 
 def test_a_run_written_by_version_1_resumes_evaluates_and_generates(tmp_path):
     # Version 1 stored a text run's max_len as the model's (tokens + EOS); version 2 stores the
     # longest side in tokens. A run written before the change must go on as it was.
-    train = tmp_path / "train.tsv"
-    train.write_text("a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2)
-    out = tmp_path / "mt"
-    args = ["train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--batch-size", "4", "--max-len", "8",
-            "--save-every", "3", "--eval-every", "3", "--no-progress"]
-    assert cli(*args, "--steps", "3").returncode == 0
+    out, args = text_run(tmp_path)
     config = json.loads((out / "config.json").read_text())
     assert config["version"] == 2 and config["data"]["max_len"] == 7
     config["version"], config["data"]["max_len"] = 1, 8  # as version 1 wrote it
@@ -217,14 +211,20 @@ def test_size_options_override_the_preset(tmp_path):
     assert model.dropout == medium.dropout and medium.embed_size != 24
 
 
+# The text runs of this file share one vocabulary (a b c -> x y z), batch size and --max-len
+# (batches pad to it), so their train step, eval step and decoder compile once for all of them.
 TEXT_PAIRS = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2
+
+
+def text_args(train, out, *extra):
+    return ["train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--batch-size", "4", "--max-len", "8",
+            "--save-every", "3", "--eval-every", "3", "--no-progress", *extra]
 
 
 def text_run(tmp_path, steps=3):
     train = tmp_path / "train.tsv"
     train.write_text(TEXT_PAIRS)
-    args = ["train", "--data", str(train), "--out", str(tmp_path / "mt"), "--preset", "tiny", "--batch-size", "4",
-            "--max-len", "8", "--save-every", "3", "--eval-every", "3", "--no-progress"]
+    args = text_args(train, tmp_path / "mt")
     proc = cli(*args, "--steps", str(steps))
     assert proc.returncode == 0, proc.stderr
     return tmp_path / "mt", args
@@ -301,12 +301,14 @@ def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):
 
 
 def test_without_valid_a_fixed_part_of_the_training_file_is_held_out(tmp_path):
+    # 200 distinct pairs in TEXT_PAIRS' words: the 5-word sequences over a b c, mapped to x y z.
+    import itertools
+
+    sources = [" ".join(words) for words in itertools.islice(itertools.product("abc", repeat=5), 200)]
     train = tmp_path / "train.tsv"
-    pairs = [(f"s{i} w", f"t{i} v") for i in range(200)]
-    train.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    train.write_text("".join(f"{s}\t{s.translate(str.maketrans('abc', 'xyz'))}\n" for s in sources))
     out = tmp_path / "run"
-    proc = cli("train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--steps", "2", "--batch-size", "8",
-               "--valid-size", "15", "--eval-every", "2", "--no-progress")
+    proc = cli(*text_args(train, out), "--steps", "2", "--valid-size", "15")
     assert proc.returncode == 0, proc.stderr
     assert "evaluating on 15 of 15 held-out pairs from 15 training pairs held out (no --valid)" in proc.stderr
     from flaxformer_mini.run import Run
@@ -320,10 +322,9 @@ def test_without_valid_a_fixed_part_of_the_training_file_is_held_out(tmp_path):
 
 def test_evaluation_during_training_reads_at_most_valid_size_pairs(tmp_path):
     train, valid = tmp_path / "train.tsv", tmp_path / "valid.tsv"
-    train.write_text("a b\tx y\nb a\ty x\n" * 4)
+    train.write_text(TEXT_PAIRS)
     valid.write_text("a b\tx y\n" * 100)
-    proc = cli("train", "--data", str(train), "--valid", str(valid), "--out", str(tmp_path / "run"), "--preset", "tiny",
-               "--steps", "2", "--batch-size", "4", "--valid-size", "10", "--eval-every", "2", "--no-progress")
+    proc = cli(*text_args(train, tmp_path / "run"), "--valid", str(valid), "--steps", "2", "--valid-size", "10")
     assert proc.returncode == 0, proc.stderr
     assert "evaluating on 10 of 100 held-out pairs from --valid" in proc.stderr
     from flaxformer_mini.run import Run
