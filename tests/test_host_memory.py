@@ -21,8 +21,8 @@ glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="GLIBC_T
 # A jitted call whose 64 MiB output buffer XLA allocates afresh on every call: the same
 # pattern as the train step's temporaries, at a size glibc would serve with mmap.
 _PROBE = textwrap.dedent("""
-    import json, resource, sys, time
-    import os
+    import json, os, resource, sys
+    CALLS = 24
     from flaxformer_mini.malloc_tunables import keeping_freed_memory, restart_keeping_freed_memory
     applied = restart_keeping_freed_memory()  # with the switch on, this line runs twice: before and after exec
     assert restart_keeping_freed_memory() == applied == keeping_freed_memory()  # a second call changes nothing
@@ -31,11 +31,10 @@ _PROBE = textwrap.dedent("""
     f = jax.jit(lambda x: x * 2.0)
     x = jnp.ones((16 * 2**20,), jnp.float32)  # 64 MiB
     faults = []
-    for _ in range(12):
+    for _ in range(CALLS):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         y = f(x).block_until_ready()
-        del y
-        time.sleep(0.05)  # JAX frees a deleted array's buffer asynchronously
+        y.delete()  # freed by the runtime soon after, not at once: see the test below
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     print(json.dumps({"applied": applied, "restarts": restarts, "faults": faults, "tunables": os.environ.get("GLIBC_TUNABLES", "")}))
 """)
@@ -56,11 +55,15 @@ def test_repeated_calls_reuse_memory_instead_of_faulting_it_in():
     result = _probe("1")
     assert result["applied"] is True and result["restarts"] == 1
     assert malloc_tunables.KEEP_FREED_MEMORY in result["tunables"]
-    # The first few outputs of a fresh jitted function stay alive a while (measured: the
-    # heap grew for 3 to 6 calls, 16384 faults each, then never again), so look at the
-    # steady state: each call's buffer is made of pages an earlier call freed, a few
-    # faults for XLA's bookkeeping at most, not 16384 fresh pages.
-    assert max(result["faults"][-4:]) < PAGES_64MIB // 20, result
+    # Look at the steady state, the last 12 of 24 calls: a call's buffer is made of pages an
+    # earlier call freed (a few faults for XLA's bookkeeping at most), not 16384 fresh pages.
+    # Not every call: the runtime frees a deleted buffer a moment later, so while earlier
+    # buffers are still held the heap grows by one more (16384 faults), until it holds as
+    # many as are ever alive at once. Measured on 2 cores with 3 busy processes beside it
+    # (Intel Xeon family 6 model 167), 6 runs: 10 to 13 such calls of 24, 0 to 2 among the
+    # last 12; quiet, 4 calls, all at the start. Without the tunables, all 24 fault.
+    steady = result["faults"][-12:]
+    assert sum(f > PAGES_64MIB // 20 for f in steady) <= 4, result
 
 
 @glibc
@@ -69,4 +72,4 @@ def test_without_it_every_call_faults_its_buffer_in():
     # is what the test above must not see.
     result = _probe("0")
     assert result["applied"] is False and result["restarts"] == 0 and result["tunables"] == ""
-    assert min(result["faults"][-4:]) > PAGES_64MIB * 0.9, result
+    assert min(result["faults"][-12:]) > PAGES_64MIB * 0.9, result
