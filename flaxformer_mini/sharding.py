@@ -306,8 +306,8 @@ def shard_state(state, mesh, strategy="replicated"):
     Across processes the values come from the host: every process holds the same state (same
     seed), checked once with one digest per leaf (``distributed.agree_on_values``), and places
     its own shards. ``jax.device_put`` would refuse arrays committed to a local device there, and
-    for host values it runs a cross-process equality check per leaf: a collective and a
-    compilation for each of a state's hundreds of arrays (4 processes on 2 cores: 5 s)."""
+    for host values it runs a cross-process equality check per leaf: a collective for each of a
+    state's hundreds of arrays and a compilation per shape (docs/scale-out.md has the counts)."""
     shardings = state_shardings(state, mesh, strategy)
     if jax.process_count() == 1:
         return jax.device_put(state, shardings)
