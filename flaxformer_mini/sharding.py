@@ -332,7 +332,7 @@ def to_local(tree):
     leaves, treedef = jax.tree.flatten(tree)
     split = [i for i, x in enumerate(leaves)
              if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated]
-    if split:
+    if split:  # NamedShardings: shard_state lays the state out so, and the jitted step keeps them
         replicated = [NamedSharding(leaves[i].sharding.mesh, P()) for i in split]
         gathered = jax.jit(_identity, out_shardings=replicated)([leaves[i] for i in split])
         for i, x in zip(split, gathered):
