@@ -120,11 +120,11 @@ def make_batch(sources, targets, source_length=None, target_length=None):
 
 
 def pad_rows(batch, rows):
-    """``batch`` with rows of PAD appended up to ``rows`` (unchanged when it has as many). An
-    evaluation's last batch is padded so to its first batch's size, as ``generate`` pads its
-    last batch: the eval step and the decoder compile once per batch size, not again for a
-    smaller remainder. A PAD row adds nothing to the loss sums (every label is PAD) and its
-    decoded row is dropped."""
+    """``batch`` with rows of PAD appended up to ``rows`` (unchanged when it has as many): a
+    fixed batch shape, so the jitted steps compile once for it, not again for a smaller
+    remainder (an epoch's last training batch, a --max-tokens batch, an evaluation's last
+    batch, as ``generate`` pads its last one). A PAD row carries no labels, adds nothing to the
+    loss sums, and its decoded row is dropped."""
     missing = rows - len(batch.source)
     if missing <= 0:
         return batch
@@ -448,11 +448,7 @@ class TextPairs:
         seed, step = _non_negative_int("seed", seed), _non_negative_int("step", step)
         epoch, index = divmod(step, self.steps_per_epoch(batch_size))
         rows = self._epoch_plan(seed, epoch, batch_size)[index]
-        batch = self._batch_of(rows)
-        missing = batch_size - len(rows)
-        if missing:
-            batch = Batch(*(np.pad(a, ((0, missing), (0, 0)), constant_values=PAD) for a in batch))
-        return batch
+        return pad_rows(self._batch_of(rows), batch_size)
 
     def iter_eval_batches(self, batch_size, indices=None):
         """Every example once (or those of ``indices``), in order; the last batch may be
@@ -485,8 +481,7 @@ class TextPairs:
         per row count."""
         batch = self._batch_of(rows)
         if max_tokens is not None:
-            missing = max(max_tokens // max(batch.source.shape[1], batch.target_in.shape[1]) - len(rows), 0)
-            batch = Batch(*(np.pad(a, ((0, missing), (0, 0)), constant_values=PAD) for a in batch))
+            batch = pad_rows(batch, max_tokens // max(batch.source.shape[1], batch.target_in.shape[1]))
         return batch
 
     def _epoch_plan(self, seed, epoch, batch_size):
