@@ -214,8 +214,9 @@ def agree_on_values(tree, what):
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
     digests = [hashlib.sha256(np.ascontiguousarray(x).reshape(-1).view(np.uint8)).digest() for _, x in flat]
     everyone = allgather_bytes(b"".join(digests))
+    first = everyone[0]
     for i, other in enumerate(everyone[1:], 1):
-        differing = [k for k, d in enumerate(digests) if other[32 * k: 32 * k + 32] != everyone[0][32 * k: 32 * k + 32]]
+        differing = [k for k in range(len(digests)) if other[32 * k: 32 * k + 32] != first[32 * k: 32 * k + 32]]
         if differing:
             raise DistributedError(f"{what} differs between process 0 and process {i}, first at "
                                    f"{path_name(flat[differing[0]][0]) or 'its root'} ({len(differing)} array(s) differ): "
