@@ -482,6 +482,8 @@ def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_t
 
 
 def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(straight_two_process_run, tmp_path):
+    from tests.test_train_cli import saved_step_in
+
     # Preemption, a lost host and a restart, as a scheduler would cause them; the same command
     # every time, as a user (or a job's restart policy) would run it.
     out, port = tmp_path / "run", free_port()
@@ -496,7 +498,7 @@ def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(straight_t
     results = finish(procs)
     for code, _, err in results:
         assert code == 130, err[-2000:]
-    saved = int(results[0][2].split("interrupted: saved step ")[1].split(";")[0])
+    saved = saved_step_in(results[0][2])
     assert checkpoint_steps(out)[-1] == saved < CLI_STEPS
 
     # 2. Resume; kill -9 process 1 mid-run: process 0 stops with an error within the heartbeat

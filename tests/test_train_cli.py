@@ -97,11 +97,16 @@ def test_train_prints_final_metrics_and_writes_the_run(straight_run):
     assert "parameters" in proc.stderr
 
 
+def saved_step_in(stderr):
+    """The step that a run stopped by a signal says it saved ("interrupted: saved step N; ...")."""
+    return int(stderr.split("interrupted: saved step ")[1].split(";")[0])
+
+
 def saved_step(proc):
     """The step a run stopped by a signal saved: exit code 130 and the step it names."""
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    return int(err.split("interrupted: saved step ")[1].split(";")[0])
+    return saved_step_in(err)
 
 
 def test_ctrl_c_sigterm_and_kill_9_each_resume_to_the_uninterrupted_run_bit_for_bit(straight_run, tmp_path):
