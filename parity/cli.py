@@ -2,6 +2,7 @@
 
     parity check --preset seed
     parity check --torch-checkpoint model.pt --heads 5 [--grads] [--json OUT] [--plot OUT.png]
+    parity check --preset seed --grads --torch-device cuda   # torch on the GPU, JAX on its default device
     parity convert model.pt model.safetensors     # torch state dict -> Flax parameters
     parity convert model.safetensors back.pt      # and back, bit for bit
     parity convert model.pt model.safetensors --force   # replace an earlier conversion
@@ -99,13 +100,16 @@ def _check(args):
     # Imported here so that `parity --help` answers without loading torch and JAX.
     from flaxformer_mini.config import get_preset
     from parity.check import check_twins
-    from parity.twins import parity_numerics, transformer_pair, twins_from_state_dict
+    import jax
+
+    from parity.twins import parity_numerics, torch_device, transformer_pair, twins_from_state_dict
 
     if args.torch_checkpoint is None:
         for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
             if value is not None:
                 raise UsageError(f"{option} applies to --torch-checkpoint only; a preset fixes the whole config")
     _check_output_paths(args)
+    device = torch_device(args.torch_device)  # refused before any work
     parity_numerics()
 
     if args.torch_checkpoint is None:
@@ -121,13 +125,15 @@ def _check(args):
         # The weights do not record H, and the twins agree for any H dividing D: say where it came from.
         heads = f"{config.heads} heads ({sources['heads']}; not in the weights)"
         pad = f", src_pad_idx {config.src_pad_idx} ({sources['src_pad_idx']})"
+    torch_model.to(device)  # built on the CPU, so that a seed's weights are the same on any device
     report = check_twins(torch_model, flax_model, config, batch=args.batch, seed=args.seed, atol=args.atol,
                          grads=args.grads)
 
     c = config
     print(f"{what}: vocab {c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, "
           f"embed {c.embed_size}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}; "
-          f"batch {args.batch} with padding, float32, highest matmul precision, seed {args.seed}"
+          f"batch {args.batch} with padding, float32, highest matmul precision (TF32 off), seed {args.seed}; "
+          f"torch on {device}, JAX on {jax.devices()[0].platform}"
           + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
     print(report.format_table(show_all=args.all))
     if args.json:
@@ -229,6 +235,9 @@ def build_parser():
     check.add_argument("--seed", type=int, default=0, help="seed for the inputs (and a preset's weights) (default 0)")
     check.add_argument("--grads", action="store_true",
                        help="also compare the loss and every parameter's gradient (token cross-entropy, next-token labels)")
+    check.add_argument("--torch-device", default="cpu", metavar="DEVICE",
+                       help="where the torch twin runs: cpu (default), cuda, cuda:1, ...; the Flax twin runs on "
+                            "JAX's default device (JAX_PLATFORMS=cpu|cuda picks it)")
     check.add_argument("--all", action="store_true", help="show every row, not only the landmarks")
     check.add_argument("--json", metavar="OUT", help="also write the whole report as JSON")
     check.add_argument("--plot", metavar="OUT.png", help="also draw each intermediate's difference (.png, .svg or .pdf)")

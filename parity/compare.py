@@ -11,6 +11,7 @@ where the two implementations first diverge: the place to look for the bug.
 """
 
 import dataclasses
+import itertools
 import json
 import re
 import sys
@@ -146,6 +147,15 @@ def _number_calls(records):
     return out
 
 
+def on_device_of(model, tensors):
+    """``tensors`` on the device of ``model``'s first parameter or buffer (inputs made from
+    numpy are on the CPU; a twin on a GPU needs them there). Non-tensors pass unchanged."""
+    held = next(itertools.chain(model.parameters(), model.buffers()), None)
+    if held is None:
+        return tuple(tensors)
+    return tuple(t.to(held.device) if isinstance(t, torch.Tensor) else t for t in tensors)
+
+
 def torch_intermediates(model, *inputs):
     """Run ``model(*inputs)`` without grad; return (output, {name: numpy array}) in completion order."""
     records, handles = [], []
@@ -161,7 +171,7 @@ def torch_intermediates(model, *inputs):
         handles.append(module.register_forward_hook(hook))
     try:
         with torch.no_grad():
-            output = model(*inputs)
+            output = model(*on_device_of(model, inputs))
     finally:
         for h in handles:
             h.remove()
@@ -259,7 +269,8 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     output, matched by path (torch paths renamed by the ``rename`` map's module prefixes), in
     torch's execution order; ``Report.first_divergence`` is the first row beyond ``atol``.
 
-    Put both models in eval mode first (dropout off; BatchNorm on running statistics) or both
+    Torch inputs are moved to the torch model's device (``on_device_of``), so a twin on a GPU
+    takes the same CPU tensors. Put both models in eval mode first (dropout off; BatchNorm on running statistics) or both
     in train mode. ``channels_last``: the Flax model computes (N, *spatial, C) where torch
     computes (N, C, *spatial), as ported CNNs do; its rank >= 3 inputs and outputs are moved to
     compare. ``ignore_missing``: drop rows only one side has (torch's ``nn.ReLU`` modules, where

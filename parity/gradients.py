@@ -19,7 +19,7 @@ from flax import nnx
 
 from flaxformer_mini.data import PAD
 from flaxformer_mini.training import token_cross_entropy as flax_token_cross_entropy
-from parity.compare import GRAD_PREFIX, LOSS_ROW, Row, diff
+from parity.compare import GRAD_PREFIX, LOSS_ROW, Row, diff, on_device_of
 from parity.convert import flax_to_torch, tensor_to_numpy
 from parity.policy import DEFAULT_ATOL
 from torch_ref.training import token_cross_entropy as torch_token_cross_entropy
@@ -39,8 +39,8 @@ def _torch_loss_and_grads(model, source, target, labels, pad_id):
     for p in params.values():
         p.grad = None
     try:
-        loss = torch_token_cross_entropy(model(*map(torch.from_numpy, (source, target))), torch.from_numpy(labels),
-                                         pad_id=pad_id)
+        source, target, labels = on_device_of(model, map(torch.from_numpy, (source, target, labels)))
+        loss = torch_token_cross_entropy(model(source, target), labels, pad_id=pad_id)
         loss.backward()
         grads = {name: tensor_to_numpy(p.grad if p.grad is not None else torch.zeros_like(p)).copy()
                  for name, p in params.items()}
@@ -88,7 +88,8 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
                       rename=None, rules=None, channels_last=False):
     """A Report of the loss and every parameter's gradient, for any pair of models and a loss
     the user gives on each side: ``torch_loss(torch_model, *torch_inputs)`` (a scalar tensor)
-    and ``flax_loss(flax_model, *flax_inputs)`` (a scalar). Flax gradients are converted to
+    and ``flax_loss(flax_model, *flax_inputs)`` (a scalar); torch inputs are moved to the torch
+    model's device first, as in ``compare``. Flax gradients are converted to
     torch names and layout (``flax_to_torch`` with ``rename`` and ``rules``), then compared
     with each ``param.grad`` in torch's parameter order."""
     from parity.compare import Report, _check_inputs
@@ -98,7 +99,7 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     for p in params.values():
         p.grad = None
     try:
-        loss = torch_loss(torch_model, *torch_inputs)
+        loss = torch_loss(torch_model, *on_device_of(torch_model, torch_inputs))
         loss.backward()
         torch_grads = {k: tensor_to_numpy(p.grad if p.grad is not None else torch.zeros_like(p)).copy()
                        for k, p in params.items()}

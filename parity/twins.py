@@ -22,6 +22,27 @@ def parity_numerics():
     torch.backends.cudnn.allow_tf32 = False
 
 
+def torch_device(name):
+    """The ``torch.device`` that ``name`` names ("cpu", "cuda", "cuda:1", ...), or a ValueError
+    naming it when torch cannot compute there (no such device type, no CUDA device visible, an
+    index past the last device): found by placing one number there, as a twin's weights would be."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"torch device {name!r}: not a device torch knows ({e})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"torch device {name!r}: torch sees no CUDA device (torch {torch.__version__}, "
+                         f"{'built with CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'})")
+    if device.type == "meta":
+        raise ValueError(f"torch device {name!r}: meta tensors hold shapes, not values, so there is nothing to compare")
+    try:
+        torch.zeros(1, device=device).add_(1)
+    except (RuntimeError, AssertionError) as e:  # torch raises AssertionError for a type it was built without
+        reason = str(e).split(". ")[0].splitlines()[0]  # torch's first sentence; the rest lists its backends
+        raise ValueError(f"torch device {name!r}: torch cannot compute there ({reason})") from None
+    return device
+
+
 def transformer_pair(config, seed=0):
     """(torch_ref.Transformer, flaxformer_mini.Transformer) with identical weights, both in
     eval mode. The torch twin is initialised from ``torch.manual_seed(seed)``; its weights

@@ -3,7 +3,8 @@
 ``parity.torch_to_flax`` / ``flax_to_torch`` with a rename map (both ways, bit for bit),
 ``parity.compare`` (intermediates matched by path through the map, torch's order, first
 divergence named), ``parity.compare_gradients`` on a user-given loss, and the bad input each
-refuses: a pattern matching nothing, a key matching two patterns, inputs that differ.
+refuses: a pattern matching nothing, a key matching two patterns, inputs that differ; torch
+inputs follow the torch model to its device.
 """
 
 import re
@@ -15,6 +16,8 @@ from flax import nnx
 
 import parity
 from parity import ConversionError, flax_to_torch, torch_to_flax
+
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 
 D, F, V = 6, 10, 13
 
@@ -95,7 +98,7 @@ def test_rename_map_loads_and_round_trips_bit_exact(pair):
 
 def test_compare_matches_renamed_paths_in_torch_order_and_all_agree(pair):
     t, f = pair
-    report = parity.compare(t, f, (torch.from_numpy(IDS),), (IDS,), atol=1e-5, rename=RENAME)
+    report = parity.compare(t, f, (torch.as_tensor(IDS),), (IDS,), atol=1e-5, rename=RENAME)
     names = [r.name for r in report.rows]
     assert all(r.note == "" for r in report.rows), report.format_table(show_all=True)
     # Torch's execution order, under the Flax names: embedding, then block 0's layers, ...
@@ -107,7 +110,7 @@ def test_compare_names_a_planted_fault_as_the_first_divergence(pair):
     t, f = pair
     kernel = f.blocks[1].down.kernel
     kernel.set_value(kernel.get_value() * 1.01)
-    report = parity.compare(t, f, (torch.from_numpy(IDS),), (IDS,), atol=1e-5, rename=RENAME)
+    report = parity.compare(t, f, (torch.as_tensor(IDS),), (IDS,), atol=1e-5, rename=RENAME)
     assert report.first_divergence.name == "blocks.1.down"
     assert "first divergence: blocks.1.down" in report.format_table()
 
@@ -122,7 +125,7 @@ def test_compare_gradients_on_a_user_loss_agree(pair):
     def flax_loss(model, ids, y):
         return ((model(ids) - y) ** 2).mean()
 
-    report = parity.compare_gradients(t, f, torch_loss, flax_loss, (torch.from_numpy(IDS), torch.from_numpy(target)),
+    report = parity.compare_gradients(t, f, torch_loss, flax_loss, (torch.as_tensor(IDS), torch.as_tensor(target)),
                                       (IDS, target), atol=1e-5, rename=RENAME)
     grads = [r for r in report.rows if r.kind == "gradient"]
     assert len(grads) == len(list(t.parameters()))
@@ -160,4 +163,16 @@ def test_without_the_rename_map_every_key_is_named(pair):
 def test_compare_refuses_inputs_that_differ_between_the_sides(pair, flax_ids, why):
     t, f = pair
     with pytest.raises(ValueError, match=re.escape(f"different inputs: input 0: {why}")):
-        parity.compare(t, f, (torch.from_numpy(IDS),), (flax_ids,), rename=RENAME)
+        parity.compare(t, f, (torch.as_tensor(IDS),), (flax_ids,), rename=RENAME)
+
+
+def test_torch_inputs_follow_the_torch_model_to_its_device():
+    # Inputs made from numpy are on the CPU; a twin on a GPU gets them on the GPU. The meta
+    # device stands in for one on a machine without it: only placement is checked, nothing runs.
+    from parity.compare import on_device_of
+
+    x = torch.zeros(2, 3)
+    moved = on_device_of(torch.nn.Linear(3, 2, device="meta"), (x, 7))
+    assert moved[0].device.type == "meta" and moved[0].shape == (2, 3) and moved[1] == 7
+    assert on_device_of(torch.nn.Linear(3, 2), (x,))[0] is x  # already there: the same tensor
+    assert on_device_of(torch.nn.ReLU(), (x,))[0] is x  # no parameters or buffers: left as given

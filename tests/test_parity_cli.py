@@ -182,10 +182,12 @@ def test_check_of_a_torch_ref_checkpoint_with_gradients_adds_a_row_per_parameter
     model = torch_ref.Transformer(**SIZES)
     path = write(tmp_path, "model.pt", model.state_dict())
     report = tmp_path / "report.json"
-    code = main(["check", "--torch-checkpoint", path, "--heads", "5", "--grads", "--json", str(report)])
+    code = main(["check", "--torch-checkpoint", path, "--heads", "5", "--grads", "--json", str(report),
+                 "--torch-device", "cpu"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "the loss and 90 gradients within 1e-05" in out
+    assert "torch on cpu, JAX on cpu" in out  # where each twin ran is part of the evidence
 
     rows = json.loads(report.read_text())["rows"]
     grads = [row for row in rows if row["kind"] == "gradient"]
@@ -242,6 +244,10 @@ def test_check_exits_1_and_names_the_first_divergence_beyond_tolerance(checkpoin
     (["--heads", "5", "--pad-idx", "23"], "src_pad_idx=23 is outside the source vocabulary [0, 23)"),
     (["--heads", "5", "--plot", "out.gif"], "--plot out.gif: unknown image type '.gif'"),
     (["--heads", "5", "--json", "no/such/dir/report.json"], "--json no/such/dir/report.json: the directory"),
+    (["--heads", "5", "--torch-device", "gpu0"], "torch device 'gpu0': not a device torch knows"),
+    (["--heads", "5", "--torch-device", "meta"], "torch device 'meta': meta tensors hold shapes, not values"),
+    pytest.param(["--heads", "5", "--torch-device", "cuda"], "torch device 'cuda': torch sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this torch sees a CUDA device")),
 ])
 def test_unusable_options_exit_2_naming_the_option(checkpoint, args, message, capsys):
     assert main(["check", "--torch-checkpoint", str(checkpoint), *args]) == 2
