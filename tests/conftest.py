@@ -4,6 +4,10 @@ implicit dtype promotion too (a float32 constant silently widening a bfloat16 ac
 int mixing with a float): the few library calls that promote on purpose say so where they run
 (``jax.numpy_dtype_promotion("standard")`` around optax's update and Flax's LayerNorm).
 
+On a GPU, ``python -m pytest -m parity --torch-device cuda`` runs the files marked ``parity``
+with torch's tensors and modules made on CUDA (``torch.set_default_device``) and JAX on its
+default device, the GPU: TF32 off and JAX's highest matmul precision, as everywhere here.
+
 Speed: XLA:CPU compiles at LLVM optimisation level 0 (below); the subprocesses the tests start
 (the CLI, multi-process runs) share one persistent compilation cache per pytest run, and the
 heaviest files are scheduled first (see below)."""
@@ -50,11 +54,33 @@ CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 _CACHE_CREATED = []
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--torch-device", default="cpu", metavar="DEVICE",
+        help="where torch makes its tensors and modules (torch.set_default_device): cpu (the default) or cuda. "
+             "The parity suite on a GPU, torch CUDA against JAX's GPU: python -m pytest -m parity --torch-device cuda")
+
+
 def pytest_configure(config):
+    device = config.getoption("--torch-device")
+    if device != "cpu":
+        from parity.twins import torch_device
+
+        try:
+            torch.set_default_device(torch_device(device))  # refused by name when torch cannot use it
+        except ValueError as e:
+            raise pytest.UsageError(f"--torch-device {device}: {e}") from None
     if CACHE_ENV not in os.environ and not hasattr(config, "workerinput"):
         os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="flaxformer-mini-jax-cache-")
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # tiny runs compile fast
         _CACHE_CREATED.append(os.environ[CACHE_ENV])
+
+
+def pytest_report_header(config):
+    # Where the numbers of a parity run came from: part of its evidence, on a GPU above all.
+    jax_device = jax.devices()[0]
+    return (f"torch on {config.getoption('--torch-device')} (TF32 off), JAX on {jax_device.platform} "
+            f"({jax_device.device_kind}); matmul precision {jax.config.jax_default_matmul_precision}")
 
 
 def pytest_unconfigure(config):

@@ -36,6 +36,8 @@ from torch_ref.decoding import greedy_decode as torch_greedy_decode
 
 from conftest import ATOL
 
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
 CONFIG = fm.get_preset("tiny")  # V=19, max_len=17, D=30, H=5, 2 layers
 N = CONFIG.max_len  # decode to the limit: positions 0..max_len-1 all get used
 BATCH, SOURCE_LEN = 5, 13  # rows of 13, 9, 6, 11 and 5 real tokens (sample_batch seed 1)
@@ -233,9 +235,9 @@ def test_cached_greedy_equals_uncached_greedy_at_seed_width():
 def test_torch_greedy_equals_flax_cached_greedy(pair, source, greedy):
     torch_model, model = pair
     assert greedy_margin(model, source, greedy) > MIN_MARGIN, "near-tie in the test data"
-    tokens = torch_greedy_decode(torch_model, torch.from_numpy(source), N)
+    tokens = torch_greedy_decode(torch_model, torch.as_tensor(source), N)
     assert tokens.dtype == torch.int64 and tokens.shape == (BATCH, N)
-    np.testing.assert_array_equal(tokens.numpy(), greedy)
+    np.testing.assert_array_equal(tokens.cpu().numpy(), greedy)
 
 
 def test_torch_greedy_stops_when_every_row_ended(source):
@@ -245,7 +247,7 @@ def test_torch_greedy_stops_when_every_row_ended(source):
     calls = []
     hook = torch_model.decoder.register_forward_hook(lambda *_: calls.append(1))
     try:
-        tokens = torch_greedy_decode(torch_model, torch.from_numpy(source), N).numpy()
+        tokens = torch_greedy_decode(torch_model, torch.as_tensor(source), N).cpu().numpy()
     finally:
         hook.remove()
     assert (tokens == EOS).any(-1).all()
@@ -259,7 +261,7 @@ def test_torch_greedy_restores_training_mode(pair, source):
     torch_model = pair[0]
     torch_model.train()
     try:
-        torch_greedy_decode(torch_model, torch.from_numpy(source[:1]), 2)
+        torch_greedy_decode(torch_model, torch.as_tensor(source[:1]), 2)
         assert torch_model.training
     finally:
         torch_model.eval()
@@ -451,7 +453,7 @@ FLAX_DECODERS = {
 
 
 def torch_decode(pair, source, max_new_tokens):
-    return torch_greedy_decode(pair[0], torch.from_numpy(np.asarray(source)), max_new_tokens)
+    return torch_greedy_decode(pair[0], torch.as_tensor(np.asarray(source)), max_new_tokens)
 
 
 def flax_decode(name):

@@ -15,6 +15,8 @@ import torch_ref
 from conftest import assert_close, flax_twin_of
 from parity import as_inputs, sample_batch, transformer_pair
 
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
 B, S, T = 3, 13, 11
 
 
@@ -27,7 +29,7 @@ def run_both(twins, source, target):
     t, f = twins
     (ts, tt), (js, jt) = as_inputs(source, target)
     with torch.no_grad():
-        return np.asarray(f(js, jt)), t(ts, tt).numpy()
+        return np.asarray(f(js, jt)), t(ts, tt).cpu().numpy()
 
 
 def test_padding_in_several_rows_matches_torch(tiny_config, twins):
@@ -67,10 +69,10 @@ def test_fully_masked_attention_row_gets_uniform_weights():
     f = flax_twin_of(t, fm.SelfAttention, D, H)
     x = np.random.default_rng(0).standard_normal((2, 7, D)).astype(np.float32)
     mask = np.zeros((2, 1, 1, 7), bool)
-    expected = t.fc(t.W_v(torch.from_numpy(x)).mean(dim=1, keepdim=True)).expand(2, 7, D)
-    out_t = t(torch.from_numpy(x), torch.from_numpy(x), torch.from_numpy(x), torch.from_numpy(mask))
+    expected = t.fc(t.W_v(torch.as_tensor(x)).mean(dim=1, keepdim=True)).expand(2, 7, D)
+    out_t = t(torch.as_tensor(x), torch.as_tensor(x), torch.as_tensor(x), torch.as_tensor(mask))
     out_f = f(jnp.asarray(x), jnp.asarray(x), jnp.asarray(x), jnp.asarray(mask))
-    assert_close(out_t.detach().numpy(), expected)
+    assert_close(out_t.detach().cpu().numpy(), expected)
     assert_close(out_f, expected)
 
 
@@ -94,9 +96,9 @@ def test_source_and_target_masks_have_the_seed_shapes(tiny_config):
     source = np.array([[5, 6, 0, 0], [7, 0, 0, 0], [1, 2, 3, 4]])
     target = np.ones((3, 5), np.int64)
     (ts, tt), (js, jt) = as_inputs(source, target)
-    for sm in (f.create_source_mask(js), t.create_source_mask(ts).numpy()):
+    for sm in (f.create_source_mask(js), t.create_source_mask(ts).cpu().numpy()):
         assert sm.shape == (3, 1, 1, 4)
         np.testing.assert_array_equal(np.asarray(sm)[:, 0, 0], source != 0)
-    for tm in (f.create_target_mask(jt), t.create_target_mask(tt).numpy()):
+    for tm in (f.create_target_mask(jt), t.create_target_mask(tt).cpu().numpy()):
         assert tm.shape == (3, 1, 5, 5)
         np.testing.assert_array_equal(np.asarray(tm)[0, 0] != 0, np.tril(np.ones((5, 5), bool)))

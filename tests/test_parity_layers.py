@@ -24,6 +24,8 @@ from flax import nnx
 import parity
 from parity import ConversionError, flax_to_torch, torch_to_flax
 
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
 ATOL = 1e-5
 RNG = np.random.default_rng(0)
 
@@ -98,7 +100,7 @@ def test_layer_forward_matches_torch_and_round_trip_is_bit_exact(name):
     torch_to_flax(t.state_dict(), f)
     x = _rand(*shape)
     with torch.no_grad():
-        want = t(torch.from_numpy(x)).numpy()
+        want = t(torch.as_tensor(x)).cpu().numpy()
     got = np.asarray(f(to_flax_input(x) if to_flax_input else x))
     got = np.moveaxis(got, -1, 1) if to_torch_output else got
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
@@ -110,12 +112,12 @@ def test_embedding_with_padding_idx_matches_forward_and_differs_only_in_the_pad_
     t = torch.nn.Embedding(11, 5, padding_idx=0)
     f = torch_to_flax(t.state_dict(), nnx.Embed(11, 5, rngs=nnx.Rngs(0)))
     ids = np.array([[0, 3, 4], [5, 0, 0]])
-    np.testing.assert_array_equal(np.asarray(f(ids)), t(torch.from_numpy(ids)).detach().numpy())
+    np.testing.assert_array_equal(np.asarray(f(ids)), t(torch.as_tensor(ids)).detach().cpu().numpy())
     _assert_round_trip(t, f)
     # padding_idx is a torch-only gradient rule: the pad row gets no gradient in torch, and
     # does in Flax (nnx.Embed has no padding_idx), so gradient parity names exactly that row.
     report = parity.compare_gradients(t, f, lambda m, i: m(i).sum(), lambda m, i: m(i).sum(),
-                                      (torch.from_numpy(ids),), (ids,), atol=ATOL)
+                                      (torch.as_tensor(ids),), (ids,), atol=ATOL)
     (row,) = [r for r in report.rows if r.kind == "gradient"]
     assert not row.ok and row.max_abs == 3.0  # the pad id appears 3 times; d(sum)/d(row) = 3
 
@@ -129,7 +131,7 @@ def test_multihead_attention_in_proj_splits_into_query_key_value(bias):
     assert f.query.kernel.get_value().shape == (12, 3, 4)  # (D, H, K)
     x = _rand(2, 5, 12)
     with torch.no_grad():
-        want = t(*(torch.from_numpy(x),) * 3, need_weights=False)[0].numpy()
+        want = t(*(torch.as_tensor(x),) * 3, need_weights=False)[0].cpu().numpy()
     np.testing.assert_allclose(np.asarray(f(x)), want, atol=ATOL, rtol=0)
     _assert_round_trip(t, f)
 
@@ -140,17 +142,17 @@ def test_batchnorm_train_mode_outputs_match_and_running_stats_follow_the_documen
     # flax momentum = 1 - torch momentum: Flax weighs the old average, torch the new batch.
     f = torch_to_flax(t.state_dict(), nnx.BatchNorm(5, momentum=0.9, rngs=nnx.Rngs(0)))
     f.train()
-    old_mean, old_var = t.running_mean.numpy().copy(), t.running_var.numpy().copy()
+    old_mean, old_var = t.running_mean.cpu().numpy().copy(), t.running_var.cpu().numpy().copy()
     x = _rand(8, 5)
-    want = t(torch.from_numpy(x)).detach().numpy()
+    want = t(torch.as_tensor(x)).detach().cpu().numpy()
     np.testing.assert_allclose(np.asarray(f(x)), want, atol=ATOL, rtol=0)  # both normalize by the biased variance
     x64, n = x.astype(np.float64), x.shape[0]
     expected_mean = 0.9 * old_mean + 0.1 * x64.mean(axis=0)
     np.testing.assert_allclose(np.asarray(f.mean.get_value()), expected_mean, atol=1e-6, rtol=0)
-    np.testing.assert_allclose(t.running_mean.numpy(), expected_mean, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(t.running_mean.cpu().numpy(), expected_mean, atol=1e-6, rtol=0)
     # torch folds the unbiased batch variance (n / (n - 1)) into running_var; Flax the biased one.
     np.testing.assert_allclose(np.asarray(f.var.get_value()), 0.9 * old_var + 0.1 * x64.var(axis=0), atol=1e-6, rtol=0)
-    np.testing.assert_allclose(t.running_var.numpy(), 0.9 * old_var + 0.1 * x64.var(axis=0) * n / (n - 1),
+    np.testing.assert_allclose(t.running_var.cpu().numpy(), 0.9 * old_var + 0.1 * x64.var(axis=0) * n / (n - 1),
                                atol=1e-6, rtol=0)
 
 

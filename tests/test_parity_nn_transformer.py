@@ -17,6 +17,8 @@ from parity.cli import main
 from parity.nn_transformer import (NN_TRANSFORMER_RENAME, Seq2SeqTransformer, check_module, from_seed_state_dict,
                                    is_nn_transformer, to_seed_state_dict)
 
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
 CONFIG = dict(src_pad_idx=0, source_vocab_size=23, target_vocab_size=19, max_len=17, embed_size=30, heads=5,
               num_layers=2, dropout=0.1)
 # Padded sources (pad id 0 at the end of rows 0 and 2; no row all padding: see nn_transformer.py).
@@ -32,7 +34,7 @@ def wrapped():
 
 def test_nn_transformer_logits_match_the_flax_twin_and_torch_ref_on_a_padded_batch(wrapped):
     with torch.no_grad():
-        want = wrapped(torch.from_numpy(SOURCE), torch.from_numpy(TARGET)).numpy()
+        want = wrapped(torch.as_tensor(SOURCE), torch.as_tensor(TARGET)).cpu().numpy()
     flax_model = torch_to_flax(wrapped.state_dict(), fm.Transformer(**CONFIG, rngs=nnx.Rngs(1)),
                                rename=NN_TRANSFORMER_RENAME)
     flax_model.eval()
@@ -40,7 +42,7 @@ def test_nn_transformer_logits_match_the_flax_twin_and_torch_ref_on_a_padded_bat
     seed = torch_ref.Transformer(**CONFIG).eval()
     seed.load_state_dict(to_seed_state_dict(wrapped.state_dict()), strict=True)
     with torch.no_grad():
-        np.testing.assert_allclose(seed(torch.from_numpy(SOURCE), torch.from_numpy(TARGET)).numpy(), want,
+        np.testing.assert_allclose(seed(torch.as_tensor(SOURCE), torch.as_tensor(TARGET)).cpu().numpy(), want,
                                    atol=1e-5, rtol=0)
 
 

@@ -12,6 +12,7 @@ The runs are derandomized so CI sees the same examples every time.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 from conftest import ATOL, assert_close, flax_twin_of
 from flax import nnx
@@ -22,6 +23,8 @@ from hypothesis.extra import numpy as hnp
 import flaxformer_mini as fm
 import torch_ref
 from parity import transformer_pair
+
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 
 PROPERTY_SETTINGS = settings(
     max_examples=20,
@@ -93,7 +96,7 @@ def test_transformer_twins_agree_on_random_small_configs(example):
     torch_model, flax_model = transformer_pair(config, seed)
 
     with torch.no_grad():
-        torch_logits = torch_model(torch.from_numpy(source), torch.from_numpy(target))
+        torch_logits = torch_model(torch.as_tensor(source), torch.as_tensor(target))
     fm.check_tokens(source, config.source_vocab_size, config.max_len, "source input")
     fm.check_tokens(target, config.target_vocab_size, config.max_len, "target input")
     flax_logits = _jitted(flax_model)(jnp.asarray(source), jnp.asarray(target))
@@ -132,7 +135,7 @@ def test_self_attention_twins_agree_under_random_masks_with_fully_masked_rows(ex
     value = rng.standard_normal((B, S, D)).astype(np.float32)
 
     with torch.no_grad():
-        torch_out = torch_attention(*map(torch.from_numpy, (query, key, value, mask)))
+        torch_out = torch_attention(*map(torch.as_tensor, (query, key, value, mask)))
     flax_out = np.asarray(_jitted(flax_attention)(*map(jnp.asarray, (query, key, value, mask))))
 
     assert np.isfinite(flax_out).all() and torch.isfinite(torch_out).all()
@@ -141,8 +144,8 @@ def test_self_attention_twins_agree_under_random_masks_with_fully_masked_rows(ex
     # A query that sees no key gets uniform weights (the -1e20 fill, not -inf): its output
     # is the output projection of the mean value over all S keys, in both twins.
     with torch.no_grad():
-        mean_value = torch_attention.W_v(torch.from_numpy(value)).mean(dim=1)  # (B, D)
-        uniform_out = torch_attention.fc(mean_value).numpy()
+        mean_value = torch_attention.W_v(torch.as_tensor(value)).mean(dim=1)  # (B, D)
+        uniform_out = torch_attention.fc(mean_value).cpu().numpy()
     blind = ~mask[:, 0].any(axis=-1)  # (B, T): rows with every key masked
     assert blind.any()
     for b, t in zip(*np.nonzero(blind)):

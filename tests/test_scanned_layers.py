@@ -38,6 +38,8 @@ from parity.gradients import gradient_rows
 from conftest import ATOL, assert_close
 from test_train_cli import TINY_RUN, cli
 
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
 CONFIG = fm.get_preset("tiny").replace(num_layers=3, dropout=0.0)
 L = CONFIG.num_layers
 
@@ -189,7 +191,7 @@ def test_scanned_logits_equal_unscanned_and_torch_within_the_parity_tolerance(pa
     # 0 and ~4e-9 on the small preset at 6 layers).
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
     with torch.no_grad():
-        assert_close(got, torch_model(torch.from_numpy(source), torch.from_numpy(target)))
+        assert_close(got, torch_model(torch.as_tensor(source), torch.as_tensor(target)))
 
 
 @pytest.mark.parametrize("remat", [False, True], ids=["scan", "scan+remat"])

@@ -21,6 +21,8 @@ from torch_ref.decoding import greedy_decode as uncached_greedy
 
 from conftest import ATOL
 
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
 CONFIG = fm.get_preset("tiny")  # V=19, max_len=17, D=30, H=5, 2 layers
 N = CONFIG.max_len
 # The EOS bias makes rows end at different steps (and some not at all), so padding after EOS
@@ -42,7 +44,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def source():
-    return torch.from_numpy(sample_batch(CONFIG, batch=5, seed=1, source_len=13)[0])  # (5, 13), padded rows
+    return torch.as_tensor(sample_batch(CONFIG, batch=5, seed=1, source_len=13)[0])  # (5, 13), padded rows
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +79,8 @@ def test_cached_greedy_equals_uncached_torch_greedy(pair, source, greedy):
 
 
 def test_cached_greedy_equals_flax_cached_greedy(pair, source, greedy):
-    expected = np.asarray(decoding.greedy_decode(pair[1], source.numpy(), N))
-    np.testing.assert_array_equal(greedy.numpy(), expected)
+    expected = np.asarray(decoding.greedy_decode(pair[1], source.cpu().numpy(), N))
+    np.testing.assert_array_equal(greedy.cpu().numpy(), expected)
 
 
 def test_greedy_emits_only_pad_after_eos(greedy):
@@ -90,11 +92,11 @@ def test_greedy_emits_only_pad_after_eos(greedy):
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_beam_search_equals_flax_beam_search(pair, source, alpha):
     tokens, scores = beam_search(pair[0], source, N, beam_size=4, alpha=alpha)
-    flax_tokens, flax_scores = decoding.beam_search(pair[1], source.numpy(), N, beam_size=4, alpha=alpha)
-    np.testing.assert_array_equal(tokens.numpy(), np.asarray(flax_tokens))
+    flax_tokens, flax_scores = decoding.beam_search(pair[1], source.cpu().numpy(), N, beam_size=4, alpha=alpha)
+    np.testing.assert_array_equal(tokens.cpu().numpy(), np.asarray(flax_tokens))
     # Scores are sums of N log-probabilities computed by two frameworks: 1e-4 allows their
     # float32 rounding to accumulate over the steps.
-    np.testing.assert_allclose(scores.numpy(), np.asarray(flax_scores), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(scores.cpu().numpy(), np.asarray(flax_scores), atol=1e-4, rtol=0)
 
 
 def test_beam_search_of_size_one_equals_greedy(pair, source, greedy):

@@ -36,6 +36,8 @@ from torch_ref.training import clip_grad_norm, make_optimizer, rsqrt_learning_ra
 
 from conftest import ATOL
 
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
 # Dropout off: the Trainer compiles the train-mode model, and torch trains in train() mode;
 # with p = 0 both are deterministic and equal to eval mode.
 CONFIG = fm.get_preset("tiny").replace(dropout=0.0)
@@ -79,7 +81,7 @@ def test_token_cross_entropy_matches_flax_on_random_logits(label_smoothing):
     labels[1, 4:] = PAD
     labels[2, 1:] = PAD
     expected, _ = flax_token_cross_entropy(logits, labels, label_smoothing)
-    got = token_cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels), label_smoothing)
+    got = token_cross_entropy(torch.as_tensor(logits), torch.as_tensor(labels), label_smoothing)
     assert abs(float(expected) - got.item()) <= 1e-6
 
 
@@ -87,7 +89,7 @@ def test_token_cross_entropy_of_a_batch_without_labels_is_zero_as_in_flax():
     labels = np.full((2, 3), PAD)
     logits = np.ones((2, 3, 5), np.float32)
     expected, _ = flax_token_cross_entropy(logits, labels)
-    got = token_cross_entropy(torch.from_numpy(logits), torch.from_numpy(labels))
+    got = token_cross_entropy(torch.as_tensor(logits), torch.as_tensor(labels))
     assert float(expected) == got.item() == 0.0
 
 
@@ -168,12 +170,12 @@ def test_clip_grad_norm_follows_optax_not_torch_clip_grad_norm_():
         values = [np.array([3.0, -4.0], np.float32) / 5 * scale, np.array([[0.0]], np.float32)]
         params = [torch.nn.Parameter(torch.zeros(v.shape)) for v in values]
         for p, v in zip(params, values):
-            p.grad = torch.from_numpy(v.copy())
+            p.grad = torch.as_tensor(v.copy())
         norm = clip_grad_norm(params, max_norm)
         expected, _ = optax_clip.update(values, optax_clip.init(values))
         assert abs(norm.item() - scale) <= 1e-6
         for p, e in zip(params, expected):
-            np.testing.assert_allclose(p.grad.numpy(), np.asarray(e), rtol=1e-7, atol=0)
+            np.testing.assert_allclose(p.grad.cpu().numpy(), np.asarray(e), rtol=1e-7, atol=0)
 
     # Where they part: torch's clip_grad_norm_ scales by max_norm / (norm + 1e-6), so it also
     # shrinks a gradient just below max_norm, which optax (and torch_ref) leave untouched.
@@ -285,7 +287,7 @@ def _train_both(config):
     flax_trained = trainer.model(state)  # eval mode
     torch_model.eval()
     with torch.no_grad():
-        torch_logits = torch_model(*_torch_tokens(held_out)[:2]).numpy()
+        torch_logits = torch_model(*_torch_tokens(held_out)[:2]).cpu().numpy()
     return Run(
         config=config,
         flax=flax_metrics,

@@ -16,6 +16,8 @@ import torch_ref
 from conftest import assert_close, flax_twin_of
 from parity import as_inputs, sample_batch, transformer_pair
 
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
 B, S, T, D, H = 3, 13, 11, 30, 5
 SRC_VOCAB, TGT_VOCAB, MAX_LEN = 23, 19, 17
 F = 46  # the feed-forward width option (ffn_dim), distinct from D
@@ -26,18 +28,18 @@ FFN_WIDTHS = pytest.mark.parametrize("ffn", [{}, {"ffn_dim": F}], ids=["seed_wid
 
 def randn(*shape, seed=0):
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    return torch.from_numpy(x), jnp.asarray(x)
+    return torch.as_tensor(x), jnp.asarray(x)
 
 
 def padding_mask(lengths, S):
     keep = np.arange(S)[None, :] < np.asarray(lengths)[:, None]  # (B, S)
     keep = keep[:, None, None, :]  # (B, 1, 1, S)
-    return torch.from_numpy(keep), jnp.asarray(keep)
+    return torch.as_tensor(keep), jnp.asarray(keep)
 
 
 def causal_mask(B, T):
     keep = np.tril(np.ones((B, 1, T, T), dtype=bool))
-    return torch.from_numpy(keep), jnp.asarray(keep)
+    return torch.as_tensor(keep), jnp.asarray(keep)
 
 
 def torch_module(cls, *args, **kwargs):
