@@ -5,6 +5,7 @@
     parity check --preset seed --grads --torch-device cuda   # torch on the GPU, JAX on its default device
     parity convert model.pt model.safetensors     # torch state dict -> Flax parameters
     parity convert model.safetensors back.pt      # and back, bit for bit
+    parity convert runs/reverse model.pt          # a training run's newest checkpoint -> torch state dict
     parity convert model.pt model.safetensors --force   # replace an earlier conversion
 
 Exit codes: 0 every compared tensor within tolerance (``convert``: written), 1 some
@@ -154,7 +155,8 @@ def _check(args):
 
 def _convert(args):
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
-    from parity.convert import flax_params_from_state_dict, state_dict_from_flax_params
+    from parity.convert import (flax_params_from_state_dict, is_training_run, state_dict_from_flax_params,
+                                state_dict_from_run)
     from parity.flax_io import checkpoint_kind, is_orbax_path, load_flax_params, save_flax_params
     from parity.infer import infer_config, read_config_file
     from parity.output import refuse_existing
@@ -163,7 +165,7 @@ def _convert(args):
     if Path(source).absolute() == Path(out).absolute():
         raise UsageError(f"IN and OUT are the same path ({source}); write the conversion elsewhere")
     out_suffix = "" if is_orbax_path(out) else Path(out).suffix.lower()
-    kind = checkpoint_kind(source)
+    kind = "run" if is_training_run(source) else checkpoint_kind(source)
     _check_parent("OUT", Path(out.rstrip("/") or out))
     if not args.force:
         refuse_existing(out)  # before the work: a conversion never replaces a file unasked
@@ -182,18 +184,24 @@ def _convert(args):
         print(f"{source} (torch state dict, {len(state_dict)} tensors) -> {written} "
               f"(Flax parameters, {len(params)} arrays in Flax layout, {form}; the config in its metadata)")
     else:
+        holds = "a training run and its config" if kind == "run" else "Flax parameters and its config"
         for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
             if value is not None:
-                raise UsageError(f"{option} applies to a torch IN only; {source} holds Flax parameters and its config")
+                raise UsageError(f"{option} applies to a torch IN only; {source} holds {holds}")
         if out_suffix not in (SAFETENSORS_SUFFIX, *TORCH_SUFFIXES):
-            raise UsageError(f"OUT {out}: Flax parameters convert to a torch state dict, written as "
+            raise UsageError(f"OUT {out}: {'a training run converts' if kind == 'run' else 'Flax parameters convert'} "
+                             f"to a torch state dict, written as "
                              f"{', '.join((SAFETENSORS_SUFFIX, *TORCH_SUFFIXES))}, not "
                              f"{out_suffix or 'a directory'!r}")
-        params, config = load_flax_params(source)
-        state_dict = state_dict_from_flax_params(params, config)
+        if kind == "run":
+            state_dict, config, step = state_dict_from_run(source)
+            what = f"training run, its newest checkpoint: step {step}"
+        else:
+            params, config = load_flax_params(source)
+            state_dict = state_dict_from_flax_params(params, config)
+            what = f"Flax parameters, {len(params)} arrays"
         save_state_dict(state_dict, out)
-        print(f"{source} (Flax parameters, {len(params)} arrays) -> {out} (torch state dict, {len(state_dict)} "
-              f"tensors, torch layout)")
+        print(f"{source} ({what}) -> {out} (torch state dict, {len(state_dict)} tensors, torch layout)")
     c = config
     print(f"config: src_pad_idx {c.src_pad_idx}, vocab {c.source_vocab_size}/{c.target_vocab_size}, "
           f"max_len {c.max_len}, embed {c.embed_size}, {c.heads} heads, {c.num_layers}+{c.num_layers} layers")
@@ -247,10 +255,13 @@ def build_parser():
         "convert", parents=[common], help="torch checkpoint <-> Flax parameters, bit for bit",
         description="A torch state dict (.pt/.pth/.bin/.safetensors) to Flax parameters (OUT.safetensors with Flax "
                     "paths as keys and the config in its metadata, or an orbax directory: OUT without a suffix or "
-                    "ending in /); or Flax parameters written by this command back to a torch state dict "
-                    "(OUT .pt/.pth/.bin/.safetensors). The direction follows IN.",
+                    "ending in /); or Flax parameters written by this command, or a training run's newest "
+                    "checkpoint (IN: the directory of `flaxformer-mini train --out`), to a torch state dict "
+                    "(OUT .pt/.pth/.bin/.safetensors) that torch_ref.Transformer loads strictly. The direction "
+                    "follows IN.",
     )
-    convert.add_argument("input", metavar="IN", help="torch checkpoint, or Flax .safetensors / orbax directory")
+    convert.add_argument("input", metavar="IN",
+                         help="torch checkpoint, Flax .safetensors / orbax directory, or a training run's directory")
     convert.add_argument("output", metavar="OUT", help="where to write the other framework's parameters")
     convert.add_argument("--force", action="store_true",
                          help="replace an existing OUT (a file, or an orbax directory this command wrote); "

@@ -16,6 +16,7 @@ encoder.transformer_layers.2.norm1.weight   encoder/transformer_layers/norm1/sca
 """
 
 import dataclasses
+from pathlib import Path
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -142,14 +143,43 @@ def flax_params_from_state_dict(state_dict, config):
     return flax_io.flax_params_from_state_dict(state_dict, config, read=tensor_to_numpy)
 
 
-def state_dict_from_flax_params(params, config):
-    """The torch state dict (torch keys, torch layout, tensors) of Flax parameters {Flax path:
-    array}, in the torch twin's own order, as the seed would have saved it."""
+def _in_torch_order(arrays, config):
+    """{torch key: tensor} of ``arrays`` ({torch key: numpy array}) in the torch twin's own key order, as the seed would
+    have saved it."""
     import torch_ref
-    from parity import flax_io
 
-    arrays = flax_io.torch_arrays_from_flax_params(params, config)
     with torch.device("meta"):  # the keys without storage
         torch_order = list(torch_ref.Transformer(**config.to_dict()).state_dict())
     assert set(torch_order) == set(arrays), "torch_ref and the conversion plan disagree on the keys"
     return {key: numpy_to_tensor(arrays[key]) for key in torch_order}
+
+
+def state_dict_from_flax_params(params, config):
+    """The torch state dict (torch keys, torch layout, tensors) of Flax parameters {Flax path:
+    array}, in the torch twin's own order, as the seed would have saved it."""
+    from parity import flax_io
+
+    return _in_torch_order(flax_io.torch_arrays_from_flax_params(params, config), config)
+
+
+def is_training_run(path):
+    """A directory written by ``flaxformer-mini train --out PATH`` (it holds the run's config.json)."""
+    from flaxformer_mini.run_dir import RunDir
+
+    return Path(path).is_dir() and RunDir(path).exists()
+
+
+def state_dict_from_run(path):
+    """(torch state dict, ModelConfig, step) of a training run's newest readable checkpoint
+    (damaged newer ones are skipped with a warning, as ``evaluate`` does): the weights of the
+    model ``flaxformer-mini generate`` would use, in the torch twin's keys, layout and order, so
+    ``torch_ref.Transformer(**config.to_dict())`` loads them with ``strict=True``. A run trained
+    with ``--scan-layers`` (its layers stacked) comes out per layer, as torch keys them; the
+    compute dtype is the run's business, the parameters are float32 either way."""
+    from flaxformer_mini.run import Run
+
+    run = Run.open(path)
+    state = run.latest_state()  # FileNotFoundError naming the run when it has no checkpoint
+    model = run.trainer.model(state)
+    arrays = engine.to_torch(_plan(model, None), engine.flax_arrays(model))
+    return _in_torch_order(arrays, run.config.model), run.config.model, int(state.step)

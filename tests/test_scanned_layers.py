@@ -36,7 +36,7 @@ from parity import ConversionError, flax_to_torch, sample_batch, torch_key_shape
 from parity.gradients import gradient_rows
 
 from conftest import ATOL, assert_close
-from test_train_cli import TINY_RUN, cli
+from test_train_cli import TINY_RUN, assert_exported_state_dict_computes_the_runs_logits, cli
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 
@@ -300,7 +300,7 @@ def test_a_scanned_train_state_saves_and_restores(tmp_path):
 # --- the command line -------------------------------------------------------------------------
 
 
-def test_train_scan_layers_remat_is_recorded_and_evaluate_generate_load_it(tmp_path):
+def test_train_scan_layers_remat_is_recorded_and_evaluate_generate_and_export_load_it(tmp_path):
     out = tmp_path / "run"
     args = ["train", *TINY_RUN, "--save-every", "4", "--out", str(out)]
     proc = cli(*args, "--steps", "4", "--scan-layers", "--remat")
@@ -312,6 +312,8 @@ def test_train_scan_layers_remat_is_recorded_and_evaluate_generate_load_it(tmp_p
     assert np.isfinite(json.loads(ev.stdout)["loss"])
     gen = cli("generate", "--checkpoint", str(out), "3 4 5")
     assert gen.returncode == 0 and gen.stdout.strip(), gen.stderr
+    # `parity convert` unstacks the layers into torch_ref's per-layer keys.
+    assert assert_exported_state_dict_computes_the_runs_logits(out, tmp_path) == 4
     # Resuming it with the other layout would restore stacked parameters into per-layer ones.
     refused = cli(*args, "--steps", "8")
     assert refused.returncode == 2

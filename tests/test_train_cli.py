@@ -275,3 +275,54 @@ def test_evaluate_with_beam_size_reports_the_best_beams_exact_match(straight_run
     proc = cli("evaluate", "--checkpoint", str(straight_run[0]), "--beam-size", "2", "--json")
     assert proc.returncode == 0, proc.stderr
     assert 0.0 <= json.loads(proc.stdout)["exact_match"] <= 1.0
+
+
+# --- a run's weights for PyTorch: `parity convert RUN OUT.pt` ---------------------------------
+
+
+def assert_exported_state_dict_computes_the_runs_logits(out, tmp_path):
+    """`parity convert` of the run in ``out`` writes a state dict that torch_ref's Transformer
+    loads strictly, keyed in its own order, and that computes the run's logits (parity tolerance)."""
+    import jax.numpy as jnp
+    import torch
+
+    import torch_ref
+    from conftest import ATOL, assert_close
+    from parity import sample_batch
+    from parity.cli import main as parity_main
+
+    exported = tmp_path / "exported.pt"
+    assert parity_main(["convert", str(out), str(exported)]) == 0
+    run = Run.open(out)
+    state = run.latest_state()
+    torch_model = torch_ref.Transformer(**run.config.model.to_dict()).eval()
+    state_dict = torch.load(exported, weights_only=True)
+    assert list(state_dict) == list(torch_model.state_dict())
+    torch_model.load_state_dict(state_dict, strict=True)
+    source, target = sample_batch(run.config.model, batch=3, seed=1)
+    with torch.no_grad():
+        torch_logits = torch_model(torch.as_tensor(source), torch.as_tensor(target))
+    assert_close(run.trainer.model(state)(jnp.asarray(source), jnp.asarray(target)), torch_logits, ATOL)
+    return int(state.step)
+
+
+def test_parity_convert_of_a_run_exports_its_newest_checkpoint_for_torch_ref(straight_run, tmp_path, capsys):
+    out, _ = straight_run
+    assert assert_exported_state_dict_computes_the_runs_logits(out, tmp_path) == STRAIGHT_STEPS
+    assert f"(training run, its newest checkpoint: step {STRAIGHT_STEPS})" in capsys.readouterr().out
+
+
+def test_parity_convert_of_a_run_refuses_one_without_a_checkpoint_and_a_flax_format_out(straight_run, tmp_path,
+                                                                                         capsys):
+    from parity.cli import main as parity_main
+
+    fresh = tmp_path / "fresh"  # a run that stopped before its first save: its config alone
+    fresh.mkdir()
+    (fresh / "config.json").write_bytes((straight_run[0] / "config.json").read_bytes())
+    assert parity_main(["convert", str(fresh), str(tmp_path / "model.pt")]) == 2
+    assert f"{fresh}: the run has no checkpoint yet" in capsys.readouterr().err
+    assert parity_main(["convert", str(straight_run[0]), str(tmp_path / "flax_dir")]) == 2
+    assert "a training run converts to a torch state dict" in capsys.readouterr().err
+    assert parity_main(["convert", str(straight_run[0]), str(tmp_path / "model.pt"), "--heads", "5"]) == 2
+    assert "--heads applies to a torch IN only" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh"]  # nothing written
