@@ -88,3 +88,23 @@ def test_unknown_attention_impls_and_models_without_attention_are_refused():
     with pytest.raises(ValueError, match="FeedForward has no SelfAttention"):
         set_attention_impl(fm.FeedForward(rngs=nnx.Rngs(0)), "xla")
     assert ATTENTION_IMPLS == ("einsum", "xla", "cudnn")
+
+
+@pytest.mark.parametrize("impl", ["einsum", "xla"])
+def test_bfloat16_attention_keeps_its_scores_in_float32(impl):
+    # One query over two keys whose scores, 256 and 257 before the 1/sqrt(K) scale, are exact
+    # in float32 but not both in bfloat16 (8 significant bits: 257 rounds to 256). Kept in
+    # float32, the second key's weight is sigmoid(1/sqrt(2)) = 0.670; rounded, it would be 0.5.
+    attn = fm.SelfAttention(2, 1, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    for layer in (attn.W_q, attn.fc):  # identity projections: the scores are q . k
+        layer.kernel.value = jnp.eye(2)
+        layer.bias.value = jnp.zeros(2)
+    set_attention_impl(attn, impl)
+    query = jnp.array([[[16.0, 1.0]]], jnp.bfloat16)  # (B 1, T 1, D 2)
+    k = jnp.array([[[[16.0, 0.0], [16.0, 1.0]]]], jnp.bfloat16)  # (B 1, H 1, S 2, K 2), head-first
+    v = jnp.array([[[[0.0, 0.0], [1.0, 1.0]]]], jnp.bfloat16)
+    out = attn.attend(query, k, v, None)
+    assert out.dtype == jnp.bfloat16
+    expected = 1 / (1 + np.exp(-1 / np.sqrt(2)))
+    # The output is bfloat16: within half a step (2**-9) of 0.670, and far from 0.5.
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.full((1, 1, 2), expected), atol=2**-8, rtol=0)
