@@ -44,13 +44,22 @@ def _check_parent(option, path):
 
 
 def _check_output_paths(args):
+    """Before the work: each output can be written, replaces nothing unasked (``--force``), and
+    is neither the checkpoint being checked nor the other output."""
+    from parity.output import refuse_existing
     from parity.plot import PLOT_SUFFIXES
 
-    for option, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:
-            _check_parent(option, path)
-            if Path(path).is_dir():
-                raise UsageError(f"{option} {path}: is a directory; give a file name")
+    outputs = [(option, path) for option, path in (("--json", args.json), ("--plot", args.plot)) if path]
+    if len(outputs) == 2 and Path(args.json).absolute() == Path(args.plot).absolute():
+        raise UsageError(f"--json and --plot are the same path ({args.json}); give each its own file")
+    for option, path in outputs:
+        _check_parent(option, path)
+        if Path(path).is_dir():
+            raise UsageError(f"{option} {path}: is a directory; give a file name")
+        if args.torch_checkpoint and Path(path).absolute() == Path(args.torch_checkpoint).absolute():
+            raise UsageError(f"{option} {path}: is the checkpoint being checked; write the {option[2:]} elsewhere")
+        if not args.force:
+            refuse_existing(path, option)
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"--plot {args.plot}: unknown image type {Path(args.plot).suffix or '(no suffix)'!r}; "
                          f"use one of {', '.join(PLOT_SUFFIXES)}")
@@ -249,6 +258,7 @@ def build_parser():
     check.add_argument("--all", action="store_true", help="show every row, not only the landmarks")
     check.add_argument("--json", metavar="OUT", help="also write the whole report as JSON")
     check.add_argument("--plot", metavar="OUT.png", help="also draw each intermediate's difference (.png, .svg or .pdf)")
+    check.add_argument("--force", action="store_true", help="replace an existing --json or --plot file")
     check.set_defaults(run=_check)
 
     convert = sub.add_parser(

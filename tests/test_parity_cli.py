@@ -255,6 +255,24 @@ def test_unusable_options_exit_2_naming_the_option(checkpoint, args, message, ca
     assert message in err and "Traceback" not in err
 
 
+def test_check_replaces_no_existing_file_unasked_and_never_the_checkpoint_it_checks(checkpoint, tmp_path, capsys):
+    before = checkpoint.read_bytes()
+    report = tmp_path / "report.json"
+    report.write_text("an earlier report")
+    for args, message in [
+        (["--json", str(report)], f"--json {report}: already exists (a file); nothing was written. Give --force"),
+        (["--json", str(checkpoint), "--force"], f"--json {checkpoint}: is the checkpoint being checked"),
+        (["--plot", str(checkpoint.with_suffix(".png")), "--json", str(checkpoint.with_suffix(".png"))],
+         "--json and --plot are the same path"),
+    ]:
+        assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert checkpoint.read_bytes() == before and report.read_text() == "an earlier report"
+    assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--json", str(report), "--force"]) == 0
+    assert json.loads(report.read_text())["ok"] is True  # --force replaces it, whole
+
+
 def test_preset_and_checkpoint_are_mutually_exclusive_and_checkpoint_options_need_a_checkpoint(checkpoint, capsys):
     assert main(["check", "--preset", "tiny", "--torch-checkpoint", str(checkpoint)]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
