@@ -206,14 +206,23 @@ def diff(a, b):
     return float(d.max()), float(rel.max())
 
 
+def _match_tuple_outputs(torch_named, flax_named):
+    """``flax_named`` with a module's single output renamed ``NAME[0]`` where torch's module of
+    that name returned a tuple and Flax's one array: nn.MultiheadAttention returns (output,
+    weights or None), nnx.MultiHeadAttention the output alone. Torch's ``NAME[1]`` (the weights,
+    when asked for) stays unmatched, as it is."""
+    renamed = {}
+    for name, value in flax_named.items():
+        tuple_name = f"{name}[0]"
+        renamed[tuple_name if tuple_name in torch_named and tuple_name not in flax_named else name] = value
+    return renamed
+
+
 def compare_intermediates(torch_named, flax_named, atol):
     """Match both sides' intermediates by name, in torch's order, into a Report."""
     rows = []
+    flax_named = _match_tuple_outputs(torch_named, flax_named)
     for name, t in torch_named.items():
-        if name not in flax_named and name.endswith("[0]") and name[:-3] in flax_named \
-                and name[:-3] + "[1]" not in torch_named:
-            # nn.MultiheadAttention returns (output, None) without need_weights: its output is [0].
-            flax_named = {(name if k == name[:-3] else k): v for k, v in flax_named.items()}
         if name not in flax_named:
             rows.append(Row(name, tuple(t.shape), float("inf"), float("inf"), False, "missing on the Flax side"))
             continue
@@ -286,7 +295,8 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     if rename is not None:
         table = Rename(rename)
         t = {_rename_row(table, name): v for name, v in t.items()}
-    if ignore_missing:
+    if ignore_missing:  # after renaming and matching: a row is missing only if no name matches it
+        f = _match_tuple_outputs(t, f)
         t, f = {k: v for k, v in t.items() if k in f}, {k: v for k, v in f.items() if k in t}
     return compare_intermediates(t, f, atol)
 

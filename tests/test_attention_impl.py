@@ -97,8 +97,8 @@ def test_bfloat16_attention_keeps_its_scores_in_float32(impl):
     # float32, the second key's weight is sigmoid(1/sqrt(2)) = 0.670; rounded, it would be 0.5.
     attn = fm.SelfAttention(2, 1, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
     for layer in (attn.W_q, attn.fc):  # identity projections: the scores are q . k
-        layer.kernel.value = jnp.eye(2)
-        layer.bias.value = jnp.zeros(2)
+        layer.kernel.set_value(jnp.eye(2))
+        layer.bias.set_value(jnp.zeros(2))
     set_attention_impl(attn, impl)
     query = jnp.array([[[16.0, 1.0]]], jnp.bfloat16)  # (B 1, T 1, D 2)
     k = jnp.array([[[[16.0, 0.0], [16.0, 1.0]]]], jnp.bfloat16)  # (B 1, H 1, S 2, K 2), head-first

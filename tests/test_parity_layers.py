@@ -122,6 +122,47 @@ def test_embedding_with_padding_idx_matches_forward_and_differs_only_in_the_pad_
     assert not row.ok and row.max_abs == 3.0  # the pad id appears 3 times; d(sum)/d(row) = 3
 
 
+class _TorchAttentionBlock(torch.nn.Module):
+    def __init__(self, need_weights):
+        super().__init__()
+        self.need_weights = need_weights
+        self.norm = torch.nn.LayerNorm(12)
+        self.attention = torch.nn.MultiheadAttention(12, 3, batch_first=True)
+        self.out = torch.nn.Linear(12, 5)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return self.out(self.attention(y, y, y, need_weights=self.need_weights)[0])
+
+
+class _FlaxAttentionBlock(nnx.Module):
+    def __init__(self, rngs):
+        self.norm = nnx.LayerNorm(12, epsilon=1e-5, rngs=rngs)
+        self.attention = nnx.MultiHeadAttention(3, 12, decode=False, rngs=rngs)
+        self.out = nnx.Linear(12, 5, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.attention(self.norm(x)))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_compare_of_a_multihead_attention_port_keeps_the_attention_row_and_names_a_fault_there(need_weights):
+    # torch's module returns (output, weights or None), recorded as attention[0] (and [1]); the
+    # port's returns the output alone, matched to [0]. ignore_missing drops only what one side
+    # has (the port's query/key/value/out calls, torch's weights): never the attention's output.
+    torch.manual_seed(0)
+    t = _TorchAttentionBlock(need_weights).eval()
+    f = _FlaxAttentionBlock(nnx.Rngs(0))
+    torch_to_flax(t.state_dict(), f)
+    x = _rand(2, 5, 12)
+    inputs = ((torch.as_tensor(x),), (x,))
+    report = parity.compare(t, f, *inputs, atol=ATOL, ignore_missing=True)
+    assert report.ok and [r.name for r in report.rows] == ["norm", "attention[0]", "out", ""]  # "": the whole model
+    f.attention.query.kernel.set_value(f.attention.query.kernel.get_value()[:, ::-1, :])  # the heads reversed
+    report = parity.compare(t, f, *inputs, atol=ATOL, ignore_missing=True)
+    assert report.first_divergence.name == "attention[0]"
+
+
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_multihead_attention_in_proj_splits_into_query_key_value(bias):
     torch.manual_seed(0)
