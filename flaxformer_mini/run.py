@@ -157,8 +157,11 @@ class Run:
         vocabularies; nothing is written when the config does not fit."""
         run_dir = RunDir(out)
         data = data if data is not None else load_data(config.data, run_dir)
+        asked_run = cls(run_dir, config, data)
+        if config.max_tokens is not None:
+            asked_run.token_batcher  # an example over the budget is refused here, before anything is written
         if not distributed.is_main():  # scale-out: process 0 alone writes (and locks) the run's files
-            return cls(run_dir, config, data)
+            return asked_run
         checksums = run_dir.vocabulary_checksums(data.vocabs, config.data) if data.vocabs is not None else {}
         asked = config
         resuming, lock, config = run_dir.start_or_resume(config, checksums)
@@ -178,7 +181,8 @@ class Run:
             if resuming:
                 echo(f"note: the run's vocabularies were missing; rebuilt them from {config.data.train_path}"
                      + (" (identical to the recorded ones)" if run_dir.recorded_checksums() else ""))
-        run = cls(run_dir, config, data)
+        # The run as written: an older run's own config where it lacks a newer setting.
+        run = asked_run if config == asked and data is asked_run.data else cls(run_dir, config, data)
         run._lock = lock
         if not resuming:
             run._report_dropped(echo)

@@ -108,8 +108,8 @@ class RunDir:
         try:
             resuming = self.exists()
             if resuming:
+                old = self.load_config()  # first: a damaged config.json is an error naming it
                 stored = json.loads(self.config_path.read_text())
-                old = self.load_config()
                 # Settings added after the run was written are absent from its file: it keeps
                 # their defaults (its old behaviour), whatever today's options say.
                 self._refuse_differences(_differences(old.to_dict(), config.to_dict(), present=stored))
@@ -126,8 +126,8 @@ class RunDir:
         """Before a resumed run loads (and maybe trains tokenizers for) its data: refuse a
         DataConfig that differs from the run's, e.g. another --tokenizer or --vocab-size."""
         if self.exists():
+            old = self.load_config().to_dict()["data"]  # first: a damaged config.json is an error naming it
             stored = json.loads(self.config_path.read_text())
-            old = self.load_config().to_dict()["data"]
             self._refuse_differences(_differences(old, dataclasses.asdict(data), "data.", present=stored.get("data", {})))
 
     def _refuse_differences(self, diffs):

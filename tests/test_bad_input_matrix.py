@@ -132,6 +132,12 @@ def valid_bad_line(d, finished):
             "--preset", "tiny", "--steps", "2"]
 
 
+def max_tokens_below_the_longest_example(d, finished):
+    (d / "train.tsv").write_text(GOOD_TSV)  # the longest pair: 3 words + EOS, padded to 8 (the length multiple)
+    return ["train", "--data", str(d / "train.tsv"), "--out", str(d / "out"), "--preset", "tiny", "--steps", "2",
+            "--max-tokens", "3", "--no-progress"]
+
+
 def run_held_by_another_process(d, finished):
     run = copy_run()(d, finished)
     held = RunLock(run / ".lock")
@@ -161,6 +167,8 @@ CASES = [
     ("data_is_a_directory", data_is_a_directory, 2, r"data: Is a directory \(give a file"),
     ("valid_missing", valid_missing, 2, r"nope\.tsv: No such file"),
     ("valid_line_without_tab", valid_bad_line, 2, r"valid\.tsv:1: expected one tab"),
+    ("max_tokens_below_the_longest_example", max_tokens_below_the_longest_example, 2,
+     r"--max-tokens 3 is smaller than the longest example \(.*train\.tsv: pair 'a b c'.*8 padded.*at least 8"),
     # --- train options
     ("valid_without_data", train_option("--valid", "v.tsv"), 2, r"--valid goes with --data"),
     ("task_and_data", train_option("--data", "t.tsv"), 2, r"not allowed with"),
@@ -189,6 +197,7 @@ CASES = [
     ("out_holds_another_run", on_run("train", "--seed", "3"), 2, r"train\.seed: 0 in the run, 3 now"),
     ("out_being_trained", run_held_by_another_process, 2, r"is being trained by process \d+ on "),
     ("config_not_json", on_run("evaluate", edit=write("config.json", "{")), 2, r"config\.json: not valid JSON"),
+    ("config_not_json_on_resume", on_run("train", edit=write("config.json", "")), 2, r"config\.json: not valid JSON"),
     ("config_not_a_run", on_run("evaluate", edit=write("config.json", '{"a": 1}')), 2,
      r"config\.json: not a flaxformer-mini run config"),
     ("config_unknown_dtype", on_run("evaluate", edit=edit_json("config.json", lambda c: c.update(dtype="float16"))), 2,
