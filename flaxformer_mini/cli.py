@@ -64,8 +64,9 @@ def _train_until_stopped(args, stop):
                           min_len=args.min_len, max_len=args.max_len or SYNTHETIC_MAX_LEN,
                           eval_sequences=args.eval_sequences, eval_decode_lines=args.eval_decode_lines)
     else:  # --max-len is the model's max_len for text: the longest side, with its EOS
-        data = DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=args.data,
-                          valid_path=args.valid, eval_pairs=args.valid_size,
+        # Absolute paths in the run's config: evaluate and resume may run from another directory.
+        data = DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=os.path.abspath(args.data),
+                          valid_path=args.valid and os.path.abspath(args.valid), eval_pairs=args.valid_size,
                           holdout=0 if args.valid else args.valid_size, tokenizer=args.tokenizer,
                           tokenizer_vocab_size=args.vocab_size, shared_vocab=args.shared_vocab,
                           eval_decode_lines=args.eval_decode_lines)
@@ -103,7 +104,7 @@ def _train_until_stopped(args, stop):
             raise
         raise lost from None
     if result and distributed.is_main():
-        print(json.dumps({"step": args.steps, **result}))
+        print(json.dumps(result))  # its step: the run's own where it had gone past --steps
     return EXIT_OK
 
 
@@ -134,6 +135,10 @@ def _identity(args):
 
 def _evaluate(args):
     from flaxformer_mini.evaluation import evaluate_run
+    from flaxformer_mini.files import check_writable
+
+    if args.output is not None:
+        check_writable(args.output, "--output")  # before decoding the whole held-out set
 
     result = evaluate_run(args.checkpoint, batch_size=args.batch_size, beam_size=args.beam_size, output=args.output)
     if args.json:

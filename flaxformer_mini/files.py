@@ -26,3 +26,17 @@ def write_atomic(path, data):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_writable(path, option):
+    """Before the work whose result goes to ``path``: a ValueError naming ``option`` and
+    ``path`` when it cannot be written there (a directory, a missing or read-only parent), so
+    a long computation is not lost to a typo, and no temporary file's name is ever shown."""
+    path = Path(path)
+    parent = path.absolute().parent
+    if path.is_dir():
+        raise ValueError(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise ValueError(f"{option} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path}: no permission to write in the directory {parent}")

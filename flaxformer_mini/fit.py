@@ -37,7 +37,8 @@ def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to
     one. With a ``mesh`` (``sharding.training_mesh``) each batch is split over its 'data'
     axis and the state laid out by ``sharding`` ('replicated' or 'fsdp'; tensor parallel too
     on a mesh with a 'model' axis: ``partitioning.LOGICAL_AXIS_RULES``). Returns the last
-    evaluation's metrics. Closes ``run`` (its lock) when done.
+    evaluation's metrics and its ``step`` (``steps``, or the run's own step where it had gone
+    past them). Closes ``run`` (its lock) when done.
 
     ``stop``: a ``StopRequests`` installed by the caller (``train`` installs it before the
     runtime starts, so an early SIGTERM is remembered); without one, fit installs its own.
@@ -124,12 +125,13 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
             f"{run.dir.checkpoints}. Try a lower --lr or --dtype float32."
         ) from None
     log.close()
+    evaluated_at = steps
     if not last_eval and start >= steps:
         echo(f"{run.path} has already reached step {start} (asked for {steps}); evaluating")
-        last_eval = evaluate(trainer, to_local(state), eval_batches, **scoring)
+        last_eval, evaluated_at = evaluate(trainer, to_local(state), eval_batches, **scoring), start
     if main:
         plot_metrics(run.dir)
-    return last_eval
+    return {"step": evaluated_at, **last_eval}
 
 
 class _StepLog:

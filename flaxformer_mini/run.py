@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from flaxformer_mini import checkpoint, distributed, tokenizers
-from flaxformer_mini.data import Batch, SyntheticTask, TextPairs, Vocab, read_tsv
+from flaxformer_mini.data import Batch, DataError, SyntheticTask, TextPairs, Vocab, read_tsv
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
 from flaxformer_mini.run_dir import RunDir
 from flaxformer_mini.training import Trainer
@@ -50,6 +50,11 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     if config.kind == "synthetic":
         task = SyntheticTask(config.task, config.vocab_size, config.min_len, config.max_len)
         return RunData(task, task, None)
+    if not rebuild and config.valid_path:
+        # An opened run (evaluate, generate) reads its saved vocabularies and its --valid file
+        # alone: the training file may have moved since.
+        vocabs = run_dir.load_vocabularies(config)
+        return RunData(None, _text_pairs(config.valid_path, read_tsv(config.valid_path), vocabs, config), vocabs)
     pairs = read_tsv(config.train_path)
     held_out = []
     if config.valid_path is None and config.holdout:
@@ -62,12 +67,22 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         vocabs = run_dir.load_vocabularies(config)
     else:
         vocabs = build_tokenizers(config, pairs)
-    train = TextPairs(pairs, *vocabs, config.model_max_len)
+    train = _text_pairs(config.train_path, pairs, vocabs, config)
     if config.valid_path:
-        valid = TextPairs(read_tsv(config.valid_path), *vocabs, config.model_max_len)
+        valid = _text_pairs(config.valid_path, read_tsv(config.valid_path), vocabs, config)
     else:
-        valid = TextPairs(held_out, *vocabs, config.model_max_len) if held_out else train
+        valid = _text_pairs(config.train_path, held_out, vocabs, config) if held_out else train
     return RunData(train, valid, vocabs)
+
+
+def _text_pairs(path, pairs, vocabs, config):
+    """TextPairs of ``pairs`` read from ``path``; every pair too long is an error naming the
+    file and the option that raises the limit."""
+    try:
+        return TextPairs(pairs, *vocabs, config.model_max_len)
+    except DataError as e:
+        raise DataError(f"{path}: {e} (--max-len {config.model_max_len}: a side's tokens plus its EOS); "
+                        f"--max-len raises the limit") from None
 
 
 def build_tokenizers(config: DataConfig, pairs):
@@ -215,8 +230,9 @@ class Run:
     def _report_dropped(self, echo):
         for name, pairs in (("training", self.data.train), ("validation", self.data.eval)):
             if isinstance(pairs, TextPairs) and pairs.dropped and (name == "training" or pairs is not self.data.train):
-                echo(f"note: {pairs.dropped} {name} pair(s) longer than max_len={self.config.data.max_len} tokens "
-                     f"were dropped (the longest had {pairs.longest_dropped}); --max-len raises the limit")
+                echo(f"note: {pairs.dropped} {name} pair(s) longer than --max-len {pairs.max_len} allows "
+                     f"({pairs.max_len - 1} tokens plus EOS) were dropped (the longest had {pairs.longest_dropped} "
+                     f"tokens); --max-len raises the limit")
 
     # --- model, state and checkpoints
 
@@ -307,6 +323,9 @@ class Run:
             return None
         total = len(self.data.eval)
         used = total if d.eval_pairs is None else min(d.eval_pairs, total)
-        where = ("--valid" if d.valid_path else f"{total} training pairs held out (no --valid)" if d.holdout
-                 else "the training pairs (no --valid)")
+        if self.data.eval is self.data.train:  # no hold-out asked, or too few pairs to hold out a tenth
+            why = "too few pairs to hold a tenth out" if d.holdout else "none held out"
+            return (f"evaluating on {used} of {total} training pairs themselves (no --valid, and {why}); "
+                    f"--valid gives held-out pairs")
+        where = "--valid" if d.valid_path else f"{total} training pairs held out (no --valid)"
         return f"evaluating on {used} of {total} held-out pairs from {where}; --valid-size sets how many"

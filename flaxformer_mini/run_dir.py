@@ -112,7 +112,8 @@ class RunDir:
                 stored = json.loads(self.config_path.read_text())
                 # Settings added after the run was written are absent from its file: it keeps
                 # their defaults (its old behaviour), whatever today's options say.
-                self._refuse_differences(_differences(old.to_dict(), config.to_dict(), present=stored))
+                self._refuse_differences(_differences(_absolute_data_paths(old.to_dict()), config.to_dict(),
+                                                      present=stored))
                 config = old
             else:
                 _write_json(self.config_path, {**config.to_dict(), "checksums": dict(checksums or {})})
@@ -126,9 +127,10 @@ class RunDir:
         """Before a resumed run loads (and maybe trains tokenizers for) its data: refuse a
         DataConfig that differs from the run's, e.g. another --tokenizer or --vocab-size."""
         if self.exists():
-            old = self.load_config().to_dict()["data"]  # first: a damaged config.json is an error naming it
+            old = self.load_config().to_dict()  # first: a damaged config.json is an error naming it
             stored = json.loads(self.config_path.read_text())
-            self._refuse_differences(_differences(old, dataclasses.asdict(data), "data.", present=stored.get("data", {})))
+            self._refuse_differences(_differences(_absolute_data_paths(old)["data"], dataclasses.asdict(data), "data.",
+                                                  present=stored.get("data", {})))
 
     def _refuse_differences(self, diffs):
         if diffs:
@@ -236,6 +238,17 @@ def tokenizer_bytes(vocab):
 
 def sha256(data: bytes):
     return hashlib.sha256(data).hexdigest()
+
+
+def _absolute_data_paths(config):
+    """A run config dict with its data files' paths absolute. Runs record absolute paths; one
+    written before recorded them as typed, relative to the directory it was started from,
+    taken to be the current one (as it always was)."""
+    data = dict(config["data"])
+    for key in ("train_path", "valid_path"):
+        if data.get(key) is not None:
+            data[key] = os.path.abspath(data[key])
+    return {**config, "data": data}
 
 
 def _differences(old, new, prefix="", present=None):

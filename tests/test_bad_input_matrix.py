@@ -138,6 +138,15 @@ def max_tokens_below_the_longest_example(d, finished):
             "--max-tokens", "3", "--no-progress"]
 
 
+def evaluate_output_into(where):
+    """evaluate --output at an unusable path: refused before the held-out set is decoded."""
+    def setup(d, finished):
+        run = copy_run()(d, finished)
+        (d / "a_directory").mkdir()
+        return ["evaluate", "--checkpoint", str(run), "--output", str(d / where)]
+    return setup
+
+
 def run_held_by_another_process(d, finished):
     run = copy_run()(d, finished)
     held = RunLock(run / ".lock")
@@ -204,6 +213,10 @@ CASES = [
      r"config\.json: malformed run config: unknown dtype 'float16'"),
     ("evaluate_no_run", lambda d, f: ["evaluate", "--checkpoint", str(d / "nothing")], 2, r"nothing: no run here"),
     ("evaluate_no_checkpoint", no_checkpoint_yet, 2, r"the run has no checkpoint yet"),
+    ("evaluate_output_is_a_directory", evaluate_output_into("a_directory"), 2,
+     r"--output .*a_directory: is a directory; give a file name"),
+    ("evaluate_output_in_a_missing_directory", evaluate_output_into("nowhere/hyp.txt"), 2,
+     r"--output .*nowhere/hyp\.txt: the directory .*nowhere does not exist"),
     ("vocabulary_edited", on_run("generate", "a b", kind="text", edit=edit_json("vocab_target.json", swap_two_words)),
      2, r"vocab_target\.json differs from the file this run wrote"),
     ("vocabulary_missing", on_run("generate", "a b", kind="text", edit=lambda r: (r / "vocab_source.json").unlink()),

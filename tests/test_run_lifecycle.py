@@ -121,7 +121,8 @@ def test_pairs_longer_than_max_len_are_reported_and_add_no_words(tmp_path):
     out = tmp_path / "run"
     proc = cli(*text_args(train, out), "--steps", "2")
     assert proc.returncode == 0, proc.stderr
-    assert "1 training pair(s) longer than max_len=7 tokens were dropped (the longest had 30)" in proc.stderr
+    assert ("1 training pair(s) longer than --max-len 8 allows (7 tokens plus EOS) were dropped (the longest had 30 "
+            "tokens)") in proc.stderr
     source_words = json.loads((out / "vocab_source.json").read_text())["tokens"][4:]
     target_words = json.loads((out / "vocab_target.json").read_text())["tokens"][4:]
     assert sorted(source_words) == ["a", "b", "c"] and sorted(target_words) == ["x", "y", "z"]
@@ -318,6 +319,52 @@ def test_without_valid_a_fixed_part_of_the_training_file_is_held_out(tmp_path):
     held = {tuple(row) for b in run.eval_batches(4) for row in b.source.tolist()}
     trained = {tuple(row) for b in [run.data.train.batch(0, s, 185) for s in range(1)] for row in b.source.tolist()}
     assert not held & trained  # no held-out pair is trained on
+
+
+def test_a_run_records_absolute_data_paths_and_evaluates_from_anywhere_without_its_training_file(tmp_path,
+                                                                                                  monkeypatch):
+    # Started with relative paths; evaluated from another directory after the training file
+    # moved: a --valid run's evaluation reads its vocabularies and the --valid file alone. A
+    # held-out pair too long for --max-len is not decodable: it is left out, and said so.
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    (work / "train.tsv").write_text(TEXT_PAIRS)
+    (work / "valid.tsv").write_text("a b\tx y\nc a\tz x\n" + " ".join("abcabcabc") + "\tx\n")
+    assert cli(*text_args("train.tsv", "run", "--valid", "valid.tsv"), "--steps", "3").returncode == 0
+    data = json.loads((work / "run" / "config.json").read_text())["data"]
+    assert (data["train_path"], data["valid_path"]) == (str(work / "train.tsv"), str(work / "valid.tsv"))
+
+    (work / "train.tsv").rename(work / "moved.tsv")
+    monkeypatch.chdir(tmp_path)
+    hypotheses = tmp_path / "hyp.txt"
+    proc = cli("evaluate", "--checkpoint", str(work / "run"), "--output", str(hypotheses))
+    assert proc.returncode == 0, proc.stderr
+    assert ("note: 1 of 3 held-out pairs are longer than the run's --max-len 8 allows and are not evaluated; "
+            f"{hypotheses} holds a line for each of the 2 others, in order") in proc.stderr
+    assert len(hypotheses.read_text().splitlines()) == 2
+
+
+def test_a_run_that_recorded_relative_paths_resumes_from_its_directory(tmp_path, monkeypatch):
+    # Runs written before paths were recorded absolute hold them as typed: the same command
+    # from the same directory resumes, as it did.
+    monkeypatch.chdir(tmp_path)
+    out, args = text_run(tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    config["data"]["train_path"] = "train.tsv"
+    (out / "config.json").write_text(json.dumps(config))
+    resumed = cli(*text_args("train.tsv", out), "--steps", "6")
+    assert resumed.returncode == 0, resumed.stderr
+    assert latest_state(out)[0] == 6
+
+
+def test_with_too_few_pairs_to_hold_out_the_run_says_it_evaluates_on_its_training_pairs(tmp_path):
+    train = tmp_path / "train.tsv"
+    train.write_text("a b\tx y\nc a\tz x\n")  # a tenth of 2 pairs is none
+    proc = cli(*text_args(train, tmp_path / "run"), "--steps", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert ("evaluating on 2 of 2 training pairs themselves (no --valid, and too few pairs to hold a tenth out); "
+            "--valid gives held-out pairs") in proc.stderr
 
 
 def test_evaluation_during_training_reads_at_most_valid_size_pairs(tmp_path):

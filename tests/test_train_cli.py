@@ -144,6 +144,14 @@ def test_ctrl_c_sigterm_and_kill_9_each_resume_to_the_uninterrupted_run_bit_for_
     assert_same_training_state(a, b)
 
 
+def test_train_asked_for_fewer_steps_than_the_run_has_evaluates_and_prints_the_runs_step(straight_run):
+    out, _ = straight_run
+    proc = cli(*STRAIGHT, "--steps", "30", "--out", str(out))  # the last --steps wins
+    assert proc.returncode == 0, proc.stderr
+    assert f"has already reached step {STRAIGHT_STEPS} (asked for 30); evaluating" in proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == STRAIGHT_STEPS
+
+
 def test_evaluate_json_prints_the_three_metrics(straight_run):
     proc = cli("evaluate", "--checkpoint", str(straight_run[0]), "--json")
     assert proc.returncode == 0, proc.stderr
