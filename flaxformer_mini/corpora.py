@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flaxformer_mini.files import write_atomic
+
 _WORD = re.compile(r"[a-z']+")
 SPLITS = ("train", "valid", "test")
 
@@ -83,12 +85,12 @@ def write_cmudict(outdir, seed=0, keep_stress=False):
         "target": "phonemes of the first pronunciation" + ("" if keep_stress else ", stress removed"),
         "files": {},
     }
-    for name in SPLITS:
+    for name in SPLITS:  # each file whole or not at all (a kill or a full disk leaves no torn TSV)
         text = "".join(f"{' '.join(word)}\t{phonemes}\n" for word, phonemes in parts[name])
         path = outdir / f"{name}.tsv"
-        path.write_text(text, encoding="utf-8")
+        write_atomic(path, text)
         manifest["files"][path.name] = {"pairs": len(parts[name]), "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    (outdir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    write_atomic(outdir / "manifest.json", json.dumps(manifest, indent=1) + "\n")  # last: the set is complete
     return manifest
 
 
@@ -99,10 +101,19 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/valid/test split (default 0)")
     parser.add_argument("--keep-stress", action="store_true", help="keep CMUdict's stress digits (AH0, EY1)")
     args = parser.parse_args(argv)
+    if Path(args.outdir).exists() and not Path(args.outdir).is_dir():
+        parser.exit(2, f"{parser.prog}: error: {args.outdir}: is a file; OUTDIR is the directory to write the TSVs into\n")
     try:
         manifest = write_cmudict(args.outdir, args.seed, args.keep_stress)
     except ImportError as e:
-        parser.exit(2, f"error: {e}\n")
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except OSError as e:  # a missing permission, a full disk: one line naming the file
+        from flaxformer_mini.cli import explain
+
+        code, message = explain(e)
+        if code is None:
+            raise
+        parser.exit(code, f"{parser.prog}: error: {message}\n")
     sizes = ", ".join(f"{name} {info['pairs']}" for name, info in manifest["files"].items())
     print(f"wrote {args.outdir}: {sizes} pairs (cmudict {manifest['cmudict_version']}, seed {args.seed})")
 

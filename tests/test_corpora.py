@@ -68,3 +68,13 @@ def test_cli_writes_the_files(tmp_path, capsys):
     corpora.main(["cmudict", str(tmp_path / "g2p"), "--seed", "3"])
     assert "wrote" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "g2p").iterdir()) == ["manifest.json", "test.tsv", "train.tsv", "valid.tsv"]
+
+
+def test_cli_refuses_an_outdir_that_is_a_file_in_one_line(tmp_path, capsys):
+    mine = tmp_path / "notes.tsv"
+    mine.write_text("mine")
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(mine)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"{mine}: is a file; OUTDIR is the directory" in err and "Traceback" not in err
+    assert mine.read_text() == "mine"
