@@ -282,7 +282,8 @@ def build_parser():
     t.add_argument("--vocab-size", type=int, default=None,
                    help=f"synthetic: token ids, 4 special ones included (default {SYNTHETIC_VOCAB_SIZE}); text: the "
                         f"tokenizer's vocabulary size, 4 special tokens included (needed for bpe/unigram; for "
-                        f"word/char it keeps the most frequent; default: all)")
+                        f"word it keeps the most frequent words; char keeps every character, so it must be at least "
+                        f"their number + 4; default: all)")
     t.add_argument("--tokenizer", choices=("word", "char", "bpe", "unigram"), default="word",
                    help="text: whitespace words (today's vocabularies), characters, or BPE/Unigram subwords "
                         "trained on the training file (Hugging Face tokenizers)")

@@ -120,10 +120,10 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     except NonFiniteLossError as e:
         log.close()
         kept = manager.latest_step()
-        raise NonFiniteLossError(
-            f"{e}; stopped. The last good checkpoint (step {kept if kept is not None else 'none'}) is kept in "
-            f"{run.dir.checkpoints}. Try a lower --lr or --dtype float32."
-        ) from None
+        where = (f"The last good checkpoint (step {kept}) is kept in {run.dir.checkpoints}" if kept is not None
+                 else "No checkpoint had been saved yet")
+        remedy = "a lower --lr" + (" or --dtype float32" if run.config.dtype != "float32" else "")
+        raise NonFiniteLossError(f"{e}; stopped. {where}. Try {remedy}.") from None
     log.close()
     evaluated_at = steps
     if not last_eval and start >= steps:

@@ -227,10 +227,11 @@ def _alphabet(kind, texts):
 def train(kind, texts, vocab_size=None):
     """A ``Tokenizer`` of ``kind`` trained on ``texts`` (a list of strings).
 
-    ``vocab_size`` (special tokens included) caps the vocabulary: for word and char the most
-    frequent symbols are kept (None: all); bpe and unigram need it. A bpe, unigram or char
-    vocabulary smaller than the alphabet of ``texts`` plus the 4 special tokens is a
-    ``ValueError`` naming both numbers (the subword trainers cannot drop characters).
+    ``vocab_size`` (special tokens included) caps the vocabulary: for word the most frequent
+    words are kept (None: all); bpe and unigram need it; char keeps every character, so for
+    char it is only checked. A bpe, unigram or char vocabulary smaller than the alphabet of
+    ``texts`` plus the 4 special tokens is a ``ValueError`` naming both numbers (none of
+    these drops characters).
     """
     _check_kind(kind)
     if isinstance(texts, str):

@@ -147,6 +147,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_p
     config = run_config(lr_factor=1e22, dropout=0.0)
     with pytest.raises(NonFiniteLossError, match=r"at step \d+.*last good checkpoint \(step \d+\)") as e:
         fit(config, tmp_path / "run", 50, log_every=1, eval_every=100, save_every=1, progress=False, echo=lambda m: None)
+    assert str(e.value).endswith("Try a lower --lr.")  # a float32 run: no --dtype float32 to suggest
     bad_step = int(str(e.value).split("at step ")[1].split(";")[0])
     kept, state = final_params(tmp_path / "run")
     assert kept == bad_step - 1  # every finite step was saved; the NaN one was not
