@@ -224,6 +224,16 @@ def check_ranges(args):
     return None
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's "(default: X)" after an option's help, unless X is None (the help says what
+    happens then) or the help already names its default."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="flaxformer-mini", description="Train and evaluate the Flax seq2seq Transformer.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -231,7 +241,7 @@ def build_parser():
     common.add_argument("--debug", action="store_true", help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")
 
     t = sub.add_parser("train", help="train a model (resumes when --out holds the same run)", parents=[common],
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=_DefaultsHelp)
     source = t.add_mutually_exclusive_group(required=True)
     source.add_argument("--task", choices=("copy", "reverse", "sort"), help="a synthetic task over integer tokens")
     source.add_argument("--data", metavar="TRAIN.tsv", help="parallel text, one 'source<TAB>target' per line")

@@ -72,7 +72,10 @@ def _stream(run, texts, max_new_tokens, batch_size, options, seed):
 
 
 def _encode(run, text, number):
-    ids, unknown = run.codec.encode(text)
+    try:
+        ids, unknown = run.codec.encode(text)
+    except ValueError as e:  # a synthetic run's token outside its values: say which input
+        raise ValueError(f"input {number}: {e}") from None
     max_len = run.config.model.max_len
     if not ids:
         raise ValueError(f"input {number} is empty")
