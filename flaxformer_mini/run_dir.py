@@ -262,5 +262,14 @@ def _differences(old, new, prefix="", present=None):
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{key}.", present[key] if present is not None else None)
         elif a != b:
-            out.append(f"{prefix}{key}: {a!r} in the run, {b!r} now")
+            why = _SET_BY.get(f"{prefix}{key}")
+            out.append(f"{prefix}{key}{f' ({why})' if why else ''}: {a!r} in the run, {b!r} now")
     return out
+
+
+# Settings of the run's config that no option names directly: what sets them.
+_SET_BY = {
+    "train.lr_factor": "set by --lr: --lr x sqrt(width x --warmup), the rsqrt schedule's factor",
+    "train.learning_rate": "--lr",
+    "data.max_len": "--max-len minus one for a text run (its EOS)",
+}
