@@ -191,8 +191,10 @@ def test_non_empty_directory_that_is_not_a_run_is_refused(tmp_path):
 def test_run_writes_config_metrics_checkpoints_and_plot(tmp_path):
     out = tmp_path / "run"
     result = fit(run_config(), out, 10, log_every=5, eval_every=10, save_every=5, progress=False, echo=lambda m: None)
-    # Teacher-forced loss and accuracy, exact match, and the corpus metrics of the decoded text.
-    assert set(result) == {"loss", "token_accuracy", "exact_match", "bleu", "chrf", "wer", "cer"}
+    # The step evaluated, teacher-forced loss and accuracy, exact match, and the corpus metrics
+    # of the decoded text.
+    assert set(result) == {"step", "loss", "token_accuracy", "exact_match", "bleu", "chrf", "wer", "cer"}
+    assert result["step"] == 10
     assert RunDir(out).load_config() == run_config()
     records = RunDir(out).read_metrics()
     assert {"step", "loss", "learning_rate", "tokens_per_s", "grad_norm"} <= set(records[0])
