@@ -8,10 +8,13 @@ prefix ``"shared"``.
 
 Why Hugging Face ``tokenizers`` and not ``sentencepiece``: one library and one file format
 (``tokenizer.json``) covers all three new kinds (WordLevel over characters, BPE, Unigram),
-the normaliser and the decoder are stored in that file (so ``evaluate`` and ``generate`` need
-nothing but the file), it trains from a Python iterator (sentencepiece trains from a file or
-a sentence iterator but its Python API exposes neither a char-level WordLevel model nor the
-offsets we use to report unknown pieces), and ``encode_batch`` runs in parallel Rust.
+and that file holds the normaliser, the pre-tokeniser, the model and the decoder (so
+``evaluate`` and ``generate`` need nothing but the file); the pipeline is composed from parts
+(NFC plus regex replacements; the char kind is WordLevel behind a one-character ``Split``);
+it trains from a Python iterator, ``encode_batch`` runs in Rust, in parallel across texts, and
+each token carries the character offsets ``unknown`` uses. sentencepiece also has char and word
+models, iterator training and offsets (``out_type='immutable_proto'``); the choice is for the
+composed pipeline in one JSON file.
 
 Normalisation (char, bpe, unigram): Unicode NFC, U+2581 (the Metaspace marker) read as a
 space, every run of whitespace collapsed to one space, stripped at both ends. It lives in

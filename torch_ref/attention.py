@@ -48,8 +48,9 @@ class SelfAttention(nn.Module):
 
         scores = torch.einsum("bthk,bshk->bhts", query, key)
         if mask is not None:
-            # Seed slip 1: the seed fills with -1e-20, which is 0 to float precision, so its
-            # mask does nothing. The intended value is a large negative number (003: -1e20).
+            # Seed slip 1: the seed fills with -1e-20, which sets a masked score to about 0
+            # instead of excluding it (scores [5, 3], the second masked: softmax [0.993, 0.0067],
+            # not [1, 0]). The intended value is a large negative number (003: -1e20).
             scores = scores.masked_fill(mask == 0, MASK_FILL_VALUE)
         # The seed scales after masking: -1e20 / sqrt(K) is still ~-1e19, so it works.
         weights = torch.softmax(scores / (self.head_dim**0.5), dim=3)  # (B, H, T, S)
