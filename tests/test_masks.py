@@ -1,7 +1,8 @@
 """Masks: padding hides keys, a fully padded row stays finite, and the decoder is causal.
 
 Each property is checked in both twins, and each would fail under the seed's slips (a
--1e-20 fill that masks nothing, a source mask that is never returned).
+-1e-20 fill, which sets masked scores to about 0 instead of excluding their keys, and a
+source mask that is never returned).
 """
 
 import jax.numpy as jnp
