@@ -402,3 +402,22 @@ def test_convert_of_a_torch_checkpoint_with_an_extra_key_exits_2_naming_it(seed_
     assert main(["convert", path, str(tmp_path / "flax.safetensors"), "--heads", "5"]) == 2
     assert "unexpected key 'decoder.fc.scale'" in capsys.readouterr().err
     assert not (tmp_path / "flax.safetensors").exists()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_])
+def test_convert_of_flax_parameters_with_an_integer_weight_exits_2_naming_it_as_torch_to_flax_does(
+        seed_state_dict, tmp_path, dtype, capsys):
+    # torch -> Flax refuses an integer weight by key (check_torch); Flax -> torch must too, or
+    # torch_ref's load_state_dict would silently cast it back to float.
+    config = infer_config(seed_state_dict, heads=5)
+    params = flax_params_from_state_dict(seed_state_dict, config)
+    params["decoder/fc/bias"] = params["decoder/fc/bias"].astype(dtype)
+    path = tmp_path / "flax.safetensors"
+    save_flax_params(params, config, path)
+    assert main(["convert", str(path), str(tmp_path / "back.pt")]) == 2
+    err = capsys.readouterr().err
+    assert f"invalid value for 'decoder/fc/bias': dtype {np.dtype(dtype)} is not a floating-point dtype" in err
+    assert "Traceback" not in err and not (tmp_path / "back.pt").exists()
+    with pytest.raises(ConversionError) as info:  # the API refuses it the same way
+        params_into_model(params, twins_from_state_dict(seed_state_dict, config)[1])
+    assert info.value.invalid == {"decoder/fc/bias": f"dtype {np.dtype(dtype)} is not a floating-point dtype"}
