@@ -13,6 +13,7 @@ where the two implementations first diverge: the place to look for the bug.
 import dataclasses
 import itertools
 import json
+import math
 import re
 import sys
 import types
@@ -113,16 +114,28 @@ class Report:
         return "\n".join(lines)
 
     def to_dict(self):
+        """The report as plain JSON values: a row's ``max_abs`` / ``max_rel`` that is not a
+        finite number (a missing row's inf, a NaN output's NaN) is None, and its ``note`` says why."""
         first = self.first_divergence
         return {
             "atol": self.atol,
             "ok": self.ok,
             "first_divergence": first.label if first else None,
-            "rows": [dict(dataclasses.asdict(r), label=r.label, kind=r.kind, shape=list(r.shape)) for r in self.rows],
+            "rows": [_row_dict(r) for r in self.rows],
         }
 
     def to_json(self, **kw):
-        return json.dumps(self.to_dict(), **kw)
+        """Strict JSON (RFC 8259: no NaN or Infinity, which strict parsers reject)."""
+        return json.dumps(self.to_dict(), allow_nan=False, **kw)
+
+
+def _row_dict(row):
+    out = dict(dataclasses.asdict(row), label=row.label, kind=row.kind, shape=list(row.shape))
+    bad = {key: out[key] for key in ("max_abs", "max_rel") if not math.isfinite(out[key])}
+    if bad and not out["note"]:  # a Row built elsewhere without one
+        out["note"] = ", ".join(f"{key} is {value}" for key, value in bad.items())
+    out.update(dict.fromkeys(bad, None))
+    return out
 
 
 def _leaves(name, value):
@@ -195,15 +208,44 @@ def flax_intermediates(model, *inputs):
 
 def diff(a, b):
     """(max absolute, max relative) difference in float64. Relative is |a-b| / max(|a|, |b|),
-    with 0/0 taken as 0, so it is symmetric and bounded by 2."""
+    with 0/0 taken as 0, so it is symmetric and bounded by 2.
+
+    Positions where both sides hold the same value differ by 0, equal infinities included:
+    weights that overflow give the same ±inf on both twins, which is parity, not a bug (inf -
+    inf alone would be NaN and blame the port). An infinity on one side only differs by inf,
+    and a NaN anywhere by NaN (NaN != NaN): both beyond any tolerance."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
-    d = np.abs(a - b)
-    if d.size == 0:
+    if a.size == 0 or b.size == 0:
         return 0.0, 0.0
+    with np.errstate(invalid="ignore"):  # inf - inf, masked out below where they are equal
+        d = np.where(a == b, 0.0, np.abs(a - b))
     scale = np.maximum(np.abs(a), np.abs(b))
-    rel = np.divide(d, scale, out=np.zeros_like(d), where=scale > 0)
+    rel = np.divide(d, scale, out=np.zeros_like(d), where=(scale > 0) & np.isfinite(scale))
+    rel = np.where(np.isfinite(d), rel, d)  # a non-finite difference is as large relatively
     return float(d.max()), float(rel.max())
+
+
+def nonfinite_note(flax, torch_):
+    """Why ``diff(flax, torch_)`` is not a finite number (NaN on a side, an infinity the other
+    side does not have), or '' when it is."""
+    f, t = np.asarray(flax, np.float64), np.asarray(torch_, np.float64)
+    parts = []
+    for side, x, other, other_side in (("torch", t, f, "Flax"), ("Flax", f, t, "torch")):
+        nans = int(np.isnan(x).sum())
+        infs = int((np.isinf(x) & (x != other)).sum())
+        if nans:
+            parts.append(f"{side} has {nans} NaN")
+        if infs:
+            parts.append(f"{side} has {infs} infinit{'y' if infs == 1 else 'ies'} {other_side} does not")
+    return "; ".join(parts)
+
+
+def compared_row(name, shape, flax, torch_, atol):
+    """The Row of two arrays of the same shape; a non-finite difference says why in its note."""
+    max_abs, max_rel = diff(flax, torch_)
+    note = "" if math.isfinite(max_abs) else nonfinite_note(flax, torch_)
+    return Row(name, tuple(shape), max_abs, max_rel, bool(max_abs <= atol), note)
 
 
 def _match_tuple_outputs(torch_named, flax_named):
@@ -231,8 +273,7 @@ def compare_intermediates(torch_named, flax_named, atol):
             rows.append(Row(name, tuple(t.shape), float("inf"), float("inf"), False,
                             f"shape differs: Flax {tuple(f.shape)}"))
             continue
-        max_abs, max_rel = diff(f, t)
-        rows.append(Row(name, tuple(t.shape), max_abs, max_rel, bool(max_abs <= atol)))
+        rows.append(compared_row(name, t.shape, f, t, atol))
     for name, f in flax_named.items():
         if name not in torch_named:
             rows.append(Row(name, tuple(f.shape), float("inf"), float("inf"), False, "missing on the torch side"))
