@@ -288,18 +288,24 @@ def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFA
 
 
 def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
-    """Both sides must get the same inputs: same count, shapes and dtype kinds (``channels_last``:
-    Flax's rank >= 3 inputs are torch's with the channel axis moved last)."""
+    """Both sides must get the same inputs: same count, shapes and dtype kinds (``channels_last``
+    True: Flax's rank >= 3 inputs are torch's with the channel axis moved last; a selection of
+    rows: each rank >= 3 input may be in either layout, since a model mixing both may take
+    either)."""
     torch_inputs, flax_inputs = tuple(torch_inputs), tuple(flax_inputs)
     if len(torch_inputs) != len(flax_inputs):
         raise ValueError(f"compare: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")
+    either = channels_last is not True and channels_last not in (False, None)
     problems = []
     for i, (t, f) in enumerate(zip(torch_inputs, flax_inputs)):
         t, f = tensor_to_numpy(t), np.asarray(jax.device_get(f))
-        if channels_last and f.ndim >= 3:
+        given = f.shape
+        if f.ndim >= 3 and (channels_last is True or (either and t.shape != f.shape)):
             f = np.moveaxis(f, -1, 1)
         if t.shape != f.shape:
-            problems.append(f"input {i}: torch shape {t.shape}, Flax shape {f.shape}")
+            how = " (nor with its last axis moved to 1)" if either and f.ndim >= 3 else ""
+            how = " (its last axis moved to 1: channels_last)" if channels_last is True and f.ndim >= 3 else how
+            problems.append(f"input {i}: torch shape {t.shape}, Flax shape {given if either else f.shape}{how}")
         # int64 (torch's default) against int32 (JAX's without x64) is the same integers;
         # float32 against float64 or bfloat16 is not the same input.
         elif t.dtype.kind != f.dtype.kind or (t.dtype.kind == "f" and t.dtype != f.dtype):
@@ -308,9 +314,43 @@ def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
         raise ValueError("compare: the two sides get different inputs: " + "; ".join(problems))
 
 
-def _channels_first(named):
+def _channels_first(named, selected=lambda name: True):
     """Flax convolutions are channels-last (N, *spatial, C); torch's are (N, C, *spatial)."""
-    return {k: (np.moveaxis(v, -1, 1) if v.ndim >= 3 else v) for k, v in named.items()}
+    return {k: (np.moveaxis(v, -1, 1) if v.ndim >= 3 and selected(k) else v) for k, v in named.items()}
+
+
+def _row_base(name):
+    """A row's module path: without a repeated call's ``#i`` or a tuple output's ``[i]``."""
+    return re.match(r"^([^#\[]*)", name).group(1)
+
+
+def _channels_last_rows(channels_last, flax_names):
+    """``compare``'s ``channels_last`` as a predicate on row names, or None (nothing moved)."""
+    if channels_last is False or channels_last is None:
+        return None
+    if channels_last is True:
+        return lambda name: True
+    if callable(channels_last):
+        return lambda name: bool(channels_last(name))
+    prefixes = (channels_last,) if isinstance(channels_last, str) else tuple(channels_last)
+    if not all(isinstance(p, str) for p in prefixes):
+        raise TypeError(f"compare: channels_last is True, False, a predicate on row names or module-path "
+                        f"prefixes (str), got {channels_last!r}")
+
+    def inside(base, prefix):
+        return prefix == "" or base == prefix or base.startswith(prefix + ".")
+
+    def selected(name):
+        return any(inside(_row_base(name), p) for p in prefixes)
+
+    # A prefix that selects nothing is a typo (or a renamed path): say so, as rename maps do.
+    bases = {_row_base(name) for name in flax_names}
+    unused = [p for p in prefixes if not any(inside(base, p) for base in bases)]
+    if unused:
+        raise ValueError(f"compare: channels_last prefix{'es' if len(unused) > 1 else ''} "
+                         f"{', '.join(map(repr, unused))} match{'' if len(unused) > 1 else 'es'} no row of the Flax "
+                         f"model (its module paths: {', '.join(sorted(map(repr, bases))[:12])})")
+    return selected
 
 
 def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL, rename=None, channels_last=False,
@@ -322,8 +362,19 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     Torch inputs are moved to the torch model's device (``on_device_of``), so a twin on a GPU
     takes the same CPU tensors. Put both models in eval mode first (dropout off; BatchNorm on running statistics) or both
     in train mode. ``channels_last``: the Flax model computes (N, *spatial, C) where torch
-    computes (N, C, *spatial), as ported CNNs do; its rank >= 3 inputs and outputs are moved to
-    compare. ``ignore_missing``: drop rows only one side has (torch's ``nn.ReLU`` modules, where
+    computes (N, C, *spatial), as ported CNNs do:
+
+    - ``True``: everywhere; its rank >= 3 inputs and outputs are moved to compare;
+    - a collection of module-path prefixes (``["encoder.conv"]``; one str is one prefix), or a
+      predicate on row names: only in those rows, for models that mix convolutions with
+      sequence layers after a transpose (torch's ``Conv1d`` then ``.transpose(1, 2)``, the
+      port's ``nnx.Conv`` then the same layers on (N, L, C)). Names are the report's (the Flax
+      model's paths; torch's after ``rename``); a prefix matches its module and everything
+      inside it, and one that matches no row is an error. Each rank >= 3 input may then be
+      given to the Flax model in either layout (checked against torch's as it is, or with its
+      channel axis moved).
+
+    ``ignore_missing``: drop rows only one side has (torch's ``nn.ReLU`` modules, where
     the port calls ``nnx.relu``) instead of failing them.
     """
     from parity.rename import Rename
@@ -331,8 +382,9 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     _check_inputs(torch_inputs, flax_inputs, channels_last)
     _, t = torch_intermediates(torch_model, *torch_inputs)
     _, f = flax_intermediates(flax_model, *flax_inputs)
-    if channels_last:
-        f = _channels_first(f)
+    selected = _channels_last_rows(channels_last, f)
+    if selected is not None:
+        f = _channels_first(f, selected)
     if rename is not None:
         table = Rename(rename)
         t = {_rename_row(table, name): v for name, v in t.items()}
