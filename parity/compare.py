@@ -169,13 +169,16 @@ def on_device_of(model, tensors):
     return tuple(t.to(held.device) if isinstance(t, torch.Tensor) else t for t in tensors)
 
 
-def torch_intermediates(model, *inputs):
-    """Run ``model(*inputs)`` without grad; return (output, {name: numpy array}) in completion order."""
+def torch_intermediates(model, *inputs, sequential=False):
+    """Run ``model(*inputs)`` without grad; return (output, {name: numpy array}) in completion order.
+
+    An ``nn.Sequential``'s output is its last child's, and is left out unless ``sequential``:
+    a port may apply an ``nnx.List`` of the same children by hand (no output of its own), or
+    call an ``nnx.Sequential`` (which records one). ``compare`` records them and keeps the
+    rows the Flax side has too (``_drop_unmatched_sequential``)."""
     records, handles = [], []
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Sequential):
-            # Its output is its last child's, which is recorded; the Flax twin applies an
-            # nnx.List of the same children, which has no output of its own to capture.
+        if isinstance(module, torch.nn.Sequential) and not sequential:
             continue
 
         def hook(_module, _args, output, name=name):
@@ -280,11 +283,23 @@ def compare_intermediates(torch_named, flax_named, atol):
     return Report(rows, atol)
 
 
+def _sequential_paths(torch_model):
+    return {name for name, module in torch_model.named_modules() if isinstance(module, torch.nn.Sequential)}
+
+
+def _drop_unmatched_sequential(torch_named, flax_named, sequential):
+    """``torch_named`` without the rows of ``nn.Sequential`` modules (paths ``sequential``) that
+    the Flax side has no row for: an ``nnx.List`` applied by hand records nothing, and the
+    Sequential's output is its last child's, compared there. An ``nnx.Sequential`` port keeps
+    them, and its own row (Flax records it) is matched instead of reported missing."""
+    return {name: v for name, v in torch_named.items() if name in flax_named or _row_base(name) not in sequential}
+
+
 def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL):
     """Run both twins (in eval mode) on the same inputs and compare every intermediate."""
-    _, t = torch_intermediates(torch_model, *torch_inputs)
+    _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
     _, f = flax_intermediates(flax_model, *flax_inputs)
-    return compare_intermediates(t, f, atol)
+    return compare_intermediates(_drop_unmatched_sequential(t, f, _sequential_paths(torch_model)), f, atol)
 
 
 def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
@@ -380,14 +395,17 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     from parity.rename import Rename
 
     _check_inputs(torch_inputs, flax_inputs, channels_last)
-    _, t = torch_intermediates(torch_model, *torch_inputs)
+    _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
     _, f = flax_intermediates(flax_model, *flax_inputs)
     selected = _channels_last_rows(channels_last, f)
     if selected is not None:
         f = _channels_first(f, selected)
+    sequential = _sequential_paths(torch_model)
     if rename is not None:
         table = Rename(rename)
         t = {_rename_row(table, name): v for name, v in t.items()}
+        sequential = {table.module_path(name) for name in sequential}
+    t = _drop_unmatched_sequential(t, f, sequential)
     if ignore_missing:  # after renaming and matching: a row is missing only if no name matches it
         f = _match_tuple_outputs(t, f)
         t, f = {k: v for k, v in t.items() if k in f}, {k: v for k, v in f.items() if k in t}
