@@ -150,7 +150,7 @@ def test_check_of_a_seed_checkpoint_exits_0_names_every_landmark_and_writes_json
     report, plot = tmp_path / "report.json", tmp_path / "report.png"
     proc = run_cli("check", "--torch-checkpoint", checkpoint, "--heads", 5, "--json", report, "--plot", plot)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "vocab 23/19, max_len 17, embed 30, 5 heads (--heads" in proc.stdout
+    assert "vocab 23/19, max_len 17, embed 30, ffn 30, 5 heads (--heads" in proc.stdout
     table = proc.stdout.splitlines()
     for name in LANDMARKS:
         assert any(line.startswith(name + " ") for line in table), name
@@ -245,6 +245,9 @@ def test_check_exits_1_and_names_the_first_divergence_beyond_tolerance(checkpoin
     (["--heads", "5", "--plot", "out.gif"], "--plot out.gif: unknown image type '.gif'"),
     (["--heads", "5", "--json", "no/such/dir/report.json"], "--json no/such/dir/report.json: the directory"),
     (["--heads", "5", "--torch-device", "gpu0"], "torch device 'gpu0': not a device torch knows"),
+    (["--heads", "5", "--seed", "-1"], "--seed must be between 0 and 2**63-1, got -1"),
+    (["--heads", "5", "--seed", str(2**63)], f"--seed must be between 0 and 2**63-1, got {2**63}"),
+    (["--heads", "5", "--batch", "1025"], "--batch must be at most 1024 (every intermediate of both twins is held"),
     (["--heads", "5", "--torch-device", "meta"], "torch device 'meta': meta tensors hold shapes, not values"),
     pytest.param(["--heads", "5", "--torch-device", "cuda"], "torch device 'cuda': torch sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this torch sees a CUDA device")),
@@ -271,6 +274,27 @@ def test_check_replaces_no_existing_file_unasked_and_never_the_checkpoint_it_che
     assert checkpoint.read_bytes() == before and report.read_text() == "an earlier report"
     assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--json", str(report), "--force"]) == 0
     assert json.loads(report.read_text())["ok"] is True  # --force replaces it, whole
+
+
+def test_summaries_of_check_and_convert_name_the_feed_forward_width(tmp_path, capsys):
+    torch.manual_seed(0)
+    path = write(tmp_path, "wide.pt", torch_ref.Transformer(**SIZES, ffn_dim=46).state_dict())
+    assert main(["check", "--torch-checkpoint", path, "--heads", "5", "--batch", "2"]) == 0
+    assert "embed 30, ffn 46, 5 heads" in capsys.readouterr().out
+    assert main(["convert", path, str(tmp_path / "wide.safetensors"), "--heads", "5"]) == 0
+    assert "embed 30, ffn 46, 5 heads" in capsys.readouterr().out
+    assert main(["convert", str(tmp_path / "wide.safetensors"), str(tmp_path / "back.pt")]) == 0
+    assert "embed 30, ffn 46, 5 heads" in capsys.readouterr().out
+
+
+def test_a_reader_that_stops_early_ends_check_quietly_with_the_sigpipe_code(tmp_path):
+    # `parity check | head -1`: stdout's reader is gone before the table is written.
+    proc = subprocess.Popen([sys.executable, "-m", "parity", "check", "--preset", "tiny", "--batch", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141, err
+    assert err == "", err  # no "[Errno 32] Broken pipe", no "Exception ignored ... BrokenPipeError"
 
 
 def test_preset_and_checkpoint_are_mutually_exclusive_and_checkpoint_options_need_a_checkpoint(checkpoint, capsys):
