@@ -10,7 +10,8 @@
 
 Exit codes: 0 every compared tensor within tolerance (``convert``: written), 1 some
 difference beyond it, 2 the options, inputs or output are unusable (the message says which
-key, file or option; nothing was written). A user's mistake prints one line; ``--debug`` (or
+key, file or option; nothing was written), 141 stdout was closed before the report was
+written (``parity check | head -1``), quietly, as a process ended by SIGPIPE. A user's mistake prints one line; ``--debug`` (or
 PARITY_DEBUG=1) shows the traceback. Outputs are written all at once or not at all, and an
 existing OUT is replaced only with ``--force`` (``parity.output``).
 """
@@ -23,6 +24,14 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_DIVERGED, EXIT_UNUSABLE = 0, 1, 2
+# stdout closed early (`parity check | head -1`): the shell's code for a process ended by
+# SIGPIPE (128 + 13), as `yes | head -1` reports it; not 1, which means "the twins differ".
+EXIT_BROKEN_PIPE = 141
+# --batch: a parity check needs a few rows, and holds every intermediate of both twins for
+# the whole batch; a training-sized (or mistyped) batch would exhaust memory before any work.
+MAX_BATCH = 1024
+# --seed: JAX's PRNG keys take an int64 (torch's and numpy's take more), and none a negative.
+MAX_SEED = 2**63 - 1
 from parity.policy import DEFAULT_ATOL
 DEBUG_ENV = "PARITY_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
@@ -141,7 +150,7 @@ def _check(args):
 
     c = config
     print(f"{what}: vocab {c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, "
-          f"embed {c.embed_size}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}; "
+          f"embed {c.embed_size}, ffn {c.feed_forward_width}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}; "
           f"batch {args.batch} with padding, float32, highest matmul precision (TF32 off), seed {args.seed}; "
           f"torch on {device}, JAX on {jax.devices()[0].platform}"
           + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
@@ -174,6 +183,11 @@ def _convert(args):
     if Path(source).absolute() == Path(out).absolute():
         raise UsageError(f"IN and OUT are the same path ({source}); write the conversion elsewhere")
     out_suffix = "" if is_orbax_path(out) else Path(out).suffix.lower()
+    run = None if is_training_run(source) else _run_holding(source)
+    if run is not None:  # orbax would say only that the item 'config' is missing
+        what = "the checkpoints directory" if Path(source).parent == run else "one checkpoint"
+        raise UsageError(f"{source}: this is {what} of a training run; give the run directory ({run}) "
+                         f"to export its newest checkpoint")
     kind = "run" if is_training_run(source) else checkpoint_kind(source)
     _check_parent("OUT", Path(out.rstrip("/") or out))
     if not args.force:
@@ -213,8 +227,24 @@ def _convert(args):
         print(f"{source} ({what}) -> {out} (torch state dict, {len(state_dict)} tensors, torch layout)")
     c = config
     print(f"config: src_pad_idx {c.src_pad_idx}, vocab {c.source_vocab_size}/{c.target_vocab_size}, "
-          f"max_len {c.max_len}, embed {c.embed_size}, {c.heads} heads, {c.num_layers}+{c.num_layers} layers")
+          f"max_len {c.max_len}, embed {c.embed_size}, ffn {c.feed_forward_width}, {c.heads} heads, "
+          f"{c.num_layers}+{c.num_layers} layers")
     return EXIT_OK
+
+
+def _run_holding(path):
+    """The training run whose checkpoints ``path`` is (runs/r for runs/r/checkpoints/3, or for
+    runs/r/checkpoints itself), as the user would write it; None for any other path."""
+    from flaxformer_mini.run_dir import RunDir
+    from parity.convert import is_training_run
+
+    path = Path(path)
+    for run in (path.parent, path.parent.parent):
+        if is_training_run(run):
+            checkpoints = RunDir(run).checkpoints.absolute()
+            if path.absolute() == checkpoints or path.absolute().parent == checkpoints:
+                return run
+    return None
 
 
 # ----------------------------------------------------------------------------- parser
@@ -248,8 +278,10 @@ def build_parser():
                         help="a seed 001 Transformer state dict (.pt/.pth/.bin, read with weights_only=True, or .safetensors)")
     _config_options(check, "checkpoint")
     check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"max absolute difference allowed (default {DEFAULT_ATOL:g})")
-    check.add_argument("--batch", type=int, default=4, help="batch size of the seeded inputs (default 4)")
-    check.add_argument("--seed", type=int, default=0, help="seed for the inputs (and a preset's weights) (default 0)")
+    check.add_argument("--batch", type=int, default=4,
+                       help=f"batch size of the seeded inputs, 1 to {MAX_BATCH} (default 4)")
+    check.add_argument("--seed", type=int, default=0,
+                       help="seed for the inputs (and a preset's weights), 0 to 2**63-1 (default 0)")
     check.add_argument("--grads", action="store_true",
                        help="also compare the loss and every parameter's gradient (token cross-entropy, next-token labels)")
     check.add_argument("--torch-device", default="cpu", metavar="DEVICE",
@@ -288,15 +320,28 @@ def main(argv=None):
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad options, 0 after --help
         return e.code
-    if getattr(args, "batch", 1) < 1:
-        print(f"parity {args.command}: error: --batch must be >= 1, got {args.batch}", file=sys.stderr)
+    batch, seed = getattr(args, "batch", 1), getattr(args, "seed", 0)
+    problem = (f"--batch must be >= 1, got {batch}" if batch < 1 else
+               f"--batch must be at most {MAX_BATCH} (every intermediate of both twins is held for the whole "
+               f"batch), got {batch}" if batch > MAX_BATCH else
+               f"--seed must be between 0 and 2**63-1, got {seed}" if not 0 <= seed <= MAX_SEED else None)
+    if problem:  # before any work, and before numpy or JAX answer in their own words
+        print(f"parity {args.command}: error: {problem}", file=sys.stderr)
         return EXIT_UNUSABLE
     atol = getattr(args, "atol", 0.0)
     if not (math.isfinite(atol) and atol >= 0):  # NaN would pass `< 0` and then fail every row
         print(f"parity {args.command}: error: --atol must be a finite number >= 0, got {atol}", file=sys.stderr)
         return EXIT_UNUSABLE
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # here, so that a reader gone away is handled below, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader (`| head -1`) has what it wanted. As the Python docs advise (signal module,
+        # "Note on SIGPIPE"): point stdout at devnull so that the flush at exit fails no more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
         message = explain(e, args)
         if message is None or args.debug or os.environ.get(DEBUG_ENV):

@@ -13,6 +13,7 @@ where the two implementations first diverge: the place to look for the bug.
 import dataclasses
 import itertools
 import json
+import math
 import re
 import sys
 import types
@@ -113,16 +114,28 @@ class Report:
         return "\n".join(lines)
 
     def to_dict(self):
+        """The report as plain JSON values: a row's ``max_abs`` / ``max_rel`` that is not a
+        finite number (a missing row's inf, a NaN output's NaN) is None, and its ``note`` says why."""
         first = self.first_divergence
         return {
             "atol": self.atol,
             "ok": self.ok,
             "first_divergence": first.label if first else None,
-            "rows": [dict(dataclasses.asdict(r), label=r.label, kind=r.kind, shape=list(r.shape)) for r in self.rows],
+            "rows": [_row_dict(r) for r in self.rows],
         }
 
     def to_json(self, **kw):
-        return json.dumps(self.to_dict(), **kw)
+        """Strict JSON (RFC 8259: no NaN or Infinity, which strict parsers reject)."""
+        return json.dumps(self.to_dict(), allow_nan=False, **kw)
+
+
+def _row_dict(row):
+    out = dict(dataclasses.asdict(row), label=row.label, kind=row.kind, shape=list(row.shape))
+    bad = {key: out[key] for key in ("max_abs", "max_rel") if not math.isfinite(out[key])}
+    if bad and not out["note"]:  # a Row built elsewhere without one
+        out["note"] = ", ".join(f"{key} is {value}" for key, value in bad.items())
+    out.update(dict.fromkeys(bad, None))
+    return out
 
 
 def _leaves(name, value):
@@ -156,13 +169,16 @@ def on_device_of(model, tensors):
     return tuple(t.to(held.device) if isinstance(t, torch.Tensor) else t for t in tensors)
 
 
-def torch_intermediates(model, *inputs):
-    """Run ``model(*inputs)`` without grad; return (output, {name: numpy array}) in completion order."""
+def torch_intermediates(model, *inputs, sequential=False):
+    """Run ``model(*inputs)`` without grad; return (output, {name: numpy array}) in completion order.
+
+    An ``nn.Sequential``'s output is its last child's, and is left out unless ``sequential``:
+    a port may apply an ``nnx.List`` of the same children by hand (no output of its own), or
+    call an ``nnx.Sequential`` (which records one). ``compare`` records them and keeps the
+    rows the Flax side has too (``_drop_unmatched_sequential``)."""
     records, handles = [], []
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Sequential):
-            # Its output is its last child's, which is recorded; the Flax twin applies an
-            # nnx.List of the same children, which has no output of its own to capture.
+        if isinstance(module, torch.nn.Sequential) and not sequential:
             continue
 
         def hook(_module, _args, output, name=name):
@@ -195,15 +211,44 @@ def flax_intermediates(model, *inputs):
 
 def diff(a, b):
     """(max absolute, max relative) difference in float64. Relative is |a-b| / max(|a|, |b|),
-    with 0/0 taken as 0, so it is symmetric and bounded by 2."""
+    with 0/0 taken as 0, so it is symmetric and bounded by 2.
+
+    Positions where both sides hold the same value differ by 0, equal infinities included:
+    weights that overflow give the same ±inf on both twins, which is parity, not a bug (inf -
+    inf alone would be NaN and blame the port). An infinity on one side only differs by inf,
+    and a NaN anywhere by NaN (NaN != NaN): both beyond any tolerance."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
-    d = np.abs(a - b)
-    if d.size == 0:
+    if a.size == 0 or b.size == 0:
         return 0.0, 0.0
+    with np.errstate(invalid="ignore"):  # inf - inf, masked out below where they are equal
+        d = np.where(a == b, 0.0, np.abs(a - b))
     scale = np.maximum(np.abs(a), np.abs(b))
-    rel = np.divide(d, scale, out=np.zeros_like(d), where=scale > 0)
+    rel = np.divide(d, scale, out=np.zeros_like(d), where=(scale > 0) & np.isfinite(scale))
+    rel = np.where(np.isfinite(d), rel, d)  # a non-finite difference is as large relatively
     return float(d.max()), float(rel.max())
+
+
+def nonfinite_note(flax, torch_):
+    """Why ``diff(flax, torch_)`` is not a finite number (NaN on a side, an infinity the other
+    side does not have), or '' when it is."""
+    f, t = np.asarray(flax, np.float64), np.asarray(torch_, np.float64)
+    parts = []
+    for side, x, other, other_side in (("torch", t, f, "Flax"), ("Flax", f, t, "torch")):
+        nans = int(np.isnan(x).sum())
+        infs = int((np.isinf(x) & (x != other)).sum())
+        if nans:
+            parts.append(f"{side} has {nans} NaN")
+        if infs:
+            parts.append(f"{side} has {infs} infinit{'y' if infs == 1 else 'ies'} {other_side} does not")
+    return "; ".join(parts)
+
+
+def compared_row(name, shape, flax, torch_, atol):
+    """The Row of two arrays of the same shape; a non-finite difference says why in its note."""
+    max_abs, max_rel = diff(flax, torch_)
+    note = "" if math.isfinite(max_abs) else nonfinite_note(flax, torch_)
+    return Row(name, tuple(shape), max_abs, max_rel, bool(max_abs <= atol), note)
 
 
 def _match_tuple_outputs(torch_named, flax_named):
@@ -231,34 +276,51 @@ def compare_intermediates(torch_named, flax_named, atol):
             rows.append(Row(name, tuple(t.shape), float("inf"), float("inf"), False,
                             f"shape differs: Flax {tuple(f.shape)}"))
             continue
-        max_abs, max_rel = diff(f, t)
-        rows.append(Row(name, tuple(t.shape), max_abs, max_rel, bool(max_abs <= atol)))
+        rows.append(compared_row(name, t.shape, f, t, atol))
     for name, f in flax_named.items():
         if name not in torch_named:
             rows.append(Row(name, tuple(f.shape), float("inf"), float("inf"), False, "missing on the torch side"))
     return Report(rows, atol)
 
 
+def _sequential_paths(torch_model):
+    return {name for name, module in torch_model.named_modules() if isinstance(module, torch.nn.Sequential)}
+
+
+def _drop_unmatched_sequential(torch_named, flax_named, sequential):
+    """``torch_named`` without the rows of ``nn.Sequential`` modules (paths ``sequential``) that
+    the Flax side has no row for: an ``nnx.List`` applied by hand records nothing, and the
+    Sequential's output is its last child's, compared there. An ``nnx.Sequential`` port keeps
+    them, and its own row (Flax records it) is matched instead of reported missing."""
+    return {name: v for name, v in torch_named.items() if name in flax_named or _row_base(name) not in sequential}
+
+
 def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL):
     """Run both twins (in eval mode) on the same inputs and compare every intermediate."""
-    _, t = torch_intermediates(torch_model, *torch_inputs)
+    _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
     _, f = flax_intermediates(flax_model, *flax_inputs)
-    return compare_intermediates(t, f, atol)
+    return compare_intermediates(_drop_unmatched_sequential(t, f, _sequential_paths(torch_model)), f, atol)
 
 
 def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
-    """Both sides must get the same inputs: same count, shapes and dtype kinds (``channels_last``:
-    Flax's rank >= 3 inputs are torch's with the channel axis moved last)."""
+    """Both sides must get the same inputs: same count, shapes and dtype kinds (``channels_last``
+    True: Flax's rank >= 3 inputs are torch's with the channel axis moved last; a selection of
+    rows: each rank >= 3 input may be in either layout, since a model mixing both may take
+    either)."""
     torch_inputs, flax_inputs = tuple(torch_inputs), tuple(flax_inputs)
     if len(torch_inputs) != len(flax_inputs):
         raise ValueError(f"compare: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")
+    either = channels_last is not True and channels_last not in (False, None)
     problems = []
     for i, (t, f) in enumerate(zip(torch_inputs, flax_inputs)):
         t, f = tensor_to_numpy(t), np.asarray(jax.device_get(f))
-        if channels_last and f.ndim >= 3:
+        given = f.shape
+        if f.ndim >= 3 and (channels_last is True or (either and t.shape != f.shape)):
             f = np.moveaxis(f, -1, 1)
         if t.shape != f.shape:
-            problems.append(f"input {i}: torch shape {t.shape}, Flax shape {f.shape}")
+            how = " (nor with its last axis moved to 1)" if either and f.ndim >= 3 else ""
+            how = " (its last axis moved to 1: channels_last)" if channels_last is True and f.ndim >= 3 else how
+            problems.append(f"input {i}: torch shape {t.shape}, Flax shape {given if either else f.shape}{how}")
         # int64 (torch's default) against int32 (JAX's without x64) is the same integers;
         # float32 against float64 or bfloat16 is not the same input.
         elif t.dtype.kind != f.dtype.kind or (t.dtype.kind == "f" and t.dtype != f.dtype):
@@ -267,9 +329,43 @@ def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
         raise ValueError("compare: the two sides get different inputs: " + "; ".join(problems))
 
 
-def _channels_first(named):
+def _channels_first(named, selected=lambda name: True):
     """Flax convolutions are channels-last (N, *spatial, C); torch's are (N, C, *spatial)."""
-    return {k: (np.moveaxis(v, -1, 1) if v.ndim >= 3 else v) for k, v in named.items()}
+    return {k: (np.moveaxis(v, -1, 1) if v.ndim >= 3 and selected(k) else v) for k, v in named.items()}
+
+
+def _row_base(name):
+    """A row's module path: without a repeated call's ``#i`` or a tuple output's ``[i]``."""
+    return re.match(r"^([^#\[]*)", name).group(1)
+
+
+def _channels_last_rows(channels_last, flax_names):
+    """``compare``'s ``channels_last`` as a predicate on row names, or None (nothing moved)."""
+    if channels_last is False or channels_last is None:
+        return None
+    if channels_last is True:
+        return lambda name: True
+    if callable(channels_last):
+        return lambda name: bool(channels_last(name))
+    prefixes = (channels_last,) if isinstance(channels_last, str) else tuple(channels_last)
+    if not all(isinstance(p, str) for p in prefixes):
+        raise TypeError(f"compare: channels_last is True, False, a predicate on row names or module-path "
+                        f"prefixes (str), got {channels_last!r}")
+
+    def inside(base, prefix):
+        return prefix == "" or base == prefix or base.startswith(prefix + ".")
+
+    def selected(name):
+        return any(inside(_row_base(name), p) for p in prefixes)
+
+    # A prefix that selects nothing is a typo (or a renamed path): say so, as rename maps do.
+    bases = {_row_base(name) for name in flax_names}
+    unused = [p for p in prefixes if not any(inside(base, p) for base in bases)]
+    if unused:
+        raise ValueError(f"compare: channels_last prefix{'es' if len(unused) > 1 else ''} "
+                         f"{', '.join(map(repr, unused))} match{'' if len(unused) > 1 else 'es'} no row of the Flax "
+                         f"model (its module paths: {', '.join(sorted(map(repr, bases))[:12])})")
+    return selected
 
 
 def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL, rename=None, channels_last=False,
@@ -281,20 +377,35 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     Torch inputs are moved to the torch model's device (``on_device_of``), so a twin on a GPU
     takes the same CPU tensors. Put both models in eval mode first (dropout off; BatchNorm on running statistics) or both
     in train mode. ``channels_last``: the Flax model computes (N, *spatial, C) where torch
-    computes (N, C, *spatial), as ported CNNs do; its rank >= 3 inputs and outputs are moved to
-    compare. ``ignore_missing``: drop rows only one side has (torch's ``nn.ReLU`` modules, where
+    computes (N, C, *spatial), as ported CNNs do:
+
+    - ``True``: everywhere; its rank >= 3 inputs and outputs are moved to compare;
+    - a collection of module-path prefixes (``["encoder.conv"]``; one str is one prefix), or a
+      predicate on row names: only in those rows, for models that mix convolutions with
+      sequence layers after a transpose (torch's ``Conv1d`` then ``.transpose(1, 2)``, the
+      port's ``nnx.Conv`` then the same layers on (N, L, C)). Names are the report's (the Flax
+      model's paths; torch's after ``rename``); a prefix matches its module and everything
+      inside it, and one that matches no row is an error. Each rank >= 3 input may then be
+      given to the Flax model in either layout (checked against torch's as it is, or with its
+      channel axis moved).
+
+    ``ignore_missing``: drop rows only one side has (torch's ``nn.ReLU`` modules, where
     the port calls ``nnx.relu``) instead of failing them.
     """
     from parity.rename import Rename
 
     _check_inputs(torch_inputs, flax_inputs, channels_last)
-    _, t = torch_intermediates(torch_model, *torch_inputs)
+    _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
     _, f = flax_intermediates(flax_model, *flax_inputs)
-    if channels_last:
-        f = _channels_first(f)
+    selected = _channels_last_rows(channels_last, f)
+    if selected is not None:
+        f = _channels_first(f, selected)
+    sequential = _sequential_paths(torch_model)
     if rename is not None:
         table = Rename(rename)
         t = {_rename_row(table, name): v for name, v in t.items()}
+        sequential = {table.module_path(name) for name in sequential}
+    t = _drop_unmatched_sequential(t, f, sequential)
     if ignore_missing:  # after renaming and matching: a row is missing only if no name matches it
         f = _match_tuple_outputs(t, f)
         t, f = {k: v for k, v in t.items() if k in f}, {k: v for k, v in f.items() if k in t}

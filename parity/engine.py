@@ -313,7 +313,11 @@ def _closest(key, candidates):
 
 
 def _is_float(array):
-    return np.issubdtype(array.dtype, np.floating) or array.dtype == ml_dtypes.bfloat16
+    return _is_float_dtype(array.dtype)
+
+
+def _is_float_dtype(dtype):
+    return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
 
 
 def check_torch(the_plan, arrays, what, read=np.asarray):
@@ -376,19 +380,35 @@ def _layout_hint(link, got, want):
 
 
 def check_flax(the_plan, params, what):
-    """Raise one ConversionError naming every missing, unexpected or misshapen Flax path."""
+    """Raise one ConversionError naming every missing, unexpected, misshapen or non-float Flax
+    path: the same refusals as ``check_torch``, so neither direction lets an integer weight
+    through (torch's load_state_dict would silently cast it to float)."""
     links = [link for link in the_plan.links if link.flax_path is not None]
     expected = {link.flax_path: link for link in links}
     missing = [p for p in expected if p not in params]
     unexpected = [p for p in params if p not in expected]
     mismatched = {p: (tuple(np.shape(params[p])), link.variable_shape) for p, link in expected.items()
                   if p in params and tuple(np.shape(params[p])) != link.variable_shape}
-    if missing or unexpected or mismatched:
+    invalid = {}
+    for p in expected:
+        if p in params and p not in mismatched:
+            dtype = _dtype_of(params[p])
+            if not _is_float_dtype(dtype):
+                invalid[p] = f"dtype {dtype} is not a floating-point dtype"
+    if missing or unexpected or mismatched or invalid:
         lines = [f"Flax parameters do not fit {what}:"]
         lines += [f"  missing parameter {p!r}" for p in missing]
         lines += [f"  unexpected parameter {p!r}" for p in unexpected]
         lines += [f"  shape mismatch for {p!r}: file {got}, model expects {want}" for p, (got, want) in mismatched.items()]
-        raise ConversionError("\n".join(lines), missing=missing, unexpected=unexpected, mismatched=mismatched)
+        lines += [f"  invalid value for {p!r}: {why}" for p, why in invalid.items()]
+        raise ConversionError("\n".join(lines), missing=missing, unexpected=unexpected, mismatched=mismatched,
+                              invalid=invalid)
+
+
+def _dtype_of(value):
+    """A value's dtype without copying it to the host (a jax array has one, as numpy's do)."""
+    dtype = getattr(value, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
 
 
 def flax_variables(model):

@@ -19,7 +19,7 @@ from flax import nnx
 
 from flaxformer_mini.data import PAD
 from flaxformer_mini.training import token_cross_entropy as flax_token_cross_entropy
-from parity.compare import GRAD_PREFIX, LOSS_ROW, Row, diff, on_device_of
+from parity.compare import GRAD_PREFIX, LOSS_ROW, Row, compared_row, on_device_of
 from parity.convert import flax_to_torch, tensor_to_numpy
 from parity.policy import DEFAULT_ATOL
 from torch_ref.training import token_cross_entropy as torch_token_cross_entropy
@@ -78,8 +78,7 @@ def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD):
     torch_loss, torch_grads = _torch_loss_and_grads(torch_model, source, target, labels, pad_id)
     flax_loss, flax_grads = _flax_loss_and_grads(flax_model, source, target, labels, pad_id)
 
-    loss_abs, loss_rel = diff(flax_loss, torch_loss)
-    rows = [Row(LOSS_ROW, (), loss_abs, loss_rel, bool(loss_abs <= atol))]
+    rows = [compared_row(LOSS_ROW, (), flax_loss, torch_loss, atol)]
     rows.extend(_grad_rows(torch_grads, flax_grads, atol))
     return rows
 
@@ -111,8 +110,7 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     nnx.update(holder, grads)
     flax_grads = {k: tensor_to_numpy(g) for k, g in flax_to_torch(holder, rename=rename, rules=rules).items()
                   if k in params}  # buffers (running statistics) have no gradient
-    loss_abs, loss_rel = diff(float(flax_value), float(loss.item()))
-    return Report([Row(LOSS_ROW, (), loss_abs, loss_rel, bool(loss_abs <= atol)),
+    return Report([compared_row(LOSS_ROW, (), float(flax_value), float(loss.item()), atol),
                    *_grad_rows(torch_grads, flax_grads, atol)], atol)
 
 
@@ -126,8 +124,7 @@ def _grad_rows(torch_grads, flax_grads, atol):
         elif f.shape != t.shape:
             rows.append(Row(row_name, t.shape, float("inf"), float("inf"), False, f"shape differs: Flax {f.shape}"))
         else:
-            max_abs, max_rel = diff(f, t)
-            rows.append(Row(row_name, t.shape, max_abs, max_rel, bool(max_abs <= atol)))
+            rows.append(compared_row(row_name, t.shape, f, t, atol))
     for name, f in flax_grads.items():
         if name not in torch_grads:
             rows.append(Row(GRAD_PREFIX + name, f.shape, float("inf"), float("inf"), False, "no gradient on the torch side"))

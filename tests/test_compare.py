@@ -4,9 +4,11 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from parity import as_inputs, compare_models, sample_batch, transformer_pair
+from parity import Row, as_inputs, compare_intermediates, compare_models, sample_batch, transformer_pair
+from parity.compare import diff
 
 
 @pytest.fixture
@@ -48,13 +50,67 @@ def test_planted_weight_fault_is_named_at_the_projection(twins_and_inputs):
     assert report.first_divergence.name == "decoder.decoder_layers.0.transformer_block.attention.W_v"
 
 
+def _strict(constant):
+    raise ValueError(f"not strict JSON: {constant}")
+
+
 def test_report_json_round_trips(twins_and_inputs):
     t, f, (ti, fi) = twins_and_inputs
     report = compare_models(t, f, ti, fi, atol=1e-5)
-    data = json.loads(report.to_json())
+    data = json.loads(report.to_json(), parse_constant=_strict)
     assert data["ok"] is True and data["atol"] == 1e-5
     assert len(data["rows"]) == len(report.rows)
     assert {"name", "label", "shape", "max_abs", "max_rel", "ok"} <= set(data["rows"][0])
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("a, b, want", [
+    ([INF, -INF, 1.0], [INF, -INF, 1.0], (0.0, 0.0)),  # equal infinities: no difference
+    ([INF, 2.0], [3.0, 2.0], (INF, INF)),  # an infinity on one side only
+    ([INF], [-INF], (INF, INF)),
+    ([1.0, 2.0], [1.5, 2.0], (0.5, 0.5 / 1.5)),
+])
+def test_diff_counts_equal_values_equal_infinities_included_as_no_difference(a, b, want):
+    assert diff(np.array(a), np.array(b)) == want == diff(np.array(b), np.array(a))
+
+
+@pytest.mark.parametrize("a, b", [([NAN, 1.0], [NAN, 1.0]), ([NAN], [INF]), ([1.0], [NAN])])
+def test_diff_of_a_nan_is_nan_beyond_any_tolerance(a, b):
+    max_abs, max_rel = diff(np.array(a), np.array(b))
+    assert np.isnan(max_abs) and np.isnan(max_rel) and not max_abs <= 1e30
+
+
+def test_rows_of_equal_infinities_pass_and_non_finite_differences_fail_saying_why():
+    big = np.array([[1.0, INF], [-INF, 3.0]], np.float32)
+    report = compare_intermediates(
+        {"same": big, "one_sided": np.array([1.0, 2.0]), "nan": np.array([NAN, 1.0]), "torch_only": np.ones(2)},
+        {"same": big.copy(), "one_sided": np.array([1.0, INF]), "nan": np.array([NAN, 1.0])}, atol=1e-5)
+    rows = {r.name: r for r in report.rows}
+    assert (rows["same"].ok, rows["same"].max_abs, rows["same"].note) == (True, 0.0, "")
+    assert (rows["one_sided"].ok, rows["one_sided"].max_abs) == (False, INF)
+    assert rows["one_sided"].note == "Flax has 1 infinity torch does not"
+    assert not rows["nan"].ok and rows["nan"].note == "torch has 1 NaN; Flax has 1 NaN"
+    assert report.first_divergence.name == "one_sided"
+    assert "one_sided" in report.format_table() and "Flax has 1 infinity torch does not" in report.format_table()
+
+
+def test_report_json_is_strict_with_null_for_a_non_finite_number_and_the_note_saying_why():
+    report = compare_intermediates({"nan": np.array([NAN]), "torch_only": np.ones(2)},
+                                   {"nan": np.array([NAN]), "flax_only": np.ones(3)}, atol=1e-5)
+    report.rows.append(Row("hand_made", (), INF, NAN, False))  # a Row built without a note
+    data = json.loads(report.to_json(indent=2), parse_constant=_strict)
+    rows = {row["name"]: row for row in data["rows"]}
+    assert set(rows) == {"nan", "torch_only", "flax_only", "hand_made"}
+    assert all(row["max_abs"] is None and row["max_rel"] is None and not row["ok"] for row in rows.values())
+    assert rows["nan"]["note"] == "torch has 1 NaN; Flax has 1 NaN"
+    assert rows["torch_only"]["note"] == "missing on the Flax side"
+    assert rows["flax_only"]["note"] == "missing on the torch side" and rows["flax_only"]["shape"] == [3]
+    assert rows["hand_made"]["note"] == "max_abs is inf, max_rel is nan"
+    assert data["first_divergence"] == "nan" and data["ok"] is False
+    assert {"name", "label", "kind", "shape", "max_abs", "max_rel", "ok", "note"} == set(rows["nan"])
+    assert report.rows[0].max_abs != report.rows[0].max_abs  # the Report itself keeps its NaN
 
 
 def run_cli(*args):

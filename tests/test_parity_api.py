@@ -176,3 +176,60 @@ def test_torch_inputs_follow_the_torch_model_to_its_device():
     assert moved[0].device.type == "meta" and moved[0].shape == (2, 3) and moved[1] == 7
     assert on_device_of(torch.nn.Linear(3, 2), (x,))[0] is x  # already there: the same tensor
     assert on_device_of(torch.nn.ReLU(), (x,))[0] is x  # no parameters or buffers: left as given
+
+
+# ----------------------------------------------------------------------------- nn.Sequential ports
+
+W = 9  # the head's hidden width: distinct from D, F and V
+
+
+class TorchHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Sequential(torch.nn.Linear(D, W), torch.nn.LayerNorm(W), torch.nn.Linear(W, V))
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class FlaxListHead(nnx.Module):  # the nnx.List of the same children, applied by hand
+    def __init__(self, rngs):
+        self.fc = nnx.List([nnx.Linear(D, W, rngs=rngs), nnx.LayerNorm(W, epsilon=1e-5, rngs=rngs),
+                            nnx.Linear(W, V, rngs=rngs)])
+
+    def __call__(self, x):
+        for layer in self.fc:
+            x = layer(x)
+        return x
+
+
+class FlaxSequentialHead(nnx.Module):  # nnx.Sequential: records its own output, as torch's does
+    def __init__(self, rngs):
+        self.fc = nnx.Sequential(nnx.Linear(D, W, rngs=rngs), nnx.LayerNorm(W, epsilon=1e-5, rngs=rngs),
+                                 nnx.Linear(W, V, rngs=rngs))
+
+    def __call__(self, x):
+        return self.fc(x)
+
+
+# nnx.Sequential keeps its children under fc.layers.N (docs/porting.md, "nn.Sequential").
+SEQUENTIAL_RENAME = {"fc.{}.{}": "fc.layers.{}.{}"}
+
+
+@pytest.mark.parametrize("port, rename, rows", [
+    (FlaxListHead, None, ["fc.0", "fc.1", "fc.2", ""]),
+    (FlaxSequentialHead, SEQUENTIAL_RENAME, ["fc.layers.0", "fc.layers.1", "fc.layers.2", "fc", ""]),
+], ids=["nnx.List", "nnx.Sequential"])
+def test_a_sequential_ported_as_a_list_or_as_nnx_sequential_compares_clean_and_names_a_fault(port, rename, rows):
+    torch.manual_seed(0)
+    t = TorchHead().eval()
+    f = torch_to_flax(t.state_dict(), port(nnx.Rngs(0)), rename=rename)
+    back = flax_to_torch(f, rename=rename)
+    assert all(torch.equal(back[k], v) for k, v in t.state_dict().items()) and set(back) == set(t.state_dict())
+    x = np.random.default_rng(1).standard_normal((2, 5, D)).astype(np.float32)
+    inputs = ((torch.from_numpy(x),), (x,))
+    report = parity.compare(t, f, *inputs, atol=1e-5, rename=rename)  # no ignore_missing
+    assert report.ok, report.format_table(show_all=True)
+    assert [r.name for r in report.rows] == rows
+    (f.fc.layers if isinstance(f.fc, nnx.Sequential) else f.fc)[1].epsilon = 1e-1  # a planted fault
+    assert parity.compare(t, f, *inputs, atol=1e-5, rename=rename).first_divergence.name == rows[1]

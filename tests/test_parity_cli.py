@@ -150,7 +150,7 @@ def test_check_of_a_seed_checkpoint_exits_0_names_every_landmark_and_writes_json
     report, plot = tmp_path / "report.json", tmp_path / "report.png"
     proc = run_cli("check", "--torch-checkpoint", checkpoint, "--heads", 5, "--json", report, "--plot", plot)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "vocab 23/19, max_len 17, embed 30, 5 heads (--heads" in proc.stdout
+    assert "vocab 23/19, max_len 17, embed 30, ffn 30, 5 heads (--heads" in proc.stdout
     table = proc.stdout.splitlines()
     for name in LANDMARKS:
         assert any(line.startswith(name + " ") for line in table), name
@@ -245,6 +245,9 @@ def test_check_exits_1_and_names_the_first_divergence_beyond_tolerance(checkpoin
     (["--heads", "5", "--plot", "out.gif"], "--plot out.gif: unknown image type '.gif'"),
     (["--heads", "5", "--json", "no/such/dir/report.json"], "--json no/such/dir/report.json: the directory"),
     (["--heads", "5", "--torch-device", "gpu0"], "torch device 'gpu0': not a device torch knows"),
+    (["--heads", "5", "--seed", "-1"], "--seed must be between 0 and 2**63-1, got -1"),
+    (["--heads", "5", "--seed", str(2**63)], f"--seed must be between 0 and 2**63-1, got {2**63}"),
+    (["--heads", "5", "--batch", "1025"], "--batch must be at most 1024 (every intermediate of both twins is held"),
     (["--heads", "5", "--torch-device", "meta"], "torch device 'meta': meta tensors hold shapes, not values"),
     pytest.param(["--heads", "5", "--torch-device", "cuda"], "torch device 'cuda': torch sees no CUDA device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this torch sees a CUDA device")),
@@ -271,6 +274,27 @@ def test_check_replaces_no_existing_file_unasked_and_never_the_checkpoint_it_che
     assert checkpoint.read_bytes() == before and report.read_text() == "an earlier report"
     assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--json", str(report), "--force"]) == 0
     assert json.loads(report.read_text())["ok"] is True  # --force replaces it, whole
+
+
+def test_summaries_of_check_and_convert_name_the_feed_forward_width(tmp_path, capsys):
+    torch.manual_seed(0)
+    path = write(tmp_path, "wide.pt", torch_ref.Transformer(**SIZES, ffn_dim=46).state_dict())
+    assert main(["check", "--torch-checkpoint", path, "--heads", "5", "--batch", "2"]) == 0
+    assert "embed 30, ffn 46, 5 heads" in capsys.readouterr().out
+    assert main(["convert", path, str(tmp_path / "wide.safetensors"), "--heads", "5"]) == 0
+    assert "embed 30, ffn 46, 5 heads" in capsys.readouterr().out
+    assert main(["convert", str(tmp_path / "wide.safetensors"), str(tmp_path / "back.pt")]) == 0
+    assert "embed 30, ffn 46, 5 heads" in capsys.readouterr().out
+
+
+def test_a_reader_that_stops_early_ends_check_quietly_with_the_sigpipe_code(tmp_path):
+    # `parity check | head -1`: stdout's reader is gone before the table is written.
+    proc = subprocess.Popen([sys.executable, "-m", "parity", "check", "--preset", "tiny", "--batch", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141, err
+    assert err == "", err  # no "[Errno 32] Broken pipe", no "Exception ignored ... BrokenPipeError"
 
 
 def test_preset_and_checkpoint_are_mutually_exclusive_and_checkpoint_options_need_a_checkpoint(checkpoint, capsys):
@@ -402,3 +426,22 @@ def test_convert_of_a_torch_checkpoint_with_an_extra_key_exits_2_naming_it(seed_
     assert main(["convert", path, str(tmp_path / "flax.safetensors"), "--heads", "5"]) == 2
     assert "unexpected key 'decoder.fc.scale'" in capsys.readouterr().err
     assert not (tmp_path / "flax.safetensors").exists()
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_])
+def test_convert_of_flax_parameters_with_an_integer_weight_exits_2_naming_it_as_torch_to_flax_does(
+        seed_state_dict, tmp_path, dtype, capsys):
+    # torch -> Flax refuses an integer weight by key (check_torch); Flax -> torch must too, or
+    # torch_ref's load_state_dict would silently cast it back to float.
+    config = infer_config(seed_state_dict, heads=5)
+    params = flax_params_from_state_dict(seed_state_dict, config)
+    params["decoder/fc/bias"] = params["decoder/fc/bias"].astype(dtype)
+    path = tmp_path / "flax.safetensors"
+    save_flax_params(params, config, path)
+    assert main(["convert", str(path), str(tmp_path / "back.pt")]) == 2
+    err = capsys.readouterr().err
+    assert f"invalid value for 'decoder/fc/bias': dtype {np.dtype(dtype)} is not a floating-point dtype" in err
+    assert "Traceback" not in err and not (tmp_path / "back.pt").exists()
+    with pytest.raises(ConversionError) as info:  # the API refuses it the same way
+        params_into_model(params, twins_from_state_dict(seed_state_dict, config)[1])
+    assert info.value.invalid == {"decoder/fc/bias": f"dtype {np.dtype(dtype)} is not a floating-point dtype"}

@@ -9,6 +9,8 @@ Properties checked:
   with it, and a directory parity did not write is never replaced;
 - ``check --torch-checkpoint`` refuses int64 weights in the words of ``convert``, and NaN or
   Inf weights by key, before any comparison (no report table);
+- weights that overflow float32 give a strict JSON report: null for a non-finite difference,
+  its note saying why (NaN on a side, an infinity the other side does not have);
 - a file it may not read is named with the reason; ``--debug`` (or PARITY_DEBUG) shows the
   traceback that is otherwise replaced by one line.
 """
@@ -229,6 +231,30 @@ def test_check_checkpoint_raises_naming_each_non_finite_key(state_dict):
     with pytest.raises(ConversionError, match=rf"weights contain NaN: key '{NORM}' \(1 of {len(state_dict)} tensors\)") as e:
         check_checkpoint(weights, infer_config(weights, heads=2), batch=2)
     assert e.value.invalid == {NORM: "contains NaN"}
+
+
+def test_check_of_overflowing_weights_writes_strict_json_saying_why_each_number_is_missing(state_dict, tmp_path,
+                                                                                            capsys):
+    # Finite weights (refuse_unusable_weights lets them through) whose matmul overflows float32:
+    # each side's ±inf or NaN depends on its summation order, so the rows fail, and say why.
+    import json
+
+    weights = dict(state_dict, **{"decoder.fc.weight": torch.full_like(state_dict["decoder.fc.weight"], 3e38)})
+    path, report = tmp_path / "big.pt", tmp_path / "report.json"
+    torch.save(weights, path)
+    code, out, err = run(capsys, "check", "--torch-checkpoint", path, "--heads", "2", "--json", report)
+    assert code in (0, 1) and "Traceback" not in err
+
+    def strict(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    rows = json.loads(report.read_text(), parse_constant=strict)["rows"]
+    fc = next(row for row in rows if row["name"] == "decoder.fc")
+    assert fc["max_abs"] is None or fc["max_abs"] <= 1e-5  # overflowed alike on both sides: no difference
+    for row in rows:
+        if row["max_abs"] is None:
+            assert not row["ok"] and ("NaN" in row["note"] or "infinit" in row["note"]), row
+            assert row["note"] in out  # the table says it too
 
 
 # ----------------------------------------------------------------------------- files it may not read, --debug

@@ -226,3 +226,58 @@ def test_conv_kernel_given_in_flax_layout_is_called_another_layout():
     bad = dict(t.state_dict(), weight=t.weight.detach().permute(2, 3, 1, 0))  # HWIO: what Flax holds
     with pytest.raises(ConversionError, match=r"looks like a kernel in another layout"):
         torch_to_flax(bad, f)
+
+
+class _TorchConvThenSequence(torch.nn.Module):
+    """Conv1d on (N, C, L), then sequence layers on (N, L, C), as speech and text front ends do."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(3, 5, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(5)
+        self.head = torch.nn.Linear(5, 7)
+
+    def forward(self, x):  # x: (N, 3, L)
+        return self.head(self.norm(self.conv(x).transpose(1, 2)))
+
+
+class _FlaxConvThenSequence(nnx.Module):
+    def __init__(self, rngs):
+        self.conv = nnx.Conv(3, 5, (3,), padding=((1, 1),), rngs=rngs)
+        self.norm = nnx.LayerNorm(5, epsilon=1e-5, rngs=rngs)
+        self.head = nnx.Linear(5, 7, rngs=rngs)
+
+    def __call__(self, x):  # x: (N, L, 3): nnx.Conv is channels-last, so no transpose
+        return self.head(self.norm(self.conv(x)))
+
+
+@pytest.mark.parametrize("channels_last", [["conv"], "conv", lambda name: name.startswith("conv")],
+                         ids=["prefixes", "one-prefix", "predicate"])
+def test_compare_moves_the_channel_axis_only_in_the_rows_channels_last_names(channels_last):
+    torch.manual_seed(0)
+    t = _TorchConvThenSequence().eval()
+    f = torch_to_flax(t.state_dict(), _FlaxConvThenSequence(nnx.Rngs(0)))
+    x = _rand(2, 3, 11)  # N=2, C=3, L=11: every size distinct
+    inputs = ((torch.as_tensor(x),), (_nlc(x),))
+    report = parity.compare(t, f, *inputs, atol=ATOL, channels_last=channels_last)
+    assert report.ok, report.format_table(show_all=True)
+    assert [(r.name, r.shape) for r in report.rows] == [
+        ("conv", (2, 5, 11)), ("norm", (2, 11, 5)), ("head", (2, 11, 7)), ("", (2, 11, 7))]
+    # All or nothing cannot pass: True moves the sequence layers' rows too.
+    everywhere = parity.compare(t, f, *inputs, atol=ATOL, channels_last=True)
+    assert everywhere.first_divergence.name == "norm" and everywhere.first_divergence.note.startswith("shape differs")
+
+    f.norm.epsilon = 1e-1  # a planted fault after the transpose
+    assert parity.compare(t, f, *inputs, atol=ATOL, channels_last=channels_last).first_divergence.name == "norm"
+    f.norm.epsilon = 1e-5
+    f.conv.kernel.set_value(f.conv.kernel.get_value()[::-1])  # one before it: the kernel's taps reversed
+    assert parity.compare(t, f, *inputs, atol=ATOL, channels_last=channels_last).first_divergence.name == "conv"
+
+
+def test_channels_last_prefix_matching_no_row_is_refused_naming_it():
+    t, f = _TorchConvThenSequence().eval(), _FlaxConvThenSequence(nnx.Rngs(0))
+    x = _rand(2, 3, 11)
+    with pytest.raises(ValueError, match=r"channels_last prefix 'con' matches no row of the Flax model"):
+        parity.compare(t, f, (torch.as_tensor(x),), (_nlc(x),), channels_last=["conv", "con"])
+    with pytest.raises(ValueError, match=r"input 0: torch shape \(2, 3, 11\), Flax shape \(2, 4, 11\) \(nor with"):
+        parity.compare(t, f, (torch.as_tensor(x),), (_rand(2, 4, 11),), channels_last=["conv"])

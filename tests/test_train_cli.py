@@ -334,3 +334,17 @@ def test_parity_convert_of_a_run_refuses_one_without_a_checkpoint_and_a_flax_for
     assert parity_main(["convert", str(straight_run[0]), str(tmp_path / "model.pt"), "--heads", "5"]) == 2
     assert "--heads applies to a torch IN only" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh"]  # nothing written
+
+
+@pytest.mark.parametrize("inside", ["checkpoints/10", "checkpoints"])
+def test_parity_convert_of_a_runs_checkpoint_directory_names_the_run_directory_to_give(straight_run, tmp_path, capsys,
+                                                                                     inside):
+    from parity.cli import main as parity_main
+
+    run = straight_run[0]
+    assert parity_main(["convert", str(run / inside), str(tmp_path / "model.pt")]) == 2
+    err = capsys.readouterr().err
+    what = "one checkpoint" if "/" in inside else "the checkpoints directory"
+    assert err.strip() == (f"parity convert: error: {run / inside}: this is {what} of a training run; "
+                           f"give the run directory ({run}) to export its newest checkpoint")
+    assert not (tmp_path / "model.pt").exists()
