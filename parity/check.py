@@ -14,7 +14,8 @@ Call ``parity_numerics()`` first (the command line does): parity needs exact flo
 
 import numpy as np
 
-from parity.compare import Report, compare_models
+from parity.compare import compare_models
+from parity.report import Report
 from parity.gradients import gradient_rows
 from parity.policy import DEFAULT_ATOL
 from parity.twins import as_inputs, sample_batch, twins_from_state_dict

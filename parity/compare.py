@@ -10,10 +10,7 @@ Rows come in the order torch finished computing them, so the first row beyond to
 where the two implementations first diverge: the place to look for the bug.
 """
 
-import dataclasses
 import itertools
-import json
-import math
 import re
 import sys
 import types
@@ -26,117 +23,16 @@ from flax import nnx
 
 from parity.convert import tensor_to_numpy
 from parity.policy import DEFAULT_ATOL
-
-# Rows beyond the forward pass (``parity.gradients``): the loss, then one per parameter.
-GRAD_PREFIX = "grad:"
-LOSS_ROW = "loss"
-# Friendlier names for the seed Transformer's landmarks; every other row keeps its path.
-ALIASES = {
-    "": "logits",
-    "encoder.dropout": "encoder.embeddings",
-    "decoder.dropout": "decoder.embeddings",
-}
-# Rows shown by default: embeddings, each block, encoder and decoder outputs, logits.
-_LANDMARK = re.compile(r"^(encoder|decoder|(encoder|decoder)\.dropout|encoder\.transformer_layers\.\d+|"
-                       r"decoder\.decoder_layers\.\d+|decoder\.fc|)$")
-
-
-@dataclasses.dataclass
-class Row:
-    name: str  # module path, e.g. "encoder.transformer_layers.3.norm1" ("" is the whole model)
-    shape: tuple
-    max_abs: float
-    max_rel: float
-    ok: bool
-    note: str = ""  # why a row could not be compared
-
-    @property
-    def label(self):
-        base, _, suffix = self.name.partition("#")
-        alias = ALIASES.get(base, base)
-        return alias + ("#" + suffix if suffix else "")
-
-    @property
-    def landmark(self):
-        return self.name == LOSS_ROW or bool(_LANDMARK.match(self.name.split("#")[0].split("[")[0]))
-
-    @property
-    def kind(self):
-        """'intermediate' (a submodule's output), 'loss' or 'gradient'."""
-        if self.name == LOSS_ROW:
-            return "loss"
-        return "gradient" if self.name.startswith(GRAD_PREFIX) else "intermediate"
-
-
-@dataclasses.dataclass
-class Report:
-    rows: list
-    atol: float
-
-    @property
-    def ok(self):
-        return all(r.ok for r in self.rows)
-
-    @property
-    def first_divergence(self):
-        return next((r for r in self.rows if not r.ok), None)
-
-    @property
-    def max_abs(self):
-        return max((r.max_abs for r in self.rows if r.note == ""), default=0.0)
-
-    def format_table(self, show_all=False):
-        shown = [r for r in self.rows if show_all or r.landmark or not r.ok]
-        width = max([len(r.label) for r in shown] + [12])
-        lines = [f"{'intermediate':<{width}}  {'shape':<16} {'max abs diff':>12}  {'max rel diff':>12}  within {self.atol:g}"]
-        for r in shown:
-            status = "yes" if r.ok else ("NO  " + r.note if r.note else "NO")
-            lines.append(f"{r.label:<{width}}  {str(r.shape):<16} {r.max_abs:>12.3e}  {r.max_rel:>12.3e}  {status}")
-        shown_ids = {id(r) for r in shown}
-        hidden = [r for r in self.rows if id(r) not in shown_ids]
-        hidden_outputs = sum(r.kind == "intermediate" for r in hidden)
-        hidden_grads = sum(r.kind == "gradient" for r in hidden)
-        if hidden_outputs:
-            lines.append(f"({hidden_outputs} more submodule outputs compared, all within tolerance; --all shows them)")
-        grads = [r for r in self.rows if r.kind == "gradient"]
-        if hidden_grads:
-            largest = max(grads, key=lambda r: r.max_abs)
-            lines.append(f"({hidden_grads} parameter gradients compared, all within tolerance, largest difference "
-                         f"{largest.max_abs:.3e} in {largest.label}; --all shows them)")
-        first = self.first_divergence
-        if first is None:
-            n = sum(r.kind == "intermediate" for r in self.rows)
-            counted = ", ".join(([f"{n} intermediates"] if n or not grads else [])
-                                + ([f"the loss and {len(grads)} gradients"] if grads else []))
-            lines.append(f"all {counted} within {self.atol:g} (largest difference {self.max_abs:.3e})")
-        else:
-            lines.append(f"first divergence: {first.label} (max abs diff {first.max_abs:.3e} > {self.atol:g})")
-        return "\n".join(lines)
-
-    def to_dict(self):
-        """The report as plain JSON values: a row's ``max_abs`` / ``max_rel`` that is not a
-        finite number (a missing row's inf, a NaN output's NaN) is None, and its ``note`` says why."""
-        first = self.first_divergence
-        return {
-            "atol": self.atol,
-            "ok": self.ok,
-            "first_divergence": first.label if first else None,
-            "rows": [_row_dict(r) for r in self.rows],
-        }
-
-    def to_json(self, **kw):
-        """Strict JSON (RFC 8259: no NaN or Infinity, which strict parsers reject)."""
-        return json.dumps(self.to_dict(), allow_nan=False, **kw)
-
-
-def _row_dict(row):
-    out = dict(dataclasses.asdict(row), label=row.label, kind=row.kind, shape=list(row.shape))
-    bad = {key: out[key] for key in ("max_abs", "max_rel") if not math.isfinite(out[key])}
-    if bad and not out["note"]:  # a Row built elsewhere without one
-        out["note"] = ", ".join(f"{key} is {value}" for key, value in bad.items())
-    out.update(dict.fromkeys(bad, None))
-    return out
-
+from parity.report import (  # noqa: F401 - names parity.compare has always given
+    ALIASES,
+    GRAD_PREFIX,
+    LOSS_ROW,
+    Report,
+    Row,
+    compared_row,
+    diff,
+    nonfinite_note,
+)
 
 def _leaves(name, value):
     """Flatten a module output (array, or tuple of arrays) into (name, array) pairs."""
@@ -207,48 +103,6 @@ def flax_intermediates(model, *inputs):
             records.append((name, value))
     named = _number_calls(records)
     return output, {k: np.asarray(jax.device_get(v)) for k, v in named.items()}
-
-
-def diff(a, b):
-    """(max absolute, max relative) difference in float64. Relative is |a-b| / max(|a|, |b|),
-    with 0/0 taken as 0, so it is symmetric and bounded by 2.
-
-    Positions where both sides hold the same value differ by 0, equal infinities included:
-    weights that overflow give the same ±inf on both twins, which is parity, not a bug (inf -
-    inf alone would be NaN and blame the port). An infinity on one side only differs by inf,
-    and a NaN anywhere by NaN (NaN != NaN): both beyond any tolerance."""
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    if a.size == 0 or b.size == 0:
-        return 0.0, 0.0
-    with np.errstate(invalid="ignore"):  # inf - inf, masked out below where they are equal
-        d = np.where(a == b, 0.0, np.abs(a - b))
-    scale = np.maximum(np.abs(a), np.abs(b))
-    rel = np.divide(d, scale, out=np.zeros_like(d), where=(scale > 0) & np.isfinite(scale))
-    rel = np.where(np.isfinite(d), rel, d)  # a non-finite difference is as large relatively
-    return float(d.max()), float(rel.max())
-
-
-def nonfinite_note(flax, torch_):
-    """Why ``diff(flax, torch_)`` is not a finite number (NaN on a side, an infinity the other
-    side does not have), or '' when it is."""
-    f, t = np.asarray(flax, np.float64), np.asarray(torch_, np.float64)
-    parts = []
-    for side, x, other, other_side in (("torch", t, f, "Flax"), ("Flax", f, t, "torch")):
-        nans = int(np.isnan(x).sum())
-        infs = int((np.isinf(x) & (x != other)).sum())
-        if nans:
-            parts.append(f"{side} has {nans} NaN")
-        if infs:
-            parts.append(f"{side} has {infs} infinit{'y' if infs == 1 else 'ies'} {other_side} does not")
-    return "; ".join(parts)
-
-
-def compared_row(name, shape, flax, torch_, atol):
-    """The Row of two arrays of the same shape; a non-finite difference says why in its note."""
-    max_abs, max_rel = diff(flax, torch_)
-    note = "" if math.isfinite(max_abs) else nonfinite_note(flax, torch_)
-    return Row(name, tuple(shape), max_abs, max_rel, bool(max_abs <= atol), note)
 
 
 def _match_tuple_outputs(torch_named, flax_named):

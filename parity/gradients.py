@@ -19,7 +19,8 @@ from flax import nnx
 
 from flaxformer_mini.data import PAD
 from flaxformer_mini.training import token_cross_entropy as flax_token_cross_entropy
-from parity.compare import GRAD_PREFIX, LOSS_ROW, Row, compared_row, on_device_of
+from parity.compare import on_device_of
+from parity.report import GRAD_PREFIX, LOSS_ROW, Row, compared_row
 from parity.convert import flax_to_torch, tensor_to_numpy
 from parity.policy import DEFAULT_ATOL
 from torch_ref.training import token_cross_entropy as torch_token_cross_entropy
@@ -91,7 +92,8 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     model's device first, as in ``compare``. Flax gradients are converted to
     torch names and layout (``flax_to_torch`` with ``rename`` and ``rules``), then compared
     with each ``param.grad`` in torch's parameter order."""
-    from parity.compare import Report, _check_inputs
+    from parity.compare import _check_inputs
+    from parity.report import Report
 
     _check_inputs(torch_inputs, flax_inputs, channels_last)
     params = dict(torch_model.named_parameters())

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from parity import Row, as_inputs, compare_intermediates, compare_models, sample_batch, transformer_pair
-from parity.compare import diff
+from parity.report import diff
 
 
 @pytest.fixture
