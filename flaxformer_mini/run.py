@@ -50,9 +50,9 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     if config.kind == "synthetic":
         task = SyntheticTask(config.task, config.vocab_size, config.min_len, config.max_len)
         return RunData(task, task, None)
-    if not rebuild and config.valid_path:
-        # An opened run (evaluate, generate) reads its saved vocabularies and its --valid file
-        # alone: the training file may have moved since.
+    if not rebuild and config.valid_path and not os.path.isfile(config.train_path):
+        # An opened run (evaluate, generate) whose training file moved since: its saved
+        # vocabularies and its --valid file are all that evaluating needs.
         vocabs = run_dir.load_vocabularies(config)
         return RunData(None, _text_pairs(config.valid_path, read_tsv(config.valid_path), vocabs, config), vocabs)
     pairs = read_tsv(config.train_path)
@@ -287,6 +287,8 @@ class Run:
         return [self._batch(step * k + j) for j in range(k)]
 
     def _batch(self, index):
+        if self.data.train is None:  # an opened run whose training file moved (load_data)
+            raise FileNotFoundError(f"{self.config.data.train_path}: the run's training file is not there")
         seed = self.config.train.seed
         if self.config.max_tokens is None:
             return self.data.train.batch(seed, index, self.config.batch_size)
