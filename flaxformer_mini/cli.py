@@ -216,11 +216,20 @@ RANGES = {
 
 
 def check_ranges(args):
-    """The first option outside its range, as '--name must be ...', or None."""
+    """The first option outside its range, as '--name must be ...', or None; then the options
+    that only fail together, named as the user typed them (the configs would name their fields)."""
     for dest, (ok, requirement) in RANGES.items():
         value = getattr(args, dest, None)
         if value is not None and not ok(value):
             return f"--{dest.replace('_', '-')} must be {requirement}, got {value}"
+    if getattr(args, "command", None) != "train":
+        return None
+    sizes = _split_sizes(args)
+    if sizes["embed"] % sizes["heads"]:
+        return (f"the width {sizes['embed']} (--embed-size or --preset {args.preset}) is not divisible by the "
+                f"{sizes['heads']} heads (--heads or the preset's): each head takes width / heads")
+    if args.task and args.min_len > (args.max_len or SYNTHETIC_MAX_LEN):
+        return f"--min-len {args.min_len} is greater than --max-len {args.max_len or SYNTHETIC_MAX_LEN}"
     return None
 
 

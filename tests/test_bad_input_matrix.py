@@ -194,10 +194,11 @@ CASES = [
     ("dropout_negative", train_option("--dropout", "-0.1"), 2, r"--dropout must be in \[0, 1\)"),
     ("seed_negative", train_option("--seed", "-1"), 2, r"--seed must be >= 0"),
     ("vocab_size_too_small", train_option("--vocab-size", "4"), 2, r"--vocab-size must be >= 5"),
-    ("min_len_over_max_len", train_option("--min-len", "9"), 2, r"min_len=9 is greater than max_len=5"),
+    ("min_len_over_max_len", train_option("--min-len", "9"), 2, r"--min-len 9 is greater than --max-len 5"),
     ("unknown_preset", train_option("--preset", "huge"), 2, r"invalid choice: 'huge'"),
     ("unknown_dtype", train_option("--dtype", "float16"), 2, r"invalid choice: 'float16'"),
-    ("width_not_divisible_by_heads", train_option("--embed-size", "31"), 2, r"embed_size=31 is not divisible by heads=5"),
+    ("width_not_divisible_by_heads", train_option("--embed-size", "31"), 2,
+     r"the width 31 \(--embed-size or --preset tiny\) is not divisible by the 5 heads"),
     ("more_devices_than_exist", train_option("--devices", "3"), 2, r"asked for 3 devices"),
     ("clip_norm_not_a_number", train_option("--clip-norm", "lots"), 2, r"--clip-norm"),
     # --- run directories
