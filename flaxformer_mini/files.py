@@ -29,13 +29,18 @@ def write_atomic(path, data):
 
 
 def check_writable(path, option):
-    """Before the work whose result goes to ``path``: a ValueError naming ``option`` and
-    ``path`` when it cannot be written there (a directory, a missing or read-only parent), so
-    a long computation is not lost to a typo, and no temporary file's name is ever shown."""
-    path = Path(path)
-    parent = path.absolute().parent
-    if path.is_dir():
+    """Before the work whose result goes to the file ``path``: a ValueError naming ``option``
+    and ``path`` when it cannot be written there (a directory, a missing or read-only parent),
+    so a long computation is not lost to a typo, and no temporary file's name is ever shown."""
+    if Path(path).is_dir():
         raise ValueError(f"{option} {path}: is a directory; give a file name")
+    check_parent_writable(path, option)
+
+
+def check_parent_writable(path, option):
+    """``check_writable`` for a ``path`` that may be a file or a directory: its parent must be
+    an existing directory this process may write in (write_atomic's temporary goes there)."""
+    parent = Path(path).absolute().parent
     if not parent.is_dir():
         raise ValueError(f"{option} {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):

@@ -43,18 +43,10 @@ class UsageError(ValueError):
 # ----------------------------------------------------------------------------- check
 
 
-def _check_parent(option, path):
-    """Fail before the work, not after it, when its result cannot be written."""
-    parent = Path(path).absolute().parent
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):  # else the temporary file's name would be the one named
-        raise UsageError(f"{option} {path}: no permission to write in the directory {parent}")
-
-
 def _check_output_paths(args):
     """Before the work: each output can be written, replaces nothing unasked (``--force``), and
     is neither the checkpoint being checked nor the other output."""
+    from flaxformer_mini.files import check_writable
     from parity.output import refuse_existing
     from parity.plot import PLOT_SUFFIXES
 
@@ -62,9 +54,7 @@ def _check_output_paths(args):
     if len(outputs) == 2 and Path(args.json).absolute() == Path(args.plot).absolute():
         raise UsageError(f"--json and --plot are the same path ({args.json}); give each its own file")
     for option, path in outputs:
-        _check_parent(option, path)
-        if Path(path).is_dir():
-            raise UsageError(f"{option} {path}: is a directory; give a file name")
+        check_writable(path, option)  # before the work, not after it
         if args.torch_checkpoint and Path(path).absolute() == Path(args.torch_checkpoint).absolute():
             raise UsageError(f"{option} {path}: is the checkpoint being checked; write the {option[2:]} elsewhere")
         if not args.force:
@@ -172,6 +162,7 @@ def _check(args):
 
 
 def _convert(args):
+    from flaxformer_mini.files import check_parent_writable
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
     from parity.convert import (flax_params_from_state_dict, is_training_run, state_dict_from_flax_params,
                                 state_dict_from_run)
@@ -183,13 +174,16 @@ def _convert(args):
     if Path(source).absolute() == Path(out).absolute():
         raise UsageError(f"IN and OUT are the same path ({source}); write the conversion elsewhere")
     out_suffix = "" if is_orbax_path(out) else Path(out).suffix.lower()
-    run = None if is_training_run(source) else _run_holding(source)
-    if run is not None:  # orbax would say only that the item 'config' is missing
-        what = "the checkpoints directory" if Path(source).parent == run else "one checkpoint"
-        raise UsageError(f"{source}: this is {what} of a training run; give the run directory ({run}) "
-                         f"to export its newest checkpoint")
-    kind = "run" if is_training_run(source) else checkpoint_kind(source)
-    _check_parent("OUT", Path(out.rstrip("/") or out))
+    if is_training_run(source):
+        kind = "run"
+    else:
+        run = _run_holding(source)
+        if run is not None:  # orbax would say only that the item 'config' is missing
+            what = "the checkpoints directory" if Path(source).parent == run else "one checkpoint"
+            raise UsageError(f"{source}: this is {what} of a training run; give the run directory ({run}) "
+                             f"to export its newest checkpoint")
+        kind = checkpoint_kind(source)
+    check_parent_writable(Path(out.rstrip("/") or out), "OUT")  # OUT may be an orbax directory
     if not args.force:
         refuse_existing(out)  # before the work: a conversion never replaces a file unasked
 
