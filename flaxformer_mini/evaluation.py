@@ -9,15 +9,13 @@ the model sees them, decoded from their ids (so a word outside the vocabulary re
 ``<unk>`` on both sides).
 """
 
-import sys
-
 import numpy as np
 
 from flaxformer_mini.data import TextPairs, pad_rows
 from flaxformer_mini.decoding import decode, exact_match
 from flaxformer_mini.files import write_atomic
 from flaxformer_mini.metrics import corpus_metrics
-from flaxformer_mini.run import Run
+from flaxformer_mini.run import Run, warn
 
 TEXT_METRICS = ("bleu", "chrf", "wer", "cer")  # the keys corpus_metrics adds (exact_match: ours, on ids)
 
@@ -54,11 +52,7 @@ def evaluate_with_hypotheses(trainer, state, batches, with_exact_match=True, bea
     return result, hypotheses
 
 
-def _stderr(message):
-    print(message, file=sys.stderr)  # stdout is for the metrics (evaluate --json)
-
-
-def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, output=None, echo=None):
+def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, output=None, echo=warn):
     """Evaluate the latest checkpoint of the run in ``out`` on its held-out data, every
     held-out example decoded and scored; ``output``: a file to write the hypotheses into,
     one per line in the held-out set's order (atomically). Held-out pairs longer than the
@@ -68,10 +62,10 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     state = run.latest_state()
     held_out = run.data.eval
     if isinstance(held_out, TextPairs) and held_out.dropped:
-        (echo or _stderr)(f"note: {held_out.dropped} of {held_out.dropped + len(held_out)} held-out pairs are longer "
-                        f"than the run's --max-len {held_out.max_len} allows and are not evaluated"
-                        + (f"; {output} holds a line for each of the {len(held_out)} others, in order"
-                           if output is not None else ""))
+        echo(f"note: {held_out.dropped} of {held_out.dropped + len(held_out)} held-out pairs are longer "
+             f"than the run's --max-len {held_out.max_len} allows and are not evaluated"
+             + (f"; {output} holds a line for each of the {len(held_out)} others, in order"
+                if output is not None else ""))
     result, hypotheses = evaluate_with_hypotheses(run.trainer, state, run.eval_batches(batch_size), with_exact_match,
                                                   beam_size, codec=run.codec if with_exact_match else None)
     if output is not None:

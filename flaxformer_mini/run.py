@@ -29,8 +29,10 @@ from flaxformer_mini.run_dir import RunDir
 from flaxformer_mini.training import Trainer
 
 
-def _warn(message):
-    print(message, file=sys.stderr)  # stdout is for results (evaluate --json, generate)
+def warn(message):
+    """The default ``echo`` of notes and warnings: standard error, since stdout is for results
+    (evaluate --json, generate)."""
+    print(message, file=sys.stderr)
 
 
 class RunData(NamedTuple):
@@ -157,7 +159,7 @@ class Run:
             self._lock = None
 
     @classmethod
-    def start(cls, out, options: TrainOptions, data_config: DataConfig, echo=_warn):
+    def start(cls, out, options: TrainOptions, data_config: DataConfig, echo=warn):
         """A new run in ``out`` from the user's options, or the run already there when the
         options give the same config (then it resumes)."""
         run_dir = RunDir(out)
@@ -167,7 +169,7 @@ class Run:
         return cls.create(out, config, data, echo=echo)
 
     @classmethod
-    def create(cls, out, config: RunConfig, data: RunData | None = None, echo=_warn):
+    def create(cls, out, config: RunConfig, data: RunData | None = None, echo=warn):
         """Write ``config`` into ``out`` (or check it against the run there) and save the
         vocabularies; nothing is written when the config does not fit."""
         run_dir = RunDir(out)
@@ -243,7 +245,7 @@ class Run:
     def checkpoints(self, max_to_keep=3):
         return checkpoint.open_manager(self.dir.checkpoints.absolute(), max_to_keep=max_to_keep)
 
-    def restore_or_init(self, manager, echo=_warn, place=None):
+    def restore_or_init(self, manager, echo=warn, place=None):
         """The state of the newest readable checkpoint in ``manager``, or a fresh one at step
         0. ``place(state)`` lays the template out first (sharding.shard_state): orbax restores
         into the template's layout, whatever layout the checkpoint was saved from. Damaged
@@ -266,7 +268,7 @@ class Run:
             manager.reload()
         return state
 
-    def latest_state(self, echo=_warn):
+    def latest_state(self, echo=warn):
         """The newest readable checkpoint's state (damaged newer ones are skipped and named,
         left in place); an error naming the run when it has none."""
         manager = self.checkpoints()

@@ -227,7 +227,7 @@ def test_a_sequential_ported_as_a_list_or_as_nnx_sequential_compares_clean_and_n
     back = flax_to_torch(f, rename=rename)
     assert all(torch.equal(back[k], v) for k, v in t.state_dict().items()) and set(back) == set(t.state_dict())
     x = np.random.default_rng(1).standard_normal((2, 5, D)).astype(np.float32)
-    inputs = ((torch.from_numpy(x),), (x,))
+    inputs = ((torch.as_tensor(x),), (x,))
     report = parity.compare(t, f, *inputs, atol=1e-5, rename=rename)  # no ignore_missing
     assert report.ok, report.format_table(show_all=True)
     assert [r.name for r in report.rows] == rows
