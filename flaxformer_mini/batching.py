@@ -29,7 +29,7 @@ iterator state in the checkpoint.
 
 import numpy as np
 
-from .data import _non_negative_int, _positive_int
+from .data.batches import _non_negative_int, _positive_int
 
 
 def _as_lengths(name, lengths):

@@ -30,8 +30,8 @@ tokens: a literal ``<eos>`` never encodes to EOS (it is spelled out in pieces, o
 import hashlib
 from pathlib import Path
 
-from . import data
 from .data import BOS, EOS, NUM_SPECIAL, PAD, SPECIAL_TOKENS, UNK, DataError, Vocab
+from .data.batches import _positive_int, _strip_specials
 
 KINDS = ("word", "char", "bpe", "unigram")
 _SUBWORD_MARK = "\u2581"  # "▁", SentencePiece's and HF Metaspace's word-start marker
@@ -171,7 +171,7 @@ class HFTokenizer(Tokenizer):
         return [self._fix(e.ids) for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids):
-        ids = data._strip_specials(ids)
+        ids = _strip_specials(ids)
         for i in ids:
             if not 0 <= i < len(self):
                 raise ValueError(f"token id {i} is outside the vocabulary [0, {len(self)})")
@@ -241,7 +241,7 @@ def train(kind, texts, vocab_size=None):
         raise TypeError("texts must be a list of strings, not one string")
     texts = list(texts)
     if vocab_size is not None:
-        vocab_size = data._positive_int("vocab_size", vocab_size)
+        vocab_size = _positive_int("vocab_size", vocab_size)
     if kind == "word":
         tokenizer = WordTokenizer(Vocab.build(texts, max_size=vocab_size))
         tokenizer.requested_vocab_size = vocab_size

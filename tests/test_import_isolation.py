@@ -156,3 +156,16 @@ def test_static_import_check_finds_real_imports():
     assert _imports_of(REPO / "parity" / "twins.py", ("flaxformer_mini",))
     assert _imports_of(REPO / "parity" / "twins.py", ("jax",))
     assert _imports_of(REPO / "flaxformer_mini" / "attention.py", ("flax",))
+
+
+def test_every_package_directory_is_listed_in_pyproject_so_the_wheel_ships_it():
+    """``[tool.setuptools] packages`` is an explicit list, and setuptools takes no subpackage
+    unasked: a package directory missing from it works in the editable install and is absent
+    from the wheel a user installs."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(init.parent.relative_to(REPO).parts)
+               for top in ("flaxformer_mini", "torch_ref", "parity") for init in (REPO / top).rglob("__init__.py")}
+    assert "flaxformer_mini.data" in on_disk  # the walk finds subpackages
+    assert listed == on_disk

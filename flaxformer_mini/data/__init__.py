@@ -1,0 +1,34 @@
+"""Training data: padded batches, synthetic tasks, parallel text and word vocabularies.
+
+Pure numpy and the standard library; this package needs neither JAX nor PyTorch. One module
+a concept; every name is importable from ``flaxformer_mini.data`` itself:
+
+    batches.py        special ids, ``Batch`` (shapes there), pad_batch/make_source/make_batch/pad_rows
+    synthetic.py      ``SyntheticTask``: copy, reverse, sort; batches a function of (seed, step)
+    parallel_text.py  read_tsv/iter_tsv and ``TextPairs``, length-bucketed batches
+    vocab.py          ``Vocab``: the ``word`` tokenizer's vocabulary
+"""
+
+from .batches import (
+    BOS,
+    EOS,
+    NUM_SPECIAL,
+    PAD,
+    SPECIAL_TOKENS,
+    UNK,
+    Batch,
+    DataError,
+    make_batch,
+    make_source,
+    pad_batch,
+    pad_rows,
+)
+from .parallel_text import TextPairs, iter_tsv, read_tsv
+from .synthetic import TASKS, SyntheticTask
+from .vocab import Vocab
+
+__all__ = [
+    "BOS", "EOS", "NUM_SPECIAL", "PAD", "SPECIAL_TOKENS", "UNK", "TASKS",
+    "Batch", "DataError", "SyntheticTask", "TextPairs", "Vocab",
+    "iter_tsv", "make_batch", "make_source", "pad_batch", "pad_rows", "read_tsv",
+]

@@ -1,0 +1,181 @@
+"""Parallel text: ``source<TAB>target`` files, and ``TextPairs``, their encoded pairs with
+length-bucketed training batches that are functions of ``(seed, step)`` alone."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .batches import DataError, _non_negative_int, _positive_int, make_batch, pad_rows
+
+# Bucketing sorts by length within pools of this many batches, not over the whole data set:
+# batches still hold similar lengths, but which examples share a batch changes every epoch.
+_BUCKET_POOL_BATCHES = 32
+
+
+def read_tsv(path):
+    """``(source, target)`` pairs from a UTF-8 file of ``source<TAB>target`` lines.
+
+    Blank lines are skipped. A line without exactly one tab, with an empty side or with
+    invalid UTF-8, and a file without any pair, raise ``DataError`` naming the file and the
+    1-based line number.
+    """
+    return [(source, target) for _, source, target in iter_tsv(path)]
+
+
+def iter_tsv(path):
+    """``(line_number, source, target)`` for each pair of a ``source<TAB>target`` file,
+    streamed: the rules and errors of ``data.read_tsv`` (same line numbering, BOM skipped,
+    blank lines skipped, ``DataError`` naming ``file:line``), without reading the whole file.
+    """
+    path = Path(path)
+    lineno, found = 0, False
+    with path.open("rb") as f:
+        for physical in f:
+            if lineno == 0 and physical.startswith(b"\xef\xbb\xbf"):
+                physical = physical[3:]
+            # bytes.splitlines, as read_tsv numbers lines (a lone \r ends a line too).
+            for raw in physical.splitlines() or [b""]:
+                lineno += 1
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                if not line.strip():
+                    continue
+                tabs = line.count("\t")
+                if tabs != 1:
+                    raise DataError(f"{path}:{lineno}: expected one tab between source and target, found {'no tab' if tabs == 0 else f'{tabs} tabs'}")
+                source, target = (side.strip() for side in line.split("\t"))
+                if not source or not target:
+                    raise DataError(f"{path}:{lineno}: empty {'source' if not source else 'target'}")
+                found = True
+                yield lineno, source, target
+    if not found:
+        raise DataError(f"{path}: no source<TAB>target pairs (the file is empty)")
+
+
+class TextPairs:
+    """Encoded parallel text with length-bucketed training batches.
+
+    A pair whose source or target, with its EOS (or BOS), is longer than ``max_len`` is
+    dropped, and counted in ``dropped`` (its longest side in ``longest_dropped``): a corpus has a few very long lines, and the caller
+    decides (from the count) whether to raise ``max_len``. If every pair is dropped that is
+    a ``DataError``.
+
+    ``length_multiple`` rounds each batch's S and T up to a multiple (capped at
+    ``max_len``), so the jitted train step compiles for a handful of shapes, not one per
+    length. Pass 1 for the tightest padding.
+    """
+
+    def __init__(self, pairs, source_vocab, target_vocab, max_len, length_multiple=8):
+        self.max_len = _non_negative_int("max_len", max_len)
+        if self.max_len < 2:
+            raise ValueError(f"max_len must be >= 2 (a word and its EOS), got {max_len}")
+        self.length_multiple = _positive_int("length_multiple", length_multiple)
+        self.source_vocab, self.target_vocab = source_vocab, target_vocab
+        self.sources, self.targets = [], []  # int32 ids without specials
+        self.dropped = 0
+        self.longest_dropped = 0  # tokens of the longest side of a dropped pair
+        for source, target in pairs:
+            s, t = source_vocab.encode(source), target_vocab.encode(target)
+            if len(s) + 1 > self.max_len or len(t) + 1 > self.max_len:
+                self.dropped += 1
+                self.longest_dropped = max(self.longest_dropped, len(s), len(t))
+                continue
+            self.sources.append(np.asarray(s, np.int32))
+            self.targets.append(np.asarray(t, np.int32))
+        if not self.sources:
+            raise DataError(f"no pairs: all {self.dropped} are longer than max_len={self.max_len}" if self.dropped else "no pairs")
+        # Padded lengths: tokens + EOS (source) and BOS/EOS + tokens (target).
+        self._source_lengths = np.array([s.size + 1 for s in self.sources])
+        self._target_lengths = np.array([t.size + 1 for t in self.targets])
+        self._plan_key, self._plan = None, None
+
+    def __len__(self):
+        return len(self.sources)
+
+    def steps_per_epoch(self, batch_size):
+        return math.ceil(len(self) / _positive_int("batch_size", batch_size))
+
+    def batch(self, seed, step, batch_size):
+        """Training batch ``step`` (a function of seed and step alone), of exactly
+        ``batch_size`` rows.
+
+        Each epoch of ``steps_per_epoch(batch_size)`` steps holds every example once. The
+        epoch's last batch is usually short: it is filled up with rows of PAD only, which
+        carry no labels (``num_tokens`` ignores them), so the batch shape stays fixed.
+        """
+        seed, step = _non_negative_int("seed", seed), _non_negative_int("step", step)
+        epoch, index = divmod(step, self.steps_per_epoch(batch_size))
+        rows = self._epoch_plan(seed, epoch, batch_size)[index]
+        return pad_rows(self._batch_of(rows), batch_size)
+
+    def iter_eval_batches(self, batch_size, indices=None):
+        """Every example once (or those of ``indices``), in order; the last batch may be
+        smaller."""
+        batch_size = _positive_int("batch_size", batch_size)
+        indices = np.arange(len(self)) if indices is None else np.asarray(indices)
+        for start in range(0, len(indices), batch_size):
+            yield self._batch_of(indices[start : start + batch_size])
+
+    def sample_indices(self, n, seed=0):
+        """``n`` example indices (all when ``n`` >= len), drawn once by ``seed``, in order."""
+        if n >= len(self):
+            return np.arange(len(self))
+        return np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
+
+    @property
+    def source_lengths(self):
+        """Encoder lengths (tokens + EOS), one int per pair: what batching.TokenBatcher takes."""
+        return self._source_lengths
+
+    @property
+    def target_lengths(self):
+        """Decoder lengths (BOS + tokens)."""
+        return self._target_lengths
+
+    def batch_of_rows(self, rows, max_tokens=None):
+        """The ``Batch`` of examples ``rows`` (a --max-tokens batch). With ``max_tokens``,
+        filled up with PAD rows (no labels) to ``max_tokens // max(S, T)`` rows, so the batch
+        shape depends on its (S, T) alone and the jitted step compiles a few times, not once
+        per row count."""
+        batch = self._batch_of(rows)
+        if max_tokens is not None:
+            batch = pad_rows(batch, max_tokens // max(batch.source.shape[1], batch.target_in.shape[1]))
+        return batch
+
+    def _epoch_plan(self, seed, epoch, batch_size):
+        """The epoch's batches, as lists of example indices.
+
+        Shuffle, sort by length within pools of _BUCKET_POOL_BATCHES batches (stable, so
+        equal lengths stay in random order), cut into batches, shuffle the batches. Only the
+        last pool can leave a short batch. Cached: consecutive steps share an epoch.
+        """
+        key = (seed, epoch, batch_size)
+        if self._plan_key != key:
+            rng = np.random.default_rng([seed, epoch])
+            order = rng.permutation(len(self))
+            pool = _BUCKET_POOL_BATCHES * batch_size
+            batches = []
+            for start in range(0, len(order), pool):
+                chunk = order[start : start + pool]
+                # np.lexsort is stable; the last key is the primary one.
+                chunk = chunk[np.lexsort((self._target_lengths[chunk], self._source_lengths[chunk]))]
+                batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+            self._plan = [batches[i] for i in rng.permutation(len(batches))]
+            self._plan_key = key
+        return self._plan
+
+    def _padded_length(self, longest):
+        rounded = -(-longest // self.length_multiple) * self.length_multiple
+        return min(rounded, self.max_len)
+
+    def _batch_of(self, rows):
+        rows = list(rows)
+        return make_batch(
+            [self.sources[i] for i in rows],
+            [self.targets[i] for i in rows],
+            self._padded_length(int(self._source_lengths[rows].max())),
+            self._padded_length(int(self._target_lengths[rows].max())),
+        )
