@@ -10,8 +10,8 @@ JSON::
                  "decode_uncached": {...: seed 001's decoding, the prefix again per token}},
      "matmul_peak_gflops": <the best of the libraries' peaks: the machine's measured peak>,
      "matmul_peak_gflops_by_library": {"torch": ..., "jax": ...},
-     "paths": [every path in full, with fraction_of_peak (of its own library's peak) and
-               fraction_of_machine_peak (of the best)],
+     "paths": [every path in full, with fraction_of_peak (of its own library's peak),
+               fraction_of_machine_peak (of the best) and tokens_per_s (see tokens_per_call)],
      "environment": {"machine": {cpu model, family, ISA, cores, memory, library versions,
                                  BLAS/GEMM backends}, ...}, "load_average": {...}}
 
@@ -27,12 +27,20 @@ _GROUPS = {"forward": "forward", "train_step": "train_step", "decode_cached": "d
            "decode_uncached": "decode_uncached"}
 _VARIANTS = ("torch_eager", "torch_compile", "flax_jit")
 
+
+def tokens_per_call(preset, op):
+    """The tokens one call of ``op`` processes, for tokens/s: target tokens (B * T, fairseq's
+    "wps" convention; the source holds as many, S = T) for the forward pass and the train
+    step, and new tokens (B * N) for decoding."""
+    return preset.batch * (preset.new_tokens if op.startswith("decode") else preset.seq_len)
+
 LABELS = {"torch_eager": "torch eager", "torch_compile": "torch compile", "flax_jit": "flax jit"}
 
 
-def _path_dict(r, peaks):
+def _path_dict(r, peaks, preset):
     peak = peaks.get(r.library, {}).get("best_gflops")
     best = max((p["best_gflops"] for p in peaks.values()), default=None)
+    tokens = tokens_per_call(preset, r.op)
     return {
         "op": r.op, "variant": r.variant, "library": r.library,
         "median_ms": r.median_s * 1e3, "best_ms": r.best_s * 1e3, "times_ms": [t * 1e3 for t in r.times_s],
@@ -40,13 +48,14 @@ def _path_dict(r, peaks):
         "gflop": r.flops / 1e9, "gflops_per_s": r.gflops_per_s,
         "fraction_of_peak": None if not peak else r.gflops_per_s / peak,
         "fraction_of_machine_peak": None if not best else r.gflops_per_s / best,
+        "tokens_per_call": tokens, "tokens_per_s": tokens / r.median_s,
         "memory": r.memory, "notes": r.notes, **r.info,
     }
 
 
 def build(preset, env, peaks, results, load, wall_s, argv=()):
     c = preset.model
-    paths = [_path_dict(r, peaks) for r in results]
+    paths = [_path_dict(r, peaks, preset) for r in results]
     res = {group: {f"{v}_ms": None for v in _VARIANTS} for group in _GROUPS.values()}
     for p in paths:
         res[_GROUPS[p["op"]]][f"{p['variant']}_ms"] = p["median_ms"]
@@ -63,6 +72,7 @@ def build(preset, env, peaks, results, load, wall_s, argv=()):
             "dropout": c.dropout, "dtype": preset.dtype, "reps": preset.reps,
             "decode_reps": preset.decode_reps, "warmup": preset.warmup, "decode_warmup": preset.decode_warmup,
             "torch_compile_backend": preset.torch_compile_backend,
+            "device": preset.device, "attention_impl": preset.attention_impl,
         },
         "results": res,
         "matmul_peak_gflops": max((p["best_gflops"] for p in peaks.values()), default=None),
@@ -120,7 +130,7 @@ def format_table(rep):
             + ")" for k, v in peaks.items()))
     lines.append("")
     header = (f"{'operation':<16} {'path':<14} {'median ms':>10} {'best ms':>9} {'vs flax':>8} {'GFLOP':>8} {'GFLOP/s':>8} "
-              f"{'% peak':>7} {'% mach':>7} {'cores':>5} {'sys ms':>7} {'1st call s':>10} {'overhead s':>10} {'peak MB':>8}")
+              f"{'% peak':>7} {'% mach':>7} {'tok/s':>8} {'cores':>5} {'sys ms':>7} {'1st call s':>10} {'overhead s':>10} {'peak MB':>8}")
     lines += [header, "-" * len(header)]
     flax_ms = {}
     for p in rep["paths"]:
@@ -133,16 +143,17 @@ def format_table(rep):
             f"{_OP_LABELS.get(p['op'], p['op']):<16} {LABELS.get(p['variant'], p['variant']):<14} "
             f"{p['median_ms']:>10.1f} {p['best_ms']:>9.1f} {_fmt(vs, '>7.2f') + ('x' if vs else ''):>8} {p['gflop']:>8.1f} "
             f"{p['gflops_per_s']:>8.1f} {_pct(p['fraction_of_peak']):>7} {_pct(p['fraction_of_machine_peak']):>7} "
-            f"{_fmt(p.get('cores_busy'), '>5.2f'):>5} {_fmt(p.get('system_ms_per_call'), '>7.0f'):>7} "
+            f"{p['tokens_per_s']:>8.0f} {_fmt(p.get('cores_busy'), '>5.2f'):>5} {_fmt(p.get('system_ms_per_call'), '>7.0f'):>7} "
             f"{p['first_call_s']:>10.2f} {p['first_call_overhead_s']:>10.2f} {_fmt(_memory_mb(p), '>8.0f'):>8}")
     lines += [
         "",
         "vs flax: this path's time / flax jit's for the same operation (one run). GFLOP: what the path",
         "executes (benchmarks/flops.py; uncached decoding recomputes the prefix). % peak: of the same",
-        "library's matmul peak; % mach: of this machine's (the best library's) peak. cores: process CPU time / wall time per call; sys ms: of it, kernel time (page",
-        "faults of freshly allocated memory, mostly). overhead: first call - median",
-        "(tracing, compiling). peak MB: resident memory above the pre-call level during one call",
-        "(activations, temporaries; not the weights already held).",
+        "library's matmul peak; % mach: of this machine's (the best library's) peak. tok/s: target",
+        "tokens (B*T) per second, new tokens (B*N) for decoding. cores: process CPU time / wall time",
+        "per call; sys ms: of it, kernel time (page faults of freshly allocated memory, mostly).",
+        "overhead: first call - median (tracing, compiling). peak MB: resident memory above the",
+        "pre-call level during one call (activations, temporaries; not the weights already held).",
     ]
     notes = [f"  {p['op']} {p['variant']}: " + "; ".join(
         p["notes"] + [f"{k}={v}" for k, v in p.items() if k.startswith("graphs_compiled")])

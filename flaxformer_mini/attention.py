@@ -120,6 +120,10 @@ def _dot_product_attention(q, k, v, mask, impl):
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
     # JAX promotes bfloat16 inputs with float32 for the logits' dtype on purpose: allowed
     # here under a program's strict promotion (as the tests run), as around Flax's LayerNorm.
+    # That covers the forward pass only. With bfloat16 inputs, the gradient of the "xla"
+    # implementation holds float32-by-bfloat16 dot_generals that jax 0.10 lowers through
+    # promote_types at compile time, outside any context here: a bfloat16 train step with
+    # "xla" attention compiles under standard promotion (JAX's default) only.
     with jax.numpy_dtype_promotion("standard"):
         return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)  # (B, T, H, K)
 

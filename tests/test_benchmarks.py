@@ -8,6 +8,7 @@ exercised in seconds instead of the minutes inductor needs on 2 cores.
 import json
 import math
 
+import jax
 import torch
 
 from benchmarks.__main__ import main
@@ -37,8 +38,8 @@ def _check_schema(rep):
     assert machine["torch"]["version"] == torch.__version__ and machine["jax"]["jax"]
 
 
-def _check_timings(rep):
-    for op in ("train_step", "forward", "decode"):
+def _check_timings(rep, groups=("train_step", "forward", "decode")):
+    for op in groups:
         for key in TIMINGS:
             assert _positive(rep["results"][op][key]), (op, key, rep["results"][op][key])
     for path in rep["paths"]:
@@ -48,6 +49,10 @@ def _check_timings(rep):
         # the machine's peak is the best library's: no path's share of it exceeds its own library's
         assert path["fraction_of_machine_peak"] <= path["fraction_of_peak"]
         assert path["times_ms"] and all(_positive(t) for t in path["times_ms"])
+        cfg = rep["config"]
+        per_call = cfg["batch"] * (cfg["new_tokens"] if path["op"].startswith("decode") else cfg["seq_len"])
+        assert path["tokens_per_call"] == per_call, path["op"]
+        assert math.isclose(path["tokens_per_s"], per_call / (path["median_ms"] / 1e3)), path["op"]
 
 
 def _check_coverage(rep):
@@ -79,6 +84,34 @@ def test_tiny_run_times_every_path_and_reports_the_machine(tmp_path, capsys, mon
     printed = capsys.readouterr().out
     assert "train step" in printed and "ratios" in printed
     assert rep["environment"]["machine"]["cpu"]["model_name"] in printed
+
+
+def test_the_gpu_presets_bfloat16_paths_run_and_are_recorded_as_such(capsys):
+    """Item (b) of issue 14 runs the ``large`` preset in bfloat16 on a GPU, rarely lent: its
+    paths (torch under autocast, Flax with bfloat16 compute and jax.nn.dot_product_attention)
+    run here at a tiny size, with ``xla`` attention (cuDNN's is GPU-only; both are the same
+    call with another ``implementation``), so CI keeps them working between GPU runs."""
+    from benchmarks import report, runner
+    from benchmarks.presets import get_bench_preset
+
+    large = get_bench_preset("large")
+    preset = large.replace(model=get_bench_preset("tiny").model, batch=2, seq_len=6, new_tokens=3, reps=1,
+                           decode_reps=1, warmup=0, matmul_size=64, device="cpu", attention_impl="xla",
+                           torch_compile_backend="eager")
+    threads = torch.get_num_threads()
+    # JAX's default promotion, as the benchmark runs: under the tests' strict promotion, jax
+    # 0.10 cannot compile the bfloat16 gradient of the "xla" attention (flaxformer_mini/attention.py).
+    try:
+        with jax.numpy_dtype_promotion("standard"):
+            rep = runner.run(preset, ops=("train_step", "decode_cached"))
+    finally:
+        torch.set_num_threads(threads)
+    assert (rep["config"]["dtype"], rep["config"]["attention_impl"]) == ("bfloat16", "xla")
+    assert {p["dtype"] for p in rep["matmul_peak"].values()} == {"bfloat16"}
+    assert {(p["op"], p["variant"]) for p in rep["paths"]} == {
+        (op, v) for op in ("train_step", "decode_cached") for v in ("torch_eager", "torch_compile", "flax_jit")}
+    _check_timings(rep, groups=("train_step", "decode"))
+    assert "bfloat16" in report.format_table(rep)
 
 
 def test_flop_counts_follow_the_documented_formula():
