@@ -27,14 +27,14 @@ _GROUPS = {"forward": "forward", "train_step": "train_step", "decode_cached": "d
            "decode_uncached": "decode_uncached"}
 _VARIANTS = ("torch_eager", "torch_compile", "flax_jit")
 
+LABELS = {"torch_eager": "torch eager", "torch_compile": "torch compile", "flax_jit": "flax jit"}
+
 
 def tokens_per_call(preset, op):
     """The tokens one call of ``op`` processes, for tokens/s: target tokens (B * T, fairseq's
     "wps" convention; the source holds as many, S = T) for the forward pass and the train
     step, and new tokens (B * N) for decoding."""
     return preset.batch * (preset.new_tokens if op.startswith("decode") else preset.seq_len)
-
-LABELS = {"torch_eager": "torch eager", "torch_compile": "torch compile", "flax_jit": "flax jit"}
 
 
 def _path_dict(r, peaks, preset):

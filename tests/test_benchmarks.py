@@ -86,7 +86,7 @@ def test_tiny_run_times_every_path_and_reports_the_machine(tmp_path, capsys, mon
     assert rep["environment"]["machine"]["cpu"]["model_name"] in printed
 
 
-def test_the_gpu_presets_bfloat16_paths_run_and_are_recorded_as_such(capsys):
+def test_the_gpu_presets_bfloat16_paths_run_and_are_recorded_as_such():
     """Item (b) of issue 14 runs the ``large`` preset in bfloat16 on a GPU, rarely lent: its
     paths (torch under autocast, Flax with bfloat16 compute and jax.nn.dot_product_attention)
     run here at a tiny size, with ``xla`` attention (cuDNN's is GPU-only; both are the same
