@@ -42,6 +42,7 @@ def _check_timings(rep, groups=("train_step", "forward", "decode")):
     for op in groups:
         for key in TIMINGS:
             assert _positive(rep["results"][op][key]), (op, key, rep["results"][op][key])
+    cfg = rep["config"]
     for path in rep["paths"]:
         for key in ("median_ms", "best_ms", "first_call_s", "gflop", "gflops_per_s", "fraction_of_peak",
                     "fraction_of_machine_peak"):
@@ -49,7 +50,6 @@ def _check_timings(rep, groups=("train_step", "forward", "decode")):
         # the machine's peak is the best library's: no path's share of it exceeds its own library's
         assert path["fraction_of_machine_peak"] <= path["fraction_of_peak"]
         assert path["times_ms"] and all(_positive(t) for t in path["times_ms"])
-        cfg = rep["config"]
         per_call = cfg["batch"] * (cfg["new_tokens"] if path["op"].startswith("decode") else cfg["seq_len"])
         assert path["tokens_per_call"] == per_call, path["op"]
         assert math.isclose(path["tokens_per_s"], per_call / (path["median_ms"] / 1e3)), path["op"]

@@ -25,7 +25,7 @@ def read_tsv(path):
 
 def iter_tsv(path):
     """``(line_number, source, target)`` for each pair of a ``source<TAB>target`` file,
-    streamed: the rules and errors of ``data.read_tsv`` (same line numbering, BOM skipped,
+    streamed: the rules and errors of ``read_tsv`` (same line numbering, BOM skipped,
     blank lines skipped, ``DataError`` naming ``file:line``), without reading the whole file.
     """
     path = Path(path)
