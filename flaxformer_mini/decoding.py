@@ -245,7 +245,12 @@ def _beam(graphdef, state, source, max_new_tokens, beam_size, alpha):
         # (1, 2W), not (2W,): under jax_numpy_rank_promotion="raise" (the tests' setting) the
         # implicit (B, 2W) & (2W,) broadcast is an error, and beam search failed to trace.
         top_w = (jnp.arange(2 * W) < W)[None, :]
-        cand_score = jnp.where(is_eos & top_w & ~done[:, None], cand_logp / length_penalty(t + 1, alpha), _NEG)
+        # A candidate from a dead beam (log-probability near _NEG: fewer real candidates than W,
+        # as when W exceeds the vocabulary) is never final: divided by a length penalty above 2
+        # its score would pass _NEG / 2 and a phantom hypothesis would count as finished.
+        real = cand_logp > _NEG / 2
+        final = is_eos & top_w & real & ~done[:, None]
+        cand_score = jnp.where(final, cand_logp / length_penalty(t + 1, alpha), _NEG)
         fin_score, keep = jax.lax.top_k(jnp.concatenate([fin_score, cand_score], axis=1), W)
         fin_seq = _take(jnp.concatenate([fin_seq, cand_seq], axis=1), keep)
 

@@ -311,7 +311,7 @@ def reference_beam_search(model, source, max_new_tokens, beam_size, alpha):
     beams are the candidates; an EOS candidate among the first W is finished (while fewer
     than W are); the first W candidates without EOS live on; unfinished items let their
     live beams compete at the end. Returns, per item, [(score, tokens)] best first."""
-    B, W, V = source.shape[0], beam_size, CONFIG.target_vocab_size
+    B, W, V = source.shape[0], beam_size, model.config.target_vocab_size
     alive = [[((), 0.0)] for _ in range(B)]  # per item: (tokens, log-probability)
     finished = [[] for _ in range(B)]  # per item: (score, tokens)
     for t in range(max_new_tokens):
@@ -344,6 +344,34 @@ def test_beam_search_matches_a_plain_reference_beam_search(model, source, beams,
     tokens, scores = beams[alpha]
     expected = reference_beam_search(model, source, N, 4, alpha)
     for b in range(BATCH):
+        for w, (score, seq) in enumerate(expected[b]):
+            np.testing.assert_array_equal(tokens[b, w], list(seq) + [PAD] * (N - len(seq)), err_msg=f"item {b}, beam {w}")
+            assert abs(scores[b, w] - score) <= len(seq) * ATOL, (b, w, scores[b, w], score)
+
+
+# A beam wider than the live candidates: with 4 target ids (PAD, BOS, EOS and one word) and
+# W = 16, the first steps have fewer than W real extensions, so dead beams (log-probability
+# near _NEG) fill the top W; alpha = 10 puts the length penalty past 2 at step 2, where a
+# dead beam's EOS once scored above _NEG / 2 and counted as a finished hypothesis (seeds 0
+# and 2 returned 32 and 16 phantom hypotheses scored -2.1e8 before the fix).
+WIDE_BEAM = dict(config=CONFIG.replace(target_vocab_size=4), max_new_tokens=8, beam_size=16, alpha=10.0)
+
+
+def wide_beam_case(seed):
+    """(torch model, Flax model, source (3, 7)) of the WIDE_BEAM config."""
+    config = WIDE_BEAM["config"]
+    torch_model, flax_model = make_pair(config, seed=seed, eos_bias=0.0)
+    return torch_model, flax_model, sample_batch(config, batch=3, seed=1, source_len=7)[0]
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_a_beam_wider_than_the_vocabulary_finishes_only_real_hypotheses(seed):
+    _, model, source = wide_beam_case(seed)
+    N, W, alpha = WIDE_BEAM["max_new_tokens"], WIDE_BEAM["beam_size"], WIDE_BEAM["alpha"]
+    tokens, scores = map(np.asarray, decoding.beam_search(model, source, N, beam_size=W, alpha=alpha))
+    expected = reference_beam_search(model, source, N, W, alpha)
+    for b in range(source.shape[0]):
+        assert len(expected[b]) == W  # the reference holds W real hypotheses: all must come back
         for w, (score, seq) in enumerate(expected[b]):
             np.testing.assert_array_equal(tokens[b, w], list(seq) + [PAD] * (N - len(seq)), err_msg=f"item {b}, beam {w}")
             assert abs(scores[b, w] - score) <= len(seq) * ATOL, (b, w, scores[b, w], score)

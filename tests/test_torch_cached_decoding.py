@@ -20,6 +20,7 @@ from torch_ref.cached_decoding import CachedDecoder, KVCache, beam_search, decod
 from torch_ref.decoding import greedy_decode as uncached_greedy
 
 from conftest import ATOL
+from test_decoding import WIDE_BEAM, wide_beam_case
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 
@@ -97,6 +98,19 @@ def test_beam_search_equals_flax_beam_search(pair, source, alpha):
     # Scores are sums of N log-probabilities computed by two frameworks: 1e-4 allows their
     # float32 rounding to accumulate over the steps.
     np.testing.assert_allclose(scores.cpu().numpy(), np.asarray(flax_scores), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_a_beam_wider_than_the_vocabulary_equals_flax_beam_search(seed):
+    # test_decoding's case where dead beams once finished phantom hypotheses; there the Flax
+    # beam search is checked against the plain reference, here torch's against Flax's.
+    torch_model, flax_model, source = wide_beam_case(seed)
+    options = dict(beam_size=WIDE_BEAM["beam_size"], alpha=WIDE_BEAM["alpha"])
+    tokens, scores = beam_search(torch_model, torch.as_tensor(source), WIDE_BEAM["max_new_tokens"], **options)
+    flax_tokens, flax_scores = decoding.beam_search(flax_model, source, WIDE_BEAM["max_new_tokens"], **options)
+    np.testing.assert_array_equal(tokens.cpu().numpy(), np.asarray(flax_tokens))
+    np.testing.assert_allclose(scores.cpu().numpy(), np.asarray(flax_scores), atol=1e-4, rtol=0)  # as above
+    assert scores.min().item() > -1e3  # no phantom hypothesis (those scored about -2e8)
 
 
 def test_beam_search_of_size_one_equals_greedy(pair, source, greedy):

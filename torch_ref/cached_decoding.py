@@ -189,7 +189,9 @@ class CachedDecoder:
             # fairseq: an EOS candidate is final only among the top W candidates, and an item
             # is done once it has W final hypotheses.
             done = fin_score[:, -1] > _NEG / 2
-            final = is_eos & top_w & ~done[:, None]
+            # A dead beam's candidate (log-probability near _NEG) is never final: divided by a
+            # length penalty above 2 its score would pass _NEG / 2 (a phantom finished hypothesis).
+            final = is_eos & top_w & (cand_logp > _NEG / 2) & ~done[:, None]
             cand_score = torch.where(final, cand_logp / length_penalty(t + 1, alpha), torch.tensor(_NEG))
             fin_score, keep = _top_k(torch.cat([fin_score, cand_score], dim=1), W)
             fin_seq = _take(torch.cat([fin_seq, cand_seq], dim=1), keep)
