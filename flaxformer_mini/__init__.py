@@ -28,7 +28,7 @@ from flaxformer_mini.config import PRESETS, ModelConfig, get_preset
 from flaxformer_mini.layers import DecoderBlock, FeedForward, LearnedPositionalEncoding, TransformerBlock
 from flaxformer_mini.model import Decoder, Encoder, Transformer
 from flaxformer_mini.primitives import LAYER_NORM_EPS
-from flaxformer_mini.validation import check_tokens, checked
+from flaxformer_mini.validation import check_tokens, checked, traced_checks
 
 __version__ = "0.1.0"
 
@@ -53,4 +53,5 @@ __all__ = [
     "get_preset",
     "check_tokens",
     "checked",
+    "traced_checks",
 ]

@@ -12,25 +12,51 @@ messages that name the input, the bad id and the limit:
   ``Transformer.encode`` its source once; ``Encoder``/``Decoder`` check their input only when
   called directly (their parent passes ``check_inputs=False``).
 - **id values, traced** (inside ``jax.jit``, ``nnx.jit``, ``vmap``, ...): the values are not
-  known, so the check becomes a ``jax.experimental.checkify.debug_check``. Under plain
-  ``jax.jit`` it is dropped at trace time (no error, no cost: a bad id gives NaN or another
-  token's logits, as JAX would). Under ``checkify.checkify`` it is kept: run the function
-  through ``checked(fn)`` (= ``jax.jit(checkify.checkify(fn))`` + ``err.throw()``) and a bad
-  id raises ``checkify.JaxRuntimeError`` (a ValueError) on the host after the compiled call,
-  with the same message. Without ``checked``, call ``check_tokens`` on the host batch before
-  the jitted call (the train step and decoding do).
+  known. By default nothing is traced for them: a bad id gives NaN or another token's logits,
+  as JAX would, so check the batch on the host before the jitted call (the train step,
+  evaluation and decoding do). To check inside compiled code, run the function through
+  ``checked(fn)`` (= ``jax.jit(checkify.checkify(fn))`` + ``err.throw()``): while it traces,
+  ``check_tokens`` adds a ``jax.experimental.checkify.debug_check``, and a bad id raises
+  ``checkify.JaxRuntimeError`` (a ValueError) on the host after the compiled call, with the
+  same message. A caller applying ``checkify.checkify`` itself traces inside
+  ``with traced_checks():``.
+
+Why off by default: a ``debug_check`` left in a plain ``jax.jit`` computes nothing (XLA
+removes it), but it gives the jaxpr an ``ErrorEffect``, and a jitted function with an effect
+leaves JAX's C++ fast path for Python dispatch on every call. Measured on a 2-core AMD EPYC
+(family 25), ``python tools/bench_traced_checks.py``: see ``docs/benchmarks.md``, "Token
+checks and dispatch".
 
 (``checkify.check``, the non-debug form, would raise "Cannot abstractly evaluate a
 checkify.check which was not functionalized" under plain ``jax.jit`` in jax 0.10.2, which is
 why the traced check is a ``debug_check``.)
 """
 
+import contextlib
+import contextvars
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
+
+
+# Read at trace time: True while ``checked`` (or ``traced_checks``) traces a function.
+_TRACED_CHECKS = contextvars.ContextVar("flaxformer_mini_traced_token_checks", default=False)
+
+
+@contextlib.contextmanager
+def traced_checks():
+    """Within this block, ``check_tokens`` on traced ids adds a ``checkify.debug_check``
+    (reported only under ``checkify.checkify``). ``checked`` uses it; a caller needs it only
+    when applying ``checkify.checkify`` itself. It acts on functions traced inside the block:
+    a ``jax.jit`` that traced before keeps its cached program."""
+    token = _TRACED_CHECKS.set(True)
+    try:
+        yield
+    finally:
+        _TRACED_CHECKS.reset(token)
 
 
 def _outside_message(name, bad, vocab_size):
@@ -41,8 +67,8 @@ def check_tokens(tokens, vocab_size, max_len, name="input"):
     """Raise TypeError/ValueError for ids the embedding tables cannot look up.
 
     Shape and dtype are checked always (they are static, even under ``jax.jit``); the values
-    on the host when ``tokens`` is concrete, and as a checkify check when it is traced (see
-    the module docstring: reported only under ``checked``/``checkify``).
+    on the host when ``tokens`` is concrete; traced values only under ``checked`` (see the
+    module docstring).
     """
     dtype = getattr(tokens, "dtype", None)
     if dtype is None:
@@ -54,9 +80,9 @@ def check_tokens(tokens, vocab_size, max_len, name="input"):
         raise ValueError(f"{name}: expected shape (batch, length), got {tuple(tokens.shape)}")
     if tokens.shape[1] > max_len:
         raise ValueError(f"{name}: length {tokens.shape[1]} exceeds max_len={max_len} (the positional table's size)")
-    if tokens.size and isinstance(tokens, jax.core.Tracer):
+    if tokens.size and isinstance(tokens, jax.core.Tracer) and _TRACED_CHECKS.get():
         # Values are unknown while tracing: a check that checkify reports after the compiled
-        # call and plain jax.jit drops (XLA then removes the reductions as dead code).
+        # call. Only when asked for: its ErrorEffect would slow every plain jax.jit call.
         low, high = jnp.min(tokens), jnp.max(tokens)
         bad = jnp.where(low < 0, low, high)
         checkify.debug_check((low >= 0) & (high < vocab_size), _outside_message(name, "{}", vocab_size), bad)
@@ -79,7 +105,12 @@ def checked(fn, **jit_kwargs):
     """
     # Only user checks: checkify's automatic NaN/index/division checks would change what the
     # compiled code computes, and cost more than these reductions.
-    compiled = jax.jit(checkify.checkify(fn, errors=checkify.user_checks), **jit_kwargs)
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):  # runs while jax.jit traces, so the flag covers the trace
+        with traced_checks():
+            return fn(*args, **kwargs)
+
+    compiled = jax.jit(checkify.checkify(traced, errors=checkify.user_checks), **jit_kwargs)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):

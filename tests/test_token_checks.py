@@ -3,11 +3,14 @@
 - Eager: one forward checks each input once, at the Transformer's boundary; the Encoder and
   Decoder still check when a user calls them directly. The same in both twins.
 - Plain ``jax.jit``: values are not checked (documented misuse: NaN, or another token's
-  logits), and the traced check leaves nothing in the compiled code. Likewise under
+  logits), and the traced check is not even traced: the train, eval and decoding steps'
+  jaxprs carry no effect, so JAX dispatches them on its C++ fast path (an ErrorEffect would
+  send every call through Python: ``python -m tools.dispatch``). Likewise under
   ``torch.compile``: the value check is skipped, so the model is one graph, not three.
 - ``fm.checked(fn)``: an id equal to the vocabulary size or negative raises on the host
   after the compiled call, naming the input, the id and the vocabulary size; valid ids give
-  the logits of the unchecked path.
+  the logits of the unchecked path. ``checkify.checkify`` applied by hand reports the same
+  inside ``fm.traced_checks()``.
 """
 
 import collections
@@ -23,6 +26,9 @@ from jax.experimental import checkify
 
 import flaxformer_mini as fm
 import flaxformer_mini.model
+from flaxformer_mini import decoding
+from flaxformer_mini.data import Batch
+from flaxformer_mini.training import TrainConfig, Trainer
 import torch_ref
 import torch_ref.model
 from parity import sample_batch
@@ -94,7 +100,7 @@ def test_encoder_and_decoder_called_directly_still_refuse_out_of_range_ids(bad):
         torch_encoder(torch.tensor([[1, bad]]), None)
 
 
-# --- plain jax.jit: no value check, and no cost ------------------------------------------------
+# --- plain jax.jit: no value check, no effect ------------------------------------------------
 
 
 def pure_apply(model):
@@ -123,16 +129,51 @@ def _compiled_hlo(fn, *args):
     return fn.lower(*args).compile().as_text()
 
 
-def test_traced_check_leaves_no_work_in_plain_jit_compiled_code():
+def double_checked():
+    """A fresh function each call: JAX caches traces per function, and the check is decided
+    when the function is traced, so a function traced before would keep its first trace."""
     def double(tokens):
         fm.check_tokens(tokens, vocab_size=5, max_len=7)
         return tokens * 2
 
+    return double
+
+
+def test_traced_check_is_opt_in_plain_jit_gets_no_effect_and_no_work():
     tokens = jnp.array([[1, 4, 2]])
-    plain = _compiled_hlo(jax.jit(double), tokens)
-    assert not re.search(r"\breduce", plain), plain  # the min/max were removed as dead code
-    checked = _compiled_hlo(jax.jit(checkify.checkify(double)), tokens)
-    assert re.search(r"\breduce", checked)  # guard: under checkify they are computed
+    assert jax.make_jaxpr(double_checked())(tokens).effects == set()
+    assert not re.search(r"\breduce", _compiled_hlo(jax.jit(double_checked()), tokens))
+    with fm.traced_checks():  # guard: inside the block the check is traced, with its reductions
+        assert jax.make_jaxpr(double_checked())(tokens).effects
+        assert re.search(r"\breduce", _compiled_hlo(jax.jit(checkify.checkify(double_checked())), tokens))
+    assert jax.make_jaxpr(double_checked())(tokens).effects == set()  # and the block's end restores it
+
+
+def test_train_eval_and_decoding_steps_carry_no_jaxpr_effects(flax_model, batch):
+    # Each is only traced (no compile). An effect here would put every call of the step on
+    # JAX's Python dispatch path; with the traced check it was an ErrorEffect.
+    source, target = map(jnp.asarray, batch)
+    data = Batch(source, target, target)
+    trainer = Trainer(flax_model, TrainConfig())
+    state = trainer.init_state()
+    stacked = jax.tree.map(lambda x: x[None], data)
+    graphdef, params = nnx.split(flax_model)
+    traced = {
+        "train_step": trainer.train_step.trace(state, data),
+        "accumulated_train_step": trainer.accumulated_train_step.trace(state, stacked),
+        "eval_step": trainer.eval_step.trace(state, data),
+        "greedy/sample": decoding._token_by_token.trace(graphdef, params, source, 3, ("greedy",), jax.random.key(0)),
+        "beam": decoding._beam.trace(graphdef, params, source, 3, 2, 0.6),
+        "greedy_uncached": decoding._greedy_uncached.trace(graphdef, params, source, 3),
+    }
+    assert {name: t.jaxpr.effects for name, t in traced.items()} == {name: set() for name in traced}
+
+
+def test_checkify_by_hand_reports_a_bad_id_inside_traced_checks():
+    with fm.traced_checks():
+        err, _ = jax.jit(checkify.checkify(double_checked()))(jnp.array([[1, 5, 2]]))
+    with pytest.raises(ValueError, match=r"input: token id 5 is outside the vocabulary \[0, 5\)"):
+        err.throw()
 
 
 # --- the checked path: fm.checked ---------------------------------------------------------------

@@ -40,7 +40,7 @@ from benchmarks.presets import PRESETS, get_bench_preset
 from flaxformer_mini import primitives
 from flaxformer_mini.data import Batch
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
-from flaxformer_mini.training import Trainer, TrainConfig
+from flaxformer_mini.training import Trainer, TrainConfig, train_step
 
 
 @contextlib.contextmanager
@@ -85,15 +85,15 @@ def _train_variant(name, preset, jbatch, impl="threefry2x32", linear=contextlib.
 
 
 def _scan_variant(preset, jbatch, steps=4):
-    """``steps`` train steps in one compiled call. Uses the Trainer's step function as the
-    scan body (a private name: this is an experiment, not a supported entry point)."""
+    """``steps`` train steps in one compiled call: ``lax.scan`` with ``training.train_step``
+    (the function the Trainer jits) as its body."""
     c, B, L = preset.model, preset.batch, preset.seq_len
     trainer = Trainer(flax_bench._new_model(preset, 0), TrainConfig(schedule="constant", learning_rate=1e-4))
     holder = {"state": trainer.init_state()}
     batches = jax.tree.map(lambda x: jax.numpy.stack([x] * steps), jbatch)
 
     def many(state, batches):
-        return jax.lax.scan(trainer._train_step, state, batches)
+        return jax.lax.scan(train_step, state, batches)
 
     jitted = jax.jit(many, donate_argnums=0)
     compiled = {}
