@@ -44,6 +44,13 @@ class DecodeCache:
     cross_v: jax.Array  # (L, B, H, S, K)
     source_mask: jax.Array  # (B, 1, 1, S)
 
+    def repeat_rows(self, n):
+        """Each item's cache repeated ``n`` times, item b's copies at rows b*n..b*n+n-1: beam
+        search's layout, so the encoder and the cross-attention projections run once per
+        item, not once per beam."""
+        return DecodeCache(*(jnp.repeat(x, n, axis=1) for x in (self.self_k, self.self_v, self.cross_k, self.cross_v)),
+                           source_mask=jnp.repeat(self.source_mask, n, axis=0))
+
 
 def prefill(model, source, max_positions):
     """Encode ``source`` (B, S) and build the cache for ``max_positions`` target positions."""
@@ -220,7 +227,7 @@ def _take(x, index):
 def _beam(graphdef, state, source, max_new_tokens, beam_size, alpha):
     model = nnx.merge(graphdef, state)
     B, W, N = source.shape[0], beam_size, max_new_tokens
-    cache = prefill(model, jnp.repeat(source, W, axis=0), N)  # beams of item b at rows b*W..b*W+W-1
+    cache = prefill(model, source, N).repeat_rows(W)  # beams of item b at rows b*W..b*W+W-1
     V = model.config.target_vocab_size
 
     def cond(carry):

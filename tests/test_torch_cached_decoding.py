@@ -156,3 +156,27 @@ def test_cache_reorder_keeps_the_chosen_rows():
 def test_bad_arguments_are_named(pair, source, kwargs, message):
     with pytest.raises(ValueError, match=message):
         beam_search(pair[0], source, **kwargs)
+
+
+def test_beam_search_encodes_each_item_once_not_once_per_beam_in_both_twins(pair, source, monkeypatch):
+    # The encoder and the cross-attention projections run on the B items; the cache is then
+    # repeated to B*W rows. The beams' outputs are those checked above, against each other
+    # and (test_decoding) against a plain reference beam search.
+    encoded = {"torch": [], "flax": []}
+    torch_encode, flax_encode = type(pair[0]).encode, fm.Transformer.encode
+
+    def spy(twin, encode):
+        def recording(self, source_input, *args, **kwargs):
+            encoded[twin].append(tuple(source_input.shape))
+            return encode(self, source_input, *args, **kwargs)
+        return recording
+
+    monkeypatch.setattr(type(pair[0]), "encode", spy("torch", torch_encode))
+    monkeypatch.setattr(fm.Transformer, "encode", spy("flax", flax_encode))
+    # A batch, length and beam size no other test uses: the Flax beam search is jitted, and a
+    # shape traced before would not call encode again (the assertion below would then fail).
+    rows, W, new = source[:3, :11], 3, 6
+    tokens, _ = beam_search(pair[0], rows, new, beam_size=W, alpha=0.6)
+    flax_tokens, _ = decoding.beam_search(pair[1], rows.cpu().numpy(), new, beam_size=W, alpha=0.6)
+    assert encoded == {"torch": [(3, 11)], "flax": [(3, 11)]}
+    np.testing.assert_array_equal(tokens.cpu().numpy(), np.asarray(flax_tokens))

@@ -58,6 +58,13 @@ class KVCache:
         self.cross_k, self.cross_v = cross_k, cross_v
         self.source_mask = source_mask
 
+    def repeat_rows(self, n):
+        """Each item's cache repeated ``n`` times, item b's copies at rows b*n..b*n+n-1: beam
+        search's layout, so the encoder and the cross-attention projections run once per
+        item, not once per beam."""
+        return KVCache(*(x.repeat_interleave(n, dim=1) for x in (self.self_k, self.self_v, self.cross_k, self.cross_v)),
+                       self.source_mask.repeat_interleave(n, dim=0))
+
     def reorder(self, rows):
         """Keep the self-attention cache rows ``rows`` (B,): beam search's parent beams."""
         self.self_k = self.self_k.index_select(1, rows)
@@ -168,7 +175,7 @@ class CachedDecoder:
     def _beam(self, source, N, W, alpha):
         B, device = source.shape[0], source.device
         V = self.model.decoder.target_vocab_size
-        cache = prefill(self.model, source.repeat_interleave(W, dim=0), N)  # item b's beams: rows b*W..b*W+W-1
+        cache = prefill(self.model, source, N).repeat_rows(W)  # item b's beams: rows b*W..b*W+W-1
         tokens = torch.full((B * W,), BOS, dtype=torch.long, device=device)
         alive_seq = torch.full((B, W, N), PAD, dtype=torch.long, device=device)
         fin_seq = alive_seq.clone()
