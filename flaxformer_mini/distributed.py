@@ -13,6 +13,7 @@ socket: "Connection reset by peer"), or, when they were not in one, JAX's coordi
 misses its heartbeats for ``timeout_s`` and stops them. Either way nothing waits forever.
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import socket
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 # Our own environment variables for the process count and index: jax.distributed reads
@@ -101,8 +103,8 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     # backends bring their own. This setting changes nothing on those.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # SIGTERM is ours (stop.StopRequests, installed by `train` before this call, then fit.py's
-    # all-reduce of the stop flag before the first step and at each step boundary: every process
-    # saves the same step). JAX's preemption service would install its own SIGTERM notifier, which
+    # all-reduces of the stop flag before the first step and at each step boundary, read one
+    # boundary later: every process saves the same step). JAX's preemption service would install its own SIGTERM notifier, which
     # can take the signal from Python's handler.
     jax.config.update("jax_enable_preemption_service", False)
     address = coordinator or os.environ.get(ENV_COORDINATOR) or "(found by JAX's cluster detection)"
@@ -174,13 +176,15 @@ def allgather_bytes(payload: bytes):
     return [bytes(row[:n]) for row, n in zip(rows, lengths)]
 
 
-def agree_on(identity: dict):
+def agree_on(identity: dict, problem="the processes were started with different options",
+             remedy="Start every process with the same command."):
     """Refuse to run when the processes were started with different options.
 
     ``identity`` maps an option's name to its value on this process (JSON-able). Each process
     hashes it; when the hashes differ, the options themselves are gathered so the error names
     each differing option with process 0's value and the other's. Every process raises the same
-    error, so none is left waiting for the others.
+    error, so none is left waiting for the others. ``problem`` and ``remedy`` frame the error
+    for agreements on something other than options.
     """
     if not is_multiprocess():
         return
@@ -196,8 +200,7 @@ def agree_on(identity: dict):
         for key in sorted(set(reference) | set(other)):
             if reference.get(key) != other.get(key):
                 problems.append(f"{key}: {reference.get(key)!r} on process 0, {other.get(key)!r} on process {i}")
-    raise DistributedError("the processes were started with different options: " + "; ".join(problems)
-                           + ". Start every process with the same command.")
+    raise DistributedError(f"{problem}: " + "; ".join(problems) + f". {remedy}")
 
 
 def agree_on_values(tree, what):
@@ -223,14 +226,46 @@ def agree_on_values(tree, what):
                                    "every process must hold the same values")
 
 
+def barrier(name: str):
+    """Every process waits here until all have arrived (no-op in one process)."""
+    if is_multiprocess():
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def any_process(flag: bool) -> bool:
-    """True on every process when ``flag`` is True on any: the step-boundary all-reduce that
-    makes a SIGTERM seen by one process stop (and save) all of them at the same step."""
+    """True on every process when ``flag`` is True on any: the all-reduce before the first
+    step that makes a SIGTERM seen by one process stop all of them (the step boundaries use
+    ``any_process_later``). Waits for the devices to finish the work queued before it."""
     if not is_multiprocess():
         return bool(flag)
     from jax.experimental import multihost_utils
 
     return bool(np.asarray(multihost_utils.process_allgather(np.array([int(flag)], np.int32))).any())
+
+
+@functools.cache
+def _vote_program():
+    """The layout of one int32 vote per process, and the compiled max over the votes."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count()), ("processes", "local"))
+    return NamedSharding(mesh, P("processes")), jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))
+
+
+def any_process_later(flag: bool):
+    """``any_process`` without the wait: the all-reduce is queued now, behind the work already
+    queued on the devices, and the function returned reads its result (True on every process
+    when ``flag`` was True on any). ``any_process`` returns only when the devices have finished
+    everything queued before it, so at every step boundary it kept the host from preparing the
+    next step while the devices ran this one. Every process must call it at the same points."""
+    if not is_multiprocess():
+        value = bool(flag)
+        return lambda: value
+    votes, anyone = _vote_program()
+    result = anyone(jax.make_array_from_process_local_data(votes, np.array([int(flag)], np.int32)))
+    return lambda: bool(np.asarray(result.addressable_data(0)))
 
 
 def all_started(error: Exception | None):

@@ -86,6 +86,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
         echo("interrupted before the first step: nothing new to save"
              + (f" (the run stays at step {start})" if start else "") + "; run the same command to resume")
         raise KeyboardInterrupt
+    vote = None  # the previous step boundary's all-reduce of the stop flag
     try:
         for step in range(start, steps):
             micro = run.train_batches(step)
@@ -104,11 +105,14 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                 log.flush()  # also checks the loss is finite
                 last_eval = evaluate(trainer, to_local(state), eval_batches, **scoring)
                 log.eval(done, last_eval)
-            # Every process must save the same step: a SIGTERM seen by one stops all. The flag is
-            # read, never written back: a signal handled while the all-reduce runs (where a
-            # multi-process run spends its waits) sets it after it was read, and writing the
-            # reduced value back would erase it (issue #12's lost SIGTERM); it counts next step.
-            stopping = distributed.any_process(stop.requested)
+            # Every process must save the same step: a SIGTERM seen by one stops all. Each boundary
+            # queues an all-reduce of the stop flag and reads the previous boundary's, which the
+            # devices have finished by now (the host waits only where logging already waited):
+            # a signal stops the run one step after the boundary that saw it. The flag is read,
+            # never written back: a signal handled after it was read would be erased (issue #12's
+            # lost SIGTERM); it counts at the next boundary.
+            stopping = vote is not None and vote()
+            vote = distributed.any_process_later(stop.requested)
             if done % save_every == 0 or done == steps or stopping:
                 log.flush()  # never checkpoint a NaN state; the saved step's metrics are on disk first
                 checkpoint.save(manager, state)

@@ -254,10 +254,19 @@ class Run:
         steps again)."""
         state = self.trainer.init_state()
         state = state if place is None else place(state)
-        if manager.latest_step() is None:
+        skipped = []
+        if manager.latest_step() is not None:
+            state, skipped = checkpoint.restore_latest_intact(manager, state)
+        # Every process must resume from the same step, and each one's manager must forget the
+        # steps moved aside, or the first save of such a step raises StepAlreadyExistsError on
+        # the processes that still list it while process 0 waits for them in orbax's barrier.
+        distributed.agree_on({"restored checkpoint step": int(state.step),
+                              "unreadable checkpoint steps": [step for step, _ in skipped]},
+                             problem="the processes resumed from different checkpoints",
+                             remedy="Every process must see the same checkpoint directory (a shared file system).")
+        if not skipped:
             return state
-        state, skipped = checkpoint.restore_latest_intact(manager, state)
-        if skipped and distributed.is_main():
+        if distributed.is_main():
             aside = self.path / "damaged_checkpoints"
             aside.mkdir(exist_ok=True)
             for step, why in skipped:
@@ -265,7 +274,8 @@ class Run:
                 os.replace(self.dir.checkpoints / str(step), target)
                 echo(f"warning: checkpoint {step} cannot be read ({why}); moved to {target}, "
                      f"resuming from step {int(state.step)}")
-            manager.reload()
+        distributed.barrier("damaged checkpoints moved aside")  # then every process rereads the directory
+        manager.reload()
         return state
 
     def latest_state(self, echo=warn):

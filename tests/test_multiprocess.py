@@ -387,10 +387,12 @@ def test_a_sigterm_before_the_first_step_stops_every_process_with_130_and_saves_
     assert time.time() - t0 < 120
 
 
-def test_a_signal_handled_during_the_step_all_reduce_stops_the_run_at_the_next_step(tmp_path, monkeypatch):
+def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary_later(tmp_path, monkeypatch):
     # Issue #12's lost SIGTERM: the all-reduce's result was written back over the stop flag, so
-    # a signal handled while the all-reduce ran (where a multi-process run waits) was erased.
-    # Deterministic, in one process: the "all-reduce" of step 2 sees the signal arrive.
+    # a signal handled while the all-reduce ran (where a multi-process run waited) was erased.
+    # Deterministic, in one process: the signal arrives during step 2's vote. Step 3's boundary
+    # queues a vote that sees it; step 4's boundary reads that vote (votes are read one boundary
+    # late, so the host never waits for the devices there), saves step 4 and stops.
     from flaxformer_mini import distributed
     from flaxformer_mini.fit import fit
     from flaxformer_mini.run import Run
@@ -398,18 +400,18 @@ def test_a_signal_handled_during_the_step_all_reduce_stops_the_run_at_the_next_s
 
     stop, seen = StopRequests(), []
 
-    def all_reduce_during_which_a_signal_arrives(flag):
+    def vote_during_which_a_signal_arrives(flag):
         seen.append(flag)
-        if len(seen) == 3:  # the check before the first step, step 1's, then step 2's
+        if len(seen) == 2:  # step 2's vote
             stop.requested = True  # what the handler does when the signal lands mid-call
-        return bool(flag)
+        return lambda: bool(flag)
 
-    monkeypatch.setattr(distributed, "any_process", all_reduce_during_which_a_signal_arrives)
+    monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives)
     run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
     with pytest.raises(KeyboardInterrupt):
         fit(run, 10, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop)
-    assert seen == [False, False, False, True]
-    assert int(final_state(tmp_path / "run").step) == 3  # saved at the step boundary after the signal
+    assert seen == [False, False, True, True]  # steps 1-4's votes; step 3's is read at step 4
+    assert int(final_state(tmp_path / "run").step) == 4
 
 
 # ----------------------------------------------------------------------------- the CLI: a run's life
@@ -481,7 +483,7 @@ def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_t
     assert gen.stdout.split() and set(gen.stdout.split()) <= set("0123456")
 
 
-def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(straight_two_process_run, tmp_path):
+def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_ends_bit_identical(straight_two_process_run, tmp_path):
     from tests.test_train_cli import saved_step_in
 
     # Preemption, a lost host and a restart, as a scheduler would cause them; the same command
@@ -514,11 +516,20 @@ def test_sigterm_then_a_killed_process_then_resume_ends_bit_identical(straight_t
     kept = checkpoint_steps(out)[-1]
     assert saved + SAVE_EVERY <= kept < CLI_STEPS
 
-    # 3. The same command on every process resumes from the last checkpoint and ends
-    #    bit-identical to the uninterrupted run.
+    # 3. The newest checkpoint is then found damaged (its array files cut short, as a copy
+    #    interrupted by a full disk leaves them). The same command on every process resumes from
+    #    the one before, moves the damaged one aside, saves that step again on every process
+    #    (each process's manager rereads the directory; before, process 1 raised
+    #    StepAlreadyExistsError there while process 0 waited) and ends bit-identical to the
+    #    uninterrupted run.
+    from tests.test_run_lifecycle import damage
+
+    damage(out / "checkpoints" / str(kept))
+    previous = checkpoint_steps(out)[-2]
     results = finish(start_processes(command, 2))
     assert_all_ok(results)
-    assert f"resuming {out} from step {kept}" in results[0][2]
+    assert f"checkpoint {kept} cannot be read" in results[0][2] and f"resuming {out} from step {previous}" in results[0][2]
+    assert [p.name.split(".")[0] for p in (out / "damaged_checkpoints").iterdir()] == [str(kept)]
     assert_bit_identical(final_state(straight_two_process_run[0]), final_state(out))
 
 
