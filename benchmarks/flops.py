@@ -1,7 +1,7 @@
 """Analytic FLOP counts of seed 001's Transformer: forward, train step and greedy decoding.
 
 Shapes: B batch, S source length, T target length, N new tokens, D width, H heads,
-F feed-forward width (the seed has no expansion: F = D), L layers per stack, V target
+F feed-forward width (``ffn_dim``; the seed has no expansion: F = D), L layers per stack, V target
 vocabulary. A multiply-add counts as 2 FLOPs.
 
 What is counted (per the usual convention for "model FLOPs", e.g. PaLM's MFU):
@@ -63,7 +63,8 @@ def decoder(B, T, S, D, L, F, V):
 
 def _dims(config):
     D = config.embed_size
-    return D, config.num_layers, D, config.target_vocab_size  # D, L, F (= D in the seed), V
+    F = config.ffn_dim or D  # the seed has no expansion (ffn_dim None: F = D)
+    return D, config.num_layers, F, config.target_vocab_size
 
 
 def forward(config, B, S, T):

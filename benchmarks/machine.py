@@ -2,8 +2,10 @@
 versions and the GEMM backends each library uses.
 
 A speed ratio between torch and JAX on CPU is mostly a ratio between their GEMMs (MKL /
-oneDNN for torch, XLA:CPU's own for JAX) on that CPU: the same code measured 1.13x on a Zen 4
-and 1.6x on a Zen 5 (docs/benchmarks.md). So every report carries this description.
+oneDNN for torch; for JAX what XLA:CPU compiles a dot to, YNNPACK by default in jaxlib 0.10)
+on that CPU: the same code's train step measured 1.6x on a Zen 5, 0.87x on an Intel Xeon
+and within 10% either way on a Zen 4 (docs/benchmarks.md). So every report carries this
+description.
 """
 
 import os
@@ -82,19 +84,38 @@ def jax_backends():
         "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
         "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
         "platform_version": getattr(device.client, "platform_version", None),
-        # XLA:CPU lowers dots to its own kernels (Eigen contractions, or oneDNN/YNNPACK when
-        # XLA_FLAGS turn them on); the flags say which.
+        "gemm_kernel": xla_gemm_kernel(),
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
     }
 
 
+def xla_gemm_kernel():
+    """What XLA compiles a float32 matmul to on the default device, read from the compiled
+    HLO: a library fusion's kind or custom call's target (jaxlib 0.10's XLA:CPU gives
+    ``__ynn_fusion``, YNNPACK, by default; a GPU gives cuBLAS's), or ``dot`` when XLA emits
+    the product itself (Eigen on CPU). Which one runs depends on the jaxlib version and
+    XLA_FLAGS, so it is read, not assumed."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((256, 256), jnp.float32)
+    text = jax.jit(jnp.matmul).lower(x, x).compile().as_text()
+    found = re.search(r'"kind":"(__[^"]+)"', text) or re.search(r'custom_call_target="([^"]+)"', text)
+    return found.group(1) if found else "dot"
+
+
+def usable_cores():
+    """The cores this process may run on (its affinity: taskset, a container's cpuset), which
+    can be fewer than ``os.cpu_count()``, the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def describe():
     """The whole machine description, for the report's header and its JSON."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
-    return {"cpu": cpuinfo(), "cores": cores, "memory_gib": _mem_total_gib(), "python": platform.python_version(),
+    return {"cpu": cpuinfo(), "cores": usable_cores(), "memory_gib": _mem_total_gib(), "python": platform.python_version(),
             "os": platform.platform(), "torch": torch_backends(), "jax": jax_backends()}
 
 
@@ -108,5 +129,6 @@ def one_line(m):
     t, j = m.get("torch"), m["jax"]
     if t:
         text += f"\ntorch {t['version']} (BLAS {t['blas']}, oneDNN {t['onednn']}, kernels {t['cpu_capability']}, {t['threads']} threads)"
-    text += f"; jax {j['jax']} / jaxlib {j['jaxlib']} ({j['backend']}, XLA {j['platform_version']}), flax {j['flax']}"
+    text += (f"; jax {j['jax']} / jaxlib {j['jaxlib']} ({j['backend']}, XLA {j['platform_version']}, "
+             f"matmul kernel {j.get('gemm_kernel', '?')}), flax {j['flax']}")
     return text

@@ -53,17 +53,27 @@ def _path_dict(r, peaks, preset):
     }
 
 
+def ranges_overlap(a, b):
+    """Whether two paths' timed rounds overlap (slowest of one >= fastest of the other): their
+    ratio of medians then says less than the run's own spread, and is not a verdict."""
+    return min(a) <= max(b) and min(b) <= max(a)
+
+
 def build(preset, env, peaks, results, load, wall_s, argv=()):
     c = preset.model
     paths = [_path_dict(r, peaks, preset) for r in results]
     res = {group: {f"{v}_ms": None for v in _VARIANTS} for group in _GROUPS.values()}
+    times = {}
     for p in paths:
         res[_GROUPS[p["op"]]][f"{p['variant']}_ms"] = p["median_ms"]
-    for group in res.values():  # torch time / Flax time (> 1: Flax is faster)
+        times[_GROUPS[p["op"]], p["variant"]] = p["times_ms"]
+    for name, group in res.items():  # torch time / Flax time (> 1: Flax is faster)
         flax = group["flax_jit_ms"]
         for v in ("torch_eager", "torch_compile"):
             t = group[f"{v}_ms"]
             group[f"{v}_over_flax"] = None if not (t and flax) else t / flax
+            group[f"{v}_within_noise"] = None if not (t and flax) else ranges_overlap(
+                times[name, v], times[name, "flax_jit"])
     return {
         "config": {
             "preset": preset.name, "batch": preset.batch, "seq_len": preset.seq_len,
@@ -166,10 +176,15 @@ def format_table(rep):
         lines.append(f"  {p['op']} flax_jit: XLA compile {p.get('xla_compile_s', 0):.1f} s (trace+lower "
                      f"{p.get('trace_lower_s', 0):.1f} s); XLA buffers: args {m['arguments']:.0f} MB, temporaries "
                      f"{m['temporaries']:.0f} MB, peak estimate {m['peak_estimate']:.0f} MB")
-    lines += ["", "ratios (torch time / Flax time; > 1: Flax faster; this run, this CPU only):"]
+    lines += ["", "ratios (torch time / Flax time; > 1: Flax faster; this run, this CPU only; \"within noise\":"
+              " the two paths' timed rounds overlap):"]
+
+    def ratio(r, v):
+        noise = " (within noise)" if r.get(f"{v}_within_noise") else ""
+        return f"{_fmt(r[f'{v}_over_flax'], '.2f')}x{noise}"
+
     for group, r in rep["results"].items():
         if r["flax_jit_ms"] is not None:
-            lines.append(f"  {group:<16} torch eager {_fmt(r['torch_eager_over_flax'], '.2f')}x, "
-                         f"torch.compile {_fmt(r['torch_compile_over_flax'], '.2f')}x")
+            lines.append(f"  {group:<16} torch eager {ratio(r, 'torch_eager')}, torch.compile {ratio(r, 'torch_compile')}")
     lines.append(f"\ntotal wall time {rep['wall_s']:.0f} s")
     return "\n".join(lines)

@@ -17,23 +17,24 @@ Each path gets its own model instance (eval-mode forward and eager decoding shar
 seeded, so a compiled path never shares parameters or optimizer state with an eager one.
 """
 
-import os
-
 import numpy as np
 import torch
 
 import torch_ref
 from benchmarks import flops
 from benchmarks.inputs import EOS_BIAS
+from benchmarks.machine import usable_cores
 from benchmarks.measure import Path
 from flaxformer_mini.data import EOS
 from torch_ref.cached_decoding import CachedDecoder
 from torch_ref.decoding import greedy_decode
 from torch_ref.training import make_optimizer, train_step
 
+
 def setup_threads():
-    """Intra-op threads = the machine's cores (torch's default may be lower in a container)."""
-    torch.set_num_threads(os.cpu_count() or 1)
+    """Intra-op threads = the cores this process may use, the report's core count (torch's
+    default may differ in a container; more threads than usable cores would oversubscribe)."""
+    torch.set_num_threads(usable_cores())
     return torch.get_num_threads()
 
 
