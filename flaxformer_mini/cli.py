@@ -95,6 +95,11 @@ def _train_until_stopped(args, stop):
         error = e
     distributed.all_started(error)  # process 0 refused the directory: every process stops
     try:
+        distributed.agree_on_shared_directory(run.path)  # before the first save could hang on it
+    except BaseException:
+        run.close()
+        raise
+    try:
         result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every,
                      save_every=args.save_every, max_to_keep=args.keep, progress=not args.no_progress, mesh=mesh,
                      sharding=args.sharding, echo=echo, stop=stop)
@@ -125,7 +130,8 @@ def _identity(args):
     the content of its data files."""
     from flaxformer_mini.distributed import file_digest
 
-    own = {"process_id", "coordinator", "distributed_timeout", "no_progress", "run"}
+    # Options that act on one process only may differ (--debug on the host being watched).
+    own = {"process_id", "coordinator", "distributed_timeout", "no_progress", "run", "debug", "keep_freed_memory"}
     identity = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in own}
     for option in ("data", "valid"):
         if getattr(args, option, None):
@@ -377,8 +383,10 @@ def main(argv=None):
         parser.error(problem)
     try:
         return args.run(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("\nstopped", file=sys.stderr)
+        if _stops_alone(e):  # jax's exit barrier would wait for peers still in the run, then abort
+            sys.stdout.flush(), sys.stderr.flush(), os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
         code, message = explain(e)
@@ -388,6 +396,18 @@ def main(argv=None):
         if type(e).__name__ == "ProcessLostError":  # jax's exit barrier would wait for the lost process
             sys.stdout.flush(), sys.stderr.flush(), os._exit(EXIT_FAILED)
         return code
+
+
+def _stops_alone(interrupt):
+    """A second Ctrl-C in a multi-process run: this process leaves the others mid-run (they
+    then stop with "lost contact"), unlike the coordinated stop, where all exit together."""
+    from flaxformer_mini.stop import StopNow
+
+    if not isinstance(interrupt, StopNow) or "jax" not in sys.modules:
+        return False
+    from flaxformer_mini import distributed
+
+    return distributed.is_multiprocess()
 
 
 def explain(error):

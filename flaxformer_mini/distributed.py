@@ -148,6 +148,10 @@ def is_main():
     return jax.process_index() == 0
 
 
+def process_index():
+    return jax.process_index()
+
+
 def is_multiprocess():
     return jax.process_count() > 1
 
@@ -266,6 +270,41 @@ def any_process_later(flag: bool):
     votes, anyone = _vote_program()
     result = anyone(jax.make_array_from_process_local_data(votes, np.array([int(flag)], np.int32)))
     return lambda: bool(np.asarray(result.addressable_data(0)))
+
+
+SHARED_CHECK_NAME = ".shared-directory-check"
+
+
+def agree_on_shared_directory(path):
+    """Refuse to train when ``path`` (--out) is not one directory that every process sees.
+
+    orbax writes a checkpoint from every process into one directory and waits (10 minutes,
+    beyond --distributed-timeout) for all of them: with a directory per host the first save
+    hung, then aborted every process, and the steps before it were lost. Process 0 writes a
+    random token there; every process reads it back; all refuse together, naming the
+    processes that did not see it."""
+    if not is_multiprocess():
+        return
+    from pathlib import Path
+
+    probe = Path(path) / SHARED_CHECK_NAME
+    token = b""
+    if is_main():
+        token = os.urandom(16).hex().encode()
+        probe.write_bytes(token)
+    written = allgather_bytes(token)[0]  # also a barrier: process 0 has written the token
+    try:
+        seen = probe.read_bytes()
+    except OSError:
+        seen = b""
+    verdicts = allgather_bytes(b"1" if seen == written else b"0")
+    if is_main():
+        probe.unlink(missing_ok=True)
+    blind = [str(i) for i, v in enumerate(verdicts) if v != b"1"]
+    if blind:
+        raise DistributedError(f"--out {path}: process(es) {', '.join(blind)} do not see the run directory that "
+                               f"process 0 writes: --out must be one directory shared by every process (a shared "
+                               f"file system), or no checkpoint could complete")
 
 
 def all_started(error: Exception | None):

@@ -116,7 +116,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
             if done % save_every == 0 or done == steps or stopping:
                 log.flush()  # never checkpoint a NaN state; the saved step's metrics are on disk first
                 checkpoint.save(manager, state)
-            if stopping:
+            if stopping and done < steps:  # a signal at the last step: the run is finished anyway
                 log.close()
                 echo(f"interrupted: saved step {done}; run the same command to resume")
                 raise KeyboardInterrupt

@@ -14,6 +14,7 @@ and ``generate`` all go through it; the files themselves are ``RunDir``'s.
 """
 
 import functools
+import json
 import os
 import sys
 import time
@@ -163,7 +164,11 @@ class Run:
         """A new run in ``out`` from the user's options, or the run already there when the
         options give the same config (then it resumes)."""
         run_dir = RunDir(out)
-        run_dir.check_data(data_config)  # another tokenizer or vocabulary size: refused before any is trained
+        # Another tokenizer or vocabulary size: refused before any is trained. By process 0 alone:
+        # the others were started with its options (cli's agree_on) and may read the same file
+        # at another path on their host, which the recorded path would refuse on resume.
+        if distributed.is_main():
+            run_dir.check_data(data_config)
         data = load_data(data_config, run_dir)
         config = resolve_config(options, data_config, *data.vocab_sizes)
         return cls.create(out, config, data, echo=echo)
@@ -251,32 +256,59 @@ class Run:
         into the template's layout, whatever layout the checkpoint was saved from. Damaged
         newer checkpoints are skipped, said so, and moved out of the way into
         ``OUT/damaged_checkpoints/`` by process 0 (kept for inspection; the run saves those
-        steps again)."""
-        state = self.trainer.init_state()
-        state = state if place is None else place(state)
-        skipped = []
+        steps again).
+
+        Several processes resume from the same step: the newest that every one of them could
+        read. With FSDP each process reads only its own shards, so one may find a checkpoint
+        damaged that another read; that one is then skipped by all."""
+        template = self.trainer.init_state()
+        template = template if place is None else place(template)
+        state, skipped = template, {}
         if manager.latest_step() is not None:
-            state, skipped = checkpoint.restore_latest_intact(manager, state)
-        # Every process must resume from the same step, and each one's manager must forget the
-        # steps moved aside, or the first save of such a step raises StepAlreadyExistsError on
-        # the processes that still list it while process 0 waits for them in orbax's barrier.
-        distributed.agree_on({"restored checkpoint step": int(state.step),
-                              "unreadable checkpoint steps": [step for step, _ in skipped]},
-                             problem="the processes resumed from different checkpoints",
-                             remedy="Every process must see the same checkpoint directory (a shared file system).")
+            state, unreadable = checkpoint.restore_latest_intact(manager, template)
+            skipped = dict(unreadable)
+        state, skipped = self._agree_on_restored_step(manager, template, state, skipped)
         if not skipped:
             return state
         if distributed.is_main():
             aside = self.path / "damaged_checkpoints"
             aside.mkdir(exist_ok=True)
-            for step, why in skipped:
+            for step, why in sorted(skipped.items(), reverse=True):
                 target = aside / f"{step}.{time.strftime('%Y%m%d-%H%M%S')}"
                 os.replace(self.dir.checkpoints / str(step), target)
                 echo(f"warning: checkpoint {step} cannot be read ({why}); moved to {target}, "
                      f"resuming from step {int(state.step)}")
-        distributed.barrier("damaged checkpoints moved aside")  # then every process rereads the directory
+        # Then every process rereads the directory: a manager that still listed a moved step
+        # would raise StepAlreadyExistsError when the run saves that step again, while process
+        # 0 waited for it in orbax's barrier.
+        distributed.barrier("damaged checkpoints moved aside")
         manager.reload()
         return state
+
+    @staticmethod
+    def _agree_on_restored_step(manager, template, state, skipped):
+        """(state, {step: why}) at the newest step every process restored; a process that had
+        read a newer one restores the agreed step again. Refused by name when the processes
+        list different checkpoint steps (not one shared directory)."""
+        if not distributed.is_multiprocess():
+            return state, skipped
+        mine = {"steps": sorted(manager.all_steps()), "restored": int(state.step),
+                "skipped": {str(step): why for step, why in skipped.items()}}
+        everyone = [json.loads(b) for b in distributed.allgather_bytes(json.dumps(mine, sort_keys=True).encode())]
+        distributed.agree_on({"checkpoint steps in the run directory": mine["steps"]},
+                             problem="the processes see different checkpoints",
+                             remedy="--out must be one directory shared by every process (a shared file system).")
+        agreed = min(p["restored"] for p in everyone)
+        if int(state.step) != agreed:
+            state = checkpoint.restore(manager, template, agreed) if agreed else template
+        skipped = {}
+        for i, p in enumerate(everyone):
+            for step, why in p["skipped"].items():
+                skipped.setdefault(int(step), why if i == distributed.process_index() else f"process {i}: {why}")
+        for step in mine["steps"]:
+            if step > agreed and step not in skipped:
+                skipped[step] = "unreadable on another process"
+        return state, skipped
 
     def latest_state(self, echo=warn):
         """The newest readable checkpoint's state (damaged newer ones are skipped and named,

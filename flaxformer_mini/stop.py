@@ -16,6 +16,10 @@ imports nothing heavy, so it can be installed before jax starts.
 import signal
 
 
+class StopNow(KeyboardInterrupt):
+    """The second Ctrl-C: stop at once, without saving (not the coordinated stop)."""
+
+
 class StopRequests:
     """A flag set by SIGINT/SIGTERM while installed (a context manager); the previous handlers
     come back on exit."""
@@ -32,7 +36,7 @@ class StopRequests:
 
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            raise StopNow
         self.requested = True
 
     def __exit__(self, *exc):

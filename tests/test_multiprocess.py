@@ -13,6 +13,7 @@ Time (2-core CPU shared with other jobs): see docs/scale-out.md; each launch cos
 start-up and a compilation per process.
 """
 
+import hashlib
 import json
 import signal
 import socket
@@ -296,6 +297,36 @@ def test_processes_started_with_different_options_are_refused_naming_the_option(
     assert not out.exists(), "nothing is written when the processes disagree"
 
 
+def test_options_that_act_on_one_process_only_may_differ_between_processes():
+    from flaxformer_mini.cli import _identity, build_parser
+
+    def identity(*extra):
+        return _identity(build_parser().parse_args(["train", *TINY_RUN, "--out", "run", *extra]))
+
+    assert identity("--debug", "--keep-freed-memory", "--process-id", "1") == identity()
+    assert identity("--log-every", "7") != identity()  # guard: a shared option still counts
+
+
+def test_an_out_directory_not_shared_by_the_processes_is_refused_before_training(tmp_path):
+    # Each process in a directory of its own with a relative --out: two run directories, as on
+    # hosts without a shared file system. Before, both trained to the first save, where orbax
+    # waited 10 minutes for the other process's files, then every process aborted.
+    homes = [tmp_path / f"host{i}" for i in range(2)]
+    for home in homes:
+        home.mkdir()
+    argv = train_cli("run", 2)
+    procs = [subprocess.Popen(argv(i) + ["--steps", "3", "--save-every", "1"], env=env_with(), cwd=homes[i],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = finish(procs, timeout=120)
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "--out run: process(es) 1 do not see the run directory that process 0 writes" in err, err[-2000:]
+    assert not (homes[0] / "run" / "checkpoints").exists() and not (homes[1] / "run").exists()
+    from flaxformer_mini.distributed import SHARED_CHECK_NAME
+
+    assert not (homes[0] / "run" / SHARED_CHECK_NAME).exists()  # the probe is removed
+
+
 def test_processes_holding_different_initial_values_are_refused_naming_the_first_array(monkeypatch):
     # shard_state's one-digest-per-array check (in place of jax.device_put's collective per
     # array), in this process: process 1's digests are this process's with two arrays changed.
@@ -323,6 +354,64 @@ def test_processes_holding_different_initial_values_are_refused_naming_the_first
     assert len(gathered) == 1 and len(gathered[0]) == 32 * len(leaves)  # one gather, one digest per array
     monkeypatch.setattr(distributed, "allgather_bytes", lambda payload: [payload, payload])
     distributed.agree_on_values(state, "the initial training state")  # equal everywhere: no error
+
+
+def as_process_0_of_two(process_1):
+    """``distributed.allgather_bytes`` as process 0 of two sees it in ``Run.restore_or_init``,
+    process 1 reporting ``process_1`` (its checkpoint steps, restored step, skipped steps)."""
+    identity = json.dumps({"checkpoint steps in the run directory": process_1["steps"]}, sort_keys=True).encode()
+
+    def allgather(payload):
+        if payload.startswith(b"{"):
+            return [payload, json.dumps(process_1).encode() if "restored" in json.loads(payload) else identity]
+        return [payload, hashlib.sha256(identity).digest()]  # agree_on's digest of process 1's identity
+
+    return allgather
+
+
+def fake_two_processes(monkeypatch, process_1):
+    from flaxformer_mini import distributed
+
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    monkeypatch.setattr(distributed, "allgather_bytes", as_process_0_of_two(process_1))
+    monkeypatch.setattr(distributed, "barrier", lambda name: None)
+
+
+def test_a_checkpoint_only_one_process_could_read_is_skipped_by_every_process(tmp_path, monkeypatch):
+    # With FSDP each process reads only its own shards, so process 1 may find checkpoint 6
+    # damaged while process 0 restored it. Every process then resumes from step 3, and process 0
+    # moves 6 aside. In this process, as process 0: process 1's report is made up, the rest real.
+    from flaxformer_mini import distributed
+    from flaxformer_mini.run import Run
+    from tests.test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
+
+    out = tmp_path / "run"
+    assert cli("train", *CLI_TINY_RUN, "--steps", "6", "--save-every", "3", "--out", str(out)).returncode == 0
+    fake_two_processes(monkeypatch, {"steps": [3, 6], "restored": 3, "skipped": {"6": "a shard file cut short"}})
+    run, said = Run.open(out), []
+    manager = run.checkpoints()
+    state = run.restore_or_init(manager, echo=said.append)
+    assert int(state.step) == 3
+    assert said and "checkpoint 6 cannot be read (process 1: a shard file cut short)" in said[0], said
+    assert "resuming from step 3" in said[0]
+    assert [p.name.split(".")[0] for p in (out / "damaged_checkpoints").iterdir()] == ["6"]
+    assert list(manager.all_steps()) == [3]  # reread: saving step 6 again will not collide
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: False)
+    chex.assert_trees_all_equal(state.params, run.latest_state().params)  # step 3's own parameters
+
+
+def test_processes_seeing_different_checkpoint_steps_are_refused_naming_them(tmp_path, monkeypatch):
+    from flaxformer_mini import distributed
+    from flaxformer_mini.run import Run
+    from tests.test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
+
+    out = tmp_path / "run"
+    assert cli("train", *CLI_TINY_RUN, "--steps", "3", "--save-every", "3", "--out", str(out)).returncode == 0
+    fake_two_processes(monkeypatch, {"steps": [], "restored": 0, "skipped": {}})  # a directory of its own
+    run = Run.open(out)
+    with pytest.raises(distributed.DistributedError, match=r"the processes see different checkpoints: checkpoint "
+                       r"steps in the run directory: \[3\] on process 0, \[\] on process 1"):
+        run.restore_or_init(run.checkpoints(), echo=lambda m: None)
 
 
 def test_an_unreachable_coordinator_is_an_error_naming_it_within_the_timeout(tmp_path):
@@ -387,6 +476,17 @@ def test_a_sigterm_before_the_first_step_stops_every_process_with_130_and_saves_
     assert time.time() - t0 < 120
 
 
+def vote_during_which_a_signal_arrives(stop, seen, at=2):
+    """``distributed.any_process_later`` in one process, the signal landing during vote ``at``."""
+    def vote(flag):
+        seen.append(flag)
+        if len(seen) == at:
+            stop.requested = True  # what the handler does when the signal lands mid-call
+        return lambda: bool(flag)
+
+    return vote
+
+
 def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary_later(tmp_path, monkeypatch):
     # Issue #12's lost SIGTERM: the all-reduce's result was written back over the stop flag, so
     # a signal handled while the all-reduce ran (where a multi-process run waited) was erased.
@@ -399,18 +499,46 @@ def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary
     from flaxformer_mini.stop import StopRequests
 
     stop, seen = StopRequests(), []
-
-    def vote_during_which_a_signal_arrives(flag):
-        seen.append(flag)
-        if len(seen) == 2:  # step 2's vote
-            stop.requested = True  # what the handler does when the signal lands mid-call
-        return lambda: bool(flag)
-
-    monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives)
+    monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))
     run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
     with pytest.raises(KeyboardInterrupt):
         fit(run, 10, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop)
     assert seen == [False, False, True, True]  # steps 1-4's votes; step 3's is read at step 4
+    assert int(final_state(tmp_path / "run").step) == 4
+
+
+def test_a_second_ctrl_c_stops_now_and_in_a_multiprocess_run_leaves_without_the_exit_barrier(monkeypatch):
+    # The first Ctrl-C asks for the coordinated stop; the second raises StopNow at once. In a
+    # multi-process run that process leaves its peers mid-run: returning normally would run
+    # jax's exit barrier, which waits for them, and every process aborted after the timeout.
+    from flaxformer_mini import cli, distributed
+    from flaxformer_mini.stop import StopNow, StopRequests
+
+    with StopRequests() as stop:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested
+        with pytest.raises(StopNow):
+            signal.raise_signal(signal.SIGINT)
+    assert issubclass(StopNow, KeyboardInterrupt)  # caught where any Ctrl-C is: exit code 130
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    assert cli._stops_alone(StopNow()) and not cli._stops_alone(KeyboardInterrupt())  # the coordinated stop
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: False)
+    assert not cli._stops_alone(StopNow())  # one process: no peers, a normal exit
+
+
+def test_a_stop_read_at_the_last_step_ends_the_run_as_finished(tmp_path, monkeypatch):
+    # The same signal with --steps 4: the stop is read at the run's last step, which saves and
+    # evaluates anyway. The run ends as finished (its result, exit 0), not "interrupted".
+    from flaxformer_mini import distributed
+    from flaxformer_mini.fit import fit
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.stop import StopRequests
+
+    stop, seen = StopRequests(), []
+    monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))
+    run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
+    result = fit(run, 4, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop)
+    assert seen == [False, False, True, True] and result["step"] == 4 and "loss" in result
     assert int(final_state(tmp_path / "run").step) == 4
 
 
