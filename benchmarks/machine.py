@@ -4,7 +4,7 @@ versions and the GEMM backends each library uses.
 A speed ratio between torch and JAX on CPU is mostly a ratio between their GEMMs (MKL /
 oneDNN for torch; for JAX what XLA:CPU compiles a dot to, YNNPACK by default in jaxlib 0.10)
 on that CPU: the same code's train step measured 1.6x on a Zen 5, 0.87x on an Intel Xeon
-and within 10% either way on a Zen 4 (docs/benchmarks.md). So every report carries this
+and within the run's noise on a Zen 4 (docs/benchmarks.md). So every report carries this
 description.
 """
 
