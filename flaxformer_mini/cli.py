@@ -81,13 +81,22 @@ def _train_until_stopped(args, stop):
                            label_smoothing=args.label_smoothing, dropout=args.dropout, dtype=args.dtype,
                            seed=args.seed, max_tokens=args.max_tokens, accumulate=args.accumulate,
                            scan_layers=args.scan_layers, remat=args.remat)
-    # Before anything is written: the mesh, and the model's split sizes against it.
-    mesh = training_mesh(args.devices, args.sharding, batch_size, model_sizes=_split_sizes(args),
-                         mesh_shape=None if args.mesh is None else parse_mesh(args.mesh))
-    if mesh is not None and (args.max_tokens is not None or args.accumulate > 1):
-        raise ValueError(f"--max-tokens and --accumulate run on one device for now; this run has {mesh.size} "
-                         f"(--devices 1 in one process)")
-    distributed.agree_on(_identity(args))  # every process started with the same options, or none runs
+    # Before anything is written: the mesh, and the model's split sizes against it; the options
+    # and data files every process must agree on. An error here on one process (its --data
+    # missing on that host, another device count) stops every process at once: the others
+    # would otherwise wait for it in agree_on until the timeout, then abort.
+    error = mesh = identity = None
+    try:
+        mesh = training_mesh(args.devices, args.sharding, batch_size, model_sizes=_split_sizes(args),
+                             mesh_shape=None if args.mesh is None else parse_mesh(args.mesh))
+        if mesh is not None and (args.max_tokens is not None or args.accumulate > 1):
+            raise ValueError(f"--max-tokens and --accumulate run on one device for now; this run has {mesh.size} "
+                             f"(--devices 1 in one process)")
+        identity = _identity(args)
+    except (ValueError, OSError) as e:
+        error = e
+    distributed.all_started(error)
+    distributed.agree_on(identity)  # every process started with the same options, or none runs
     error = run = None
     try:
         run = Run.start(args.out, options, data, echo=echo)
@@ -96,6 +105,7 @@ def _train_until_stopped(args, stop):
     distributed.all_started(error)  # process 0 refused the directory: every process stops
     try:
         distributed.agree_on_shared_directory(run.path)  # before the first save could hang on it
+        run = run.follow_main()  # a resumed older run's own settings, on every process
     except BaseException:
         run.close()
         raise

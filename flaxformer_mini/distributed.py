@@ -308,9 +308,9 @@ def agree_on_shared_directory(path):
 
 
 def all_started(error: Exception | None):
-    """A barrier after process 0 has written (or refused) the run directory: when any process
-    failed to start, every process raises, so none trains alone into a collective that never
-    completes."""
+    """A barrier where each process brings its start-up error, if any (its options or files,
+    then process 0's writing or refusing the run directory): when any process failed, every
+    process raises, so none waits alone in a collective that never completes."""
     if not is_multiprocess():
         if error is not None:
             raise error

@@ -13,6 +13,7 @@ builds the model and its train state, and opens the checkpoints. ``train``, ``ev
 and ``generate`` all go through it; the files themselves are ``RunDir``'s.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -208,6 +209,24 @@ class Run:
         run._lock = lock
         if not resuming:
             run._report_dropped(echo)
+        return run
+
+    def follow_main(self):
+        """Scale-out: this run with process 0's config, on every process. Process 0 resolves a
+        resumed run's config against its config.json (a run written before a setting existed
+        keeps its old value); the others were started with today's options and would otherwise
+        train with today's defaults, on other data, silently. The data files' paths stay this
+        host's own (their contents are checked equal by cli's agree_on)."""
+        if not distributed.is_multiprocess():
+            return self
+        text = json.dumps(self.config.to_dict(), sort_keys=True).encode()
+        main = RunConfig.from_dict(json.loads(distributed.allgather_bytes(text)[0]), source="process 0's config")
+        main = dataclasses.replace(main, data=dataclasses.replace(
+            main.data, train_path=self.config.data.train_path, valid_path=self.config.data.valid_path))
+        if main == self.config:
+            return self
+        run = Run(self.dir, main, load_data(main.data, self.dir))
+        run._lock, self._lock = self._lock, None
         return run
 
     @classmethod

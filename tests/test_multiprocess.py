@@ -297,6 +297,35 @@ def test_processes_started_with_different_options_are_refused_naming_the_option(
     assert not out.exists(), "nothing is written when the processes disagree"
 
 
+def test_every_process_trains_with_the_config_process_0_resolved(tmp_path, monkeypatch):
+    # Resuming a run written before a setting existed, process 0 keeps the run's recorded value
+    # (run_dir.start_or_resume) while the others were started with today's options: here a
+    # batch size and a held-out count that differ. follow_main gives every process process 0's
+    # config, with its own host's data paths (the same files' contents, checked by agree_on).
+    import dataclasses
+
+    from flaxformer_mini import distributed
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.run_dir import RunDir
+
+    main = _worker_config()
+    mine = dataclasses.replace(main, batch_size=2 * main.batch_size,
+                               data=dataclasses.replace(main.data, eval_sequences=32))
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    monkeypatch.setattr(distributed, "allgather_bytes",
+                        lambda payload: [json.dumps(main.to_dict()).encode(), payload])
+    followed = Run(RunDir(tmp_path / "run"), mine).follow_main()
+    assert followed.config == main and followed.data.eval is not None
+    # Only the data paths differ (each host's copy of the same file): nothing to change.
+    text_main = dataclasses.replace(main, data=dataclasses.replace(main.data, kind="tsv", task=None,
+                                                                   train_path="/host0/train.tsv"))
+    text_mine = dataclasses.replace(text_main, data=dataclasses.replace(text_main.data, train_path="/host1/train.tsv"))
+    monkeypatch.setattr(distributed, "allgather_bytes",
+                        lambda payload: [json.dumps(text_main.to_dict()).encode(), payload])
+    run = Run(RunDir(tmp_path / "text"), text_mine)
+    assert run.follow_main() is run
+
+
 def test_options_that_act_on_one_process_only_may_differ_between_processes():
     from flaxformer_mini.cli import _identity, build_parser
 
@@ -325,6 +354,28 @@ def test_an_out_directory_not_shared_by_the_processes_is_refused_before_training
     from flaxformer_mini.distributed import SHARED_CHECK_NAME
 
     assert not (homes[0] / "run" / SHARED_CHECK_NAME).exists()  # the probe is removed
+
+
+def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path):
+    # The same relative --data on two hosts, the file only on the first. Before, process 1 ended
+    # with its error while process 0 waited for it in the options check until the timeout, and
+    # both then aborted (exit -6).
+    homes = [tmp_path / f"host{i}" for i in range(2)]
+    for home in homes:
+        home.mkdir()
+    (homes[0] / "train.tsv").write_text("".join(f"a{i} b\tx{i} y\n" for i in range(20)))
+    port = free_port()
+    argv = [sys.executable, "-m", "flaxformer_mini", "train", "--data", "train.tsv", "--preset", "tiny",
+            "--out", str(tmp_path / "run"), "--steps", "2", "--no-progress", "--distributed-timeout", str(HEARTBEAT_S),
+            "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    t0 = time.time()
+    procs = [subprocess.Popen(argv + ["--process-id", str(i)], env=env_with(), cwd=homes[i], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    (code0, _, err0), (code1, _, err1) = finish(procs, timeout=120)
+    assert code1 == 2 and "train.tsv" in err1, err1[-2000:]
+    assert code0 == 2 and "process(es) 1 could not start the run" in err0, err0[-2000:]
+    assert time.time() - t0 < HEARTBEAT_S  # at once, not after the timeout
+    assert not (tmp_path / "run").exists()
 
 
 def test_processes_holding_different_initial_values_are_refused_naming_the_first_array(monkeypatch):
