@@ -94,19 +94,27 @@ def test_training_reduces_the_loss():
 def test_bfloat16_loss_tracks_float32():
     # Same initial float32 parameters, same batches; only the compute dtype differs. bf16
     # keeps 8 mantissa bits (relative rounding 2^-8 = 0.4%), and the difference compounds as
-    # the two runs' parameters drift apart step by step. Measured on this CPU: step 1 within
-    # 0.01%, the first 5 steps within 0.4%, every one of 30 steps within 6.8%. Bounds: 1% for
-    # the first 5 steps, 10% for each later step.
+    # the two runs' parameters drift apart step by step. Per step, the first 5 losses are
+    # bounded at 1% (measured: within 0.4% on an Intel Xeon fam. 6 model 167 and an AMD EPYC
+    # fam. 25). Later single steps are not: once the parameters have drifted, one batch's loss
+    # swings by how the CPU's bf16 kernels round (worst of 30 steps: 6.8% on the Xeon, 13.6% at
+    # step 22 on the EPYC, same code), so the property is bounded on 10-step means, at 5%
+    # (measured on the EPYC: 0.2%, 1.5%, 2.8%; float32's own loss falls 21% over the 30 steps).
     task, f32 = tiny_trainer(dropout=0.0)
     _, bf16 = tiny_trainer(dropout=0.0, dtype=jnp.bfloat16)
     s32, s16 = f32.init_state(), bf16.init_state()
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(s32.params), jax.tree.leaves(s16.params)))
     assert {x.dtype for x in jax.tree.leaves(s16.params)} == {jnp.dtype("float32")}  # params stay f32
+    losses = {"float32": [], "bfloat16": []}
     for step in range(30):
         batch = task.batch(0, step, 16)
         s32, m32 = f32.step(s32, batch)
         s16, m16 = bf16.step(s16, batch)
-        np.testing.assert_allclose(float(m16["loss"]), float(m32["loss"]), rtol=0.01 if step < 5 else 0.10)
+        losses["float32"].append(float(m32["loss"]))
+        losses["bfloat16"].append(float(m16["loss"]))
+    l32, l16 = np.array(losses["float32"]), np.array(losses["bfloat16"])
+    np.testing.assert_allclose(l16[:5], l32[:5], rtol=0.01)
+    np.testing.assert_allclose(l16.reshape(3, 10).mean(1), l32.reshape(3, 10).mean(1), rtol=0.05)
     # And the compute really is bf16: the logits come out in bf16.
     model = bf16.model(s16)
     assert model(jnp.asarray(batch.source), jnp.asarray(batch.target_in)).dtype == jnp.bfloat16
