@@ -104,8 +104,8 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # SIGTERM is ours (stop.StopRequests, installed by `train` before this call, then fit.py's
     # all-reduces of the stop flag before the first step and at each step boundary, read one
-    # boundary later: every process saves the same step). JAX's preemption service would install its own SIGTERM notifier, which
-    # can take the signal from Python's handler.
+    # boundary later: every process saves the same step). JAX's preemption service would
+    # install its own SIGTERM notifier, which can take the signal from Python's handler.
     jax.config.update("jax_enable_preemption_service", False)
     address = coordinator or os.environ.get(ENV_COORDINATOR) or "(found by JAX's cluster detection)"
     try:
@@ -180,15 +180,13 @@ def allgather_bytes(payload: bytes):
     return [bytes(row[:n]) for row, n in zip(rows, lengths)]
 
 
-def agree_on(identity: dict, problem="the processes were started with different options",
-             remedy="Start every process with the same command."):
+def agree_on(identity: dict):
     """Refuse to run when the processes were started with different options.
 
     ``identity`` maps an option's name to its value on this process (JSON-able). Each process
     hashes it; when the hashes differ, the options themselves are gathered so the error names
     each differing option with process 0's value and the other's. Every process raises the same
-    error, so none is left waiting for the others. ``problem`` and ``remedy`` frame the error
-    for agreements on something other than options.
+    error, so none is left waiting for the others.
     """
     if not is_multiprocess():
         return
@@ -197,14 +195,22 @@ def agree_on(identity: dict, problem="the processes were started with different 
     digests = allgather_bytes(digest)
     if all(d == digests[0] for d in digests):
         return
-    everyone = [json.loads(t) for t in allgather_bytes(text.encode())]
+    refuse_differences([json.loads(t) for t in allgather_bytes(text.encode())],
+                       "the processes were started with different options", "Start every process with the same command.")
+
+
+def refuse_differences(everyone, problem, remedy):
+    """Raise DistributedError naming each key whose value on a process differs from process
+    0's, from ``everyone`` (every process's dict, in process order, already gathered: every
+    process raises the same error); nothing when all agree."""
     reference = everyone[0]
     problems = []
     for i, other in enumerate(everyone[1:], 1):
         for key in sorted(set(reference) | set(other)):
             if reference.get(key) != other.get(key):
                 problems.append(f"{key}: {reference.get(key)!r} on process 0, {other.get(key)!r} on process {i}")
-    raise DistributedError(f"{problem}: " + "; ".join(problems) + f". {remedy}")
+    if problems:
+        raise DistributedError(f"{problem}: " + "; ".join(problems) + f". {remedy}")
 
 
 def agree_on_values(tree, what):
@@ -242,11 +248,7 @@ def any_process(flag: bool) -> bool:
     """True on every process when ``flag`` is True on any: the all-reduce before the first
     step that makes a SIGTERM seen by one process stop all of them (the step boundaries use
     ``any_process_later``). Waits for the devices to finish the work queued before it."""
-    if not is_multiprocess():
-        return bool(flag)
-    from jax.experimental import multihost_utils
-
-    return bool(np.asarray(multihost_utils.process_allgather(np.array([int(flag)], np.int32))).any())
+    return _queued_vote(flag)()
 
 
 @functools.cache
@@ -264,6 +266,11 @@ def any_process_later(flag: bool):
     when ``flag`` was True on any). ``any_process`` returns only when the devices have finished
     everything queued before it, so at every step boundary it kept the host from preparing the
     next step while the devices ran this one. Every process must call it at the same points."""
+    return _queued_vote(flag)
+
+
+def _queued_vote(flag):
+    """The all-reduce of ``flag`` over the processes, queued; returns its reader."""
     if not is_multiprocess():
         value = bool(flag)
         return lambda: value

@@ -314,9 +314,9 @@ class Run:
         mine = {"steps": sorted(manager.all_steps()), "restored": int(state.step),
                 "skipped": {str(step): why for step, why in skipped.items()}}
         everyone = [json.loads(b) for b in distributed.allgather_bytes(json.dumps(mine, sort_keys=True).encode())]
-        distributed.agree_on({"checkpoint steps in the run directory": mine["steps"]},
-                             problem="the processes see different checkpoints",
-                             remedy="--out must be one directory shared by every process (a shared file system).")
+        distributed.refuse_differences([{"checkpoint steps in the run directory": p["steps"]} for p in everyone],
+                                       "the processes see different checkpoints",
+                                       "--out must be one directory shared by every process (a shared file system).")
         agreed = min(p["restored"] for p in everyone)
         if int(state.step) != agreed:
             state = checkpoint.restore(manager, template, agreed) if agreed else template

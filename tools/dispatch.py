@@ -40,7 +40,7 @@ def _batch(config, batch, length, seed=0):
 
 
 def _variant(config, batch, token_checks):
-    """(jitted step, state) with the first call (the compile) done."""
+    """(jitted step, state, the step's jaxpr effects) with the first call (the compile) done."""
     trainer = Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)),
                       TrainConfig(schedule="constant", learning_rate=1e-4))
     step = jax.jit(lambda state, batch: train_step(state, batch), donate_argnums=0)
