@@ -27,7 +27,7 @@ from flax import nnx
 from flaxformer_mini import checkpoint, distributed, tokenizers
 from flaxformer_mini.data import Batch, DataError, SyntheticTask, TextPairs, Vocab, read_tsv
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
-from flaxformer_mini.run_dir import RunDir
+from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes
 from flaxformer_mini.training import Trainer
 
 
@@ -212,22 +212,39 @@ class Run:
         return run
 
     def follow_main(self):
-        """Scale-out: this run with process 0's config, on every process. Process 0 resolves a
-        resumed run's config against its config.json (a run written before a setting existed
-        keeps its old value); the others were started with today's options and would otherwise
-        train with today's defaults, on other data, silently. The data files' paths stay this
-        host's own (their contents are checked equal by cli's agree_on)."""
+        """Scale-out: this run with process 0's config and tokenizers, on every process.
+
+        Process 0 resolves a resumed run's config against its config.json (a run written
+        before a setting existed keeps its old value); the others were started with today's
+        options and would otherwise train with today's defaults, on other data, silently. The
+        data files' paths stay this host's own (their contents are checked equal by cli's
+        agree_on).
+
+        A new text run's tokenizers are trained by every process, and one trained elsewhere
+        may number its tokens otherwise: Hugging Face's unigram trainer is not deterministic
+        (its pieces' order and scores change from one process to the next, tokenizers 0.23).
+        Equal vocabulary sizes would hide it: each host would train on other ids. So every
+        process adopts the files process 0 saved (written before the processes last met in
+        ``all_started``, in a directory ``agree_on_shared_directory`` showed them all)."""
         if not distributed.is_multiprocess():
             return self
         text = json.dumps(self.config.to_dict(), sort_keys=True).encode()
         main = RunConfig.from_dict(json.loads(distributed.allgather_bytes(text)[0]), source="process 0's config")
         main = dataclasses.replace(main, data=dataclasses.replace(
             main.data, train_path=self.config.data.train_path, valid_path=self.config.data.valid_path))
-        if main == self.config:
+        if main == self.config and not self._tokenizers_differ_from_saved():
             return self
         run = Run(self.dir, main, load_data(main.data, self.dir))
         run._lock, self._lock = self._lock, None
         return run
+
+    def _tokenizers_differ_from_saved(self):
+        """Whether this process's tokenizers are other than the files in the run directory
+        (process 0's; this is one of the others). A synthetic run has none."""
+        if distributed.is_main() or self.data.vocabs is None:
+            return False
+        saved = self.dir.load_vocabularies(self.config.data)  # checked against the recorded checksums
+        return [comparable_tokenizer_bytes(v) for v in saved] != [comparable_tokenizer_bytes(v) for v in self.data.vocabs]
 
     @classmethod
     def open(cls, out):

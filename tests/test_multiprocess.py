@@ -325,6 +325,53 @@ def test_every_process_trains_with_the_config_process_0_resolved(tmp_path, monke
     assert run.follow_main() is run
 
 
+def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkeypatch):
+    # Every process of a new text run trains its own tokenizers, and Hugging Face's unigram
+    # trainer numbers its pieces differently from one process to the next (nondeterministic
+    # upstream; tests/test_tokenizers.py). With vocabularies of one size nothing would fail:
+    # process 1 would train on other ids. Here process 0 is a real run in this process; process
+    # 1's own tokenizer differs as the trainer's runs do: two pieces numbered the other way round.
+    from flaxformer_mini import distributed, tokenizers
+    from flaxformer_mini import run as run_module
+    from flaxformer_mini.run import Run, load_data
+    from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes
+    from tests.test_train_cli import cli
+    from tokenizers import Tokenizer as HFTokenizer
+
+    lines = [f"{a} {b}\t{b} {a}" for a in ("red fox", "old tree", "blue sky") for b in ("ran far", "sat on")] * 4
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    assert cli("train", "--data", str(tmp_path / "train.tsv"), "--tokenizer", "unigram", "--vocab-size", "30",
+               "--shared-vocab", "--preset", "tiny", "--steps", "1", "--no-progress", "--out", str(out)).returncode == 0
+    main = Run.open(out)
+    (saved,) = [path for _, path in main.dir.tokenizer_files(main.config.data)]
+    spec = json.loads(saved.read_text())
+    pieces = spec["model"]["vocab"]  # [piece, score]; the 4 special tokens first
+    pieces[4], pieces[5] = pieces[5], pieces[4]  # two frequent pieces numbered the other way round
+    own = tokenizers.HFTokenizer("unigram", HFTokenizer.from_str(json.dumps(spec)))
+    # Process 1 read the corpus before process 0's files were there, and trained its own.
+    monkeypatch.setattr(run_module, "build_tokenizers", lambda config, pairs: (own, own))
+    monkeypatch.setattr(RunDir, "has_vocabularies", lambda self, data=None: False)
+    process_1 = Run(main.dir, main.config, run_module.load_data(main.config.data, main.dir))
+    monkeypatch.undo()
+    assert process_1.data.vocabs == (own, own)
+    assert any((x != y).any() for x, y in zip(*process_1.train_batches(0), *main.train_batches(0)))
+
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    monkeypatch.setattr(distributed, "is_main", lambda: False)
+    monkeypatch.setattr(distributed, "allgather_bytes", lambda payload: [payload, payload])
+    followed = process_1.follow_main()
+    assert followed.config == main.config
+    assert comparable_tokenizer_bytes(followed.data.vocabs[0]) == comparable_tokenizer_bytes(main.data.vocabs[0])
+    for step in range(3):
+        (a,), (b,) = followed.train_batches(step), main.train_batches(step)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    # A process whose tokenizers are process 0's keeps its data (nothing read twice).
+    same = Run(main.dir, main.config, load_data(main.config.data, main.dir))
+    assert same.follow_main() is same
+
+
 def test_options_that_act_on_one_process_only_may_differ_between_processes():
     from flaxformer_mini.cli import _identity, build_parser
 

@@ -219,6 +219,18 @@ def test_a_missing_tokenizer_file_is_named(corpus, tmp_path):
     assert proc.returncode == 2 and "tokenizer_shared.json: the run's tokenizer is missing" in proc.stderr
 
 
+@pytest.mark.parametrize("kind, remedy", [("bpe", "or resume training with the same --data, which rebuilds it"),
+                                          ("unigram", "a unigram tokenizer cannot be rebuilt")])
+def test_a_missing_tokenizer_says_whether_resuming_rebuilds_it(tmp_path, kind, remedy):
+    # Rebuilt on resume, a bpe tokenizer is byte for byte the recorded one; a unigram one is not
+    # (tests/test_tokenizers.py), and resuming would refuse it: only restoring the file helps.
+    from flaxformer_mini.run_config import DataConfig
+
+    with pytest.raises(FileNotFoundError, match=f"tokenizer_source.json: the run's tokenizer is missing; "
+                                                f"restore it \\({remedy}"):
+        RunDir(tmp_path).load_vocabularies(DataConfig(kind="tsv", tokenizer=kind, tokenizer_vocab_size=40))
+
+
 def test_accumulate_zero_is_refused_by_name(corpus, tmp_path):
     proc = cli(*text_args(corpus, tmp_path / "r", "--accumulate", "0"))
     assert proc.returncode == 2 and "--accumulate must be >= 1" in proc.stderr

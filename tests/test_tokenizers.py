@@ -1,5 +1,6 @@
 """Tokenizers: special ids, exact round trips, word-kind compatibility, bad input."""
 
+import os
 import unicodedata
 
 import pytest
@@ -110,6 +111,36 @@ def test_save_load_gives_the_same_ids_and_checksum(tmp_path, kind):
     import hashlib
 
     assert tok.describe(tmp_path, "shared")["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_word_char_and_bpe_training_writes_the_same_files_in_any_process(tmp_path):
+    # Two runs of one corpus (a run and its rerun, or a deleted vocabulary rebuilt on resume)
+    # build the same tokenizer: no set or dict order of strings leaks into a vocabulary (Python
+    # salts str hashes per process). Not unigram: Hugging Face's unigram trainer orders and
+    # scores its pieces differently from one process to the next, whatever PYTHONHASHSEED
+    # (tokenizers 0.23; its Rust hash maps). A multi-process run therefore uses the files
+    # process 0 saved (Run.follow_main; tests/test_multiprocess.py).
+    import subprocess
+    import sys
+
+    from simulated_devices import ROOT
+
+    kinds = ("word", "char", "bpe")
+    script = ("import sys; from pathlib import Path; from flaxformer_mini import tokenizers as tk; "
+              f"texts = {TEXTS!r} * 3; out = Path(sys.argv[1])\n"
+              f"for kind in {kinds!r}:\n"
+              "    tk.train(kind, texts, vocab_size=None if kind in ('word', 'char') else 60).save(out, kind)")
+    files = {}
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        out.mkdir()
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+        proc = subprocess.run([sys.executable, "-c", script, str(out)], env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        files[seed] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    assert len(files["1"]) == len(kinds), sorted(files["1"])
+    assert files["1"] == files["2"]
 
 
 def test_batch_encode_equals_encode():
