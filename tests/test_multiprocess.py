@@ -39,8 +39,8 @@ ADAM_EPS = 1e-4
 LEARNING_RATE = 1e-2
 EQUIV_ATOL = 1e-6  # the bar for losses and parameters; reached, no looser tolerance needed
 
-# The CLI's tiny run: tests/test_train_cli.py's, logging every step.
-TINY_RUN = ["--task", "copy", "--preset", "tiny", "--vocab-size", "11", "--max-len", "5", "--batch-size", "8",
+# The CLI's tiny run: tests/test_train_cli.py's (one layer on each side), logging every step.
+TINY_RUN = ["--task", "copy", "--preset", "tiny", "--layers", "1", "--vocab-size", "11", "--max-len", "5", "--batch-size", "8",
             "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every", "1", "--no-progress"]
 
 
@@ -117,7 +117,8 @@ def _worker_config():
     data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
     # tiny's width 30 has no factor 4: width 40 gives FSDP on 4 devices an axis to split in
     # every kernel, and 4 heads (K = 10) give tensor parallelism over 2 devices heads to split.
-    model = model_config_for("tiny", 11, 11, data.model_max_len).replace(embed_size=40, heads=4)
+    # One layer on each side, as the CLI tests (tests/test_train_cli.py's TINY_RUN says why).
+    model = model_config_for("tiny", 11, 11, data.model_max_len).replace(embed_size=40, heads=4, num_layers=1)
     return RunConfig(model=model,
                      train=TrainConfig(schedule="constant", learning_rate=LEARNING_RATE, eps=ADAM_EPS, seed=0),
                      data=data, batch_size=BATCH_SIZE)

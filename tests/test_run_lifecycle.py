@@ -218,7 +218,9 @@ TEXT_PAIRS = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2
 
 
 def text_args(train, out, *extra):
-    return ["train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--batch-size", "4", "--max-len", "8",
+    # One layer on each side, as tests/test_train_cli.py's TINY_RUN (which says why).
+    return ["train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--layers", "1", "--batch-size", "4",
+            "--max-len", "8",
             "--save-every", "3", "--eval-every", "3", "--no-progress", *extra]
 
 
@@ -453,7 +455,8 @@ def test_a_real_full_disk_ends_the_run_with_one_line_and_the_previous_checkpoint
         out = disk / "run"
         from test_train_cli import run_process
 
-        proc = run_process("train", *TINY_RUN, "--steps", "20", "--save-every", "5", "--out", str(out))
+        # The tiny preset's two layers (TINY_RUN has one): the sizes above are its checkpoint's.
+        proc = run_process("train", *TINY_RUN, "--layers", "2", "--steps", "20", "--save-every", "5", "--out", str(out))
         assert proc.returncode == 1, proc.stderr
         assert "no space left on the device" in proc.stderr and "Traceback" not in proc.stderr
         assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["5"]

@@ -302,7 +302,8 @@ def test_a_scanned_train_state_saves_and_restores(tmp_path):
 
 def test_train_scan_layers_remat_is_recorded_and_evaluate_generate_and_export_load_it(tmp_path):
     out = tmp_path / "run"
-    args = ["train", *TINY_RUN, "--save-every", "4", "--out", str(out)]
+    # Two layers (TINY_RUN has one): a stack for --scan-layers to scan and `parity convert` to unstack.
+    args = ["train", *TINY_RUN, "--layers", "2", "--save-every", "4", "--out", str(out)]
     proc = cli(*args, "--steps", "4", "--scan-layers", "--remat")
     assert proc.returncode == 0, proc.stderr
     config = json.loads((out / "config.json").read_text())
