@@ -222,10 +222,10 @@ class Run:
 
         A new text run's tokenizers are trained by every process, and one trained elsewhere
         may number its tokens otherwise: Hugging Face's unigram trainer is not deterministic
-        (its pieces' order and scores change from one process to the next, tokenizers 0.23).
+        (its pieces' order and scores may change from one process to the next, tokenizers 0.23).
         Equal vocabulary sizes would hide it: each host would train on other ids. So every
-        process adopts the files process 0 saved (written before the processes last met in
-        ``all_started``, in a directory ``agree_on_shared_directory`` showed them all)."""
+        process adopts the files process 0 saved (written before cli's second ``all_started``, in
+        a directory ``agree_on_shared_directory`` showed them all)."""
         if not distributed.is_multiprocess():
             return self
         text = json.dumps(self.config.to_dict(), sort_keys=True).encode()

@@ -175,8 +175,9 @@ class RunDir:
         loaded = []
         for side, path in self.tokenizer_files(data):
             if not path.exists():
-                rebuild = ("a unigram tokenizer cannot be rebuilt: Hugging Face's unigram trainer gives other "
-                           "pieces from one process to the next" if kind == "unigram" else
+                rebuild = ("a unigram tokenizer is seldom rebuilt identically: Hugging Face's unigram trainer "
+                           "gives other pieces from one process to the next, and resuming refuses a tokenizer "
+                           "other than the recorded one" if kind == "unigram" else
                            "or resume training with the same --data, which rebuilds it")
                 raise FileNotFoundError(f"{path}: the run's {'vocabulary' if kind == 'word' else 'tokenizer'} "
                                         f"is missing; restore it ({rebuild})")

@@ -328,8 +328,8 @@ def test_every_process_trains_with_the_config_process_0_resolved(tmp_path, monke
 
 def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkeypatch):
     # Every process of a new text run trains its own tokenizers, and Hugging Face's unigram
-    # trainer numbers its pieces differently from one process to the next (nondeterministic
-    # upstream; tests/test_tokenizers.py). With vocabularies of one size nothing would fail:
+    # trainer may number its pieces differently from one process to the next (nondeterministic
+    # upstream; docs/data.md). With vocabularies of one size nothing would fail:
     # process 1 would train on other ids. Here process 0 is a real run in this process; process
     # 1's own tokenizer differs as the trainer's runs do: two pieces numbered the other way round.
     from flaxformer_mini import distributed, tokenizers
@@ -343,7 +343,7 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"
     assert cli("train", "--data", str(tmp_path / "train.tsv"), "--tokenizer", "unigram", "--vocab-size", "30",
-               "--shared-vocab", "--preset", "tiny", "--steps", "1", "--no-progress", "--out", str(out)).returncode == 0
+               "--shared-vocab", "--preset", "tiny", "--layers", "1", "--steps", "1", "--no-progress", "--out", str(out)).returncode == 0
     main = Run.open(out)
     (saved,) = [path for _, path in main.dir.tokenizer_files(main.config.data)]
     spec = json.loads(saved.read_text())
@@ -368,9 +368,37 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
         (a,), (b,) = followed.train_batches(step), main.train_batches(step)
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
-    # A process whose tokenizers are process 0's keeps its data (nothing read twice).
+    # A process whose tokenizers are process 0's keeps its data (not encoded again).
     same = Run(main.dir, main.config, load_data(main.config.data, main.dir))
     assert same.follow_main() is same
+
+
+def test_an_error_adopting_process_0s_files_stops_every_process_at_once(tmp_path, monkeypatch):
+    # follow_main runs after the last start-up collective, and a process other than 0 reads
+    # process 0's tokenizer files there. An error in it goes through all_started, as the
+    # earlier start-up errors do: before, that process alone stopped while process 0 waited in
+    # fit's first collective until --distributed-timeout, then both aborted (exit 134).
+    from flaxformer_mini import distributed
+    from flaxformer_mini.run import Run
+    from tests.test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
+
+    gathered, all_started = [], distributed.all_started
+
+    def spy(error):
+        gathered.append(error)
+        return all_started(error)
+
+    def unreadable(self):
+        raise FileNotFoundError(f"{self.dir.path}/tokenizer_shared.json: the run's tokenizer is missing")
+
+    monkeypatch.setattr(distributed, "all_started", spy)
+    monkeypatch.setattr(Run, "follow_main", unreadable)
+    out = tmp_path / "run"
+    proc = cli("train", *CLI_TINY_RUN, "--steps", "2", "--out", str(out))
+    assert proc.returncode == 2 and "tokenizer_shared.json: the run's tokenizer is missing" in proc.stderr
+    assert isinstance(gathered[-1], FileNotFoundError), gathered  # every process hears of it
+    monkeypatch.undo()
+    assert cli("train", *CLI_TINY_RUN, "--steps", "2", "--out", str(out)).returncode == 0  # the lock was released
 
 
 def test_options_that_act_on_one_process_only_may_differ_between_processes():

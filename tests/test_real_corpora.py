@@ -221,10 +221,10 @@ def test_a_missing_tokenizer_file_is_named(corpus, tmp_path):
 
 
 @pytest.mark.parametrize("kind, remedy", [("bpe", "or resume training with the same --data, which rebuilds it"),
-                                          ("unigram", "a unigram tokenizer cannot be rebuilt")])
+                                          ("unigram", "a unigram tokenizer is seldom rebuilt identically")])
 def test_a_missing_tokenizer_says_whether_resuming_rebuilds_it(tmp_path, kind, remedy):
-    # Rebuilt on resume, a bpe tokenizer is byte for byte the recorded one; a unigram one is not
-    # (tests/test_tokenizers.py), and resuming would refuse it: only restoring the file helps.
+    # Rebuilt on resume, a bpe tokenizer is byte for byte the recorded one; a unigram one seldom
+    # is (docs/data.md), and resuming refuses one that differs: restoring the file is the remedy.
     from flaxformer_mini.run_config import DataConfig
 
     with pytest.raises(FileNotFoundError, match=f"tokenizer_source.json: the run's tokenizer is missing; "

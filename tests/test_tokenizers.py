@@ -116,10 +116,10 @@ def test_save_load_gives_the_same_ids_and_checksum(tmp_path, kind):
 def test_word_char_and_bpe_training_writes_the_same_files_in_any_process(tmp_path):
     # Two runs of one corpus (a run and its rerun, or a deleted vocabulary rebuilt on resume)
     # build the same tokenizer: no set or dict order of strings leaks into a vocabulary (Python
-    # salts str hashes per process). Not unigram: Hugging Face's unigram trainer orders and
-    # scores its pieces differently from one process to the next, whatever PYTHONHASHSEED
-    # (tokenizers 0.23; its Rust hash maps). A multi-process run therefore uses the files
-    # process 0 saved (Run.follow_main; tests/test_multiprocess.py).
+    # salts str hashes per process). Not unigram: Hugging Face's unigram trainer may order and
+    # score its pieces differently from one process to the next, whatever PYTHONHASHSEED
+    # (tokenizers 0.23; docs/data.md). A multi-process run therefore uses the files process 0
+    # saved (Run.follow_main; tests/test_multiprocess.py).
     import subprocess
     import sys
 
@@ -141,6 +141,29 @@ def test_word_char_and_bpe_training_writes_the_same_files_in_any_process(tmp_pat
         files[seed] = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
     assert len(files["1"]) == len(kinds), sorted(files["1"])
     assert files["1"] == files["2"]
+
+
+def test_a_tokenizer_and_its_file_read_back_compare_equal_and_another_does_not():
+    # Hugging Face's JSON reads -3.7611312505172005 back as -3.761131250517201 (one ulp), so a
+    # unigram tokenizer in memory and its own file read back differ in their bytes; compared
+    # after one reading back (run_dir.comparable_tokenizer_bytes) they are equal, and a
+    # tokenizer with two pieces numbered the other way round is not.
+    from tokenizers import Tokenizer, models
+
+    from flaxformer_mini.run_dir import comparable_tokenizer_bytes, tokenizer_bytes
+
+    def unigram(pieces):
+        vocab = [(t, 0.0) for t in tk.SPECIAL_TOKENS] + pieces
+        return tk.HFTokenizer("unigram", Tokenizer(models.Unigram(vocab, unk_id=tk.UNK, byte_fallback=False)))
+
+    trained = unigram([("\u2581a", -3.7611312505172005), ("b", -1.5)])
+    read_back = tk.HFTokenizer("unigram", Tokenizer.from_str(trained.hf.to_str()))
+    assert tokenizer_bytes(trained) != tokenizer_bytes(read_back)
+    assert comparable_tokenizer_bytes(trained) == comparable_tokenizer_bytes(read_back)
+    swapped = unigram([("b", -1.5), ("\u2581a", -3.7611312505172005)])
+    assert comparable_tokenizer_bytes(swapped) != comparable_tokenizer_bytes(trained)
+    word = tk.train("word", TEXTS).vocab  # what a run holds for the word kind (data.Vocab)
+    assert comparable_tokenizer_bytes(word) == tokenizer_bytes(word)  # a Vocab's bytes are exact
 
 
 def test_batch_encode_equals_encode():
