@@ -59,8 +59,10 @@ def _tiny_config(dropout):
 
     # tiny's sizes (30 wide, vocabularies 23 and 19, max_len 17) have no dimension divisible
     # by 8, so FSDP would replicate everything. Width 40 (K = 8 per head) gives the kernels,
-    # embeddings and LayerNorm vectors an axis to split; the odd sizes stay odd.
-    return fm.get_preset("tiny").replace(embed_size=40, dropout=dropout)
+    # embeddings and LayerNorm vectors an axis to split; the odd sizes stay odd. One layer on
+    # each side: placement is by parameter name, whatever the depth, and a second layer doubled
+    # each compilation (tests/test_train_cli.py's TINY_RUN).
+    return fm.get_preset("tiny").replace(embed_size=40, dropout=dropout, num_layers=1)
 
 
 def _max_diff(a, b):

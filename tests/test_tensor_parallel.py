@@ -48,7 +48,7 @@ LAYOUTS = {
     "data=4,model=2": (4, 2, "fsdp"),
 }
 ATTENTION = "encoder/transformer_layers/0/attention"
-FFN = "decoder/decoder_layers/1/transformer_block/fc"
+FFN = "decoder/decoder_layers/0/transformer_block/fc"
 # The parameters whose layout the tests check, with the spec each should get (trailing Nones
 # dropped) on each mesh.
 EXPECTED_SPECS = {
@@ -83,8 +83,10 @@ EXPECTED_SPECS = {
 
 def _config(dropout=0.0):
     # tiny's odd sizes, with heads 4 (K = 10) and width 40, so that model=4 and model=2 split
-    # whole heads, and data=4 divides the width; F = D = 40.
-    return fm.get_preset("tiny").replace(embed_size=40, heads=4, dropout=dropout)
+    # whole heads, and data=4 divides the width; F = D = 40. One layer on each side: the layout
+    # is by parameter name, whatever the depth, and a second layer doubled each compilation
+    # (tests/test_train_cli.py's TINY_RUN).
+    return fm.get_preset("tiny").replace(embed_size=40, heads=4, dropout=dropout, num_layers=1)
 
 
 # ----------------------------------------------------------------------------- the worker
@@ -199,7 +201,7 @@ def _worker(tmp):
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(["train", "--task", "copy", "--preset", "tiny", "--embed-size", "40", "--heads", "4",
+        code = main(["train", "--task", "copy", "--preset", "tiny", "--layers", "1", "--embed-size", "40", "--heads", "4",
                      "--vocab-size", "11", "--max-len", "5", "--batch-size", "8", "--steps", "2", "--eval-sequences", "8",
                      "--no-progress", "--mesh", "data=2,model=4", "--sharding", "fsdp", "--out", str(Path(tmp) / "cli")])
     out["cli"] = {"code": code, "stderr": err.getvalue()[-3000:]}
@@ -265,7 +267,7 @@ def test_train_cli_runs_on_a_2d_mesh_and_says_so(runs):
 
 
 def test_every_transformer_parameter_names_its_axes():
-    model = fm.Transformer.from_config(_config(), rngs=nnx.Rngs(0))
+    model = fm.Transformer.from_config(_config().replace(num_layers=2), rngs=nnx.Rngs(0))  # the preset's depth
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
     assert len(flat) > 50
     for path, var in flat:
