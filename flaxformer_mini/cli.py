@@ -103,19 +103,16 @@ def _train_until_stopped(args, stop):
     except (ValueError, FileNotFoundError) as e:
         error = e
     distributed.all_started(error)  # process 0 refused the directory: every process stops
-    error = None
     try:
-        distributed.agree_on_shared_directory(run.path)  # before the first save could hang on it
-        # A resumed older run's own settings and process 0's tokenizers, on every process. The
-        # others read process 0's files here, after the last collective: an error reading them
-        # is gathered, or process 0 would wait for that process in fit until the timeout.
-        run = run.follow_main()
-    except (ValueError, FileNotFoundError) as e:  # RunConfigError, TokenizerFileError, DataError: ValueErrors
-        error = e
-    except BaseException:
-        run.close()
-        raise
-    try:
+        error = None
+        try:
+            distributed.agree_on_shared_directory(run.path)  # before the first save could hang on it
+            # A resumed older run's own settings and process 0's tokenizers, on every process. The
+            # others read process 0's files here, after the last collective: an error reading them
+            # is gathered, or process 0 would wait for that process in fit until the timeout.
+            run = run.follow_main()
+        except (ValueError, FileNotFoundError) as e:  # RunConfigError, TokenizerFileError, DataError: ValueErrors
+            error = e
         distributed.all_started(error)
     except BaseException:
         run.close()

@@ -246,7 +246,7 @@ def comparable_tokenizer_bytes(vocab):
     would compare unequal; read back once, the bytes are a fixed point (checked on unigram
     vocabularies of 25 to 600 pieces), so both sides are compared after one reading."""
     if isinstance(vocab, Vocab):
-        return vocab.to_bytes()
+        return tokenizer_bytes(vocab)
     from tokenizers import Tokenizer
 
     return Tokenizer.from_str(vocab.hf.to_str()).to_str(pretty=True).encode("utf-8")

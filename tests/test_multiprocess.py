@@ -334,7 +334,7 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
     # 1's own tokenizer differs as the trainer's runs do: two pieces numbered the other way round.
     from flaxformer_mini import distributed, tokenizers
     from flaxformer_mini import run as run_module
-    from flaxformer_mini.run import Run, load_data
+    from flaxformer_mini.run import Run
     from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes
     from tests.test_train_cli import cli
     from tokenizers import Tokenizer as HFTokenizer
@@ -369,7 +369,7 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
     # A process whose tokenizers are process 0's keeps its data (not encoded again).
-    same = Run(main.dir, main.config, load_data(main.config.data, main.dir))
+    same = Run(main.dir, main.config, run_module.load_data(main.config.data, main.dir))
     assert same.follow_main() is same
 
 
