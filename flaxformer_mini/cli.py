@@ -87,11 +87,11 @@ def _train_until_stopped(args, stop):
     # would otherwise wait for it in agree_on until the timeout, then abort.
     error = mesh = identity = None
     try:
-        mesh = training_mesh(args.devices, args.sharding, batch_size, model_sizes=_split_sizes(args),
+        # With --max-tokens, --batch-size sets only the evaluation's batches, which every process
+        # runs alone: nothing for the mesh to divide.
+        mesh = training_mesh(args.devices, args.sharding, None if args.max_tokens is not None else batch_size,
+                             model_sizes=_split_sizes(args),
                              mesh_shape=None if args.mesh is None else parse_mesh(args.mesh))
-        if mesh is not None and (args.max_tokens is not None or args.accumulate > 1):
-            raise ValueError(f"--max-tokens and --accumulate run on one device for now; this run has {mesh.size} "
-                             f"(--devices 1 in one process)")
         identity = _identity(args)
     except (ValueError, OSError) as e:
         error = e
@@ -294,7 +294,7 @@ def build_parser():
                         f"--max-tokens wins and this sets only the evaluation batch size")
     t.add_argument("--max-tokens", type=int, default=None, metavar="N",
                    help="text: batches of at most N tokens (source or target, padding included), bucketed by "
-                        "length (fairseq's --max-tokens)")
+                        "length (fairseq's --max-tokens, but global: the budget of the whole batch over every device)")
     t.add_argument("--accumulate", type=int, default=1, metavar="K",
                    help="accumulate gradients over K micro-batches per optimizer update (= one K-times larger batch)")
     t.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak learning rate")

@@ -22,7 +22,7 @@ from flaxformer_mini.evaluation import evaluate
 from flaxformer_mini.partitioning import format_mesh
 from flaxformer_mini.plot import plot_metrics
 from flaxformer_mini.run import Run
-from flaxformer_mini.sharding import process_local_rows, shard_batch, shard_state, to_local
+from flaxformer_mini.sharding import pad_to_data_groups, process_local_rows, shard_batch, shard_state, to_local
 from flaxformer_mini.stop import StopRequests
 from flaxformer_mini.training import check_batch, stack_batches
 
@@ -92,13 +92,16 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
             micro = run.train_batches(step)
             for batch in micro:
                 check_batch(batch, trainer.model_config)  # on the host, before any sharding
+            if mesh is not None:  # --max-tokens rows: a multiple of the data-parallel groups
+                micro = [pad_to_data_groups(b, mesh) for b in micro]
             if len(micro) == 1:
                 batch = micro[0]
                 state, metrics = trainer.train_step(
                     state, batch if mesh is None else shard_batch(process_local_rows(batch, mesh), mesh))
-            else:  # --accumulate K: one update from K micro-batches (on one device)
+            else:  # --accumulate K: one update from K micro-batches, (K, B, T), B split over 'data'
                 batch = stack_batches(micro)
-                state, metrics = trainer.accumulated_train_step(state, batch)
+                state, metrics = trainer.accumulated_train_step(
+                    state, batch if mesh is None else shard_batch(process_local_rows(batch, mesh, 1), mesh, 1))
             done = step + 1
             log.push(done, metrics, batch)
             if done % eval_every == 0 or done == steps:

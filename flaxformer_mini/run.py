@@ -181,10 +181,12 @@ class Run:
         run_dir = RunDir(out)
         data = data if data is not None else load_data(config.data, run_dir)
         asked_run = cls(run_dir, config, data)
+        if not distributed.is_main():  # scale-out: process 0 alone writes (and locks) the run's files
+            # and checks --max-tokens: this process may hold a tokenizer of its own until it adopts
+            # process 0's (follow_main), and would then check other lengths than it trains on.
+            return asked_run
         if config.max_tokens is not None:
             asked_run.token_batcher  # an example over the budget is refused here, before anything is written
-        if not distributed.is_main():  # scale-out: process 0 alone writes (and locks) the run's files
-            return asked_run
         checksums = run_dir.vocabulary_checksums(data.vocabs, config.data) if data.vocabs is not None else {}
         asked = config
         resuming, lock, config = run_dir.start_or_resume(config, checksums)

@@ -47,6 +47,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from flaxformer_mini import distributed
+from flaxformer_mini.data import pad_rows
 from flaxformer_mini.partitioning import (DATA_AXIS, MESH_AXES, MODEL_AXIS, STRATEGIES, check_divisible, format_mesh,
                                           named_shardings)
 from flaxformer_mini.training import train_step
@@ -138,7 +139,8 @@ def make_mesh_2d(data, model):
 def training_mesh(num_devices, strategy, batch_size, *, mesh_shape=None, model_sizes=None):
     """The mesh a training run uses, or None for one device in one process: checks the
     options before anything is written: the strategy, the device count, the batch size's
-    divisibility by the data-parallel groups, and (``model_sizes``: {'embed': D, 'heads': H,
+    divisibility by the data-parallel groups (None: the batches' rows follow their lengths,
+    ``--max-tokens``, and ``pad_to_data_groups`` fills them up), and (``model_sizes``: {'embed': D, 'heads': H,
     'mlp': F}) the model's split axes against the mesh. ``num_devices`` (per process, None:
     every device) builds a 1-D 'data' mesh as ``--devices`` does; ``mesh_shape``
     ({'data': D, 'model': M}, ``partitioning.parse_mesh``) a 2-D one as ``--mesh`` does."""
@@ -160,7 +162,8 @@ def training_mesh(num_devices, strategy, batch_size, *, mesh_shape=None, model_s
         if model_sizes is not None:
             option = f"--devices {num_devices}" if num_devices is not None else f"--devices (all {mesh.size})"
             check_divisible(model_sizes, strategy, dict(mesh.shape), option)
-    _check_divisible(batch_size, _data_size(mesh), "--batch-size")
+    if batch_size is not None:
+        _check_divisible(batch_size, _data_size(mesh), "--batch-size")
     return mesh
 
 
@@ -174,11 +177,23 @@ def _data_size(mesh):
 # ----------------------------------------------------------------------------- batches
 
 
-def batch_sharding(mesh):
-    """Every batch array is split along its first (batch) axis over 'data' (and replicated
-    over 'model': the devices of one tensor-parallel group see the same rows): ``P('data')``."""
+def batch_sharding(mesh, batch_axis=0):
+    """Every batch array is split along its batch axis over 'data' (and replicated over
+    'model': the devices of one tensor-parallel group see the same rows): ``P('data')``, or
+    ``P(None, 'data')`` for ``batch_axis=1`` (the (K, B, T) micro-batches of ``--accumulate``,
+    ``training.stack_batches``: every micro-batch split the same way)."""
     _data_size(mesh)  # the mesh has a 'data' axis
-    return NamedSharding(mesh, P(DATA_AXIS))
+    return NamedSharding(mesh, P(*(None,) * batch_axis, DATA_AXIS))
+
+
+def pad_to_data_groups(batch, mesh):
+    """``batch`` with PAD rows appended up to a multiple of the mesh's data-parallel groups
+    (unchanged when it has as many). For ``--max-tokens`` batches, whose row count follows
+    their length (``max_tokens // max(S, T)``): the batches stay the ones a single device
+    trains on, whatever the mesh, with at most D - 1 rows of PAD more. A PAD row carries no
+    labels, so the loss and gradient sums are those of the batch without it."""
+    groups = _data_size(mesh)
+    return pad_rows(batch, -(-len(batch.source) // groups) * groups)
 
 
 def _check_divisible(batch_size, num_devices, what="batch size"):
@@ -206,30 +221,32 @@ def local_row_range(mesh, global_batch_size):
     return start, stop
 
 
-def process_local_rows(global_batch, mesh):
+def process_local_rows(global_batch, mesh, batch_axis=0):
     """The rows of a global batch that this process feeds to ``shard_batch`` (multi-host).
 
     Every host can draw the same global batch (the data are functions of (seed, step)) and
-    keep its own rows. In a single process this is the whole batch.
+    keep its own rows (along ``batch_axis``: 1 for stacked micro-batches). In a single process
+    this is the whole batch.
     """
     if jax.process_count() == 1:
         return global_batch
-    start, stop = local_row_range(mesh, np.shape(jax.tree.leaves(global_batch)[0])[0])
-    return jax.tree.map(lambda a: np.asarray(a)[start:stop], global_batch)
+    start, stop = local_row_range(mesh, np.shape(jax.tree.leaves(global_batch)[0])[batch_axis])
+    rows = (slice(None),) * batch_axis + (slice(start, stop),)
+    return jax.tree.map(lambda a: np.asarray(a)[rows], global_batch)
 
 
-def shard_batch(batch, mesh):
-    """Put a ``Batch`` (or any pytree of arrays with a leading batch axis) on the mesh.
+def shard_batch(batch, mesh, batch_axis=0):
+    """Put a ``Batch`` (or any pytree of arrays with a batch axis, the first by default) on the mesh.
 
     Single process: ``batch`` is the whole batch, placed with ``jax.device_put``. Multi-host:
     ``batch`` is this host's slice (``process_local_rows``) and the result is the global
     array, assembled with ``jax.make_array_from_process_local_data``.
     """
-    sharding = batch_sharding(mesh)
+    sharding = batch_sharding(mesh, batch_axis)
     leaves = jax.tree.leaves(batch)
-    sizes = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
+    sizes = {np.shape(a)[batch_axis] if np.ndim(a) > batch_axis else None for a in leaves}
     if None in sizes:
-        raise ValueError("every batch array needs a leading batch axis; got a scalar")
+        raise ValueError(f"every batch array needs a batch axis (axis {batch_axis}); got one with fewer dimensions")
     if len(sizes) != 1:
         raise ValueError(f"batch arrays disagree on the batch size: {sorted(sizes)}")
     (size,) = sizes

@@ -14,6 +14,7 @@ start-up and a compilation per process.
 """
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -110,18 +111,31 @@ def assert_all_ok(results):
 # ----------------------------------------------------------------------------- the worker
 
 
-def _worker_config():
+def _worker_config(text=None):
+    """The equivalence runs' config: the copy task, or with ``text`` ({'train', 'valid',
+    'max_tokens', 'accumulate'}) a word-vocabulary run of those files (built the same in every
+    process) with token-budget batches and accumulation."""
+    from flaxformer_mini.run import load_data
     from flaxformer_mini.run_config import DataConfig, RunConfig, model_config_for
+    from flaxformer_mini.run_dir import RunDir
     from flaxformer_mini.training import TrainConfig
 
-    data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
+    budget = {}
+    if text is None:
+        data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
+        sizes = (11, 11)
+    else:
+        data = DataConfig(kind="tsv", max_len=23, train_path=text["train"], valid_path=text["valid"])
+        # The vocabularies' sizes, built from the file (a RunDir that holds none; nothing is written).
+        sizes = load_data(data, RunDir(text["train"] + ".no-run")).vocab_sizes
+        budget = dict(max_tokens=text["max_tokens"], accumulate=text["accumulate"])
     # tiny's width 30 has no factor 4: width 40 gives FSDP on 4 devices an axis to split in
     # every kernel, and 4 heads (K = 10) give tensor parallelism over 2 devices heads to split.
     # One layer on each side, as the CLI tests (tests/test_train_cli.py's TINY_RUN says why).
-    model = model_config_for("tiny", 11, 11, data.model_max_len).replace(embed_size=40, heads=4, num_layers=1)
+    model = model_config_for("tiny", *sizes, data.model_max_len).replace(embed_size=40, heads=4, num_layers=1)
     return RunConfig(model=model,
                      train=TrainConfig(schedule="constant", learning_rate=LEARNING_RATE, eps=ADAM_EPS, seed=0),
-                     data=data, batch_size=BATCH_SIZE)
+                     data=data, batch_size=BATCH_SIZE, **budget)
 
 
 def _worker(spec):
@@ -139,9 +153,16 @@ def _worker(spec):
             import shutil
 
             shutil.copytree(r["copy_from"], r["out"])
-        mesh = (training_mesh(None, r["sharding"], BATCH_SIZE, mesh_shape=r["mesh"]) if "mesh" in r
-                else training_mesh(r["devices"], r["sharding"], BATCH_SIZE))
-        run = Run.create(r["out"], _worker_config(), echo=lambda m: None)
+        batch_size = None if "text" in r else BATCH_SIZE  # --max-tokens: rows follow the lengths
+        mesh = (training_mesh(None, r["sharding"], batch_size, mesh_shape=r["mesh"]) if "mesh" in r
+                else training_mesh(r["devices"], r["sharding"], batch_size))
+        run = Run.create(r["out"], _worker_config(r.get("text")), echo=lambda m: None)
+        if "text" in r:  # say how the stacked micro-batches reach the step: (K, B, T), and B's split
+            step = run.trainer.accumulated_train_step
+            layout = lambda a: getattr(a, "sharding", None) and a.sharding.spec  # noqa: E731
+            run.trainer.accumulated_train_step = lambda state, batch: (print(
+                f"{r['out']}: micro-batches {batch.source.shape} laid out {layout(batch.source)}", file=sys.stderr),
+                step(state, batch))[1]
         fit(run, r.get("steps", STEPS), log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
             sharding=r["sharding"], echo=lambda m: print(f"{r['out']}: {m}", file=sys.stderr))
 
@@ -281,6 +302,52 @@ def test_only_process_0_writes_the_run_files(equivalence_runs):
 
     records = [r for r in RunDir(equivalence_runs / "4x1_fsdp").read_metrics() if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+
+
+def test_max_tokens_with_and_without_accumulate_on_two_processes_of_two_devices_train_as_one_device(tmp_path):
+    # --max-tokens batches keep the rows they have on one device (max_tokens // max(S, T): here
+    # 7, which the 4 data-parallel groups do not divide, so the mesh fills them up with PAD rows),
+    # and --accumulate's stacked micro-batches (K, B, T) are split along B: axis 1, across hosts.
+    from flaxformer_mini.run import Run
+    from tests.test_real_corpora import write_corpus
+
+    files = {"train": str(write_corpus(tmp_path / "train.tsv", 60)), "valid": str(write_corpus(tmp_path / "valid.tsv", 7))}
+    runs = {(k, devices): dict(out=str(tmp_path / f"k{k}_{devices}"), devices=devices, sharding="fsdp",
+                               text=dict(files, max_tokens=60, accumulate=k))
+            for k in (1, 2) for devices in (1, 2)}
+    _worker({"n": 1, "runs": [runs[1, 1], runs[2, 1]]})
+    reference = Run.open(runs[1, 1]["out"])
+    rows = {len(reference.train_batches(step)[0].source) for step in range(STEPS)}
+    assert any(r % 4 for r in rows), f"every batch already divisible by 4 ({rows}): nothing padded"
+    assert reference.config.model.dropout > 0  # the dropout masks too must be the single device's
+    said = launch_workers(2, [runs[1, 2], runs[2, 2]], devices_per_process=2)[0][2]
+    assert f"{runs[2, 2]['out']}: model: 31,101 parameters, float32, on 4 cpu device(s), mesh data=4, fsdp" in said
+    # Every micro-batch's rows split over 'data' (a multiple of 4 now), not handed whole to every device.
+    shapes = re.findall(r"micro-batches \(2, (\d+), \d+\) laid out P\(None, 'data'\)", said)
+    assert len(shapes) == STEPS and all(int(b) % 4 == 0 for b in shapes), said[-2000:]
+    for k in (1, 2):
+        one, two = runs[k, 1]["out"], runs[k, 2]["out"]
+        ref, got = losses(one), losses(two)
+        assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+        worst = max(abs(ref[s] - got[s]) for s in ref)
+        assert worst <= EQUIV_ATOL, f"--accumulate {k}: losses differ by {worst:.2e}"
+        chex.assert_trees_all_close(final_state(two).params, final_state(one).params, atol=EQUIV_ATOL, rtol=0)
+
+
+def test_only_process_0_checks_the_token_budget_before_the_tokenizers_are_agreed(tmp_path, monkeypatch):
+    # Another process may hold a unigram tokenizer of its own until follow_main adopts process
+    # 0's files; its lengths would then refuse or accept other pairs than the run trains on.
+    from flaxformer_mini import distributed
+    from flaxformer_mini.run import Run
+    from tests.test_real_corpora import write_corpus
+
+    files = {"train": str(write_corpus(tmp_path / "train.tsv", 20)), "valid": str(write_corpus(tmp_path / "valid.tsv", 3))}
+    config = _worker_config(dict(files, max_tokens=4, accumulate=1))
+    with pytest.raises(ValueError, match="--max-tokens 4 is smaller than the longest example"):
+        Run.create(tmp_path / "main", config)
+    monkeypatch.setattr(distributed, "is_main", lambda: False)
+    assert Run.create(tmp_path / "other", config).config.max_tokens == 4
+    assert not (tmp_path / "main").exists() and not (tmp_path / "other").exists()
 
 
 # ----------------------------------------------------------------------------- the CLI: faults

@@ -170,6 +170,19 @@ def test_an_accumulate_run_trains_and_counts_updates(corpus, tmp_path):
     assert latest_state(tmp_path / "acc")[0] == 4
 
 
+def test_max_tokens_and_accumulate_train_on_several_devices(corpus, tmp_path):
+    # --batch-size 7 sets only the evaluation's batches under --max-tokens: not the mesh's to
+    # divide. That the numbers equal one device's: tests/test_multiprocess.py.
+    from simulated_devices import worker_env
+    from test_train_cli import run_process
+
+    proc = run_process(*text_args(corpus, tmp_path / "r", "--max-tokens", "60", "--accumulate", "2", "--batch-size", "7",
+                                  "--devices", "2", "--steps", "2"), env=worker_env(2))
+    assert proc.returncode == 0, proc.stderr
+    assert "on 2 cpu device(s), mesh data=2, replicated sharding" in proc.stderr
+    assert latest_state(tmp_path / "r")[0] == 2
+
+
 # ----------------------------------------------------------------------------- bad input
 
 

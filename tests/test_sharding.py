@@ -29,7 +29,8 @@ import pytest
 from simulated_devices import worker_env
 from jax.sharding import PartitionSpec as P
 
-from flaxformer_mini.sharding import fsdp_spec, local_row_range, make_mesh, process_local_rows, state_shardings
+from flaxformer_mini.sharding import (fsdp_spec, local_row_range, make_mesh, pad_to_data_groups, process_local_rows,
+                                     state_shardings)
 
 NUM_DEVICES = 8
 STEPS = 5
@@ -270,6 +271,23 @@ def test_process_local_rows_in_one_process_is_the_whole_batch():
     batch = (np.arange(6).reshape(3, 2), np.arange(3).reshape(3, 1))
     assert local_row_range(make_mesh(1), 3) == (0, 3)
     assert process_local_rows(batch, make_mesh(1)) is batch
+
+
+@pytest.mark.parametrize("rows, groups, expected", [(7, 4, 8), (8, 4, 8), (3, 2, 4), (5, 1, 5)])
+def test_a_batch_is_filled_with_pad_rows_up_to_a_multiple_of_the_data_groups(rows, groups, expected):
+    # A --max-tokens batch has max_tokens // max(S, T) rows, whatever the mesh; the 'data' axis
+    # (not the 'model' one) must divide them.
+    from jax.sharding import AbstractMesh
+
+    from flaxformer_mini.data import PAD, Batch
+
+    rng = np.random.default_rng(0)
+    batch = Batch(*(rng.integers(4, 20, size=(rows, n)) for n in (5, 6, 6)))
+    padded = pad_to_data_groups(batch, AbstractMesh((groups, 2), ("data", "model")))
+    for before, after in zip(batch, padded):
+        assert after.shape == (expected, before.shape[1])
+        np.testing.assert_array_equal(after[:rows], before)
+        assert (after[rows:] == PAD).all()
 
 
 @pytest.mark.parametrize(
