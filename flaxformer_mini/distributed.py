@@ -118,7 +118,26 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DistributedError(f"could not start the multi-process runtime with the coordinator {address} "
                                f"within {timeout_s}s (--distributed-timeout): {first}") from None
+    _check_equal_device_counts()
     return True
+
+
+def _check_equal_device_counts():
+    """Refuse processes with different numbers of devices, on each process alone, before any
+    collective: jax's ``process_allgather`` (``allgather_bytes``, so every start-up check) and
+    the meshes take the same count from every process, and with unequal counts the first
+    collective fails with a bare reshape error. ``jax.devices()`` lists every process's
+    devices, so every process finds the same mismatch and stops with the same message."""
+    counts = {}
+    for d in jax.devices():
+        counts[d.process_index] = counts.get(d.process_index, 0) + 1
+    if len(set(counts.values())) > 1:
+        said = ", ".join(f"process {p}: {n}" for p, n in sorted(counts.items()))
+        platform = jax.devices()[0].platform
+        how = ("XLA_FLAGS=--xla_force_host_platform_device_count=N" if platform == "cpu"
+               else "CUDA_VISIBLE_DEVICES" if platform == "gpu" else "the hosts' accelerators")
+        raise DistributedError(f"the processes have different numbers of {platform} devices ({said}); every process "
+                               f"needs as many (set by {how})")
 
 
 def _wait_for_coordinator(address, timeout_s):

@@ -68,19 +68,30 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
 
 def _per_process_devices(num_devices):
     """The first ``num_devices`` local devices of every process (all when None), in process
-    order: a mesh must give every process the same share, or some would feed no rows."""
+    order: a mesh must give every process the same share, or some would feed no rows.
+
+    Every process sees every process's devices (``jax.devices()``), so each one refuses the
+    same mismatch with the same message, without a collective: hosts with different device
+    counts and no ``--devices``, or a ``--devices`` some host lacks."""
     by_process = {}
     for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
         by_process.setdefault(d.process_index, []).append(d)
-    local = len(by_process[jax.process_index()])
-    n = local if num_devices is None else num_devices
-    if n > local:
+    counts = {p: len(ds) for p, ds in sorted(by_process.items())}
+    fewest = min(counts.values())
+    said = ", ".join(f"process {p}: {c}" for p, c in counts.items())
+    if num_devices is None and fewest != max(counts.values()):
+        raise ValueError(f"the processes have different numbers of devices ({said}); a mesh takes as many of "
+                         f"each: --devices N (N <= {fewest}) uses N devices of every process")
+    n = fewest if num_devices is None else num_devices
+    short = [p for p, c in counts.items() if c < n]
+    if short:  # this process's own shortfall first, where it has one
+        p = jax.process_index() if jax.process_index() in short else short[0]
         raise ValueError(
-            f"asked for {n} devices per process but this process has only {local} "
+            f"asked for {n} devices per process but process {p} has only {counts[p]} "
             f"({jax.local_devices()[0].platform}); on CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
             "simulates N devices"
         )
-    return [d for p in sorted(by_process) for d in by_process[p][:n]]
+    return [d for p in counts for d in by_process[p][:n]]
 
 
 def _mesh(shape, names, devices):

@@ -623,6 +623,19 @@ def test_a_process_id_out_of_range_is_refused():
     assert "--process-id 2 is out of range for --num-processes 2" in proc.stderr
 
 
+def test_processes_with_different_device_counts_are_refused_naming_the_counts_before_anything_is_written(tmp_path):
+    # Before: the first start-up collective (jax's process_allgather) failed on every process
+    # with "cannot reshape array of size 3 into shape (2,2)".
+    out, argv = tmp_path / "run", train_cli(tmp_path / "run", 2)
+    procs = [subprocess.Popen(argv(i), env=env_with(devices_per_process=2 - i), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for code, _, err in finish(procs):
+        assert code == 2, err[-2000:]
+        assert ("error: the processes have different numbers of cpu devices (process 0: 2, process 1: 1); every "
+                "process needs as many (set by XLA_FLAGS=--xla_force_host_platform_device_count=N)") in err, err[-2000:]
+    assert not out.exists()
+
+
 def test_a_batch_size_not_divisible_by_the_global_device_count_is_refused(tmp_path):
     out = tmp_path / "run"
     argv = train_cli(out, 2)

@@ -23,14 +23,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 from simulated_devices import worker_env
 from jax.sharding import PartitionSpec as P
 
-from flaxformer_mini.sharding import (fsdp_spec, local_row_range, make_mesh, pad_to_data_groups, process_local_rows,
-                                     state_shardings)
+from flaxformer_mini.sharding import (_per_process_devices, fsdp_spec, local_row_range, make_mesh, pad_to_data_groups,
+                                     process_local_rows, state_shardings, training_mesh)
 
 NUM_DEVICES = 8
 STEPS = 5
@@ -309,6 +310,42 @@ def test_fsdp_spec_splits_the_largest_divisible_axis(shape, expected):
 
 def test_fsdp_spec_on_one_device_replicates():
     assert fsdp_spec((40, 16), 1) == P()
+
+
+class _HostDevice(NamedTuple):  # what _per_process_devices reads of a jax.Device
+    process_index: int
+    id: int
+    platform: str = "cpu"
+
+
+def hosts_with(monkeypatch, counts, me):
+    """This process is process ``me`` of len(counts) whose device counts are ``counts``; every
+    process sees every device, as in a multi-process jax runtime."""
+    import jax
+
+    devices = [_HostDevice(p, 100 * p + i) for p, n in enumerate(counts) for i in range(n)]
+    monkeypatch.setattr(jax, "devices", lambda: devices)
+    monkeypatch.setattr(jax, "process_index", lambda: me)
+    monkeypatch.setattr(jax, "process_count", lambda: len(counts))
+    monkeypatch.setattr(jax, "local_devices", lambda: [d for d in devices if d.process_index == me])
+
+
+@pytest.mark.parametrize("me", [0, 1])
+def test_hosts_with_different_device_counts_are_refused_naming_the_counts_on_every_process(monkeypatch, me):
+    # Before: each process built its mesh from its own count, and the mismatch surfaced as a reshape error.
+    hosts_with(monkeypatch, [2, 1], me)
+    for build in (make_mesh, lambda: training_mesh(None, "replicated", 8, mesh_shape={"data": 3, "model": 1})):
+        with pytest.raises(ValueError, match=r"different numbers of devices \(process 0: 2, process 1: 1\).*"
+                                             r"--devices N \(N <= 1\)"):
+            build()
+    with pytest.raises(ValueError, match="asked for 2 devices per process but process 1 has only 1 "):
+        make_mesh(2)
+
+
+def test_a_mesh_takes_the_same_devices_of_every_process_in_process_order(monkeypatch):
+    hosts_with(monkeypatch, [3, 3], me=1)
+    assert [d.id for d in _per_process_devices(None)] == [0, 1, 2, 100, 101, 102]
+    assert [d.id for d in _per_process_devices(2)] == [0, 1, 100, 101]
 
 
 def test_make_mesh_rejects_more_devices_than_exist():
