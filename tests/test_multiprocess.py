@@ -215,6 +215,12 @@ LAYOUTS = {
 TENSOR_PARALLEL = "2x2_mesh_data=2,model=2_fsdp"
 
 
+# Token-budget batches with accumulation over 2 processes of 2 devices (--max-tokens 60 --accumulate 2
+# of a word-vocabulary text run), against the same run in one process on one device.
+TEXT_RUN = "text_max_tokens_accumulate"
+TEXT_MAX_TOKENS = 60
+
+
 # Checkpoints across meshes: a run saved at STEPS under one layout, continued to 2 * STEPS
 # under another, against the single-process run continued on its own mesh.
 CONTINUED = {
@@ -228,19 +234,23 @@ CONTINUED = {
 @pytest.fixture(scope="module")
 def equivalence_runs(tmp_path_factory):
     """Three launches (8 processes), each running its layout's runs one after another, and
-    the single-process runs in this process: the 2x2 FSDP and tensor-parallel runs first, so
+    the single-process runs in this process: the 2x2 FSDP, tensor-parallel and text runs first, so
     that this process can train the reference and then continue both its checkpoint and the
     2x2 run's (each launch costs a JAX start-up and a compilation per process)."""
     import shutil
+
+    from tests.test_real_corpora import write_corpus
 
     root = tmp_path_factory.mktemp("equivalence")
     t0 = time.time()
     run = lambda name, d, sharding, **kw: {"out": str(root / name), "devices": d, "sharding": sharding, **kw}  # noqa: E731
     assert CONTINUED["fsdp_4_devices_to_1_device"][0] == "2x2_fsdp"
-    results = launch_workers(2, [run("2x2_fsdp", 2, "fsdp"), run(TENSOR_PARALLEL, None, "fsdp", mesh={"data": 2, "model": 2})],
-                             devices_per_process=2)
+    text = {"train": str(write_corpus(root / "train.tsv", 60)), "valid": str(write_corpus(root / "valid.tsv", 7)),
+            "max_tokens": TEXT_MAX_TOKENS, "accumulate": 2}
+    results = launch_workers(2, [run("2x2_fsdp", 2, "fsdp"), run(TENSOR_PARALLEL, None, "fsdp", mesh={"data": 2, "model": 2}),
+                                 run(f"{TEXT_RUN}_2x2", 2, "fsdp", text=text)], devices_per_process=2)
     (root / "2x2_launch.stderr").write_text(results[0][2])  # what process 0 said of its runs
-    one_process = [run("reference", 1, "replicated")]
+    one_process = [run("reference", 1, "replicated"), run(f"{TEXT_RUN}_reference", 1, "fsdp", text=text)]
     multi = {}
     for name, (n, d, sharding) in LAYOUTS.items():
         if name != "2x2_fsdp":
@@ -304,34 +314,29 @@ def test_only_process_0_writes_the_run_files(equivalence_runs):
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
 
 
-def test_max_tokens_with_and_without_accumulate_on_two_processes_of_two_devices_train_as_one_device(tmp_path):
+def test_max_tokens_and_accumulate_on_two_processes_of_two_devices_train_as_one_device(equivalence_runs):
     # --max-tokens batches keep the rows they have on one device (max_tokens // max(S, T): here
     # 7, which the 4 data-parallel groups do not divide, so the mesh fills them up with PAD rows),
     # and --accumulate's stacked micro-batches (K, B, T) are split along B: axis 1, across hosts.
     from flaxformer_mini.run import Run
-    from tests.test_real_corpora import write_corpus
 
-    files = {"train": str(write_corpus(tmp_path / "train.tsv", 60)), "valid": str(write_corpus(tmp_path / "valid.tsv", 7))}
-    runs = {(k, devices): dict(out=str(tmp_path / f"k{k}_{devices}"), devices=devices, sharding="fsdp",
-                               text=dict(files, max_tokens=60, accumulate=k))
-            for k in (1, 2) for devices in (1, 2)}
-    _worker({"n": 1, "runs": [runs[1, 1], runs[2, 1]]})
-    reference = Run.open(runs[1, 1]["out"])
-    rows = {len(reference.train_batches(step)[0].source) for step in range(STEPS)}
+    one, two = equivalence_runs / f"{TEXT_RUN}_reference", equivalence_runs / f"{TEXT_RUN}_2x2"
+    reference = Run.open(one)
+    assert (reference.config.max_tokens, reference.config.accumulate) == (TEXT_MAX_TOKENS, 2)
+    rows = {len(b.source) for step in range(STEPS) for b in reference.train_batches(step)}
     assert any(r % 4 for r in rows), f"every batch already divisible by 4 ({rows}): nothing padded"
     assert reference.config.model.dropout > 0  # the dropout masks too must be the single device's
-    said = launch_workers(2, [runs[1, 2], runs[2, 2]], devices_per_process=2)[0][2]
-    assert f"{runs[2, 2]['out']}: model: 31,101 parameters, float32, on 4 cpu device(s), mesh data=4, fsdp" in said
+    said = (equivalence_runs / "2x2_launch.stderr").read_text()
+    assert f"{two}: model: 31,101 parameters, float32, on 4 cpu device(s), mesh data=4, fsdp" in said, said[-2000:]
     # Every micro-batch's rows split over 'data' (a multiple of 4 now), not handed whole to every device.
-    shapes = re.findall(r"micro-batches \(2, (\d+), \d+\) laid out P\(None, 'data'\)", said)
+    shapes = re.findall(rf"{re.escape(str(two))}: micro-batches \(2, (\d+), \d+\) laid out P\(None, 'data'\)", said)
     assert len(shapes) == STEPS and all(int(b) % 4 == 0 for b in shapes), said[-2000:]
-    for k in (1, 2):
-        one, two = runs[k, 1]["out"], runs[k, 2]["out"]
-        ref, got = losses(one), losses(two)
-        assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
-        worst = max(abs(ref[s] - got[s]) for s in ref)
-        assert worst <= EQUIV_ATOL, f"--accumulate {k}: losses differ by {worst:.2e}"
-        chex.assert_trees_all_close(final_state(two).params, final_state(one).params, atol=EQUIV_ATOL, rtol=0)
+    ref, got = losses(one), losses(two)
+    assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+    worst = max(abs(ref[s] - got[s]) for s in ref)
+    assert worst <= EQUIV_ATOL, f"losses differ by {worst:.2e}"
+    assert max_param_diff(final_state(one), reference.trainer.init_state())[0] > 1000 * EQUIV_ATOL
+    chex.assert_trees_all_close(final_state(two).params, final_state(one).params, atol=EQUIV_ATOL, rtol=0)
 
 
 def test_only_process_0_checks_the_token_budget_before_the_tokenizers_are_agreed(tmp_path, monkeypatch):

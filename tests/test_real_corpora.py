@@ -164,23 +164,21 @@ def test_accumulating_k_micro_batches_equals_one_k_times_larger_batch():
     assert int(many.step) == 1
 
 
-def test_an_accumulate_run_trains_and_counts_updates(corpus, tmp_path):
-    proc = cli(*text_args(corpus, tmp_path / "acc", "--accumulate", "2", "--batch-size", "8", "--steps", "4"))
-    assert proc.returncode == 0, proc.stderr
-    assert latest_state(tmp_path / "acc")[0] == 4
-
-
-def test_max_tokens_and_accumulate_train_on_several_devices(corpus, tmp_path):
-    # --batch-size 7 sets only the evaluation's batches under --max-tokens: not the mesh's to
-    # divide. That the numbers equal one device's: tests/test_multiprocess.py.
+def test_a_max_tokens_accumulate_run_on_two_devices_counts_updates_and_batches_by_the_budget(corpus, tmp_path):
+    # --batch-size 3 sets only the evaluation's batches under --max-tokens (a note says so), so the
+    # 2 devices need not divide it. That such a run's numbers equal one device's: test_multiprocess.
     from simulated_devices import worker_env
     from test_train_cli import run_process
 
-    proc = run_process(*text_args(corpus, tmp_path / "r", "--max-tokens", "60", "--accumulate", "2", "--batch-size", "7",
+    out = tmp_path / "r"
+    proc = run_process(*text_args(corpus, out, "--max-tokens", "60", "--accumulate", "2", "--batch-size", "3",
                                   "--devices", "2", "--steps", "2"), env=worker_env(2))
     assert proc.returncode == 0, proc.stderr
+    assert "--max-tokens 60 wins" in proc.stderr
     assert "on 2 cpu device(s), mesh data=2, replicated sharding" in proc.stderr
-    assert latest_state(tmp_path / "r")[0] == 2
+    assert latest_state(out)[0] == 2  # optimizer updates, not micro-batches
+    micro = Run.open(out).train_batches(0)
+    assert len(micro) == 2 and all(b.source.shape[0] > 3 for b in micro)  # rows from the budget, not --batch-size
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -248,13 +246,3 @@ def test_a_missing_tokenizer_says_whether_resuming_rebuilds_it(tmp_path, kind, r
 def test_accumulate_zero_is_refused_by_name(corpus, tmp_path):
     proc = cli(*text_args(corpus, tmp_path / "r", "--accumulate", "0"))
     assert proc.returncode == 2 and "--accumulate must be >= 1" in proc.stderr
-
-
-def test_max_tokens_wins_over_batch_size_and_says_so(bpe_run, tmp_path):
-    # bpe_run's options (its compiled steps are reused) and a --batch-size
-    args = [a if a != str(bpe_run[0]) else str(tmp_path / "r") for a in bpe_run[1]]
-    proc = cli(*args, "--batch-size", "3", "--steps", "2")
-    assert proc.returncode == 0, proc.stderr
-    assert "--max-tokens 96 wins" in proc.stderr
-    (batch,) = Run.open(tmp_path / "r").train_batches(0)
-    assert batch.source.shape[0] > 3  # rows from the token budget, not --batch-size
