@@ -13,6 +13,7 @@ Time (2-core CPU shared with other jobs): see docs/scale-out.md; each launch cos
 start-up and a compilation per process.
 """
 
+import contextlib
 import json
 import re
 import signal
@@ -163,8 +164,27 @@ def _worker(spec):
             run.trainer.accumulated_train_step = lambda state, batch: (print(
                 f"{r['out']}: micro-batches {batch.source.shape} laid out {layout(batch.source)}", file=sys.stderr),
                 step(state, batch))[1]
-        fit(run, r.get("steps", STEPS), log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
-            sharding=r["sharding"], echo=lambda m: print(f"{r['out']}: {m}", file=sys.stderr))
+        with _evaluating(r.get("evaluate", True)):
+            fit(run, r.get("steps", STEPS), log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
+                sharding=r["sharding"], echo=lambda m: print(f"{r['out']}: {m}", file=sys.stderr))
+
+
+@contextlib.contextmanager
+def _evaluating(really):
+    """fit's evaluations as they are, or (``really`` False) left out: the equivalence compares the
+    training losses and parameters, and an evaluation's decoding loop costs every process a
+    compilation (about 2 s of a 6.6 s one-process run here). The reference and the 2x2 launch's
+    FSDP and tensor-parallel runs evaluate: their states gathered from two processes score as one
+    process scores them (test_evaluation_gathered_from_two_processes_...)."""
+    import flaxformer_mini.fit as fit_module
+
+    kept = fit_module.evaluate
+    if not really:
+        fit_module.evaluate = lambda *args, **kwargs: {"loss": 0.0, "token_accuracy": 0.0, "exact_match": 0.0}
+    try:
+        yield
+    finally:
+        fit_module.evaluate = kept
 
 
 def launch_workers(n, runs, devices_per_process=1):
@@ -248,18 +268,20 @@ def equivalence_runs(tmp_path_factory):
     text = {"train": str(write_corpus(root / "train.tsv", 60)), "valid": str(write_corpus(root / "valid.tsv", 7)),
             "max_tokens": TEXT_MAX_TOKENS, "accumulate": 2}
     results = launch_workers(2, [run("2x2_fsdp", 2, "fsdp"), run(TENSOR_PARALLEL, None, "fsdp", mesh={"data": 2, "model": 2}),
-                                 run(f"{TEXT_RUN}_2x2", 2, "fsdp", text=text)], devices_per_process=2)
+                                 run(f"{TEXT_RUN}_2x2", 2, "fsdp", text=text, evaluate=False)], devices_per_process=2)
     (root / "2x2_launch.stderr").write_text(results[0][2])  # what process 0 said of its runs
-    one_process = [run("reference", 1, "replicated"), run(f"{TEXT_RUN}_reference", 1, "fsdp", text=text)]
+    # The text runs and the runs below but the reference leave fit's evaluations out (_evaluating says why).
+    one_process = [run("reference", 1, "replicated"), run(f"{TEXT_RUN}_reference", 1, "fsdp", text=text, evaluate=False)]
     multi = {}
     for name, (n, d, sharding) in LAYOUTS.items():
         if name != "2x2_fsdp":
-            multi.setdefault((n, d), []).append(run(name, d, sharding))
+            multi.setdefault((n, d), []).append(run(name, d, sharding, evaluate=False))
     for name, (source, n, d, sharding) in CONTINUED.items():
         if (n, d) == (1, 1):  # continued in the single-process launch, once its source exists
-            one_process.append(run(name, d, sharding, steps=2 * STEPS, copy_from=str(root / source)))
+            one_process.append(run(name, d, sharding, steps=2 * STEPS, copy_from=str(root / source), evaluate=False))
         else:
-            multi.setdefault((n, d), []).append(run(name, d, sharding, steps=2 * STEPS, copy_from=source))
+            multi.setdefault((n, d), []).append(run(name, d, sharding, steps=2 * STEPS, copy_from=source,
+                                                    evaluate=False))
     _worker({"n": 1, "runs": one_process})  # one process on one device: this one (no launch to pay)
     for (n, d), runs in multi.items():
         for r in runs:  # copied here, once, not by each process of the launch
@@ -287,6 +309,21 @@ def test_multiprocess_losses_and_parameters_equal_one_process(equivalence_runs, 
     assert worst <= EQUIV_ATOL, f"{layout}: losses differ by {worst:.2e}"
     chex.assert_trees_all_close(final_state(equivalence_runs / layout).params,
                                 final_state(equivalence_runs / "reference").params, atol=EQUIV_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("run", ["2x2_fsdp", TENSOR_PARALLEL])
+def test_evaluation_gathered_from_two_processes_scores_as_one_process(equivalence_runs, run):
+    from flaxformer_mini.run_dir import RunDir
+
+    def evaluation(name):
+        (record,) = [r for r in RunDir(equivalence_runs / name).read_metrics() if "eval_loss" in r]
+        return record
+
+    got, ref = evaluation(run), evaluation("reference")
+    assert got["step"] == ref["step"] == STEPS
+    assert sorted(got) == sorted(ref) and "eval_exact_match" in ref
+    for key in ref:
+        assert got[key] == pytest.approx(ref[key], abs=EQUIV_ATOL), key
 
 
 def test_the_tensor_parallel_run_used_the_2d_mesh_over_both_processes(equivalence_runs):
