@@ -122,17 +122,30 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     return True
 
 
+def devices_by_process():
+    """``{process index: its devices by id}``, in process order. ``jax.devices()`` lists every
+    process's devices on each process, so every process builds the same table, without a
+    collective."""
+    by_process = {}
+    for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
+        by_process.setdefault(d.process_index, []).append(d)
+    return by_process
+
+
+def describe_device_counts(by_process):
+    """``'process 0: 2, process 1: 1'``: for the errors that name each process's count."""
+    return ", ".join(f"process {p}: {len(devices)}" for p, devices in by_process.items())
+
+
 def _check_equal_device_counts():
     """Refuse processes with different numbers of devices, on each process alone, before any
     collective: jax's ``process_allgather`` (``allgather_bytes``, so every start-up check) and
     the meshes take the same count from every process, and with unequal counts the first
-    collective fails with a bare reshape error. ``jax.devices()`` lists every process's
-    devices, so every process finds the same mismatch and stops with the same message."""
-    counts = {}
-    for d in jax.devices():
-        counts[d.process_index] = counts.get(d.process_index, 0) + 1
-    if len(set(counts.values())) > 1:
-        said = ", ".join(f"process {p}: {n}" for p, n in sorted(counts.items()))
+    collective fails with a bare reshape error. Every process reads the same table
+    (``devices_by_process``), finds the same mismatch and stops with the same message."""
+    by_process = devices_by_process()
+    if len({len(devices) for devices in by_process.values()}) > 1:
+        said = describe_device_counts(by_process)
         platform = jax.devices()[0].platform
         how = ("XLA_FLAGS=--xla_force_host_platform_device_count=N" if platform == "cpu"
                else "CUDA_VISIBLE_DEVICES" if platform == "gpu" else "the hosts' accelerators")

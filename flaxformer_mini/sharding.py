@@ -70,17 +70,15 @@ def _per_process_devices(num_devices):
     """The first ``num_devices`` local devices of every process (all when None), in process
     order: a mesh must give every process the same share, or some would feed no rows.
 
-    Every process sees every process's devices (``jax.devices()``), so each one refuses the
-    same mismatch with the same message, without a collective: hosts with different device
-    counts and no ``--devices``, or a ``--devices`` some host lacks."""
-    by_process = {}
-    for d in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
-        by_process.setdefault(d.process_index, []).append(d)
-    counts = {p: len(ds) for p, ds in sorted(by_process.items())}
+    Every process sees every process's devices (``distributed.devices_by_process``), so each
+    one refuses the same mismatch with the same message, without a collective: hosts with
+    different device counts and no ``--devices``, or a ``--devices`` some host lacks."""
+    by_process = distributed.devices_by_process()
+    counts = {p: len(ds) for p, ds in by_process.items()}
     fewest = min(counts.values())
-    said = ", ".join(f"process {p}: {c}" for p, c in counts.items())
     if num_devices is None and fewest != max(counts.values()):
-        raise ValueError(f"the processes have different numbers of devices ({said}); a mesh takes as many of "
+        raise ValueError(f"the processes have different numbers of devices "
+                         f"({distributed.describe_device_counts(by_process)}); a mesh takes as many of "
                          f"each: --devices N (N <= {fewest}) uses N devices of every process")
     n = fewest if num_devices is None else num_devices
     short = [p for p, c in counts.items() if c < n]
