@@ -52,7 +52,8 @@ def _train_until_stopped(args, stop):
     from flaxformer_mini import distributed
 
     # Scale-out: the multi-process runtime starts before anything touches a device.
-    distributed.start_runtime(args.coordinator, args.num_processes, args.process_id, args.distributed_timeout)
+    distributed.start_runtime(args.coordinator, args.num_processes, args.process_id, args.distributed_timeout,
+                              program=f"flaxformer-mini {args.command}")
     from flaxformer_mini.fit import fit
     from flaxformer_mini.run import Run
     from flaxformer_mini.run_config import DataConfig, TrainOptions

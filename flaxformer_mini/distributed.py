@@ -18,6 +18,8 @@ import hashlib
 import json
 import os
 import socket
+import sys
+import threading
 import time
 
 import jax
@@ -28,6 +30,11 @@ import numpy as np
 # JAX_COORDINATOR_ADDRESS itself but (0.10) not these two.
 ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
 DEFAULT_TIMEOUT_S = 300  # jax.distributed's own initialization timeout
+# jax's own initialization timeout runs this much past ours, so that our watchdog
+# (_give_up_after) always ends a start-up that waits too long, with a message, before jax's
+# C++ client does with SIGABRT.
+JAX_INIT_GRACE_S = 10
+EXIT_UNUSABLE = 2  # the CLI's exit code for processes that cannot start together
 
 
 class DistributedError(ValueError):
@@ -76,7 +83,8 @@ def _env_int(name):
         raise DistributedError(f"{name}={value!r} is not an integer") from None
 
 
-def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout_s=DEFAULT_TIMEOUT_S):
+def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout_s=DEFAULT_TIMEOUT_S,
+                  program="flaxformer_mini"):
     """Start ``jax.distributed`` when this is a multi-process run; call it before anything
     touches a device. Returns True when the runtime was started.
 
@@ -84,6 +92,10 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     ``JAX_PROCESS_ID``; then JAX's cluster detection (SLURM, Open MPI, Cloud TPU). With none of
     them, a single process: nothing is started. ``timeout_s`` bounds both the wait for the
     coordinator and the heartbeat after which a silent process counts as lost.
+
+    A process whose peers do not all connect within ``timeout_s`` prints
+    ``{program}: error: ...`` naming the coordinator and the process count, and exits with code 2:
+    that wait happens inside jax's C++ client, where no Python exception can reach it.
     """
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
     process_id = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
@@ -108,18 +120,54 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     # install its own SIGTERM notifier, which can take the signal from Python's handler.
     jax.config.update("jax_enable_preemption_service", False)
     address = coordinator or os.environ.get(ENV_COORDINATOR) or "(found by JAX's cluster detection)"
+    everyone = f"the run's {num_processes} processes" if num_processes else "the run's processes"
+    late = (f"{program}: error: {everyone} did not all connect to the coordinator {address} within {timeout_s}s "
+            f"(--distributed-timeout){'' if process_id is None else f' (this is process {process_id})'}. Start every "
+            f"process with the same --coordinator and --num-processes, each with its own --process-id, or give "
+            f"them longer with --distributed-timeout.")
     try:
-        jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=int(timeout_s),
-                                   heartbeat_timeout_seconds=int(timeout_s),
-                                   # the exit barrier (every process waits for the others to end):
-                                   # bounded like the rest, not jax's default 5 minutes
-                                   shutdown_timeout_seconds=int(timeout_s))
+        with _give_up_after(timeout_s, late):
+            jax.distributed.initialize(coordinator, num_processes, process_id,
+                                       initialization_timeout=int(timeout_s) + JAX_INIT_GRACE_S,
+                                       heartbeat_timeout_seconds=int(timeout_s),
+                                       # the exit barrier (every process waits for the others to end):
+                                       # bounded like the rest, not jax's default 5 minutes
+                                       shutdown_timeout_seconds=int(timeout_s))
     except (RuntimeError, ValueError, TypeError) as e:  # XlaRuntimeError is a RuntimeError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DistributedError(f"could not start the multi-process runtime with the coordinator {address} "
                                f"within {timeout_s}s (--distributed-timeout): {first}") from None
     _check_equal_device_counts()
     return True
+
+
+class _give_up_after:
+    """Within the block, end the process with ``message`` and exit code 2 once ``timeout_s``
+    have passed.
+
+    Hand-written for ``jax.distributed.initialize``: when the peers do not all connect within
+    its timeout, jax's C++ client ends the process with a fatal log and SIGABRT (exit 134, a C++
+    stack trace, no Python error to catch). The client releases the GIL while it waits, so a
+    thread can still speak and leave first (``os._exit``: the main thread is inside C++ and
+    nothing has been written yet, see the CLI's start-up order)."""
+
+    def __init__(self, timeout_s, message):
+        self.timeout_s, self.message = timeout_s, message
+        self._done = threading.Event()
+
+    def _watch(self):
+        if not self._done.wait(self.timeout_s):
+            print(self.message, file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(EXIT_UNUSABLE)
+
+    def __enter__(self):
+        threading.Thread(target=self._watch, name="distributed-start-watchdog", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        return False
 
 
 def devices_by_process():
