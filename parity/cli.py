@@ -144,7 +144,7 @@ def _check(args):
           f"batch {args.batch} with padding, float32, highest matmul precision (TF32 off), seed {args.seed}; "
           f"torch on {device}, JAX on {jax.devices()[0].platform}"
           + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
-    print(report.format_table(show_all=args.all))
+    print(report.format_table(show_all=args.all, all_hint="--all"))
     if args.json:
         from parity.output import write_atomic
 

@@ -15,6 +15,7 @@ import re
 import sys
 import types
 from collections import defaultdict
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -35,10 +36,16 @@ from parity.report import (  # noqa: F401 - names parity.compare has always give
 )
 
 def _leaves(name, value):
-    """Flatten a module output (array, or tuple of arrays) into (name, array) pairs."""
+    """Flatten a module output (an array, or tuples, lists and dicts of them) into (name,
+    array) pairs: ``name[0]``, ``name['logits']``. Both sides flatten alike, so a port that
+    returns the same structure gets the same names; dict items go in key order, not insertion
+    order, since a torch ``dict`` and an ``nnx.Dict`` need not keep the same."""
     if isinstance(value, (tuple, list)):
         for i, v in enumerate(value):
             yield from _leaves(f"{name}[{i}]", v)
+    elif isinstance(value, Mapping):
+        for k in sorted(value, key=str):
+            yield from _leaves(f"{name}[{k!r}]", value[k])
     elif value is not None:
         yield name, value
 
@@ -150,10 +157,14 @@ def _drop_unmatched_sequential(torch_named, flax_named, sequential):
 
 
 def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL):
-    """Run both twins (in eval mode) on the same inputs and compare every intermediate."""
+    """Run both twins (in eval mode) on the same inputs and compare every intermediate; the
+    seed Transformer's landmark rows carry their ``ALIASES`` (``logits``, ``encoder.embeddings``)."""
     _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
     _, f = flax_intermediates(flax_model, *flax_inputs)
-    return compare_intermediates(_drop_unmatched_sequential(t, f, _sequential_paths(torch_model)), f, atol)
+    report = compare_intermediates(_drop_unmatched_sequential(t, f, _sequential_paths(torch_model)), f, atol)
+    for row in report.rows:
+        row.alias = ALIASES.get(row.name.partition("#")[0], "")
+    return report
 
 
 def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
@@ -222,8 +233,26 @@ def _channels_last_rows(channels_last, flax_names):
     return selected
 
 
+def _one_call_layers(flax_model, rules):
+    """{module path: type name} of the Flax layers whose conversion rule reaches into their
+    sublayers (``nnx.MultiHeadAttention``: ``query/kernel`` ...): torch computes such a layer in
+    one call (``nn.MultiheadAttention``'s fused projections), so its sublayers' outputs have no
+    torch counterpart."""
+    from parity.rules import RULES
+
+    rules = RULES if rules is None else rules
+    return {".".join(map(str, path)): type(module).__name__ for path, module in nnx.iter_modules(flax_model)
+            if any(r.flax_name and "/" in r.flax_name for r in rules.get(type(module), ()))}
+
+
+def _inside(name, layers):
+    """The layer of ``layers`` (paths) strictly inside which the row ``name`` lies, or None."""
+    base = _row_base(name)
+    return next((p for p in layers if base.startswith(p + ".") or (p == "" and base != "")), None)
+
+
 def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL, rename=None, channels_last=False,
-            ignore_missing=False):
+            ignore_missing=False, rules=None):
     """Run any torch module and any NNX module on the same inputs and compare every submodule's
     output, matched by path (torch paths renamed by the ``rename`` map's module prefixes), in
     torch's execution order; ``Report.first_divergence`` is the first row beyond ``atol``.
@@ -243,8 +272,14 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
       given to the Flax model in either layout (checked against torch's as it is, or with its
       channel axis moved).
 
-    ``ignore_missing``: drop rows only one side has (torch's ``nn.ReLU`` modules, where
-    the port calls ``nnx.relu``) instead of failing them.
+    ``ignore_missing``: leave out rows only one side has (torch's ``nn.ReLU`` modules, where
+    the port calls ``nnx.relu``) instead of failing them. Whatever is left out is listed in
+    ``Report.left_out`` and the table, with the reason: a typo in ``rename`` shows there.
+
+    The outputs of the sublayers of a layer that torch computes in one call (the ``query``,
+    ``key``, ``value`` and ``out`` of an ``nnx.MultiHeadAttention``, whose ``rules`` entry,
+    default ``parity.RULES``, reaches into them) are always left out that way: the layer's own
+    output is compared.
     """
     from parity.rename import Rename
 
@@ -260,10 +295,21 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
         t = {_rename_row(table, name): v for name, v in t.items()}
         sequential = {table.module_path(name) for name in sequential}
     t = _drop_unmatched_sequential(t, f, sequential)
+    f = _match_tuple_outputs(t, f)
+    left_out = []
+    one_call = _one_call_layers(flax_model, rules)
+    for name in [k for k in f if k not in t]:
+        layer = _inside(name, one_call)
+        if layer is not None:
+            del f[name]
+            left_out.append((name, f"inside {layer}, a {one_call[layer]} that torch computes in one call"))
     if ignore_missing:  # after renaming and matching: a row is missing only if no name matches it
-        f = _match_tuple_outputs(t, f)
+        left_out += [(k, "only torch has them, by ignore_missing") for k in t if k not in f]
+        left_out += [(k, "only Flax has them, by ignore_missing") for k in f if k not in t]
         t, f = {k: v for k, v in t.items() if k in f}, {k: v for k, v in f.items() if k in t}
-    return compare_intermediates(t, f, atol)
+    report = compare_intermediates(t, f, atol)
+    report.left_out = left_out
+    return report
 
 
 def _rename_row(table, name):

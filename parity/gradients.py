@@ -91,7 +91,9 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     and ``flax_loss(flax_model, *flax_inputs)`` (a scalar); torch inputs are moved to the torch
     model's device first, as in ``compare``. Flax gradients are converted to
     torch names and layout (``flax_to_torch`` with ``rename`` and ``rules``), then compared
-    with each ``param.grad`` in torch's parameter order."""
+    with each ``param.grad`` in torch's parameter order. A torch parameter frozen with
+    ``requires_grad=False`` has no gradient to compare (torch's is zero by construction, not
+    by computation): it is listed in ``Report.left_out`` instead."""
     from parity.compare import _check_inputs
     from parity.report import Report
 
@@ -112,8 +114,12 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     nnx.update(holder, grads)
     flax_grads = {k: tensor_to_numpy(g) for k, g in flax_to_torch(holder, rename=rename, rules=rules).items()
                   if k in params}  # buffers (running statistics) have no gradient
+    frozen = [k for k, p in params.items() if not p.requires_grad]
+    for k in frozen:
+        torch_grads.pop(k), flax_grads.pop(k, None)
     return Report([compared_row(LOSS_ROW, (), float(flax_value), float(loss.item()), atol),
-                   *_grad_rows(torch_grads, flax_grads, atol)], atol)
+                   *_grad_rows(torch_grads, flax_grads, atol)], atol,
+                  left_out=[(GRAD_PREFIX + k, "frozen in torch by requires_grad=False") for k in frozen])
 
 
 def _grad_rows(torch_grads, flax_grads, atol):

@@ -48,8 +48,13 @@ def _shape(state_dict, key, ndim=2):
     if key not in state_dict:
         near = difflib.get_close_matches(key, [str(k) for k in state_dict], n=1, cutoff=0.6)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
+        # Nothing like the seed's key: most likely a porter's own model, which the command
+        # line cannot build; the library can (docs/porting.md).
+        own = "" if near else (" `parity check` and `parity convert` build that architecture only; a model of your own "
+                               "converts and compares through the library (parity.torch_to_flax, parity.compare: "
+                               "docs/porting.md)")
         raise ConversionError(
-            f"cannot infer the model config: missing key {key!r}{hint}; is this a seed 001 Transformer state dict?",
+            f"cannot infer the model config: missing key {key!r}{hint}; is this a seed 001 Transformer state dict?{own}",
             missing=[key],
         )
     shape = tuple(getattr(state_dict[key], "shape", ()))

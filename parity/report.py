@@ -15,7 +15,9 @@ import numpy as np
 # Rows beyond the forward pass (``parity.gradients``): the loss, then one per parameter.
 GRAD_PREFIX = "grad:"
 LOSS_ROW = "loss"
-# Friendlier names for the seed Transformer's landmarks; every other row keeps its path.
+# Friendlier names for the seed Transformer's landmarks (``compare_models`` and ``parity
+# check`` give them to its rows as ``Row.alias``); every other row keeps its path, and a whole
+# model's output ("", or "[i]" for a tuple's items) reads "output".
 ALIASES = {
     "": "logits",
     "encoder.dropout": "encoder.embeddings",
@@ -34,12 +36,17 @@ class Row:
     max_rel: float
     ok: bool
     note: str = ""  # why a row could not be compared
+    at: tuple | None = None  # index of the largest difference (the first non-finite one, if any)
+    alias: str = ""  # shown instead of the module path (ALIASES)
 
     @property
     def label(self):
-        base, _, suffix = self.name.partition("#")
-        alias = ALIASES.get(base, base)
-        return alias + ("#" + suffix if suffix else "")
+        base, hash_, suffix = self.name.partition("#")
+        if self.alias:
+            base = self.alias
+        elif base == "" or base.startswith("["):
+            base = "output" + base  # the whole model's output, or one item of its tuple or dict
+        return base + hash_ + suffix
 
     @property
     def landmark(self):
@@ -57,6 +64,10 @@ class Row:
 class Report:
     rows: list
     atol: float
+    # (name, why) of each tensor one side has and the comparison leaves out on purpose: torch
+    # modules the port calls as functions (``ignore_missing``), the sublayers of a layer torch
+    # computes in one call (``nn.MultiheadAttention``), parameters frozen in torch. Said, never dropped silently.
+    left_out: list = dataclasses.field(default_factory=list)
 
     @property
     def ok(self):
@@ -70,32 +81,39 @@ class Report:
     def max_abs(self):
         return max((r.max_abs for r in self.rows if r.note == ""), default=0.0)
 
-    def format_table(self, show_all=False):
+    def format_table(self, show_all=False, all_hint="show_all=True"):
+        """The report as a table: landmark rows and every row beyond tolerance (``show_all``:
+        every row), then what was left out and the verdict. ``all_hint`` is what the
+        summary lines say shows every row (``parity check`` says ``--all``)."""
         shown = [r for r in self.rows if show_all or r.landmark or not r.ok]
         width = max([len(r.label) for r in shown] + [12])
         lines = [f"{'intermediate':<{width}}  {'shape':<16} {'max abs diff':>12}  {'max rel diff':>12}  within {self.atol:g}"]
         for r in shown:
-            status = "yes" if r.ok else ("NO  " + r.note if r.note else "NO")
-            lines.append(f"{r.label:<{width}}  {str(r.shape):<16} {r.max_abs:>12.3e}  {r.max_rel:>12.3e}  {status}")
+            status = "yes" if r.ok else "NO  " + (r.note or _where(r)).strip()
+            lines.append(f"{r.label:<{width}}  {str(r.shape):<16} {r.max_abs:>12.3e}  {r.max_rel:>12.3e}  {status}".rstrip())
         shown_ids = {id(r) for r in shown}
         hidden = [r for r in self.rows if id(r) not in shown_ids]
         hidden_outputs = sum(r.kind == "intermediate" for r in hidden)
         hidden_grads = sum(r.kind == "gradient" for r in hidden)
         if hidden_outputs:
-            lines.append(f"({hidden_outputs} more submodule outputs compared, all within tolerance; --all shows them)")
+            lines.append(f"({hidden_outputs} more submodule outputs compared, all within tolerance; {all_hint} shows them)")
         grads = [r for r in self.rows if r.kind == "gradient"]
         if hidden_grads:
             largest = max(grads, key=lambda r: r.max_abs)
             lines.append(f"({hidden_grads} parameter gradients compared, all within tolerance, largest difference "
-                         f"{largest.max_abs:.3e} in {largest.label}; --all shows them)")
+                         f"{largest.max_abs:.3e} in {largest.label}; {all_hint} shows them)")
+        lines += _left_out_lines(self.left_out)
         first = self.first_divergence
         if first is None:
             n = sum(r.kind == "intermediate" for r in self.rows)
             counted = ", ".join(([f"{n} intermediates"] if n or not grads else [])
                                 + ([f"the loss and {len(grads)} gradients"] if grads else []))
             lines.append(f"all {counted} within {self.atol:g} (largest difference {self.max_abs:.3e})")
+        elif first.note:  # missing on one side, shapes differ, NaN: the note says it, no number does
+            lines.append(f"first divergence: {first.label} ({first.note})")
         else:
-            lines.append(f"first divergence: {first.label} (max abs diff {first.max_abs:.3e} > {self.atol:g})")
+            lines.append(f"first divergence: {first.label} (max abs diff {first.max_abs:.3e} > {self.atol:g}"
+                         f"{_where(first)})")
         return "\n".join(lines)
 
     def to_dict(self):
@@ -107,6 +125,7 @@ class Report:
             "ok": self.ok,
             "first_divergence": first.label if first else None,
             "rows": [_row_dict(r) for r in self.rows],
+            "left_out": [{"name": name, "why": why} for name, why in self.left_out],
         }
 
     def to_json(self, **kw):
@@ -114,8 +133,27 @@ class Report:
         return json.dumps(self.to_dict(), allow_nan=False, **kw)
 
 
+def _where(row):
+    """' at [i, j]': where a row's largest difference is (nothing for a scalar or an unknown place)."""
+    return f" at [{', '.join(map(str, row.at))}]" if row.at else ""
+
+
+def _left_out_lines(left_out, shown=6):
+    """'(3 left out, only the torch side has them: a, b, c)', one line per reason."""
+    by_why = {}
+    for name, why in left_out:
+        by_why.setdefault(why, []).append(name or "output")
+    lines = []
+    for why, names in by_why.items():
+        more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+        lines.append(f"({len(names)} left out, {why}: {', '.join(names[:shown])}{more})")
+    return lines
+
+
 def _row_dict(row):
     out = dict(dataclasses.asdict(row), label=row.label, kind=row.kind, shape=list(row.shape))
+    out["at"] = None if row.at is None else list(row.at)
+    del out["alias"]  # ``label`` holds it
     bad = {key: out[key] for key in ("max_abs", "max_rel") if not math.isfinite(out[key])}
     if bad and not out["note"]:  # a Row built elsewhere without one
         out["note"] = ", ".join(f"{key} is {value}" for key, value in bad.items())
@@ -131,16 +169,38 @@ def diff(a, b):
     weights that overflow give the same ±inf on both twins, which is parity, not a bug (inf -
     inf alone would be NaN and blame the port). An infinity on one side only differs by inf,
     and a NaN anywhere by NaN (NaN != NaN): both beyond any tolerance."""
+    d, rel = _differences(a, b)
+    if d is None:
+        return 0.0, 0.0
+    return float(d.max()), float(rel.max())
+
+
+def _differences(a, b):
+    """(absolute, relative) differences elementwise, as ``diff`` defines them; (None, None) for empty arrays."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     if a.size == 0 or b.size == 0:
-        return 0.0, 0.0
+        return None, None
     with np.errstate(invalid="ignore"):  # inf - inf, masked out below where they are equal
         d = np.where(a == b, 0.0, np.abs(a - b))
     scale = np.maximum(np.abs(a), np.abs(b))
     rel = np.divide(d, scale, out=np.zeros_like(d), where=(scale > 0) & np.isfinite(scale))
     rel = np.where(np.isfinite(d), rel, d)  # a non-finite difference is as large relatively
-    return float(d.max()), float(rel.max())
+    return d, rel
+
+
+def largest_at(d):
+    """The index of the largest difference in ``d`` (from ``_differences``): the first
+    non-finite one if there is one, since NaN wins no ``argmax``; None for a scalar or when
+    nothing differs."""
+    if d is None or d.ndim == 0:
+        return None
+    flat = d.ravel()
+    bad = ~np.isfinite(flat)
+    i = int(np.argmax(bad)) if bad.any() else int(np.argmax(flat))
+    if bad.any() or flat[i] > 0:
+        return tuple(int(x) for x in np.unravel_index(i, d.shape))
+    return None
 
 
 def nonfinite_note(flax, torch_):
@@ -160,6 +220,7 @@ def nonfinite_note(flax, torch_):
 
 def compared_row(name, shape, flax, torch_, atol):
     """The Row of two arrays of the same shape; a non-finite difference says why in its note."""
-    max_abs, max_rel = diff(flax, torch_)
+    d, rel = _differences(flax, torch_)
+    max_abs, max_rel = (0.0, 0.0) if d is None else (float(d.max()), float(rel.max()))
     note = "" if math.isfinite(max_abs) else nonfinite_note(flax, torch_)
-    return Row(name, tuple(shape), max_abs, max_rel, bool(max_abs <= atol), note)
+    return Row(name, tuple(shape), max_abs, max_rel, bool(max_abs <= atol), note, at=largest_at(d))

@@ -109,7 +109,8 @@ def test_report_json_is_strict_with_null_for_a_non_finite_number_and_the_note_sa
     assert rows["flax_only"]["note"] == "missing on the torch side" and rows["flax_only"]["shape"] == [3]
     assert rows["hand_made"]["note"] == "max_abs is inf, max_rel is nan"
     assert data["first_divergence"] == "nan" and data["ok"] is False
-    assert {"name", "label", "kind", "shape", "max_abs", "max_rel", "ok", "note"} == set(rows["nan"])
+    assert {"name", "label", "kind", "shape", "max_abs", "max_rel", "ok", "note", "at"} == set(rows["nan"])
+    assert rows["nan"]["at"] == [0] and rows["torch_only"]["at"] is None
     assert report.rows[0].max_abs != report.rows[0].max_abs  # the Report itself keeps its NaN
 
 

@@ -127,6 +127,10 @@ def test_options_override_the_config_file_which_overrides_the_defaults(seed_stat
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda sd: sd.pop("encoder.embedding_layer.weight"), "missing key 'encoder.embedding_layer.weight'"),
+    # Another architecture altogether (a porter's own model): the library is the way.
+    (lambda sd: (sd.clear(), sd.update({"embed.weight": torch.zeros(3, 4)})),
+     "`parity check` and `parity convert` build that architecture only; a model of your own converts and "
+     "compares through the library (parity.torch_to_flax, parity.compare: docs/porting.md)"),
     (lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("decoder.decoder_layers.1.")],
      "encoder and decoder depths disagree: encoder.transformer_layers has 2 blocks, decoder.decoder_layers has 1"),
     (lambda sd: sd.update({"decoder.positional_embedding.weight": torch.zeros(16, 30)}),

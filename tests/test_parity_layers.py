@@ -120,6 +120,8 @@ def test_embedding_with_padding_idx_matches_forward_and_differs_only_in_the_pad_
                                       (torch.as_tensor(ids),), (ids,), atol=ATOL)
     (row,) = [r for r in report.rows if r.kind == "gradient"]
     assert not row.ok and row.max_abs == 3.0  # the pad id appears 3 times; d(sum)/d(row) = 3
+    assert row.at == (0, 0)  # the largest difference lies in row 0, the pad row (every column equal: the first)
+    assert report.format_table().endswith("first divergence: grad:weight (max abs diff 3.000e+00 > 1e-05 at [0, 0])")
 
 
 class _TorchAttentionBlock(torch.nn.Module):
