@@ -7,7 +7,8 @@
 - ``compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=, rename=)``: the same for
   any pair of models; ``compare_gradients`` for a loss the user gives on each side.
 - ``register_rule`` / ``Rule`` / ``Rename``: teach the converter a layer type, or other names;
-  ``register_stack``: a layer list that may be one stacked block (scanned layers).
+  ``register_stack``: a layer list that may be one stacked block (scanned layers);
+  ``Tied`` (or ``tied={copy: source}``): weights torch ties and the Flax model holds once.
 - ``infer_config``: a seed Transformer's ModelConfig from its state dict's shapes.
 - ``check_twins`` / ``check_checkpoint``: what ``parity check`` runs, gradients included.
 - ``save_flax_params`` / ``load_flax_params``: Flax parameter files (``parity convert``).
@@ -37,6 +38,7 @@ _EXPORTS = {
     "register_rule": "parity.rules",
     "register_stack": "parity.rules",
     "Rename": "parity.rename",
+    "Tied": "parity.tied",
     "ConversionError": "parity.engine",
     "ParamLink": "parity.convert",
     "Rule": "parity.rules",

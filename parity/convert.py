@@ -27,16 +27,43 @@ from parity import engine
 from parity.engine import ConversionError, layer_depths  # noqa: F401 - public names
 from parity.rename import Rename
 from parity.rules import RULES, Rule, register_rule  # noqa: F401 - public names
+from parity.tied import Tied
 
 
 def _plan(model, rules=None):
     return engine.plan(model, rules)
 
 
-def torch_key_shapes(model, rules=None):
-    """{torch key: torch-layout shape} that ``torch_to_flax`` expects for ``model``."""
+def _tie(tied, the_plan, rename, what):
+    """``tied`` ({copy key: the key it is tied to}, the user's torch names) checked against the
+    plan's keys as the user names them (after ``rename`` backward), or None for no ties."""
+    if tied is None:
+        return None
+    tie = Tied(tied)
+    keys = {key: None for key in the_plan}
+    if rename is not None:
+        keys = Rename(rename).backward(keys, concat=lambda chunks: None)
+    tie.check_keys(keys, what)
+    return tie
+
+
+def _concatenated_shape(shapes):
+    return (sum(shape[0] for shape in shapes), *shapes[0][1:])
+
+
+def torch_key_shapes(model, rules=None, rename=None, tied=None):
+    """{torch key: torch-layout shape} that ``torch_to_flax`` expects for ``model``.
+
+    ``rename`` / ``tied``: as ``torch_to_flax`` takes them; the keys are then the user's torch
+    names (a chunked key's shape is its chunks' concatenated), tied copies included, which is
+    what the torch model's ``state_dict()`` holds. Without them, the plan's names.
+    """
     the_plan = _plan(model, rules)
-    return {key: the_plan.torch_shape(key) for key, links in the_plan.items() if links[0].flax_path is not None}
+    tie = _tie(tied, the_plan, rename, type(model).__name__)
+    shapes = {key: the_plan.torch_shape(key) for key, links in the_plan.items() if links[0].flax_path is not None}
+    if rename is not None:
+        shapes = Rename(rename).backward(shapes, concat=_concatenated_shape)
+    return shapes if tie is None else tie.backward(shapes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +113,16 @@ def _renamed(state_dict, rename):
     return Rename(rename).forward(state_dict, split=lambda v, n: np.split(tensor_to_numpy(v), n, axis=0))
 
 
-def check_state_dict(state_dict, model, rules=None, rename=None):
+def check_state_dict(state_dict, model, rules=None, rename=None, tied=None):
     """Everything wrong with loading ``state_dict`` into ``model``, as one ConversionError, or
     (plan, {Flax path: numpy array in Flax layout, the state dict's dtype})."""
     the_plan = _plan(model, rules)
+    tie, untied = _tie(tied, the_plan, rename, type(model).__name__), {}
+    if tie is not None:  # ties are in the user's names: before the rename map
+        state_dict, untied = tie.forward(state_dict, read=tensor_to_numpy)
     try:
-        arrays = engine.check_torch(the_plan, _renamed(state_dict, rename), type(model).__name__, read=tensor_to_numpy)
+        arrays = engine.check_torch(the_plan, _renamed(state_dict, rename), type(model).__name__, read=tensor_to_numpy,
+                                    invalid=untied)
     except ConversionError as e:
         if rename is None or not (e.missing or e.mismatched):
             raise
@@ -105,16 +136,19 @@ def check_state_dict(state_dict, model, rules=None, rename=None):
     return the_plan, engine.to_flax(the_plan, arrays)
 
 
-def torch_to_flax(state_dict, model, rename=None, rules=None):
+def torch_to_flax(state_dict, model, rename=None, rules=None, tied=None):
     """Load a torch state dict (key -> tensor or array) into the Flax ``model``, in place.
 
     ``rename``: a rename map (``parity.rename``) for torch names that differ from the Flax
-    model's; ``rules``: a rule table in place of ``parity.RULES``. Strict: any missing key,
-    unexpected key or shape mismatch raises ConversionError naming all of them, and ``model``
-    is left exactly as it was. Values are cast to each variable's dtype, as torch's
-    load_state_dict copies into its own. Returns ``model``.
+    model's; ``rules``: a rule table in place of ``parity.RULES``; ``tied``: {copy key: the key
+    it is tied to} for weights torch ties and the Flax model holds once (``parity.tied``; the
+    user's torch names, before ``rename``): each copy must equal its source bit for bit.
+    Strict: any missing key, unexpected key, shape mismatch or value of the wrong dtype kind
+    raises ConversionError naming all of them, and ``model`` is left exactly as it was. Values
+    are cast to each variable's dtype, as torch's load_state_dict copies into its own (an
+    integer buffer only from integers that fit it). Returns ``model``.
     """
-    _, converted = check_state_dict(state_dict, model, rules, rename)
+    _, converted = check_state_dict(state_dict, model, rules, rename, tied)
     variables = engine.flax_variables(model)
     # copy=True: on CPU jnp.asarray may wrap the numpy buffer, which may be the torch tensor's
     # own memory; an in-place torch update after loading would silently change the Flax params.
@@ -125,13 +159,18 @@ def torch_to_flax(state_dict, model, rename=None, rules=None):
     return model
 
 
-def flax_to_torch(model, rename=None, rules=None):
+def flax_to_torch(model, rename=None, rules=None, tied=None):
     """The torch state dict of the Flax ``model`` (torch keys, torch layout; renamed back by
-    ``rename``); the torch model loads it with strict=True."""
+    ``rename``; each ``tied`` copy written as a tensor of its own, equal to its source); the
+    torch model loads it with strict=True. Dtypes are the Flax variables' (an int32 buffer
+    comes back int32; torch's load_state_dict copies it into its int64 buffer)."""
     the_plan = _plan(model, rules)
+    tie = _tie(tied, the_plan, rename, type(model).__name__)
     arrays = engine.to_torch(the_plan, engine.flax_arrays(model))
     if rename is not None:
         arrays = Rename(rename).backward(arrays)
+    if tie is not None:
+        arrays = tie.backward(arrays)
     return {key: numpy_to_tensor(a) for key, a in arrays.items()}
 
 

@@ -1,10 +1,11 @@
 """The one conversion engine: a plan from the Flax model and the rules, applied by numpy.
 
 ``plan(model, rules)`` walks the Flax model (live, or abstract from ``nnx.eval_shape``), looks
-each layer's type up in the rules and yields one ``Link`` per Flax variable (parameters and
-batch statistics): its Flax path, the torch key it comes from and that key's torch shape.
-Keys are never guessed from names or shapes. A variable no rule covers is refused, naming the
-variable and its layer type.
+each layer's type up in the rules and yields one ``Link`` per Flax variable that stands for
+state a torch state dict holds (``STATE``: parameters, batch statistics, and a port's own
+``nnx.Variable`` types for torch buffers): its Flax path, the torch key it comes from and that
+key's torch shape. Keys are never guessed from names or shapes. A variable no rule covers is
+refused, naming the variable, its layer type and its variable type.
 
 A stacked block (scanned layers: one module whose variables carry a leading layer axis L,
 declared in ``parity.rules.STACKS``) yields L Links per variable, one per layer: Link i names
@@ -33,7 +34,8 @@ class ConversionError(ValueError):
 
     Attributes: ``missing`` (expected keys absent from the state dict), ``unexpected`` (keys
     the model has no place for), ``mismatched`` ({key: (got_shape, expected_shape)}) and
-    ``invalid`` ({key: why}) for values that are not float arrays.
+    ``invalid`` ({key: why}) for values of the wrong dtype kind (a non-float value for a float
+    variable, a float for an integer buffer) or tied copies that differ from their source.
     """
 
     def __init__(self, message, *, missing=(), unexpected=(), mismatched=None, invalid=None):
@@ -44,8 +46,16 @@ class ConversionError(ValueError):
         self.invalid = dict(invalid or {})
 
 
-# Variables a conversion moves: parameters and BatchNorm's running statistics (not RNG state).
-_VARIABLES = (nnx.Param, nnx.BatchStat)
+# Variable types that are never in a torch state dict: nnx.Rngs' keys and counts (torch keeps
+# its generator outside the module), decoding caches (nnx.MultiHeadAttention(decode=True)'s
+# cached keys and values; torch's caches are call arguments), values sown or captured during a
+# call (nnx.Intermediate, nnx.Perturbation), and an optimizer's or a metric's state. Every other
+# nnx.Variable is model state: nnx.Param (torch's parameters), nnx.BatchStat (BatchNorm's
+# running statistics) and a port's own non-trainable types, the natural port of torch's
+# register_buffer (``class Buffer(nnx.Variable)``: not an nnx.Param, so no gradient and no
+# optimizer update, as a torch buffer gets none).
+_NOT_STATE = (nnx.RngState, nnx.Cache, nnx.Intermediate, nnx.OptState, nnx.metrics.MetricState)
+STATE = nnx.Not(nnx.Any(*_NOT_STATE))  # an nnx filter: the variables a conversion moves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,15 +210,20 @@ def plan(model, rules=None, stacks=None):
     for key, links in out.items():
         links.sort(key=lambda link: link.rule.part or (0, 1))
     uncovered = []
-    for path, _ in nnx.to_flat_state(nnx.state(model, _VARIABLES)):
+    by_kind = defaultdict(list)  # {variable type name: [Flax path]}, of the uncovered ones
+    for path, var in nnx.to_flat_state(nnx.state(model, STATE)):
         text = "/".join(map(str, path))
         if text not in covered:
             layer = modules.get(tuple(path[:-1]), model)
             uncovered.append(f"{text} (a {type(layer).__name__})")
+            by_kind[type(var).__name__].append(text)
     if uncovered:
+        # The variable types, so a buffer ported as its own nnx.Variable type is seen as one.
+        kinds = ", ".join(f"{kind} ({', '.join(paths)})" for kind, paths in by_kind.items())
         raise ConversionError(
             f"no conversion rule covers these variables of {type(model).__name__}: {', '.join(uncovered)}; "
-            f"the rules handle {', '.join(_type_names(rules))} (parity.register_rule adds a layer type)"
+            f"the rules handle {', '.join(_type_names(rules))} (parity.register_rule adds a layer type); "
+            f"their variable types: {kinds}"
         )
     return out
 
@@ -223,7 +238,7 @@ def _stacked_depths(modules, stacks):
             block = getattr(module, name, None)
             if not isinstance(block, nnx.Module) or isinstance(block, nnx.List):
                 continue
-            shapes = [tuple(_value(var).shape) for _, var in nnx.to_flat_state(nnx.state(block, _VARIABLES))]
+            shapes = [tuple(_value(var).shape) for _, var in nnx.to_flat_state(nnx.state(block, STATE))]
             leading = {shape[0] if shape else None for shape in shapes}  # works on abstract (eval_shape) models
             root = (*path, name)
             if len(leading) != 1 or None in leading:
@@ -264,7 +279,9 @@ def to_torch(the_plan, arrays):
     out = {}
     for key, links in the_plan.items():
         if links[0].flax_path is None:
-            out[key] = np.array(links[0].rule.torch_default, dtype=np.int64)
+            default = links[0].rule.torch_default
+            # torch's own dtypes for a Python number: int64 (num_batches_tracked), else float32.
+            out[key] = np.array(default, dtype=np.int64 if isinstance(default, (int, np.integer)) else np.float32)
             continue
         parts = [array_to_torch(link, _slice(link, arrays[link.flax_path])) for link in links]
         out[key] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
@@ -312,23 +329,50 @@ def _closest(key, candidates):
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
-def _is_float(array):
-    return _is_float_dtype(array.dtype)
-
-
 def _is_float_dtype(dtype):
     return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
 
 
-def check_torch(the_plan, arrays, what, read=np.asarray):
+def _kind(dtype):
+    """'floating-point', 'integer', 'boolean', 'complex' or another kind's letter: what may load into what."""
+    if _is_float_dtype(dtype):
+        return "floating-point"
+    dtype = np.dtype(dtype)
+    return {"i": "integer", "u": "integer", "b": "boolean", "c": "complex"}.get(dtype.kind, dtype.kind)
+
+
+def dtype_refusal(array, want):
+    """Why ``array`` cannot load into a Flax variable of dtype ``want``, or None.
+
+    A float variable takes any float value, cast as torch's load_state_dict casts (and never an
+    integer: torch would silently cast an int64 weight to float). A variable of another kind (a
+    torch int64 ``position_ids`` buffer ported as int32: JAX's default integer without x64)
+    takes a value of the same kind whose values fit its dtype, so the cast changes no value.
+    """
+    got = _dtype_of(array)
+    if want is None or _is_float_dtype(want):
+        return None if _is_float_dtype(got) else f"dtype {got} is not a floating-point dtype"
+    if _kind(got) != _kind(want):
+        article = "an" if _kind(want)[0] in "aeiou" else "a"
+        return f"dtype {got} is not {article} {_kind(want)} dtype (the model's variable is {np.dtype(want)})"
+    if _kind(want) == "integer" and np.size(array):
+        values, bounds = np.asarray(array), np.iinfo(want)
+        low, high = values.min(), values.max()
+        if low < bounds.min or high > bounds.max:
+            return f"values {low}..{high} do not fit the model's {np.dtype(want)} variable"
+    return None
+
+
+def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None):
     """Raise one ConversionError naming everything wrong with {torch key: value} for the plan,
-    or return {torch key: numpy array}. ``read`` turns a value into a numpy array."""
+    or return {torch key: numpy array}. ``read`` turns a value into a numpy array; ``invalid``:
+    {key: why} found before (a tied copy that differs from its source), reported with the rest."""
     if not hasattr(arrays, "keys"):
         raise ConversionError(f"expected a mapping of torch key -> tensor, got {type(arrays).__name__}")
     given = list(arrays.keys())
     missing = [k for k in the_plan if k not in arrays and the_plan[k][0].flax_path is not None]
     unexpected = [k for k in given if k not in the_plan]
-    mismatched, invalid, out = {}, {}, {}
+    mismatched, invalid, out = {}, dict(invalid or {}), {}
     for key in given:
         if key not in the_plan:
             continue
@@ -339,8 +383,9 @@ def check_torch(the_plan, arrays, what, read=np.asarray):
             continue
         if the_plan[key][0].flax_path is None:
             continue  # a torch-only buffer (num_batches_tracked): read, and dropped by its rule
-        if not _is_float(value):
-            invalid[key] = f"dtype {value.dtype} is not a floating-point dtype"
+        why = dtype_refusal(value, the_plan[key][0].flax_dtype)
+        if why:
+            invalid[key] = why
             continue
         want = the_plan.torch_shape(key)
         if tuple(value.shape) != want:
@@ -380,8 +425,8 @@ def _layout_hint(link, got, want):
 
 
 def check_flax(the_plan, params, what):
-    """Raise one ConversionError naming every missing, unexpected, misshapen or non-float Flax
-    path: the same refusals as ``check_torch``, so neither direction lets an integer weight
+    """Raise one ConversionError naming every missing, unexpected, misshapen or wrong-kind
+    (``dtype_refusal``) Flax path: the same refusals as ``check_torch``, so neither direction lets an integer weight
     through (torch's load_state_dict would silently cast it to float)."""
     links = [link for link in the_plan.links if link.flax_path is not None]
     expected = {link.flax_path: link for link in links}
@@ -390,11 +435,11 @@ def check_flax(the_plan, params, what):
     mismatched = {p: (tuple(np.shape(params[p])), link.variable_shape) for p, link in expected.items()
                   if p in params and tuple(np.shape(params[p])) != link.variable_shape}
     invalid = {}
-    for p in expected:
+    for p, link in expected.items():
         if p in params and p not in mismatched:
-            dtype = _dtype_of(params[p])
-            if not _is_float_dtype(dtype):
-                invalid[p] = f"dtype {dtype} is not a floating-point dtype"
+            why = dtype_refusal(params[p], link.flax_dtype)
+            if why:
+                invalid[p] = why
     if missing or unexpected or mismatched or invalid:
         lines = [f"Flax parameters do not fit {what}:"]
         lines += [f"  missing parameter {p!r}" for p in missing]
@@ -412,10 +457,11 @@ def _dtype_of(value):
 
 
 def flax_variables(model):
-    """{Flax path: nnx.Variable} of a model's parameters and batch statistics."""
-    return {"/".join(map(str, path)): var for path, var in nnx.to_flat_state(nnx.state(model, _VARIABLES))}
+    """{Flax path: nnx.Variable} of a model's state (``STATE``: parameters, batch statistics,
+    buffers; not RNG state, caches or sown values)."""
+    return {"/".join(map(str, path)): var for path, var in nnx.to_flat_state(nnx.state(model, STATE))}
 
 
 def flax_arrays(model):
-    """{Flax path: numpy array} of a live model's parameters and batch statistics."""
+    """{Flax path: numpy array} of a live model's state (``flax_variables``)."""
     return {path: np.asarray(_value(var)) for path, var in flax_variables(model).items()}

@@ -66,6 +66,16 @@ class Rule:
     part: tuple | None = None
     torch_default: int | float | None = None
 
+    def __post_init__(self):
+        # Checked here, not when flax_to_torch would write None as a tensor: a dropped key
+        # needs a value to write back, and a weight tied to another is no torch-only buffer.
+        if self.flax_name is None and self.torch_default is None:
+            raise ValueError(
+                f"Rule({self.torch_name!r}, None) drops a torch-only buffer on load and writes torch_default back "
+                f"on save, but has no torch_default: give one (num_batches_tracked's is 0); for a weight tied "
+                f"to another (lm_head.weight = embed.weight) pass tied={{{self.torch_name!r}: 'the key it is tied to'}} "
+                f"to parity.torch_to_flax and parity.flax_to_torch instead")
+
     @property
     def op_names(self):
         """'copy', 'transpose', 'chunk 0/3, transpose, unflatten' ... for tables and errors."""
