@@ -27,7 +27,7 @@ from flax import nnx
 from flaxformer_mini import checkpoint, distributed, tokenizers
 from flaxformer_mini.data import Batch, DataError, SyntheticTask, TextPairs, Vocab, read_tsv
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
-from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes
+from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes, data_file_checksums
 from flaxformer_mini.training import Trainer
 
 
@@ -188,8 +188,12 @@ class Run:
         if config.max_tokens is not None:
             asked_run.token_batcher  # an example over the budget is refused here, before anything is written
         checksums = run_dir.vocabulary_checksums(data.vocabs, config.data) if data.vocabs is not None else {}
+        checksums.update(data_file_checksums(config.data))  # a file changed later is refused on resume
         asked = config
         resuming, lock, config = run_dir.start_or_resume(config, checksums)
+        for key, was, now in run_dir.moved_data:
+            echo(f"note: the run's {'training' if key == 'train_path' else 'validation'} file moved from {was} to "
+                 f"{now} (the same contents, by sha256); the run reads it there from now on")
         if resuming:
             for name in ("scan_layers", "remat"):
                 if getattr(asked, name) and not getattr(config, name):  # absent from an older config.json

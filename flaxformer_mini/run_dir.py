@@ -81,6 +81,7 @@ class RunDir:
         self.vocab_paths = (self.path / "vocab_source.json", self.path / "vocab_target.json")
         self.tensorboard = self.path / "tensorboard"
         self.lock_path = self.path / LOCK_NAME
+        self.moved_data = []  # (key, recorded path, path now) of data files found elsewhere on resume
 
     def exists(self):
         return self.config_path.is_file()
@@ -110,11 +111,18 @@ class RunDir:
             if resuming:
                 old = self.load_config()  # first: a damaged config.json is an error naming it
                 stored = json.loads(self.config_path.read_text())
+                old_dict, new_dict = _absolute_data_paths(old.to_dict()), config.to_dict()
+                new_data, moved = self._identify_data_files(old_dict["data"], new_dict["data"])
                 # Settings added after the run was written are absent from its file: it keeps
                 # their defaults (its old behaviour), whatever today's options say.
-                self._refuse_differences(_differences(_absolute_data_paths(old.to_dict()), config.to_dict(),
-                                                      present=stored))
+                self._refuse_differences(_differences(old_dict, {**new_dict, "data": new_data}, present=stored))
                 config = old
+                if moved:  # the run reads its data where it is now, and says so in its config
+                    config = dataclasses.replace(old, data=dataclasses.replace(
+                        old.data, **{key: now for key, _, now in moved}))
+                    stored["data"].update({key: now for key, _, now in moved})
+                    _write_json(self.config_path, stored)
+                self.moved_data = moved
             else:
                 _write_json(self.config_path, {**config.to_dict(), "checksums": dict(checksums or {})})
         except BaseException:
@@ -129,8 +137,37 @@ class RunDir:
         if self.exists():
             old = self.load_config().to_dict()  # first: a damaged config.json is an error naming it
             stored = json.loads(self.config_path.read_text())
-            self._refuse_differences(_differences(_absolute_data_paths(old)["data"], dataclasses.asdict(data), "data.",
-                                                  present=stored.get("data", {})))
+            old_data = _absolute_data_paths(old)["data"]
+            new_data, _ = self._identify_data_files(old_data, dataclasses.asdict(data))
+            self._refuse_differences(_differences(old_data, new_data, "data.", present=stored.get("data", {})))
+
+    def _identify_data_files(self, old, new):
+        """Data files are the same when their contents are: ``(new data dict, moves)``, where a
+        file found at another path with the sha256 the run recorded takes the run's path (so
+        it is no difference) and each such move is ``(key, recorded path, path now)``.
+
+        A file at the run's own path whose contents changed since the run started is refused:
+        without --valid the held-out pairs are drawn from the training file's lines, and every
+        step's batch from its examples, so a resumed run would train on pairs it once held out
+        and score on others, silently. Runs written before the checksums were recorded keep
+        the old rule (the same path)."""
+        recorded, new, moves = self.recorded_checksums(), dict(new), []
+        for key in DATA_FILES:
+            was, now, digest = old.get(key), new.get(key), recorded.get(f"data.{key}")
+            if was is None or now is None or digest is None or not os.path.isfile(now):
+                continue  # a missing file is an error naming it when the data are read
+            found = file_sha256(now)
+            if found == digest and now != was:
+                moves.append((key, was, now))
+                new[key] = was
+            elif found != digest and now == was:
+                why = ("the held-out pairs and every step's batch come from its lines" if key == "train_path"
+                       else "the held-out scores would no longer compare with the earlier ones")
+                raise RunConfigError(
+                    f"{now} (data.{key}) has changed since the run in {self.path} started (sha256 {found[:12]}..., "
+                    f"recorded {digest[:12]}...): {why}. Restore the file, or train a new run with another --out. "
+                    f"Nothing was overwritten.")
+        return new, moves
 
     def _refuse_differences(self, diffs):
         if diffs:
@@ -254,6 +291,31 @@ def comparable_tokenizer_bytes(vocab):
 
 def sha256(data: bytes):
     return hashlib.sha256(data).hexdigest()
+
+
+# A text run's data files, as DataConfig names them; config.json records each one's sha256
+# under "data.<name>" in its checksums.
+DATA_FILES = ("train_path", "valid_path")
+_FILE_SHA256 = {}  # (path, size, mtime_ns) -> sha256: one read of a corpus per process, not one per check
+
+
+def file_sha256(path):
+    """sha256 of a file's bytes, read in 1 MiB chunks (a corpus need not fit in memory twice)."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    if key not in _FILE_SHA256:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _FILE_SHA256[key] = h.hexdigest()
+    return _FILE_SHA256[key]
+
+
+def data_file_checksums(data):
+    """{"data.train_path": sha256, ...} of a text run's data files (a DataConfig), for config.json."""
+    return {f"data.{key}": file_sha256(getattr(data, key)) for key in DATA_FILES
+            if getattr(data, key, None) and os.path.isfile(getattr(data, key))}
 
 
 def _absolute_data_paths(config):

@@ -2,6 +2,7 @@
 anything is written, SIGTERM, dropped pairs, evaluation independent of the batch size, and
 decoding that leaves the caller's model alone."""
 
+import hashlib
 import json
 import math
 
@@ -358,6 +359,42 @@ def test_a_run_that_recorded_relative_paths_resumes_from_its_directory(tmp_path,
     resumed = cli(*text_args("train.tsv", out), "--steps", "6")
     assert resumed.returncode == 0, resumed.stderr
     assert latest_state(out)[0] == 6
+
+
+def test_a_training_file_changed_since_the_run_started_is_refused_on_resume(tmp_path):
+    # Without --valid the held-out pairs come from the training file's lines: a shuffled or
+    # edited file once resumed silently, training on pairs it had held out.
+    out, args = text_run(tmp_path)
+    recorded = json.loads((out / "config.json").read_text())["checksums"]["data.train_path"]
+    train = tmp_path / "train.tsv"
+    assert recorded == hashlib.sha256(train.read_bytes()).hexdigest()
+    train.write_text("".join(reversed(TEXT_PAIRS.splitlines(keepends=True))))  # the same pairs, shuffled
+    before = latest_state(out)
+    proc = cli(*args, "--steps", "6")
+    assert proc.returncode == 2, proc.stderr
+    assert (f"error: {train} (data.train_path) has changed since the run in {out} started (sha256 "
+            f"{hashlib.sha256(train.read_bytes()).hexdigest()[:12]}..., recorded {recorded[:12]}...): the held-out "
+            f"pairs and every step's batch come from its lines.") in proc.stderr
+    assert latest_state(out)[0] == before[0] == 3
+
+
+def test_a_training_file_moved_with_the_same_contents_resumes_from_its_new_path(tmp_path):
+    out, args = text_run(tmp_path)
+    moved = tmp_path / "elsewhere" / "pairs.tsv"
+    moved.parent.mkdir()
+    (tmp_path / "train.tsv").rename(moved)
+    proc = cli(*text_args(moved, out), "--steps", "6")
+    assert proc.returncode == 0, proc.stderr
+    assert (f"note: the run's training file moved from {tmp_path / 'train.tsv'} to {moved} (the same contents, "
+            f"by sha256); the run reads it there from now on") in proc.stderr
+    assert json.loads((out / "config.json").read_text())["data"]["train_path"] == str(moved)
+    assert latest_state(out)[0] == 6
+    # A file of other contents at another path is another run's data, refused as before.
+    moved.write_text(TEXT_PAIRS + "a\tx\n")
+    other = tmp_path / "other.tsv"
+    moved.rename(other)
+    proc = cli(*text_args(other, out), "--steps", "8")
+    assert proc.returncode == 2 and f"data.train_path: '{moved}' in the run, '{other}' now" in proc.stderr
 
 
 def test_with_too_few_pairs_to_hold_out_the_run_says_it_evaluates_on_its_training_pairs(tmp_path):
