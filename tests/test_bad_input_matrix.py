@@ -78,6 +78,15 @@ def on_run(command, *args, kind="synthetic", edit=None, stdin=""):
     return setup
 
 
+def training_file_changed(d, finished):
+    """The finished text run resumed after its training file was edited (a pair appended)."""
+    run = copy_run("text")(d, finished)
+    with open(d / "train.tsv", "a") as f:
+        f.write("a\tx\n")
+    return ["train", "--data", str(d / "train.tsv"), "--out", str(run), "--preset", "tiny", "--steps", "5",
+            "--batch-size", "4", "--max-len", "8", "--save-every", "3", "--no-progress"]
+
+
 def edit_json(name, change):
     def edit(run):
         data = json.loads((run / name).read_text())
@@ -220,6 +229,8 @@ CASES = [
      r"--output .*nowhere/hyp\.txt: the directory .*nowhere does not exist"),
     ("vocabulary_edited", on_run("generate", "a b", kind="text", edit=edit_json("vocab_target.json", swap_two_words)),
      2, r"vocab_target\.json differs from the file this run wrote"),
+    ("training_file_changed_since_the_run_started", training_file_changed, 2,
+     r"train\.tsv \(data\.train_path\) has changed since the run in .* started \(sha256 [0-9a-f]{12}\.\.\., recorded"),
     ("vocabulary_missing", on_run("generate", "a b", kind="text", edit=lambda r: (r / "vocab_source.json").unlink()),
      2, r"vocab_source\.json: the run's vocabulary is missing"),
     ("metrics_line_torn", on_run("train", edit=lambda r: open(r / "metrics.jsonl", "a").write('{"step": 9, "l')),
