@@ -16,6 +16,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import math
 import os
 import socket
 from pathlib import Path
@@ -115,7 +116,9 @@ class RunDir:
                 new_data, moved = self._identify_data_files(old_dict["data"], new_dict["data"])
                 # Settings added after the run was written are absent from its file: it keeps
                 # their defaults (its old behaviour), whatever today's options say.
-                self._refuse_differences(_differences(old_dict, {**new_dict, "data": new_data}, present=stored))
+                new_dict = {**new_dict, "data": new_data}
+                self._refuse_differences(_in_option_words(_differences(old_dict, new_dict, present=stored),
+                                                          old_dict, new_dict))
                 config = old
                 if moved:  # the run reads its data where it is now, and says so in its config
                     config = dataclasses.replace(old, data=dataclasses.replace(
@@ -342,6 +345,27 @@ def _differences(old, new, prefix="", present=None):
         elif a != b:
             why = _SET_BY.get(f"{prefix}{key}")
             out.append(f"{prefix}{key}{f' ({why})' if why else ''}: {a!r} in the run, {b!r} now")
+    return out
+
+
+def _peak_lr(config):
+    """The --lr (the schedule's peak) of an rsqrt run config dict: factor / sqrt(width x warmup)."""
+    train = config.get("train", {})
+    return train.get("lr_factor", 1.0) / math.sqrt(config["model"]["embed_size"] * train.get("warmup_steps", 4000))
+
+
+def _in_option_words(diffs, old, new):
+    """``diffs`` with the rsqrt schedule's factor said as the --lr the user typed: the run
+    records ``train.lr_factor`` (--lr x sqrt(width x --warmup)), whose numbers no one typed.
+    A factor that differs only because the width or --warmup did is left to those lines."""
+    out = []
+    for line in diffs:
+        if line.startswith("train.lr_factor") and old.get("train", {}).get("schedule", "rsqrt") == "rsqrt":
+            was, now = _peak_lr(old), _peak_lr(new)
+            if not math.isclose(was, now, rel_tol=1e-9):
+                out.append(f"--lr (the schedule's peak): {was:.6g} in the run, {now:.6g} now")
+            continue
+        out.append(line)
     return out
 
 

@@ -214,6 +214,9 @@ CASES = [
     ("out_is_a_file", out_is_a_file, 2, r"out"),
     ("out_holds_something_else", out_not_a_run, 2, r"exists and is not a flaxformer-mini run"),
     ("out_holds_another_run", on_run("train", "--seed", "3"), 2, r"train\.seed: 0 in the run, 3 now"),
+    # The run records the schedule's factor (--lr x sqrt(width x --warmup)); the error says the --lr typed.
+    ("out_holds_a_run_of_another_lr", on_run("train", "--lr", "1e-4"), 2,
+     r"another run whose config differs: --lr \(the schedule's peak\): 0\.003 in the run, 0\.0001 now\. Use"),
     ("out_being_trained", run_held_by_another_process, 2, r"is being trained by process \d+ on "),
     ("config_not_json", on_run("evaluate", edit=write("config.json", "{")), 2, r"config\.json: not valid JSON"),
     ("config_not_json_on_resume", on_run("train", edit=write("config.json", "")), 2, r"config\.json: not valid JSON"),
