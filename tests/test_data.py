@@ -189,6 +189,21 @@ def test_read_tsv_errors_name_the_file_and_line(tmp_path, text, message):
         read_tsv(write(tmp_path, text))
 
 
+def test_read_tsv_names_every_bad_line_at_once_and_calls_a_trailing_tab_so(tmp_path):
+    # A messy export was once fixed one line per run: the error named the first bad line only.
+    bad = [2, 4, 5] + list(range(7, 19))  # 15 bad lines; the first 1 + 10 are numbered
+    lines = ["ok\tfine"] * 20
+    lines[1] = "a\tb\t"  # a trailing tab
+    lines[3], lines[4] = "no tab", "\tempty source"
+    for n in range(7, 19):
+        lines[n - 1] = "x\ty\tz"
+    with pytest.raises(DataError) as info:
+        read_tsv(write(tmp_path, "\n".join(lines) + "\n"))
+    assert str(info.value) == (
+        f"{tmp_path / 'pairs.tsv'}:2: expected one tab between source and target, found 2 tabs (one at the end "
+        f"of the line: a trailing tab?) (and 14 more bad lines: {', '.join(map(str, bad[1:11]))}, ...)")
+
+
 # ----------------------------------------------------------------------------- vocabularies
 
 

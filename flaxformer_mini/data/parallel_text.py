@@ -18,7 +18,8 @@ def read_tsv(path):
 
     Blank lines are skipped. A line without exactly one tab, with an empty side or with
     invalid UTF-8, and a file without any pair, raise ``DataError`` naming the file and the
-    1-based line number.
+    1-based line number; with several bad lines, the first one's and how many more (with the
+    next line numbers), so a messy file is fixed in one go, not one line per run.
     """
     return [(source, target) for _, source, target in iter_tsv(path)]
 
@@ -29,7 +30,7 @@ def iter_tsv(path):
     blank lines skipped, ``DataError`` naming ``file:line``), without reading the whole file.
     """
     path = Path(path)
-    lineno, found = 0, False
+    lineno, found, bad = 0, False, []  # bad: (line number, why) of every bad line
     with path.open("rb") as f:
         for physical in f:
             if lineno == 0 and physical.startswith(b"\xef\xbb\xbf"):
@@ -37,22 +38,45 @@ def iter_tsv(path):
             # bytes.splitlines, as read_tsv numbers lines (a lone \r ends a line too).
             for raw in physical.splitlines() or [b""]:
                 lineno += 1
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-                if not line.strip():
+                why = _bad_line(raw)
+                if why is None:
+                    continue  # blank
+                if why:
+                    bad.append((lineno, why))
                     continue
-                tabs = line.count("\t")
-                if tabs != 1:
-                    raise DataError(f"{path}:{lineno}: expected one tab between source and target, found {'no tab' if tabs == 0 else f'{tabs} tabs'}")
-                source, target = (side.strip() for side in line.split("\t"))
-                if not source or not target:
-                    raise DataError(f"{path}:{lineno}: empty {'source' if not source else 'target'}")
+                if bad:
+                    continue  # the file fails: read on only to count its bad lines
+                source, target = (side.strip() for side in raw.decode("utf-8").split("\t"))
                 found = True
                 yield lineno, source, target
+    if bad:
+        (first, why), rest = bad[0], bad[1:]
+        more = ""
+        if rest:
+            shown = ", ".join(str(n) for n, _ in rest[:10]) + (", ..." if len(rest) > 10 else "")
+            more = f" (and {len(rest)} more bad line{'s' if len(rest) > 1 else ''}: {shown})"
+        raise DataError(f"{path}:{first}: {why}{more}")
     if not found:
         raise DataError(f"{path}: no source<TAB>target pairs (the file is empty)")
+
+
+def _bad_line(raw):
+    """Why the line ``raw`` (bytes) is not a pair, '' when it is one, None when it is blank."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not valid UTF-8 ({e.reason} at byte {e.start})"
+    if not line.strip():
+        return None
+    tabs = line.count("\t")
+    if tabs != 1:
+        found = "no tab" if tabs == 0 else f"{tabs} tabs"
+        hint = " (one at the end of the line: a trailing tab?)" if tabs == 2 and line.rstrip(" \r").endswith("\t") else ""
+        return f"expected one tab between source and target, found {found}{hint}"
+    source, target = (side.strip() for side in line.split("\t"))
+    if not source or not target:
+        return f"empty {'source' if not source else 'target'}"
+    return ""
 
 
 class TextPairs:
