@@ -23,34 +23,49 @@ def read_tsv(path):
     return [(source, target) for _, source, target in iter_tsv(path)]
 
 
+UTF8_BOM = b"\xef\xbb\xbf"  # some editors (Notepad) start a UTF-8 file with it
+
+
+def iter_lines(f, name):
+    """``(line_number, text)`` for each line of the binary stream ``f``, numbered as every
+    text reader here numbers them (training files, ``generate``'s standard input): a UTF-8
+    BOM at the start is skipped, ``\\n``, ``\\r\\n`` and a lone ``\\r`` each end a line
+    (bytes.splitlines), and invalid UTF-8 raises ``DataError`` naming ``name:line``. The text
+    keeps its spaces: callers strip what they split.
+    """
+    lineno = 0
+    for physical in f:
+        if lineno == 0 and physical.startswith(UTF8_BOM):
+            physical = physical[len(UTF8_BOM):]
+        for raw in physical.splitlines() or [b""]:
+            lineno += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            yield lineno, line
+
+
 def iter_tsv(path):
     """``(line_number, source, target)`` for each pair of a ``source<TAB>target`` file,
-    streamed: the rules and errors of ``read_tsv`` (same line numbering, BOM skipped,
-    blank lines skipped, ``DataError`` naming ``file:line``), without reading the whole file.
+    streamed: the rules and errors of ``read_tsv`` (lines read by ``iter_lines``: BOM
+    skipped, the same numbering; blank lines skipped, ``DataError`` naming ``file:line``),
+    without reading the whole file.
     """
     path = Path(path)
-    lineno, found = 0, False
+    found = False
     with path.open("rb") as f:
-        for physical in f:
-            if lineno == 0 and physical.startswith(b"\xef\xbb\xbf"):
-                physical = physical[3:]
-            # bytes.splitlines, as read_tsv numbers lines (a lone \r ends a line too).
-            for raw in physical.splitlines() or [b""]:
-                lineno += 1
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-                if not line.strip():
-                    continue
-                tabs = line.count("\t")
-                if tabs != 1:
-                    raise DataError(f"{path}:{lineno}: expected one tab between source and target, found {'no tab' if tabs == 0 else f'{tabs} tabs'}")
-                source, target = (side.strip() for side in line.split("\t"))
-                if not source or not target:
-                    raise DataError(f"{path}:{lineno}: empty {'source' if not source else 'target'}")
-                found = True
-                yield lineno, source, target
+        for lineno, line in iter_lines(f, path):
+            if not line.strip():
+                continue
+            tabs = line.count("\t")
+            if tabs != 1:
+                raise DataError(f"{path}:{lineno}: expected one tab between source and target, found {'no tab' if tabs == 0 else f'{tabs} tabs'}")
+            source, target = (side.strip() for side in line.split("\t"))
+            if not source or not target:
+                raise DataError(f"{path}:{lineno}: empty {'source' if not source else 'target'}")
+            found = True
+            yield lineno, source, target
     if not found:
         raise DataError(f"{path}: no source<TAB>target pairs (the file is empty)")
 
