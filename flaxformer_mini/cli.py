@@ -176,18 +176,31 @@ def _evaluate(args):
 
 
 def _generate(args):
+    from flaxformer_mini.data import iter_lines
     from flaxformer_mini.generation import generate
 
     # Each argument is one input; `generate --checkpoint r 5 3 9` (words split by the shell)
-    # is one input too, so join bare words into a single line. Standard input is read lazily.
-    texts = [" ".join(args.text)] if args.text else (line.strip() for line in sys.stdin if line.strip())
+    # is one input too, so join bare words into a single line. Standard input is read lazily,
+    # as bytes through the training files' reader (BOM skipped, \r\n and \r end lines), and
+    # every line, blank or not, gets its output line: output line i is input line i's.
+    if args.text:
+        texts, where = [" ".join(args.text)], lambda i: "the input"
+    else:
+        texts, where = (line for _, line in iter_lines(sys.stdin.buffer, "standard input")), lambda i: f"line {i}"
     outputs = generate(args.checkpoint, texts, max_new_tokens=args.max_new_tokens, beam_size=args.beam_size,
                        temperature=args.temperature, top_k=args.top_k, seed=args.seed, batch_size=args.batch_size)
+    left_empty = 0
     for i, out in enumerate(outputs, 1):
         if out.unknown_words:
-            print(f"note: input {i}: {len(out.unknown_words)} unknown word(s) mapped to <unk>: "
+            print(f"note: {where(i)}: {len(out.unknown_words)} unknown word(s) mapped to <unk>: "
                   f"{', '.join(out.unknown_words)}", file=sys.stderr)
+        if out.left_empty:
+            left_empty += 1
+            print(f"warning: {where(i)} {out.left_empty}; its output line is left empty", file=sys.stderr)
         print(out.text, flush=True)
+    if left_empty:  # exit 0 all the same: every input line has its output line, in order
+        print(f"warning: {left_empty} of {i} input line(s) left empty; the warnings above name each and why",
+              file=sys.stderr)
     return EXIT_OK
 
 
@@ -373,8 +386,14 @@ def build_parser():
     e.set_defaults(run=_evaluate)
 
     g = sub.add_parser("generate", help="decode inputs with a run's latest checkpoint", parents=[common],
-                       description="Decode TEXT (the words given), or one input per line of standard input. "
-                                   "Greedy by default; --beam-size K for beam search; --temperature/--top-k to sample.")
+                       description="Decode TEXT (the words given), or one input per line of standard input "
+                                   "(UTF-8): one output line per input line, in order. Greedy by default; "
+                                   "--beam-size K for beam search; --temperature/--top-k to sample.",
+                       epilog="A blank line gives an empty output line. A line longer than the model takes (its "
+                              "max_len, EOS included) gives an empty output line and a warning naming the line, "
+                              "its length and the limit; the other lines are decoded and the exit code stays 0. "
+                              "Exit code 2: unusable options, run directory or input (no text at all, a token "
+                              "outside a synthetic run's values, invalid UTF-8).")
     g.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
     g.add_argument("--beam-size", type=int, default=1, metavar="K")
     g.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="default: the model's max_len")

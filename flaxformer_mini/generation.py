@@ -8,6 +8,11 @@ Any number of inputs streams through in chunks: each chunk is sorted by length, 
 batches of ``batch_size`` rows (padded to a few fixed shapes, so the decoder compiles a
 handful of times, not once per batch), and its outputs come back in input order before the
 next chunk is read. Memory holds one chunk, whatever the input's size.
+
+Every input gives exactly one output, so output line i is always input line i's: a blank
+input gives an empty output, and so does an input longer than the model takes (with the
+reason in ``Generated.left_empty``); one such line never stops the others. An input with no
+text at all is refused before anything is yielded.
 """
 
 import dataclasses
@@ -28,6 +33,9 @@ LENGTH_MULTIPLE = 8  # sources are padded to a multiple of this: few compiled sh
 class Generated:
     text: str
     unknown_words: list  # input words mapped to UNK (text runs)
+    # Why ``text`` is empty without decoding, or None: the input is longer than the model
+    # takes ("has 100 tokens; ..."). A blank input is not decoded either, and needs no reason.
+    left_empty: str | None = None
 
 
 def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=None, top_k=None, seed=0,
@@ -50,39 +58,59 @@ def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=No
 
 
 def _stream(run, texts, max_new_tokens, batch_size, options, seed):
-    model, n_read, batch_index = None, 0, 0
+    model, n_read, batch_index, seen_text = None, 0, 0, False
+    blanks_held = 0  # leading blank inputs: yielded with the first text, refused if none comes
     while chunk := list(itertools.islice(texts, CHUNK_BATCHES * batch_size)):
         encoded = [_encode(run, text, n_read + i) for i, text in enumerate(chunk, 1)]
         n_read += len(chunk)
-        if model is None:  # after the first inputs are known good: a bad line fails fast
+        if not seen_text and all(e is None for e in encoded):
+            blanks_held += len(chunk)  # a count, not the lines: memory stays bounded
+            continue
+        seen_text = True
+        yield from (Generated("", []) for _ in range(blanks_held))
+        blanks_held = 0
+        # Blank and left-empty inputs keep their empty outputs; the others are decoded below.
+        outputs = [Generated("", []) if e is None else Generated("", e.unknown_words, e.left_empty) for e in encoded]
+        fit = [i for i, e in enumerate(encoded) if e is not None and e.left_empty is None]
+        if fit and model is None:  # after the first inputs are known good: a bad line fails fast
             model = run.latest_state().model()
-        order = sorted(range(len(chunk)), key=lambda i: len(encoded[i][0]))
-        outputs = [None] * len(chunk)
+        order = sorted(fit, key=lambda i: len(encoded[i].ids))
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            source = _source([encoded[i][0] for i in rows], batch_size, run.config.model.max_len)
+            source = _source([encoded[i].ids for i in rows], batch_size, run.config.model.max_len)
             tokens = decoding.decode(model, source, max_new_tokens,
                                      seed=seed + batch_index, **options)
             batch_index += 1
             for i, row in zip(rows, np.asarray(tokens).tolist()):
-                outputs[i] = Generated(run.codec.decode(row), encoded[i][1])
+                outputs[i] = Generated(run.codec.decode(row), encoded[i].unknown_words)
         yield from outputs
-    if n_read == 0:
-        raise ValueError("empty input: give the texts as arguments or one per line on standard input")
+    if not seen_text:
+        raise ValueError("empty input: give the texts as arguments or one per line on standard input"
+                         + (f" ({n_read} blank line{'s' if n_read > 1 else ''} and no text)" if n_read else ""))
+
+
+@dataclasses.dataclass
+class _Encoded:
+    ids: list
+    unknown_words: list
+    left_empty: str | None = None  # why the model cannot take it (Generated.left_empty)
 
 
 def _encode(run, text, number):
+    """The input's token ids, or None for a blank input (nothing to decode)."""
+    if not text.strip():
+        return None
     try:
         ids, unknown = run.codec.encode(text)
     except ValueError as e:  # a synthetic run's token outside its values: say which input
         raise ValueError(f"input {number}: {e}") from None
+    if not ids:  # a subword tokenizer may keep none of an odd line's characters
+        return _Encoded(ids, unknown, "has no tokens in the run's vocabulary")
     max_len = run.config.model.max_len
-    if not ids:
-        raise ValueError(f"input {number} is empty")
     if len(ids) + 1 > max_len:  # + EOS
-        raise ValueError(f"input {number} has {len(ids)} tokens; with EOS that exceeds the model's max_len={max_len}, "
-                         f"so at most {max_len - 1} tokens fit")
-    return ids, unknown
+        return _Encoded(ids, unknown, f"has {len(ids)} tokens; with EOS that exceeds the model's max_len={max_len}, "
+                                      f"so at most {max_len - 1} tokens fit")
+    return _Encoded(ids, unknown)
 
 
 def _source(sequences, batch_size, max_len):

@@ -253,7 +253,9 @@ CASES = [
     ("generate_top_k_over_vocabulary", on_run("generate", "--top-k", "99", "1 2"), 2, r"top_k must be in \[1, 11\]"),
     ("generate_beam_and_sampling", on_run("generate", "--beam-size", "2", "--temperature", "0.5", "1"), 2, r"exclude each other"),
     ("generate_empty_input", on_run("generate", stdin="\n\n"), 2, r"empty input"),
-    ("generate_input_too_long", on_run("generate", "1 2 3 4 5 6"), 2, r"input 1 has 6 tokens.*at most 5 tokens fit"),
+    # An over-long input gets an empty output line and a warning; the other lines are decoded.
+    ("generate_input_too_long", on_run("generate", "1 2 3 4 5 6"), 0, r"warning: the input has 6 tokens.*at most 5 tokens fit"),
+    ("generate_invalid_utf8", on_run("generate", stdin=b"1\n\xff\n"), 2, r"standard input:2: not valid UTF-8"),
     ("generate_not_an_integer", on_run("generate", "x"), 2, r"token 'x' is not an integer"),
     ("generate_value_out_of_range", on_run("generate", "99"), 2,
      r"input 1: token '99' is out of range: values are 0\.\.6"),

@@ -34,10 +34,11 @@ def run_process(*args, env=None, stdin=None):
 
 def cli(*args, stdin=""):
     """The CLI in this process: the same main(), without paying JAX's start-up and the
-    compilation of every jitted function again for each call."""
+    compilation of every jitted function again for each call. ``stdin``: str or bytes."""
     out, err = io.StringIO(), io.StringIO()
     old_stdin = sys.stdin
-    sys.stdin = io.StringIO(stdin)
+    # Bytes underneath, as a real standard input (generate reads sys.stdin.buffer).
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin if isinstance(stdin, bytes) else stdin.encode()), encoding="utf-8")
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -267,7 +268,6 @@ def test_generate_beam_and_sampling_run(straight_run):
 @pytest.mark.parametrize("args, message", [
     (["--max-new-tokens", "99", "1 2"], "max_new_tokens=99 exceeds max_len=6"),
     (["--beam-size", "0", "1 2"], "--beam-size must be >= 1"),
-    (["1 2 3 4 5 6"], "at most 5 tokens fit"),
     (["x"], "token 'x' is not an integer"),
     (["--beam-size", "2", "--temperature", "0.5", "1"], "exclude each other"),
 ])

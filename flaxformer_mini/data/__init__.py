@@ -5,7 +5,7 @@ a concept; every name is importable from ``flaxformer_mini.data`` itself:
 
     batches.py        special ids, ``Batch`` (shapes there), pad_batch/make_source/make_batch/pad_rows
     synthetic.py      ``SyntheticTask``: copy, reverse, sort; batches a function of (seed, step)
-    parallel_text.py  read_tsv/iter_tsv and ``TextPairs``, length-bucketed batches
+    parallel_text.py  read_tsv/iter_tsv/iter_lines and ``TextPairs``, length-bucketed batches
     vocab.py          ``Vocab``: the ``word`` tokenizer's vocabulary
 """
 
@@ -23,12 +23,12 @@ from .batches import (
     pad_batch,
     pad_rows,
 )
-from .parallel_text import TextPairs, iter_tsv, read_tsv
+from .parallel_text import TextPairs, iter_lines, iter_tsv, read_tsv
 from .synthetic import TASKS, SyntheticTask
 from .vocab import Vocab
 
 __all__ = [
     "BOS", "EOS", "NUM_SPECIAL", "PAD", "SPECIAL_TOKENS", "UNK", "TASKS",
     "Batch", "DataError", "SyntheticTask", "TextPairs", "Vocab",
-    "iter_tsv", "make_batch", "make_source", "pad_batch", "pad_rows", "read_tsv",
+    "iter_lines", "iter_tsv", "make_batch", "make_source", "pad_batch", "pad_rows", "read_tsv",
 ]

@@ -18,27 +18,48 @@ def read_tsv(path):
 
     Blank lines are skipped. A line without exactly one tab, with an empty side or with
     invalid UTF-8, and a file without any pair, raise ``DataError`` naming the file and the
-    1-based line number; with several bad lines, the first one's and how many more (with the
-    next line numbers), so a messy file is fixed in one go, not one line per run.
+    1-based line number (of the first bad line, with how many more).
     """
     return [(source, target) for _, source, target in iter_tsv(path)]
 
 
+UTF8_BOM = b"\xef\xbb\xbf"  # some editors (Notepad) start a UTF-8 file with it
+
+
+def iter_lines(f, name):
+    """``(line_number, text)`` for each line of the binary stream ``f``, numbered as every
+    text reader here numbers them (training files, ``generate``'s standard input): a UTF-8
+    BOM at the start is skipped, ``\\n``, ``\\r\\n`` and a lone ``\\r`` each end a line
+    (bytes.splitlines), and invalid UTF-8 raises ``DataError`` naming ``name:line``. The text
+    keeps its spaces: callers strip what they split.
+    """
+    lineno = 0
+    for physical in f:
+        if lineno == 0 and physical.startswith(UTF8_BOM):
+            physical = physical[len(UTF8_BOM):]
+        for raw in physical.splitlines() or [b""]:
+            lineno += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            yield lineno, line
+
+
 def iter_tsv(path):
     """``(line_number, source, target)`` for each pair of a ``source<TAB>target`` file,
-    streamed: the rules and errors of ``read_tsv`` (same line numbering, BOM skipped,
-    blank lines skipped, ``DataError`` naming ``file:line``), without reading the whole file.
+    streamed: the rules and errors of ``read_tsv`` (lines read by ``iter_lines``: BOM
+    skipped, the same numbering; blank lines skipped, ``DataError`` naming ``file:line``),
+    without reading the whole file. With several bad lines, the error names the first one's
+    reason and how many more (with the next line numbers), so a messy file is fixed in one
+    go, not one line per run.
     """
     path = Path(path)
-    lineno, found, bad = 0, False, []  # bad: (line number, why) of every bad line
-    with path.open("rb") as f:
-        for physical in f:
-            if lineno == 0 and physical.startswith(b"\xef\xbb\xbf"):
-                physical = physical[3:]
-            # bytes.splitlines, as read_tsv numbers lines (a lone \r ends a line too).
-            for raw in physical.splitlines() or [b""]:
-                lineno += 1
-                why = _bad_line(raw)
+    found, bad = False, []  # bad: (line number, why) of every bad line
+    try:
+        with path.open("rb") as f:
+            for lineno, line in iter_lines(f, path):
+                why = _bad_line(line)
                 if why is None:
                     continue  # blank
                 if why:
@@ -46,32 +67,33 @@ def iter_tsv(path):
                     continue
                 if bad:
                     continue  # the file fails: read on only to count its bad lines
-                source, target = (side.strip() for side in raw.decode("utf-8").split("\t"))
+                source, target = (side.strip() for side in line.split("\t"))
                 found = True
                 yield lineno, source, target
+    except DataError as e:  # not valid UTF-8: reading cannot go on
+        if not bad:
+            raise
+        bad.append((None, str(e)))
     if bad:
         (first, why), rest = bad[0], bad[1:]
         more = ""
         if rest:
-            shown = ", ".join(str(n) for n, _ in rest[:10]) + (", ..." if len(rest) > 10 else "")
-            more = f" (and {len(rest)} more bad line{'s' if len(rest) > 1 else ''}: {shown})"
+            numbers = [str(n) if n is not None else "then not valid UTF-8" for n, _ in rest[:10]]
+            more = f" (and {len(rest)} more bad line{'s' if len(rest) > 1 else ''}: {', '.join(numbers)}" \
+                   f"{', ...' if len(rest) > 10 else ''})"
         raise DataError(f"{path}:{first}: {why}{more}")
     if not found:
         raise DataError(f"{path}: no source<TAB>target pairs (the file is empty)")
 
 
-def _bad_line(raw):
-    """Why the line ``raw`` (bytes) is not a pair, '' when it is one, None when it is blank."""
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return f"not valid UTF-8 ({e.reason} at byte {e.start})"
+def _bad_line(line):
+    """Why ``line`` is not a pair, '' when it is one, None when it is blank."""
     if not line.strip():
         return None
     tabs = line.count("\t")
     if tabs != 1:
         found = "no tab" if tabs == 0 else f"{tabs} tabs"
-        hint = " (one at the end of the line: a trailing tab?)" if tabs == 2 and line.rstrip(" \r").endswith("\t") else ""
+        hint = " (one at the end of the line: a trailing tab?)" if tabs == 2 and line.rstrip(" ").endswith("\t") else ""
         return f"expected one tab between source and target, found {found}{hint}"
     source, target = (side.strip() for side in line.split("\t"))
     if not source or not target:
