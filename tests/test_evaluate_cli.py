@@ -146,3 +146,18 @@ def test_exact_match_compares_a_hypothesis_decoded_past_its_reference_up_to_eos(
     np.testing.assert_array_equal(exact_match(predicted, target_out), [True, False, False, True])
     # Labels longer than the hypotheses (a row that ran out of positions): never equal.
     np.testing.assert_array_equal(exact_match(predicted[:, :3], target_out), [True, False, False, False])
+
+
+def test_write_atomic_without_replace_refuses_a_file_that_appeared_after_the_check(tmp_path):
+    # evaluate checks --output before decoding and writes after: a file created in between is
+    # still never replaced unasked, and no temporary file is left beside it.
+    from flaxformer_mini.files import write_atomic
+
+    path = tmp_path / "hyp.txt"
+    write_atomic(path, "new\n", replace=False)
+    assert path.read_text() == "new\n"
+    with pytest.raises(FileExistsError, match="hyp.txt"):
+        write_atomic(path, "other\n", replace=False)
+    assert path.read_text() == "new\n" and [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
+    write_atomic(path, "other\n")  # --force
+    assert path.read_text() == "other\n"
