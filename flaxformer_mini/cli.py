@@ -3,6 +3,7 @@
     flaxformer-mini train --task reverse --out runs/reverse
     flaxformer-mini train --data train.tsv --valid valid.tsv --out runs/mt
     flaxformer-mini evaluate --checkpoint runs/reverse --json
+    flaxformer-mini evaluate --checkpoint runs/mt --data test.tsv --output hypotheses.txt
     flaxformer-mini generate --checkpoint runs/reverse 5 3 9 2 7
 
 Running the same ``train`` command again with the same ``--out`` resumes the run.
@@ -159,13 +160,18 @@ def _identity(args):
 
 
 def _evaluate(args):
-    from flaxformer_mini.evaluation import evaluate_run
-    from flaxformer_mini.files import check_writable
+    from flaxformer_mini.evaluation import evaluate_run, same_file
+    from flaxformer_mini.files import check_writable, refuse_existing
 
-    if args.output is not None:
-        check_writable(args.output, "--output")  # before decoding the whole held-out set
+    if args.output is not None:  # before decoding the whole held-out set
+        check_writable(args.output, "--output")
+        if args.data is not None and same_file(args.output, args.data):
+            raise ValueError(f"--output {args.output}: is the --data file being scored; write the hypotheses elsewhere")
+        if not args.force:
+            refuse_existing(args.output, "--output")
 
-    result = evaluate_run(args.checkpoint, batch_size=args.batch_size, beam_size=args.beam_size, output=args.output)
+    result = evaluate_run(args.checkpoint, batch_size=args.batch_size, beam_size=args.beam_size, output=args.output,
+                          data=args.data, force=args.force)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "step"}))
     else:
@@ -375,13 +381,24 @@ def build_parser():
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", help="loss, token accuracy, exact match, BLEU, chrF, WER and CER of a run's "
-                                        "latest checkpoint on its held-out data",
-                       parents=[common])
+                                        "latest checkpoint on its held-out data (or --data)",
+                       parents=[common],
+                       description="Score a run's latest checkpoint on its held-out data, or on the pairs of --data. "
+                                   "Hypotheses are decoded as generate decodes them (up to the model's max_len, "
+                                   "each stopping at its EOS), so the scores do not depend on --batch-size.")
     e.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
+    e.add_argument("--data", metavar="FILE.tsv",
+                   help="score these pairs (one 'source<TAB>target' per line, read as training data, encoded with "
+                        "the run's saved tokenizers) instead of the run's held-out data")
     e.add_argument("--json", action="store_true",
                    help="print one JSON object: loss, token_accuracy, exact_match, bleu, chrf, wer, cer")
-    e.add_argument("--output", metavar="FILE", help="write the decoded hypotheses, one per line in held-out order")
-    e.add_argument("--batch-size", type=int, default=None)
+    e.add_argument("--output", metavar="FILE",
+                   help="write the decoded hypotheses, one per line: with --data, one per input pair in its order "
+                        "(an empty line for a pair longer than the run's max length); else in held-out order. "
+                        "An existing FILE is refused unless --force")
+    e.add_argument("--force", action="store_true", help="replace an existing --output file")
+    e.add_argument("--batch-size", type=int, default=None,
+                   help="examples decoded together (default: the run's); the hypotheses do not depend on it")
     e.add_argument("--beam-size", type=int, default=1, help="exact match of the best beam (1: greedy)")
     e.set_defaults(run=_evaluate)
 

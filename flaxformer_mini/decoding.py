@@ -333,13 +333,18 @@ def greedy_decode_uncached(model, source, max_new_tokens):
 
 
 def exact_match(predicted, target_out):
-    """Per-sequence exact match: every labelled position (EOS included) predicted right.
+    """Per-sequence exact match: the hypothesis up to and including its first EOS equals the
+    labels (the reference's tokens and its EOS).
 
-    ``predicted`` (B, N) from a decoder; ``target_out`` (B, T) labels padded with PAD.
+    ``predicted`` (B, N) from a decoder, which writes PAD after a row's EOS; ``target_out``
+    (B, T) labels padded with PAD. N and T may differ either way: evaluation decodes up to the
+    model's max_len, past the references' padded length. Every labelled position must match,
+    EOS included, so a hypothesis that goes on past its reference's end, or stops before it,
+    does not match; what a row holds after its EOS is not compared.
     """
     predicted, target_out = np.asarray(predicted), np.asarray(target_out)
-    T = target_out.shape[1]
-    if predicted.shape[1] < T:
-        predicted = np.pad(predicted, ((0, 0), (0, T - predicted.shape[1])), constant_values=PAD)
+    width = max(predicted.shape[1], target_out.shape[1])
+    predicted = np.pad(predicted, ((0, 0), (0, width - predicted.shape[1])), constant_values=PAD)
+    target_out = np.pad(target_out, ((0, 0), (0, width - target_out.shape[1])), constant_values=PAD)
     labelled = target_out != PAD
-    return np.all((predicted[:, :T] == target_out) | ~labelled, axis=1)
+    return np.all((predicted == target_out) | ~labelled, axis=1)

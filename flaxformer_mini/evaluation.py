@@ -7,11 +7,18 @@ a synthetic run's space-separated integers) and scored with ``metrics.corpus_met
 corpus BLEU and chrF (sacrebleu), WER and CER. The references are the held-out targets as
 the model sees them, decoded from their ids (so a word outside the vocabulary reads
 ``<unk>`` on both sides).
+
+Hypotheses are decoded as ``generate`` decodes them: up to the model's ``max_len`` tokens,
+each row stopping at its EOS (the decoding loop ends once every row has). Decoding only as
+far as the references' padded length would cut a long hypothesis at its reference's length
+(an optimistic score) and at a length that changes with the batch size.
 """
+
+import os
 
 import numpy as np
 
-from flaxformer_mini.data import TextPairs, pad_rows
+from flaxformer_mini.data import DataError, SyntheticTask, TextPairs, iter_tsv, pad_rows
 from flaxformer_mini.decoding import decode, exact_match
 from flaxformer_mini.files import write_atomic
 from flaxformer_mini.metrics import corpus_metrics
@@ -38,7 +45,8 @@ def evaluate_with_hypotheses(trainer, state, batches, with_exact_match=True, bea
         hits, rows = [], None
         for b in batches:
             rows = rows or len(b.source)  # a smaller last batch is padded: one compiled shape
-            predicted = decode(model, pad_rows(b, rows).source, b.target_out.shape[1], beam_size=beam_size)
+            # The model's max_len, never the references' length: the hypotheses are generate's.
+            predicted = decode(model, pad_rows(b, rows).source, model.config.max_len, beam_size=beam_size)
             predicted = np.asarray(predicted)[: len(b.source)]
             hits.append(exact_match(predicted, b.target_out))
             wanted = len(b.source) if decode_lines is None else min(len(b.source), decode_lines - len(hypotheses))
@@ -52,22 +60,81 @@ def evaluate_with_hypotheses(trainer, state, batches, with_exact_match=True, bea
     return result, hypotheses
 
 
-def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, output=None, echo=warn):
-    """Evaluate the latest checkpoint of the run in ``out`` on its held-out data, every
-    held-out example decoded and scored; ``output``: a file to write the hypotheses into,
-    one per line in the held-out set's order (atomically). Held-out pairs longer than the
-    run's --max-len cannot be decoded: ``echo`` (stderr by default) says how many were left
-    out of the metrics and of ``output``."""
+def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, output=None, echo=warn, data=None,
+                 force=False):
+    """Evaluate the latest checkpoint of the run in ``out`` on its held-out data, or on the
+    pairs of the ``source<TAB>target`` file ``data``, every example decoded and scored;
+    ``output``: a file to write the hypotheses into, atomically, and never over an existing
+    file unless ``force`` (the caller refuses one before the work: this write refuses a file
+    that appeared meanwhile).
+
+    Pairs longer than the run's --max-len cannot be decoded: ``echo`` (stderr by default)
+    says how many were left out of the metrics. ``output`` holds one line per ``data`` pair,
+    in the file's order, an empty one for each pair left out, so it lines up with ``data``;
+    without ``data``, one line per evaluated held-out pair, in order."""
     run = Run.open(out)
+    held_out = read_pairs(run, data) if data is not None else run.data.eval  # before the checkpoint: fail fast
     state = run.latest_state()
-    held_out = run.data.eval
     if isinstance(held_out, TextPairs) and held_out.dropped:
-        echo(f"note: {held_out.dropped} of {held_out.dropped + len(held_out)} held-out pairs are longer "
-             f"than the run's --max-len {held_out.max_len} allows and are not evaluated"
-             + (f"; {output} holds a line for each of the {len(held_out)} others, in order"
-                if output is not None else ""))
-    result, hypotheses = evaluate_with_hypotheses(run.trainer, state, run.eval_batches(batch_size), with_exact_match,
-                                                  beam_size, codec=run.codec if with_exact_match else None)
+        where = f"pairs in {data}" if data is not None else "held-out pairs"
+        if output is None:
+            then = ""
+        elif data is not None:
+            then = f"; {output} holds an empty line for each, so its lines match {data}'s"
+        else:
+            then = f"; {output} holds a line for each of the {len(held_out)} others, in order"
+        echo(f"note: {held_out.dropped} of {held_out.dropped + len(held_out)} {where} are longer than the run's "
+             f"--max-len {held_out.max_len} allows and are not evaluated" + then)
+    batches = run.eval_batches(batch_size) if data is None else list(
+        held_out.iter_eval_batches(batch_size or run.config.batch_size))
+    result, hypotheses = evaluate_with_hypotheses(run.trainer, state, batches, with_exact_match, beam_size,
+                                                  codec=run.codec if with_exact_match else None)
     if output is not None:
-        write_atomic(output, "".join(h + "\n" for h in hypotheses))
+        if data is not None:
+            lines = [""] * (held_out.dropped + len(held_out))
+            for i, hypothesis in zip(held_out.kept, hypotheses):
+                lines[i] = hypothesis
+            hypotheses = lines
+        write_atomic(output, "".join(h + "\n" for h in hypotheses), replace=force)
     return {"step": int(state.step), **result}
+
+
+class _Values:
+    """A synthetic task's values as ``TextPairs`` reads a vocabulary: ``encode(text)``."""
+
+    def __init__(self, task):
+        self.encode = task.encode_text
+
+
+def read_pairs(run, path):
+    """``TextPairs`` of the ``source<TAB>target`` file ``path``, read as training data is
+    (``iter_tsv``'s rules and errors) and encoded with the run's saved tokenizers (a text run)
+    or as its integer values (a synthetic run); a value a synthetic run cannot read is an
+    error naming ``path`` and the line."""
+    d = run.config.data
+    if d.kind == "synthetic":
+        task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
+        vocabs = (_Values(task),) * 2
+        pairs = []
+        for lineno, source, target in iter_tsv(path):
+            for side, text in (("source", source), ("target", target)):
+                try:
+                    task.encode_text(text)
+                except ValueError as e:
+                    raise DataError(f"{path}:{lineno}: {side}: {e}") from None
+            pairs.append((source, target))
+    else:
+        vocabs = run.dir.load_vocabularies(d)
+        pairs = [(source, target) for _, source, target in iter_tsv(path)]
+    try:
+        return TextPairs(pairs, *vocabs, run.config.model.max_len)
+    except DataError as e:
+        raise DataError(f"{path}: {e} (the run's --max-len: a side's tokens plus its EOS)") from None
+
+
+def same_file(a, b):
+    """Whether paths ``a`` and ``b`` name one existing file (a link, another spelling)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

@@ -1,17 +1,22 @@
 """Writing run files so that a kill, a crash or a full disk never leaves half of one."""
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 
 
-def write_atomic(path, data):
+def write_atomic(path, data, replace=True):
     """Write ``data`` (str or bytes) to ``path`` all at once or not at all.
 
     The bytes go to a temporary file beside ``path``, are flushed to disk (fsync), then
     renamed over ``path``: a rename within one directory is atomic, so a reader (or a resumed
     run) sees the old file or the new one, never a truncated one. A failed write (disk full)
     removes the temporary file and leaves the old ``path`` as it was.
+
+    With ``replace=False`` an existing ``path`` is never replaced, even one created after the
+    caller checked (``refuse_existing``) and before this write: the temporary file is linked
+    to ``path``, which fails if anything is there (FileExistsError naming ``path``).
     """
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
@@ -22,10 +27,39 @@ def write_atomic(path, data):
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _link_new(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _link_new(tmp, path):
+    """Give the finished temporary file the name ``path`` unless something has it: a hard
+    link fails with EEXIST where rename would replace. A file system without hard links
+    falls back to a check just before the rename."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, "already exists; nothing was written", str(path)) from None
+    except OSError:
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "already exists; nothing was written", str(path)) from None
+        os.replace(tmp, path)
+    else:
+        os.unlink(tmp)
+
+
+def refuse_existing(path, option):
+    """Before the work whose result goes to ``path``: a ValueError naming ``option`` and
+    ``path`` if anything (a file, a directory, a link) is there. The caller skips it for
+    ``--force`` (as ``parity``'s outputs)."""
+    if os.path.lexists(path):
+        kind = "a directory" if os.path.isdir(path) else "a file"
+        raise ValueError(f"{option} {path}: already exists ({kind}); nothing was written. "
+                         f"Give --force to replace it, or choose another path")
 
 
 def check_writable(path, option):

@@ -156,6 +156,24 @@ def evaluate_output_into(where):
     return setup
 
 
+def evaluate_data(content: bytes | str, kind="synthetic", output=None):
+    """evaluate --data test.tsv holding ``content`` (and --output ``output``, written first)."""
+    def setup(d, finished):
+        run = copy_run(kind)(d, finished)
+        (d / "test.tsv").write_bytes(content if isinstance(content, bytes) else content.encode())
+        args = ["evaluate", "--checkpoint", str(run), "--data", str(d / "test.tsv")]
+        if output is not None:
+            if output != "test.tsv":
+                (d / output).write_text("my notes\n")
+            args += ["--output", str(d / output)]
+        return args
+    return setup
+
+
+def evaluate_data_missing(d, finished):
+    return ["evaluate", "--checkpoint", str(copy_run()(d, finished)), "--data", str(d / "nope.tsv")]
+
+
 def run_held_by_another_process(d, finished):
     run = copy_run()(d, finished)
     held = RunLock(run / ".lock")
@@ -230,6 +248,17 @@ CASES = [
      r"--output .*a_directory: is a directory; give a file name"),
     ("evaluate_output_in_a_missing_directory", evaluate_output_into("nowhere/hyp.txt"), 2,
      r"--output .*nowhere/hyp\.txt: the directory .*nowhere does not exist"),
+    ("evaluate_output_exists", evaluate_data("1 2\t2 1\n", output="hyp.txt"), 2,
+     r"--output .*hyp\.txt: already exists \(a file\); nothing was written\. Give --force"),
+    ("evaluate_output_is_the_data_file", evaluate_data("1 2\t2 1\n", output="test.tsv"), 2,
+     r"--output .*test\.tsv: is the --data file being scored"),
+    ("evaluate_data_missing", evaluate_data_missing, 2, r"nope\.tsv: No such file"),
+    ("evaluate_data_line_without_tab", evaluate_data("1 2\t2 1\n3 4\n"), 2, r"test\.tsv:2: expected one tab"),
+    ("evaluate_data_empty_file", evaluate_data(""), 2, r"test\.tsv: no source<TAB>target pairs"),
+    ("evaluate_data_not_an_integer", evaluate_data("1 2\t2 x\n"), 2,
+     r"test\.tsv:1: target: token 'x' is not an integer"),
+    ("evaluate_data_every_pair_too_long", evaluate_data("a b c d e f g h\tx\n", kind="text"), 2,
+     r"test\.tsv: no pairs: all 1 are longer than max_len=8"),
     ("vocabulary_edited", on_run("generate", "a b", kind="text", edit=edit_json("vocab_target.json", swap_two_words)),
      2, r"vocab_target\.json differs from the file this run wrote"),
     ("training_file_changed_since_the_run_started", training_file_changed, 2,

@@ -107,7 +107,8 @@ class TextPairs:
     A pair whose source or target, with its EOS (or BOS), is longer than ``max_len`` is
     dropped, and counted in ``dropped`` (its longest side in ``longest_dropped``): a corpus has a few very long lines, and the caller
     decides (from the count) whether to raise ``max_len``. If every pair is dropped that is
-    a ``DataError``.
+    a ``DataError``. ``kept[i]`` is the index in ``pairs`` of example i (evaluate --output
+    lines its hypotheses up with the input file's lines by it).
 
     ``length_multiple`` rounds each batch's S and T up to a multiple (capped at
     ``max_len``), so the jitted train step compiles for a handful of shapes, not one per
@@ -121,14 +122,16 @@ class TextPairs:
         self.length_multiple = _positive_int("length_multiple", length_multiple)
         self.source_vocab, self.target_vocab = source_vocab, target_vocab
         self.sources, self.targets = [], []  # int32 ids without specials
+        self.kept = []  # the input index of each kept pair
         self.dropped = 0
         self.longest_dropped = 0  # tokens of the longest side of a dropped pair
-        for source, target in pairs:
+        for index, (source, target) in enumerate(pairs):
             s, t = source_vocab.encode(source), target_vocab.encode(target)
             if len(s) + 1 > self.max_len or len(t) + 1 > self.max_len:
                 self.dropped += 1
                 self.longest_dropped = max(self.longest_dropped, len(s), len(t))
                 continue
+            self.kept.append(index)
             self.sources.append(np.asarray(s, np.int32))
             self.targets.append(np.asarray(t, np.int32))
         if not self.sources:

@@ -1,0 +1,163 @@
+"""`flaxformer-mini evaluate` scores what `generate` decodes: hypotheses decoded to the model's
+max_len whatever the references' length or the batch size, `--data` to score a file of
+pairs with one output line per input line, and `--output` that replaces no file unasked."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from flaxformer_mini.decoding import exact_match
+from flaxformer_mini.data import EOS, PAD
+from flaxformer_mini.metrics import corpus_metrics
+from flaxformer_mini.run import Run
+from test_real_corpora import text_args, write_corpus
+from test_train_cli import cli
+
+TEXT_METRICS = ("exact_match", "bleu", "chrf", "wer", "cer")
+SHORT_REFERENCE = ("the cat", "a")  # one character: its labels (a, EOS) pad to 8 positions
+OVER_LONG = ("big sun " * 4, "x")  # 32 characters: over the run's --max-len 24
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+    """A briefly trained character-level run: its hypotheses run long (few EOS learnt yet),
+    which is what truncation at the references' length used to hide."""
+    d = tmp_path_factory.mktemp("evaluate")
+    corpus = write_corpus(d / "train.tsv", 60), write_corpus(d / "valid.tsv", 7)
+    out = d / "run"
+    proc = cli(*text_args(corpus, out, "--tokenizer", "char"), "--steps", "4")
+    assert proc.returncode == 0, proc.stderr
+    return out, corpus
+
+
+@pytest.fixture(scope="module")
+def test_file(char_run, tmp_path_factory):
+    """Pairs the run never evaluated on: the first valid pairs, a pair whose reference is one
+    character, and one too long for the run (line 5)."""
+    _, (_, valid) = char_run
+    pairs = [tuple(line.split("\t")) for line in valid.read_text().splitlines()[:3]]
+    pairs = pairs + [SHORT_REFERENCE, OVER_LONG] + pairs[:2]
+    path = tmp_path_factory.mktemp("test_data") / "test.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    return path, pairs
+
+
+def evaluate(out, *args):
+    proc = cli("evaluate", "--checkpoint", str(out), "--json", *map(str, args))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def generated(out, sources):
+    proc = cli("generate", "--checkpoint", str(out), stdin="".join(s + "\n" for s in sources))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_evaluate_hypotheses_and_metrics_do_not_depend_on_the_batch_size_and_equal_generates(char_run, test_file,
+                                                                                             tmp_path):
+    out, _ = char_run
+    path, pairs = test_file
+    results, outputs = [], []
+    for batch_size in (1, 7, 64):
+        hypotheses = tmp_path / f"hyp{batch_size}.txt"
+        results.append(evaluate(out, "--data", path, "--batch-size", batch_size, "--output", hypotheses)[0])
+        outputs.append(hypotheses.read_text().splitlines())
+    assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
+    for result in results[1:]:
+        assert {k: result[k] for k in TEXT_METRICS} == {k: results[0][k] for k in TEXT_METRICS}
+        # The same examples; their float32 losses summed in other batches (~1e-7 relative apart).
+        assert result["loss"] == pytest.approx(results[0]["loss"], rel=1e-5)
+    kept = [i for i, pair in enumerate(pairs) if pair != OVER_LONG]
+    assert [outputs[0][i] for i in kept] == generated(out, [pairs[i][0] for i in kept])
+
+
+def test_a_hypothesis_longer_than_its_reference_is_scored_at_its_full_length(char_run, test_file, tmp_path):
+    out, _ = char_run
+    path, pairs = test_file
+    (full,) = generated(out, [SHORT_REFERENCE[0]])
+    # The reference's labels (a, EOS) padded to 8: a cut there would leave at most 8 characters.
+    assert len(full) > 8, f"the run's hypothesis {full!r} is too short for this test"
+    hypotheses = tmp_path / "hyp.txt"
+    result, _ = evaluate(out, "--data", path, "--output", hypotheses)
+    lines = hypotheses.read_text().splitlines()
+    assert lines[pairs.index(SHORT_REFERENCE)] == full
+    run = Run.open(out)
+    target = run.dir.load_vocabularies(run.config.data)[1]
+    kept = [i for i, pair in enumerate(pairs) if pair != OVER_LONG]
+    expected = corpus_metrics([lines[i] for i in kept], [run.codec.decode(target.encode(pairs[i][1])) for i in kept])
+    for key in ("bleu", "chrf", "wer", "cer"):
+        assert result[key] == pytest.approx(expected[key], abs=1e-9)
+
+
+def test_evaluate_output_has_one_line_per_data_line_and_an_empty_one_for_an_over_long_pair(char_run, test_file,
+                                                                                           tmp_path):
+    out, _ = char_run
+    path, pairs = test_file
+    hypotheses = tmp_path / "hyp.txt"
+    _, stderr = evaluate(out, "--data", path, "--output", hypotheses)
+    lines = hypotheses.read_text().split("\n")
+    assert lines[-1] == "" and len(lines[:-1]) == len(pairs) == 7  # one line per pair, each ended by \n
+    assert lines[pairs.index(OVER_LONG)] == ""
+    assert (f"note: 1 of 7 pairs in {path} are longer than the run's --max-len 24 allows and are not evaluated; "
+            f"{hypotheses} holds an empty line for each, so its lines match {path}'s") in stderr
+
+
+def test_evaluate_data_scores_that_file_even_when_the_runs_data_files_moved(char_run, tmp_path):
+    out, (train, valid) = char_run
+    # The run's own held-out file through --data: the same pairs, the same scores.
+    held_out, _ = evaluate(out)
+    assert evaluate(out, "--data", valid)[0] == held_out
+    # A copy of the run whose training and validation files are gone: only --data can be scored.
+    moved = tmp_path / "run"
+    shutil.copytree(out, moved)
+    config = json.loads((moved / "config.json").read_text())
+    config["data"].update(train_path=str(tmp_path / "gone_train.tsv"), valid_path=str(tmp_path / "gone_valid.tsv"))
+    (moved / "config.json").write_text(json.dumps(config))
+    refused = cli("evaluate", "--checkpoint", str(moved))
+    assert refused.returncode == 2 and "gone_valid.tsv" in refused.stderr
+    other = tmp_path / "other.tsv"
+    shutil.copy(valid, other)
+    assert evaluate(moved, "--data", other)[0] == held_out
+
+
+def test_evaluate_output_onto_an_existing_file_is_refused_unless_force(char_run, tmp_path):
+    out, (train, _) = char_run
+    hypotheses = tmp_path / "hyp.txt"
+    hypotheses.write_text("my notes\n")
+    refused = cli("evaluate", "--checkpoint", str(out), "--output", str(hypotheses))
+    assert refused.returncode == 2
+    assert f"--output {hypotheses}: already exists (a file); nothing was written" in refused.stderr
+    assert hypotheses.read_text() == "my notes\n"
+    forced = cli("evaluate", "--checkpoint", str(out), "--output", str(hypotheses), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert len(hypotheses.read_text().splitlines()) == 7  # the 7 held-out pairs' hypotheses
+
+
+def test_exact_match_compares_a_hypothesis_decoded_past_its_reference_up_to_eos():
+    # Labels padded to T = 4; hypotheses decoded to N = 6 (the model's max_len).
+    target_out = np.array([[5, 6, EOS, PAD], [7, EOS, PAD, PAD], [8, EOS, PAD, PAD], [9, 9, 9, EOS]])
+    predicted = np.array([[5, 6, EOS, PAD, PAD, PAD],  # equal up to EOS
+                          [7, 8, 9, 10, 11, EOS],  # goes on past its reference's end
+                          [8, 8, EOS, PAD, PAD, PAD],  # wrong at the reference's EOS
+                          [9, 9, 9, EOS, PAD, PAD]])
+    np.testing.assert_array_equal(exact_match(predicted, target_out), [True, False, False, True])
+    # Labels longer than the hypotheses (a row that ran out of positions): never equal.
+    np.testing.assert_array_equal(exact_match(predicted[:, :3], target_out), [True, False, False, False])
+
+
+def test_write_atomic_without_replace_refuses_a_file_that_appeared_after_the_check(tmp_path):
+    # evaluate checks --output before decoding and writes after: a file created in between is
+    # still never replaced unasked, and no temporary file is left beside it.
+    from flaxformer_mini.files import write_atomic
+
+    path = tmp_path / "hyp.txt"
+    write_atomic(path, "new\n", replace=False)
+    assert path.read_text() == "new\n"
+    with pytest.raises(FileExistsError, match="hyp.txt"):
+        write_atomic(path, "other\n", replace=False)
+    assert path.read_text() == "new\n" and [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
+    write_atomic(path, "other\n")  # --force
+    assert path.read_text() == "other\n"
