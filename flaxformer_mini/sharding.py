@@ -189,8 +189,9 @@ def _data_size(mesh):
 def batch_sharding(mesh, batch_axis=0):
     """Every batch array is split along its batch axis over 'data' (and replicated over
     'model': the devices of one tensor-parallel group see the same rows): ``P('data')``, or
-    ``P(None, 'data')`` for ``batch_axis=1`` (the (K, B, T) micro-batches of ``--accumulate``,
-    ``training.stack_batches``: every micro-batch split the same way)."""
+    ``P(None, 'data')`` for ``batch_axis=1`` (micro-batches stacked (K, B, T) by
+    ``training.stack_batches``: every micro-batch split the same way). ``--accumulate`` feeds
+    each micro-batch in its own shape instead, as one batch (``Trainer.accumulate``)."""
     _data_size(mesh)  # the mesh has a 'data' axis
     return NamedSharding(mesh, P(*(None,) * batch_axis, DATA_AXIS))
 

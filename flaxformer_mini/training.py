@@ -203,41 +203,25 @@ def _summed_loss(model, batch, label_smoothing):
     return total, (count, correct_tokens(logits, batch.target_out))
 
 
-def accumulated_train_step(state: TrainState, batches):
-    """One optimizer update from K micro-batches: ``batches`` is a ``Batch`` of arrays with a
-    leading axis K (``stack_batches``). Pure, like ``train_step``.
+def _micro_batch_gradients(graphdef, params, other, batch, key, label_smoothing):
+    """Gradients of one micro-batch's *summed* token loss, its dropout keys from ``key``:
+    (grads, summed loss, label count, correct labels, params, other). The params and RNG
+    state come back for ``lax.scan``'s carry (nnx may only reseed variables of the trace
+    that made them)."""
+    model = nnx.merge(graphdef, params, other)
+    reseed_dropout(model, key)
+    (total, (count, correct)), grads = nnx.value_and_grad(_summed_loss, has_aux=True)(model, batch, label_smoothing)
+    _, params, other = nnx.split(model, nnx.Param, ...)
+    return grads, total, count, correct, params, other
 
-    Gradients of the summed token losses are added over the micro-batches (``lax.scan``: one
-    micro-batch's activations in memory at a time) and divided by the total token count, so
-    the update equals ``train_step`` on the K micro-batches concatenated into one batch (with
-    dropout 0; micro-batch j's dropout keys are fold_in(step key, j)). optax.MultiSteps would
-    average per-micro-batch *mean* gradients instead, which weighs a short micro-batch's tokens
-    more than the big batch does, and keeps its own step counter in the optimizer state
-    (checkpoints of --accumulate runs would then differ in structure).
-    """
-    base = jax.random.fold_in(jax.random.key(state.config.seed), state.step)
-    d_model = nnx.merge(state.graphdef, state.params, state.other).config.embed_size  # at trace time only
-    grad_fn = nnx.value_and_grad(_summed_loss, has_aux=True)
 
-    def micro(carry, inputs):
-        # The RNG state rides in the carry: nnx may only reseed variables of the scan's own trace.
-        grads_sum, total_sum, count_sum, correct_sum, params, other = carry
-        j, batch = inputs
-        model = nnx.merge(state.graphdef, params, other)
-        key = jax.random.fold_in(base, j)
-        reseed_dropout(model, key)
-        (total, (count, correct)), grads = grad_fn(model, batch, state.config.label_smoothing)
-        grads_sum = jax.tree.map(jnp.add, grads_sum, grads)
-        _, params, other = nnx.split(model, nnx.Param, ...)
-        return (grads_sum, total_sum + total, count_sum + count, correct_sum + correct, params, other), None
-
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
-    k = batches.source.shape[0]
-    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32),
-            state.params, state.other)
-    (grads, total, count, correct, _, _), _ = jax.lax.scan(micro, init, (jnp.arange(k), batches))
+def _apply_summed_gradients(state: TrainState, grads, total, count, correct):
+    """The optimizer update from gradients summed over every micro-batch's tokens, divided by
+    their total count: ``train_step``'s normalisation over the micro-batches' union."""
     denominator = jnp.maximum(count, 1.0)
-    grads = jax.tree.map(lambda g: g / denominator, grads)
+    # Summed in float32 (GradientSums), stepped in the parameters' own dtype, as train_step is.
+    grads = jax.tree.map(lambda g, p: (g / denominator).astype(p.dtype), grads, state.params)
+    d_model = nnx.merge(state.graphdef, state.params, state.other).config.embed_size  # at trace time only
     with jax.numpy_dtype_promotion("standard"):  # optax's own promotions: see train_step
         updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -251,9 +235,88 @@ def accumulated_train_step(state: TrainState, batches):
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
+def _float32_zeros(params):
+    return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+
+
+def accumulated_train_step(state: TrainState, batches):
+    """One optimizer update from K micro-batches of one shape: ``batches`` is a ``Batch`` of
+    arrays with a leading axis K (``stack_batches``). Pure, like ``train_step``.
+
+    Gradients of the summed token losses are added over the micro-batches (``lax.scan``: one
+    micro-batch's activations in memory at a time) and divided by the total token count, so
+    the update equals ``train_step`` on the K micro-batches concatenated into one batch (with
+    dropout 0; micro-batch j's dropout keys are fold_in(step key, j)). optax.MultiSteps would
+    average per-micro-batch *mean* gradients instead, which weighs a short micro-batch's tokens
+    more than the big batch does, and keeps its own step counter in the optimizer state
+    (checkpoints of --accumulate runs would then differ in structure).
+
+    Stacking pads every micro-batch to the largest one's shape: micro-batches of different
+    shapes (``--max-tokens``) go through ``add_micro_batch`` and ``apply_gradient_sums``
+    instead, each in its own shape (``Trainer.accumulate``).
+    """
+    base = jax.random.fold_in(jax.random.key(state.config.seed), state.step)
+
+    def micro(carry, inputs):
+        grads_sum, total_sum, count_sum, correct_sum, params, other = carry
+        j, batch = inputs
+        grads, total, count, correct, params, other = _micro_batch_gradients(
+            state.graphdef, params, other, batch, jax.random.fold_in(base, j), state.config.label_smoothing)
+        grads_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_sum, grads)
+        return (grads_sum, total_sum + total, count_sum + count, correct_sum + correct, params, other), None
+
+    k = batches.source.shape[0]
+    init = (_float32_zeros(state.params), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
+            jnp.zeros((), jnp.int32), state.params, state.other)
+    (grads, total, count, correct, _, _), _ = jax.lax.scan(micro, init, (jnp.arange(k), batches))
+    return _apply_summed_gradients(state, grads, total, count, correct)
+
+
+@flax.struct.dataclass
+class GradientSums:
+    """The running sums of one update's micro-batches (``--accumulate``), carried from one
+    ``add_micro_batch`` to the next: float32 gradients of the summed token losses (a
+    bfloat16 sum of K gradients would round each addition), the summed loss, the label count,
+    the correct labels, and how many micro-batches were added (micro-batch j's dropout keys are
+    fold_in(step key, j), as in ``accumulated_train_step``)."""
+
+    grads: nnx.State  # float32, shaped like the parameters
+    loss: jax.Array  # float32 scalar
+    tokens: jax.Array  # float32 scalar: non-PAD labels
+    correct: jax.Array  # int32 scalar
+    micro_batches: jax.Array  # int32 scalar
+
+
+def zero_gradient_sums(state: TrainState):
+    """The ``GradientSums`` an update starts from: zeros shaped like ``state``'s parameters."""
+    zero = jnp.zeros((), jnp.float32)
+    return GradientSums(grads=_float32_zeros(state.params), loss=zero, tokens=zero,
+                        correct=jnp.zeros((), jnp.int32), micro_batches=jnp.zeros((), jnp.int32))
+
+
+def add_micro_batch(state: TrainState, sums: GradientSums, batch):
+    """``sums`` plus one micro-batch's gradient and loss sums, pure; ``state`` is only read.
+    Compiled once per micro-batch shape: the shapes a run without --accumulate compiles."""
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(state.config.seed), state.step), sums.micro_batches)
+    grads, total, count, correct, _, _ = _micro_batch_gradients(
+        state.graphdef, state.params, state.other, batch, key, state.config.label_smoothing)
+    return GradientSums(grads=jax.tree.map(lambda a, g: a + g.astype(jnp.float32), sums.grads, grads),
+                        loss=sums.loss + total, tokens=sums.tokens + count, correct=sums.correct + correct,
+                        micro_batches=sums.micro_batches + 1)
+
+
+def apply_gradient_sums(state: TrainState, sums: GradientSums):
+    """The optimizer update from an update's ``GradientSums``: ``(state, sums) -> (state,
+    metrics)``, pure, the same update and metrics as ``accumulated_train_step`` on the same
+    micro-batches (which equals ``train_step`` on their union)."""
+    return _apply_summed_gradients(state, sums.grads, sums.loss, sums.tokens, sums.correct)
+
+
 def stack_batches(batches):
     """K ``Batch``es padded with PAD to one shape and stacked: a ``Batch`` of (K, B, S) and
-    (K, B, T) arrays for ``accumulated_train_step``. PAD rows and columns carry no labels."""
+    (K, B, T) arrays for ``accumulated_train_step``. PAD rows and columns carry no labels, but
+    they cost compute and memory: micro-batches of different shapes (--max-tokens buckets) go
+    to ``Trainer.accumulate`` instead, which keeps each one's own shape."""
     import numpy as np
 
     rows = max(b.source.shape[0] for b in batches)
@@ -292,7 +355,8 @@ class Trainer:
     ``Trainer(model, TrainConfig(...))``: ``init_state()`` is a fresh ``TrainState``;
     ``train_step`` and ``eval_step`` are ``train_step``/``eval_step`` under ``jax.jit`` (the
     train step donates its state, so XLA updates the buffers in place); ``step`` and
-    ``evaluate`` check each batch on the host first.
+    ``evaluate`` check each batch on the host first. ``accumulate`` makes one update from K
+    micro-batches, each compiled in its own shape (``--accumulate``).
     """
 
     def __init__(self, model, config: TrainConfig):
@@ -303,6 +367,11 @@ class Trainer:
         self.train_step = jax.jit(train_step, donate_argnums=0)
         self.accumulated_train_step = jax.jit(accumulated_train_step, donate_argnums=0)
         self.eval_step = jax.jit(eval_step)
+        # --accumulate K (``accumulate``): one compiled micro-step per micro-batch shape, the
+        # sums donated from one micro-batch to the next, and one compiled optimizer update.
+        self.add_micro_batch = jax.jit(add_micro_batch, donate_argnums=1)
+        self.apply_gradient_sums = jax.jit(apply_gradient_sums, donate_argnums=0)
+        self._zero_sums = {}  # the parameters' layout -> zero_gradient_sums compiled to it
 
     def init_state(self):
         """A fresh state at step 0 (copies of the model's initial arrays)."""
@@ -312,6 +381,43 @@ class Trainer:
         """Check ``batch`` on the host, then run the compiled train step."""
         check_batch(batch, self.model_config)
         return self.train_step(state, batch)
+
+    def accumulate(self, state, micro_batches, place=None):
+        """One optimizer update from ``micro_batches`` (K ``Batch``es, each of its own shape):
+        ``(state, metrics)``, the update ``train_step`` makes on their union.
+
+        Each micro-batch goes through ``add_micro_batch`` in its own shape, so a --max-tokens
+        budget holds for every one of them and the compiled shapes are the ones a run
+        without --accumulate compiles; ``stack_batches`` would pad all K to the most rows and
+        the longest lengths among them (up to K times the budget in rows, and a compiled
+        shape per combination of shapes). ``place(batch)`` puts a checked micro-batch on the
+        devices (``sharding.shard_batch`` on a mesh)."""
+        sums = self._zeros_for(state)(state)
+        for batch in micro_batches:
+            sums = self.add_micro_batch(state, sums, batch if place is None else place(batch))
+        return self.apply_gradient_sums(state, sums)
+
+    def _zeros_for(self, state):
+        """``zero_gradient_sums`` compiled to lay the sums out as ``state``'s parameters are.
+
+        On a mesh (``sharding.shard_state``: NamedShardings) the layout is pinned: zeros depend
+        on no input, so XLA would choose their layout, and ``add_micro_batch`` would compile
+        again for the one it returns. On one device it is not: pinned outputs are committed
+        to the device, the state they update would be too, and jit, which keys its cache on
+        that, would compile every step a second time for the state ``init_state`` gives."""
+        leaves, treedef = jax.tree.flatten(jax.tree.map(lambda p: p.sharding, state.params))
+        if not any(isinstance(s, jax.sharding.NamedSharding) for s in leaves):
+            leaves, treedef = (), None
+        key = (treedef, tuple(leaves), state.step.sharding if leaves else None)
+        if key not in self._zero_sums:
+            if not leaves:
+                self._zero_sums[key] = jax.jit(zero_gradient_sums)
+            else:
+                scalar = state.step.sharding
+                shardings = GradientSums(grads=jax.tree.unflatten(treedef, leaves), loss=scalar, tokens=scalar,
+                                         correct=scalar, micro_batches=scalar)
+                self._zero_sums[key] = jax.jit(zero_gradient_sums, out_shardings=shardings)
+        return self._zero_sums[key]
 
     def evaluate(self, state, batches):
         """Teacher-forced loss and token accuracy over ``batches`` (summed, then divided); a

@@ -158,12 +158,12 @@ def _worker(spec):
         mesh = (training_mesh(None, r["sharding"], batch_size, mesh_shape=r["mesh"]) if "mesh" in r
                 else training_mesh(r["devices"], r["sharding"], batch_size))
         run = Run.create(r["out"], _worker_config(r.get("text")), echo=lambda m: None)
-        if "text" in r:  # say how the stacked micro-batches reach the step: (K, B, T), and B's split
-            step = run.trainer.accumulated_train_step
+        if "text" in r:  # say how each micro-batch reaches the step: in its own shape (B, S), and B's split
+            step = run.trainer.add_micro_batch
             layout = lambda a: getattr(a, "sharding", None) and a.sharding.spec  # noqa: E731
-            run.trainer.accumulated_train_step = lambda state, batch: (print(
-                f"{r['out']}: micro-batches {batch.source.shape} laid out {layout(batch.source)}", file=sys.stderr),
-                step(state, batch))[1]
+            run.trainer.add_micro_batch = lambda state, sums, batch: (print(
+                f"{r['out']}: micro-batch {batch.source.shape} laid out {layout(batch.source)}", file=sys.stderr),
+                step(state, sums, batch))[1]
         with _evaluating(r.get("evaluate", True)):
             fit(run, r.get("steps", STEPS), log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
                 sharding=r["sharding"], echo=lambda m: print(f"{r['out']}: {m}", file=sys.stderr))
@@ -354,7 +354,7 @@ def test_only_process_0_writes_the_run_files(equivalence_runs):
 def test_max_tokens_and_accumulate_on_two_processes_of_two_devices_train_as_one_device(equivalence_runs):
     # --max-tokens batches keep the rows they have on one device (max_tokens // max(S, T): here
     # 7, which the 4 data-parallel groups do not divide, so the mesh fills them up with PAD rows),
-    # and --accumulate's stacked micro-batches (K, B, T) are split along B: axis 1, across hosts.
+    # and each of --accumulate's micro-batches (B, S) keeps its own shape, split along B across hosts.
     from flaxformer_mini.run import Run
 
     one, two = equivalence_runs / f"{TEXT_RUN}_reference", equivalence_runs / f"{TEXT_RUN}_2x2"
@@ -365,9 +365,12 @@ def test_max_tokens_and_accumulate_on_two_processes_of_two_devices_train_as_one_
     assert reference.config.model.dropout > 0  # the dropout masks too must be the single device's
     said = (equivalence_runs / "2x2_launch.stderr").read_text()
     assert f"{two}: model: 31,101 parameters, float32, on 4 cpu device(s), mesh data=4, fsdp" in said, said[-2000:]
-    # Every micro-batch's rows split over 'data' (a multiple of 4 now), not handed whole to every device.
-    shapes = re.findall(rf"{re.escape(str(two))}: micro-batches \(2, (\d+), \d+\) laid out P\(None, 'data'\)", said)
-    assert len(shapes) == STEPS and all(int(b) % 4 == 0 for b in shapes), said[-2000:]
+    # Every micro-batch's rows split over 'data' (filled up to a multiple of 4), not handed whole to
+    # every device, each in the shape one device trains it in (not padded to its update's largest).
+    shapes = re.findall(rf"{re.escape(str(two))}: micro-batch \((\d+), (\d+)\) laid out P\('data',\)", said)
+    expected = [(-(-len(b.source) // 4) * 4, b.source.shape[1]) for step in range(STEPS)
+                for b in reference.train_batches(step)]
+    assert [(int(b), int(s)) for b, s in shapes] == expected, said[-2000:]
     ref, got = losses(one), losses(two)
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
     worst = max(abs(ref[s] - got[s]) for s in ref)

@@ -164,6 +164,92 @@ def test_accumulating_k_micro_batches_equals_one_k_times_larger_batch():
     assert int(many.step) == 1
 
 
+BUDGET = 60  # --max-tokens of the accumulating runs below: characters give their micro-batches several shapes
+
+
+def budget_args(corpus, out, steps):
+    return text_args(corpus, out, "--tokenizer", "char", "--max-tokens", str(BUDGET), "--accumulate", "2",
+                     "--steps", str(steps), "--save-every", "2", "--eval-every", "100")
+
+
+@pytest.fixture(scope="module")
+def accumulating_run(corpus, tmp_path_factory):
+    """A `--max-tokens 60 --accumulate 2` run of 4 updates, with every batch its trainer's
+    compiled steps were fed: [(step name, source shape, target shape)], and its trainer."""
+    fed, trainers = [], []
+    init = Trainer.__init__
+
+    def recording(name, step):
+        def call(state, *args):  # the batch is the last argument of every train step
+            fed.append((name, tuple(args[-1].source.shape), tuple(args[-1].target_in.shape)))
+            return step(state, *args)
+        return call
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        trainers.append(self)
+        for name in ("train_step", "accumulated_train_step", "add_micro_batch"):
+            if hasattr(self, name):
+                self.__dict__[f"compiled_{name}"] = getattr(self, name)
+                setattr(self, name, recording(name, getattr(self, name)))
+
+    out = tmp_path_factory.mktemp("accumulate") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "__init__", recording_init)
+        proc = cli(*budget_args(corpus, out, 4))
+    assert proc.returncode == 0, proc.stderr
+    return out, fed, trainers[0]
+
+
+def test_max_tokens_with_accumulate_feeds_every_micro_batch_in_its_own_shape_within_the_budget(accumulating_run):
+    out, fed, trainer = accumulating_run
+    micro = [b for step in range(4) for b in Run.open(out).train_batches(step)]
+    shapes = [(b.source.shape, b.target_in.shape) for b in micro]
+    assert any(len({shapes[i], shapes[i + 1]}) == 2 for i in range(0, 8, 2)), f"no update mixes shapes: {shapes}"
+    # Each micro-batch reaches the compiled step as it is, PAD rows included: rows * max(S, T)
+    # within the budget (stacking padded (50, 8) and (16, 24) to (2, 50, 24), 3x the budget).
+    assert [(s, t) for _, s, t in fed] == shapes
+    assert {name for name, _, _ in fed} == {"add_micro_batch"}
+    assert all(s[0] * max(s[1], t[1]) <= BUDGET for _, s, t in fed), fed
+    # One program per micro-batch shape, as a run without --accumulate compiles; one update program.
+    assert trainer.compiled_add_micro_batch._cache_size() == len(set(shapes))
+    assert trainer.apply_gradient_sums._cache_size() == 1
+
+
+def test_accumulating_micro_batches_of_different_shapes_equals_one_step_on_their_union(accumulating_run):
+    run = Run.open(accumulating_run[0])
+    a, b = next(m for m in map(run.train_batches, range(4)) if m[0].source.shape != m[1].source.shape)
+    # The union: both padded with PAD to the longer lengths (masked keys, labels that do not
+    # count, causally after every real position) and concatenated along the rows.
+    s, t = max(a.source.shape[1], b.source.shape[1]), max(a.target_in.shape[1], b.target_in.shape[1])
+    union = type(a)(*(np.concatenate([np.pad(x, ((0, 0), (0, n - x.shape[1]))) for x in pair])
+                      for pair, n in zip(zip(a, b), (s, t, t))))
+    config = run.config.model.replace(dropout=0.0)  # with dropout the keys differ (micro-batch j's are its own)
+    # eps=1: see the test above (Adam at eps=1e-9 steps ~lr * sign(g), turning rounding into lr).
+    trainer = Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)), TrainConfig(warmup_steps=3, eps=1.0))
+    with jax.default_matmul_precision("highest"):
+        one, m1 = trainer.train_step(trainer.init_state(), union)
+        many, m2 = trainer.accumulate(trainer.init_state(), [a, b])
+    # 1e-6: float32 sums of the same terms in another order (two micro-batches, then their
+    # sum; one reduction over the union), and PAD keys weighted exp(-1e20) = 0 exactly.
+    chex.assert_trees_all_close(many.params, one.params, atol=1e-6, rtol=0)
+    for key in ("loss", "tokens", "token_accuracy", "grad_norm"):
+        assert float(m2[key]) == pytest.approx(float(m1[key]), abs=1e-6), key
+    assert float(m2["tokens"]) == np.sum(union.target_out != 0) and int(many.step) == 1
+    assert max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))), many.params,
+                                            trainer.init_state().params))) > 1e-3  # the update did move them
+
+
+def test_a_max_tokens_accumulate_run_stopped_at_a_checkpoint_resumes_bit_identical(accumulating_run, corpus, tmp_path):
+    out = tmp_path / "stopped"
+    assert cli(*budget_args(corpus, out, 2)).returncode == 0
+    resumed = cli(*budget_args(corpus, out, 4))
+    assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr
+    (s1, a), (s2, b) = latest_state(accumulating_run[0]), latest_state(out)
+    assert s1 == s2 == 4
+    assert_same_training_state(a, b)
+
+
 def test_a_max_tokens_accumulate_run_on_two_devices_counts_updates_and_batches_by_the_budget(corpus, tmp_path):
     # --batch-size 3 sets only the evaluation's batches under --max-tokens (a note says so), so the
     # 2 devices need not divide it. That such a run's numbers equal one device's: test_multiprocess.

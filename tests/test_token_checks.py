@@ -28,7 +28,7 @@ import flaxformer_mini as fm
 import flaxformer_mini.model
 from flaxformer_mini import decoding
 from flaxformer_mini.data import Batch
-from flaxformer_mini.training import TrainConfig, Trainer
+from flaxformer_mini.training import TrainConfig, Trainer, zero_gradient_sums
 import torch_ref
 import torch_ref.model
 from parity import sample_batch
@@ -161,6 +161,8 @@ def test_train_eval_and_decoding_steps_carry_no_jaxpr_effects(flax_model, batch)
     traced = {
         "train_step": trainer.train_step.trace(state, data),
         "accumulated_train_step": trainer.accumulated_train_step.trace(state, stacked),
+        "add_micro_batch": trainer.add_micro_batch.trace(state, zero_gradient_sums(state), data),
+        "apply_gradient_sums": trainer.apply_gradient_sums.trace(state, zero_gradient_sums(state)),
         "eval_step": trainer.eval_step.trace(state, data),
         "greedy/sample": decoding._token_by_token.trace(graphdef, params, source, 3, ("greedy",), jax.random.key(0)),
         "beam": decoding._beam.trace(graphdef, params, source, 3, 2, 0.6),
