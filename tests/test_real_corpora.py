@@ -126,29 +126,6 @@ def test_max_tokens_batches_respect_the_budget_and_are_a_function_of_the_step(bp
             np.testing.assert_array_equal(a, b)
 
 
-def test_a_max_tokens_run_stopped_at_a_checkpoint_resumes_bit_identical(corpus, tmp_path):
-    # A resumed run draws the --max-tokens batches the uninterrupted one drew at the same
-    # steps, in the same order, with the same tokenizer: the end states are equal bit for bit.
-    # Stopped after checkpoint 8 as an interrupted run is (tests/test_train_cli.py kills runs
-    # with Ctrl-C, SIGTERM and SIGKILL and resumes them; test_tokenizers.py checks that another
-    # process trains the same bpe tokenizer). In this process, which compiles each batch shape
-    # once for all three runs (a process of its own, killed, made this test 33 s instead of 24 s
-    # alone on an AMD EPYC family 25).
-    args = lambda out, steps: text_args(corpus, out, "--tokenizer", "bpe", "--vocab-size", "40",  # noqa: E731
-                                        "--max-tokens", "96", "--steps", str(steps), "--eval-every", "100",
-                                        "--log-every", "4")
-    straight = cli(*args(tmp_path / "straight", 16))
-    assert straight.returncode == 0, straight.stderr
-    out = tmp_path / "stopped"
-    assert cli(*args(out, 8)).returncode == 0
-    resumed = cli(*args(out, 16))
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resuming" in resumed.stderr
-    (s1, a), (s2, b) = latest_state(tmp_path / "straight"), latest_state(out)
-    assert s1 == s2 == 16
-    assert_same_training_state(a, b)
-
-
 def test_accumulating_k_micro_batches_equals_one_k_times_larger_batch():
     jax.config.update("jax_default_matmul_precision", "highest")
     config = fm.get_preset("tiny").replace(dropout=0.0, source_vocab_size=13, target_vocab_size=13, max_len=8)
@@ -241,6 +218,13 @@ def test_accumulating_micro_batches_of_different_shapes_equals_one_step_on_their
 
 
 def test_a_max_tokens_accumulate_run_stopped_at_a_checkpoint_resumes_bit_identical(accumulating_run, corpus, tmp_path):
+    # A resumed run draws the --max-tokens batches the uninterrupted one drew at the same
+    # steps, in the same order, with the same tokenizer: the end states are equal bit for bit.
+    # Stopped after a checkpoint as an interrupted run is (tests/test_train_cli.py kills runs
+    # with Ctrl-C, SIGTERM and SIGKILL and resumes them). In this process, which compiles each
+    # batch shape once for both runs. (A test of the same without --accumulate was folded in
+    # here: the token batches and their resume are the same code; the plain step's resume is
+    # test_train_cli's.)
     out = tmp_path / "stopped"
     assert cli(*budget_args(corpus, out, 2)).returncode == 0
     resumed = cli(*budget_args(corpus, out, 4))
