@@ -38,11 +38,14 @@ class OutputExistsError(ValueError):
 
 
 def refuse_existing(path, what="OUT"):
-    """Raise OutputExistsError naming ``path`` if anything (a file, a directory, a link) is there."""
-    if os.path.lexists(path):
-        kind = "a directory" if os.path.isdir(path) else "a file"
-        raise OutputExistsError(f"{what} {path}: already exists ({kind}); nothing was written. "
-                                f"Give --force to replace it, or choose another path")
+    """Raise OutputExistsError naming ``path`` if anything (a file, a directory, a link) is
+    there: ``flaxformer_mini.files.refuse_existing``'s check and words, as parity's error."""
+    from flaxformer_mini.files import refuse_existing as refuse
+
+    try:
+        refuse(path, what)
+    except ValueError as e:
+        raise OutputExistsError(str(e)) from None
 
 
 def _replaceable_directory(path):
