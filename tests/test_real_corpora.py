@@ -12,7 +12,6 @@ from flax import nnx
 
 import flaxformer_mini as fm
 from flaxformer_mini import tokenizers
-from flaxformer_mini.data import SyntheticTask
 from flaxformer_mini.metrics import corpus_metrics
 from flaxformer_mini.run import Run
 from flaxformer_mini.run_dir import RunDir
@@ -126,21 +125,6 @@ def test_max_tokens_batches_respect_the_budget_and_are_a_function_of_the_step(bp
             np.testing.assert_array_equal(a, b)
 
 
-def test_accumulating_k_micro_batches_equals_one_k_times_larger_batch():
-    jax.config.update("jax_default_matmul_precision", "highest")
-    config = fm.get_preset("tiny").replace(dropout=0.0, source_vocab_size=13, target_vocab_size=13, max_len=8)
-    # eps=1: Adam's first step is ~lr * sign(g) at the paper's eps=1e-9, which turns a
-    # float32 rounding difference in a near-zero gradient into a full lr-sized step.
-    trainer = Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)), TrainConfig(warmup_steps=3, eps=1.0))
-    big = SyntheticTask("reverse", 13, 1, 7).batch(0, 0, 12)
-    micro = [type(big)(*(a[i : i + 4] for a in big)) for i in range(0, 12, 4)]
-    one, m1 = trainer.train_step(trainer.init_state(), big)
-    many, m3 = trainer.accumulated_train_step(trainer.init_state(), stack_batches(micro))
-    chex.assert_trees_all_close(many.params, one.params, atol=1e-6, rtol=0)  # (the summation order differs)
-    assert float(m3["loss"]) == pytest.approx(float(m1["loss"]), abs=1e-6)
-    assert int(many.step) == 1
-
-
 BUDGET = 60  # --max-tokens of the accumulating runs below: characters give their micro-batches several shapes
 
 
@@ -193,7 +177,11 @@ def test_max_tokens_with_accumulate_feeds_every_micro_batch_in_its_own_shape_wit
     assert trainer.apply_gradient_sums._cache_size() == 1
 
 
-def test_accumulating_micro_batches_of_different_shapes_equals_one_step_on_their_union(accumulating_run):
+def test_accumulating_micro_batches_either_way_equals_one_step_on_their_union(accumulating_run):
+    # Both accumulation steps: per micro-batch in its own shape (Trainer.accumulate, what
+    # `train --accumulate` runs) and stacked in one scanned program (accumulated_train_step,
+    # whose stacking pads both to one shape: PAD carries no labels). One trainer for the
+    # three, so each program compiles once.
     run = Run.open(accumulating_run[0])
     a, b = next(m for m in map(run.train_batches, range(4)) if m[0].source.shape != m[1].source.shape)
     # The union: both padded with PAD to the longer lengths (masked keys, labels that do not
@@ -202,17 +190,20 @@ def test_accumulating_micro_batches_of_different_shapes_equals_one_step_on_their
     union = type(a)(*(np.concatenate([np.pad(x, ((0, 0), (0, n - x.shape[1]))) for x in pair])
                       for pair, n in zip(zip(a, b), (s, t, t))))
     config = run.config.model.replace(dropout=0.0)  # with dropout the keys differ (micro-batch j's are its own)
-    # eps=1: see the test above (Adam at eps=1e-9 steps ~lr * sign(g), turning rounding into lr).
+    # eps=1: Adam's first step is ~lr * sign(g) at the paper's eps=1e-9, which turns a float32
+    # rounding difference in a near-zero gradient into a full lr-sized step.
     trainer = Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)), TrainConfig(warmup_steps=3, eps=1.0))
     with jax.default_matmul_precision("highest"):
         one, m1 = trainer.train_step(trainer.init_state(), union)
         many, m2 = trainer.accumulate(trainer.init_state(), [a, b])
+        stacked, m3 = trainer.accumulated_train_step(trainer.init_state(), stack_batches([a, b]))
     # 1e-6: float32 sums of the same terms in another order (two micro-batches, then their
     # sum; one reduction over the union), and PAD keys weighted exp(-1e20) = 0 exactly.
-    chex.assert_trees_all_close(many.params, one.params, atol=1e-6, rtol=0)
-    for key in ("loss", "tokens", "token_accuracy", "grad_norm"):
-        assert float(m2[key]) == pytest.approx(float(m1[key]), abs=1e-6), key
-    assert float(m2["tokens"]) == np.sum(union.target_out != 0) and int(many.step) == 1
+    for got, metrics in ((many, m2), (stacked, m3)):
+        chex.assert_trees_all_close(got.params, one.params, atol=1e-6, rtol=0)
+        for key in ("loss", "tokens", "token_accuracy", "grad_norm"):
+            assert float(metrics[key]) == pytest.approx(float(m1[key]), abs=1e-6), key
+        assert float(metrics["tokens"]) == np.sum(union.target_out != 0) and int(got.step) == 1
     assert max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))), many.params,
                                             trainer.init_state().params))) > 1e-3  # the update did move them
 
