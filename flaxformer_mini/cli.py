@@ -160,8 +160,8 @@ def _identity(args):
 
 
 def _evaluate(args):
-    from flaxformer_mini.evaluation import evaluate_run, same_file
-    from flaxformer_mini.files import check_writable, refuse_existing
+    from flaxformer_mini.evaluation import evaluate_run
+    from flaxformer_mini.files import check_writable, refuse_existing, same_file
 
     if args.output is not None:  # before decoding the whole held-out set
         check_writable(args.output, "--output")

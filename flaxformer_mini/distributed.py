@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flaxformer_mini.files import file_sha256
+
 # Our own environment variables for the process count and index: jax.distributed reads
 # JAX_COORDINATOR_ADDRESS itself but (0.10) not these two.
 ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"
@@ -239,13 +241,8 @@ def is_multiprocess():
 # ----------------------------------------------------------------------------- agreement
 
 
-def file_digest(path):
-    """sha256 of a file's bytes: two processes reading different data files disagree on it."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+# sha256 of a file's bytes: two processes reading different data files disagree on it.
+file_digest = file_sha256
 
 
 def allgather_bytes(payload: bytes):

@@ -14,8 +14,6 @@ far as the references' padded length would cut a long hypothesis at its referenc
 (an optimistic score) and at a length that changes with the batch size.
 """
 
-import os
-
 import numpy as np
 
 from flaxformer_mini.data import DataError, SyntheticTask, TextPairs, iter_tsv, pad_rows
@@ -130,11 +128,3 @@ def read_pairs(run, path):
         return TextPairs(pairs, *vocabs, run.config.model.max_len)
     except DataError as e:
         raise DataError(f"{path}: {e} (the run's --max-len: a side's tokens plus its EOS)") from None
-
-
-def same_file(a, b):
-    """Whether paths ``a`` and ``b`` name one existing file (a link, another spelling)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False

@@ -1,6 +1,7 @@
 """Writing run files so that a kill, a crash or a full disk never leaves half of one."""
 
 import errno
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -79,3 +80,22 @@ def check_parent_writable(path, option):
         raise ValueError(f"{option} {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{option} {path}: no permission to write in the directory {parent}")
+
+
+def file_sha256(path):
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks (a corpus need not fit in memory
+    twice): the one digest of files here (data files agreed across processes or recorded by
+    a run, tokenizer files)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def same_file(a, b):
+    """Whether paths ``a`` and ``b`` name one existing file (a link, another spelling)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

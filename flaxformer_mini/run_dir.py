@@ -23,7 +23,7 @@ from pathlib import Path
 
 from flaxformer_mini import tokenizers
 from flaxformer_mini.data import Vocab
-from flaxformer_mini.files import write_atomic
+from flaxformer_mini.files import file_sha256, write_atomic
 from flaxformer_mini.run_config import RunConfig, RunConfigError
 
 
@@ -159,7 +159,7 @@ class RunDir:
             was, now, digest = old.get(key), new.get(key), recorded.get(f"data.{key}")
             if was is None or now is None or digest is None or not os.path.isfile(now):
                 continue  # a missing file is an error naming it when the data are read
-            found = file_sha256(now)
+            found = data_file_sha256(now)
             if found == digest and now != was:
                 moves.append((key, was, now))
                 new[key] = was
@@ -299,25 +299,22 @@ def sha256(data: bytes):
 # A text run's data files, as DataConfig names them; config.json records each one's sha256
 # under "data.<name>" in its checksums.
 DATA_FILES = ("train_path", "valid_path")
-_FILE_SHA256 = {}  # (path, size, mtime_ns) -> sha256: one read of a corpus per process, not one per check
+_DATA_SHA256 = {}  # (path, size, mtime_ns) -> sha256: one read of a corpus per process, not one per check
 
 
-def file_sha256(path):
-    """sha256 of a file's bytes, read in 1 MiB chunks (a corpus need not fit in memory twice)."""
+def data_file_sha256(path):
+    """``files.file_sha256`` of a data file, read once per process: a resumed run checks its
+    files before loading them (``check_data``), when writing the config and when resuming."""
     st = os.stat(path)
     key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    if key not in _FILE_SHA256:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        _FILE_SHA256[key] = h.hexdigest()
-    return _FILE_SHA256[key]
+    if key not in _DATA_SHA256:
+        _DATA_SHA256[key] = file_sha256(path)
+    return _DATA_SHA256[key]
 
 
 def data_file_checksums(data):
     """{"data.train_path": sha256, ...} of a text run's data files (a DataConfig), for config.json."""
-    return {f"data.{key}": file_sha256(getattr(data, key)) for key in DATA_FILES
+    return {f"data.{key}": data_file_sha256(getattr(data, key)) for key in DATA_FILES
             if getattr(data, key, None) and os.path.isfile(getattr(data, key))}
 
 

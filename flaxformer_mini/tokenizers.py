@@ -27,9 +27,9 @@ As in ``data.Vocab``, special-token strings in the text are ordinary text, never
 tokens: a literal ``<eos>`` never encodes to EOS (it is spelled out in pieces, or UNK).
 """
 
-import hashlib
 from pathlib import Path
 
+from . import files
 from .data import BOS, EOS, NUM_SPECIAL, PAD, SPECIAL_TOKENS, UNK, DataError, Vocab
 from .data.batches import _positive_int, _strip_specials
 
@@ -54,7 +54,7 @@ def file_sha256(path):
     """Hex sha256 of a file's bytes; a missing file is a ``TokenizerFileError`` naming it."""
     path = Path(path)
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return files.file_sha256(path)
     except FileNotFoundError:
         raise TokenizerFileError(f"{path}: tokenizer file is missing") from None
 
