@@ -184,6 +184,11 @@ def train_config_for(options: TrainOptions, d_model):
     return TrainConfig(schedule=options.schedule, learning_rate=options.lr, **common)
 
 
+def peak_lr(train: TrainConfig, d_model):
+    """The --lr an rsqrt ``train`` config was made from (``train_config_for``'s inverse)."""
+    return train.lr_factor / math.sqrt(d_model * train.warmup_steps)
+
+
 def resolve_config(options: TrainOptions, data: DataConfig, source_vocab_size, target_vocab_size):
     """The run's whole config from the user's options and the data's vocabulary sizes."""
     model = model_config_for(options.preset, source_vocab_size, target_vocab_size, data.model_max_len,

@@ -24,7 +24,8 @@ from pathlib import Path
 from flaxformer_mini import tokenizers
 from flaxformer_mini.data import Vocab
 from flaxformer_mini.files import file_sha256, write_atomic
-from flaxformer_mini.run_config import RunConfig, RunConfigError
+from flaxformer_mini.run_config import RunConfig, RunConfigError, peak_lr
+from flaxformer_mini.training import TrainConfig
 
 
 def _write_json(path, obj):
@@ -345,20 +346,15 @@ def _differences(old, new, prefix="", present=None):
     return out
 
 
-def _peak_lr(config):
-    """The --lr (the schedule's peak) of an rsqrt run config dict: factor / sqrt(width x warmup)."""
-    train = config.get("train", {})
-    return train.get("lr_factor", 1.0) / math.sqrt(config["model"]["embed_size"] * train.get("warmup_steps", 4000))
-
-
 def _in_option_words(diffs, old, new):
     """``diffs`` with the rsqrt schedule's factor said as the --lr the user typed: the run
     records ``train.lr_factor`` (--lr x sqrt(width x --warmup)), whose numbers no one typed.
     A factor that differs only because the width or --warmup did is left to those lines."""
     out = []
     for line in diffs:
-        if line.startswith("train.lr_factor") and old.get("train", {}).get("schedule", "rsqrt") == "rsqrt":
-            was, now = _peak_lr(old), _peak_lr(new)
+        if line.startswith("train.lr_factor") and old["train"]["schedule"] == "rsqrt":
+            # Both are whole config dicts (RunConfig.to_dict), every field present.
+            was, now = (peak_lr(TrainConfig(**c["train"]), c["model"]["embed_size"]) for c in (old, new))
             if not math.isclose(was, now, rel_tol=1e-9):
                 out.append(f"--lr (the schedule's peak): {was:.6g} in the run, {now:.6g} now")
             continue
