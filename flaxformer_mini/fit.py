@@ -152,7 +152,7 @@ class _StepLog:
     def __init__(self, run, steps, start, log_every, progress, write=True):
         from tqdm.auto import tqdm
 
-        self.run, self.log_every, self.write = run, log_every, write
+        self.run, self.log_every, self.steps, self.write = run, log_every, steps, write
         self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
         self.pending = None  # (step, metrics, tokens/s or None) not yet read back
         self.tokens, self.t0 = 0, time.perf_counter()
@@ -162,7 +162,10 @@ class _StepLog:
         self.tokens += sum(int(np.sum(b.target_out != PAD)) for b in micro_batches)
         self.flush()
         rate = None
-        if step % self.log_every == 0:  # target tokens per second since the last log line
+        # Every log_every steps and at the run's last step, so a run shorter than log_every (or
+        # not a multiple of it) still logs its final loss. An interrupted run logs no extra line:
+        # resumed, its log equals an uninterrupted run's.
+        if step % self.log_every == 0 or step == self.steps:  # target tokens/s since the last line
             now = time.perf_counter()
             rate, self.tokens, self.t0 = self.tokens / max(now - self.t0, 1e-9), 0, now
         self.pending = (step, metrics, rate)

@@ -106,7 +106,7 @@ class RunConfig:
                                        remat=self.remat, rngs=rngs)
 
     def to_dict(self):
-        return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
+        return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "train": _train_dict(self)}
 
     @classmethod
     def from_dict(cls, d, source="config"):
@@ -120,7 +120,7 @@ class RunConfig:
                 data["max_len"] -= 1
             return cls(
                 model=ModelConfig(**d["model"]),
-                train=TrainConfig(**d["train"]),
+                train=TrainConfig(**{k: v for k, v in d["train"].items() if k not in _DERIVED_TRAIN_KEYS}),
                 data=DataConfig(**data),
                 batch_size=d["batch_size"],
                 dtype=d["dtype"],
@@ -131,6 +131,23 @@ class RunConfig:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise RunConfigError(f"{source}: malformed run config: {e}") from None
+
+
+# Each schedule's settings that the other one ignores: config.json leaves them out where they
+# hold their defaults (what a CLI run always has), so an rsqrt run does not show a
+# learning_rate it never used. from_dict fills them back in with the same defaults.
+_UNUSED_BY = {"rsqrt": ("learning_rate",), "constant": ("lr_factor", "warmup_steps")}
+# Written for the reader, recomputed from the others, ignored on load.
+_DERIVED_TRAIN_KEYS = ("peak_learning_rate",)
+
+
+def _train_dict(config: RunConfig):
+    train = config.train
+    d = {k: v for k, v in dataclasses.asdict(train).items()
+         if not (k in _UNUSED_BY[train.schedule] and v == TrainConfig.__dataclass_fields__[k].default)}
+    if train.schedule == "rsqrt":  # the --lr the run was made from: lr_factor alone does not say it
+        d["peak_learning_rate"] = float(f"{peak_lr(train, config.model.embed_size):.12g}")  # 3e-3, not 0.0030000000000000005
+    return d
 
 
 @dataclasses.dataclass(frozen=True)

@@ -352,9 +352,14 @@ def _in_option_words(diffs, old, new):
     A factor that differs only because the width or --warmup did is left to those lines."""
     out = []
     for line in diffs:
-        if line.startswith("train.lr_factor") and old["train"]["schedule"] == "rsqrt":
-            # Both are whole config dicts (RunConfig.to_dict), every field present.
-            was, now = (peak_lr(TrainConfig(**c["train"]), c["model"]["embed_size"]) for c in (old, new))
+        if line.startswith("train.peak_learning_rate"):
+            continue  # derived from lr_factor, said below; runs written before it lack it
+        if old["train"]["schedule"] != new["train"]["schedule"] and line.startswith(_SCHEDULE_SETTINGS):
+            continue  # the schedule's own line says it; each schedule ignores the other's settings
+        if line.startswith("train.lr_factor") and old["train"]["schedule"] == new["train"]["schedule"] == "rsqrt":
+            # Both are whole config dicts (RunConfig.to_dict): an rsqrt run's has both fields.
+            was, now = (peak_lr(TrainConfig(lr_factor=c["train"]["lr_factor"], warmup_steps=c["train"]["warmup_steps"]),
+                                c["model"]["embed_size"]) for c in (old, new))
             if not math.isclose(was, now, rel_tol=1e-9):
                 out.append(f"--lr (the schedule's peak): {was:.6g} in the run, {now:.6g} now")
             continue
@@ -362,9 +367,13 @@ def _in_option_words(diffs, old, new):
     return out
 
 
+_SCHEDULE_SETTINGS = ("train.lr_factor", "train.warmup_steps", "train.learning_rate")
+
 # Settings of the run's config that no option names directly: what sets them.
 _SET_BY = {
     "train.lr_factor": "set by --lr: --lr x sqrt(width x --warmup), the rsqrt schedule's factor",
     "train.learning_rate": "--lr",
+    "train.schedule": "--schedule",
+    "train.warmup_steps": "--warmup",
     "data.max_len": "--max-len minus one for a text run (its EOS)",
 }

@@ -235,6 +235,9 @@ CASES = [
     # The run records the schedule's factor (--lr x sqrt(width x --warmup)); the error says the --lr typed.
     ("out_holds_a_run_of_another_lr", on_run("train", "--lr", "1e-4"), 2,
      r"another run whose config differs: --lr \(the schedule's peak\): 0\.003 in the run, 0\.0001 now\. Use"),
+    # Only the schedule's line: each schedule's own settings (factor, warm-up, rate) are noise there.
+    ("out_holds_a_run_of_another_schedule", on_run("train", "--schedule", "constant"), 2,
+     r"another run whose config differs: train\.schedule \(--schedule\): 'rsqrt' in the run, 'constant' now\. Use"),
     ("out_being_trained", run_held_by_another_process, 2, r"is being trained by process \d+ on "),
     ("config_not_json", on_run("evaluate", edit=write("config.json", "{")), 2, r"config\.json: not valid JSON"),
     ("config_not_json_on_resume", on_run("train", edit=write("config.json", "")), 2, r"config\.json: not valid JSON"),

@@ -136,6 +136,11 @@ def test_a_run_written_by_version_1_resumes_evaluates_and_generates(tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["version"] == 2 and config["data"]["max_len"] == 7
     config["version"], config["data"]["max_len"] = 1, 8  # as version 1 wrote it
+    # An rsqrt run's file shows the --lr it was made from (the default 3e-3), not the constant
+    # schedule's learning_rate, which it never used. Files written before held the latter.
+    assert config["train"]["peak_learning_rate"] == 3e-3 and "learning_rate" not in config["train"]
+    del config["train"]["peak_learning_rate"]
+    config["train"]["learning_rate"] = 1e-3
     (out / "config.json").write_text(json.dumps(config))
     resumed = cli(*args, "--steps", "6")
     assert resumed.returncode == 0, resumed.stderr

@@ -147,7 +147,7 @@ def test_stopping_and_resuming_gives_the_uninterrupted_parameters_bit_for_bit(tm
     chex.assert_trees_all_equal((a.params, a.opt_state), (b.params, b.opt_state))  # bit for bit
     # The resumed log has each logged step once, as the uninterrupted one does.
     steps = lambda out: [r["step"] for r in RunDir(out).read_metrics() if "loss" in r]
-    assert steps(tmp_path / "resumed") == steps(tmp_path / "straight") == [5, 10, 15, 20]
+    assert steps(tmp_path / "resumed") == steps(tmp_path / "straight") == [5, 10, 15, 20, 24]  # the last step too
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -196,17 +196,37 @@ def test_non_empty_directory_that_is_not_a_run_is_refused(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+@pytest.mark.parametrize("train", [
+    TrainConfig(lr_factor=2.0, warmup_steps=8),  # a CLI rsqrt run: learning_rate at its default
+    TrainConfig(schedule="constant", learning_rate=3e-4),  # lr_factor and warmup_steps at theirs
+    TrainConfig(lr_factor=2.0, learning_rate=5e-4),  # a library user's unused value: kept
+], ids=["rsqrt", "constant", "rsqrt-with-learning-rate-set"])
+def test_config_dict_leaves_out_the_other_schedules_defaults_and_round_trips(train):
+    config = RunConfig(model=run_config().model, train=train, data=run_config().data)
+    d = json.loads(json.dumps(config.to_dict()))
+    assert RunConfig.from_dict(d) == config
+    unused = {"rsqrt": {"learning_rate"}, "constant": {"lr_factor", "warmup_steps"}}[train.schedule]
+    shown = {k for k in unused if getattr(train, k) != TrainConfig.__dataclass_fields__[k].default}
+    assert set(d["train"]) & unused == shown
+    if train.schedule == "rsqrt":  # the peak: factor * (width * warmup)^-0.5, width 30
+        assert d["train"]["peak_learning_rate"] == pytest.approx(train.lr_factor / math.sqrt(30 * train.warmup_steps), rel=1e-11)
+    else:
+        assert "peak_learning_rate" not in d["train"]
+
+
 def test_run_writes_config_metrics_checkpoints_and_plot(tmp_path):
     out = tmp_path / "run"
-    result = fit(run_config(), out, 10, log_every=5, eval_every=10, save_every=5, progress=False, echo=lambda m: None)
+    # 12 steps, logged every 5: the last step is logged too, though 12 is no multiple of 5.
+    result = fit(run_config(), out, 12, log_every=5, eval_every=10, save_every=5, progress=False, echo=lambda m: None)
     # The step evaluated, teacher-forced loss and accuracy, exact match, and the corpus metrics
     # of the decoded text.
     assert set(result) == {"step", "loss", "token_accuracy", "exact_match", "bleu", "chrf", "wer", "cer"}
-    assert result["step"] == 10
+    assert result["step"] == 12
     assert RunDir(out).load_config() == run_config()
     records = RunDir(out).read_metrics()
     assert {"step", "loss", "learning_rate", "tokens_per_s", "grad_norm"} <= set(records[0])
-    assert any("eval_exact_match" in r for r in records)
-    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [5, 10]
+    assert [r["step"] for r in records if "loss" in r] == [5, 10, 12]
+    assert [r["step"] for r in records if "eval_exact_match" in r] == [10, 12]
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [5, 10, 12]
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     json.loads((out / "config.json").read_text())
