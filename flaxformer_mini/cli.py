@@ -71,7 +71,7 @@ def _train_until_stopped(args, stop):
                           valid_path=args.valid and os.path.abspath(args.valid), eval_pairs=args.valid_size,
                           holdout=0 if args.valid else args.valid_size, tokenizer=args.tokenizer,
                           tokenizer_vocab_size=args.vocab_size, shared_vocab=args.shared_vocab,
-                          eval_decode_lines=args.eval_decode_lines)
+                          eval_decode_lines=args.eval_decode_lines, columns=args.columns)
     echo = lambda m: print(m, file=sys.stderr) if distributed.is_main() else None  # noqa: E731
     batch_size = args.batch_size or DEFAULTS["batch_size"]
     if args.max_tokens is not None and args.batch_size is not None:
@@ -171,7 +171,7 @@ def _evaluate(args):
             refuse_existing(args.output, "--output")
 
     result = evaluate_run(args.checkpoint, batch_size=args.batch_size, beam_size=args.beam_size, output=args.output,
-                          data=args.data, force=args.force)
+                          data=args.data, force=args.force, columns=args.columns)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "step"}))
     else:
@@ -213,6 +213,16 @@ def _generate(args):
 def _clip_norm(text):
     """A positive float, or 'none'/'off' for no clipping."""
     return None if text.lower() in ("none", "off") else float(text)
+
+
+def _columns(text):
+    """'S,T': two different 1-based column numbers (argparse names the option on an error)."""
+    from flaxformer_mini.data import DataError, check_columns
+
+    try:
+        return check_columns(text.split(","))
+    except DataError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
 
 
 def _finite(v):
@@ -300,6 +310,10 @@ def build_parser():
     source.add_argument("--data", metavar="TRAIN.tsv", help="parallel text, one 'source<TAB>target' per line")
     t.add_argument("--valid", metavar="VALID.tsv",
                    help="held-out pairs for --data (default: --valid-size pairs held out of the training file)")
+    t.add_argument("--columns", type=_columns, metavar="S,T",
+                   help="source and target columns of --data and --valid (1-based, as cut -f): 2,1 trains the other "
+                        "direction, 1,2 reads a file with more columns (Tatoeba's attribution); default: exactly two, "
+                        "source first")
     t.add_argument("--out", required=True, help="run directory: config, metrics.jsonl, checkpoints, loss.png")
     t.add_argument("--preset", default=DEFAULTS["preset"], choices=sorted(PRESETS),
                    help="model size: small (the default, for the synthetic tasks), medium (real corpora on a CPU), "
@@ -390,6 +404,8 @@ def build_parser():
     e.add_argument("--data", metavar="FILE.tsv",
                    help="score these pairs (one 'source<TAB>target' per line, read as training data, encoded with "
                         "the run's saved tokenizers) instead of the run's held-out data")
+    e.add_argument("--columns", type=_columns, metavar="S,T",
+                   help="source and target columns of --data (1-based); default: the run's --columns")
     e.add_argument("--json", action="store_true",
                    help="print one JSON object: loss, token_accuracy, exact_match, bleu, chrf, wer, cer")
     e.add_argument("--output", metavar="FILE",
@@ -430,7 +446,7 @@ def main(argv=None):
         parser.error("--valid goes with --data")
     if getattr(args, "task", None):
         for option, value, default in (("--tokenizer", args.tokenizer, "word"), ("--shared-vocab", args.shared_vocab, False),
-                                       ("--max-tokens", args.max_tokens, None)):
+                                       ("--max-tokens", args.max_tokens, None), ("--columns", args.columns, None)):
             if value != default:
                 parser.error(f"{option} goes with --data (synthetic tasks have integer tokens and fixed-size batches)")
     problem = check_ranges(args)

@@ -36,15 +36,16 @@ class EncodedCorpus:
         self.line_numbers, self.path, self.dropped = line_numbers, path, dropped
 
     @classmethod
-    def from_tsv(cls, path, source_tokenizer, target_tokenizer, max_len=None, chunk_lines=_CHUNK_LINES):
-        """Stream ``path`` through the tokenizers (the same object for a shared vocabulary).
+    def from_tsv(cls, path, source_tokenizer, target_tokenizer, max_len=None, chunk_lines=_CHUNK_LINES, columns=None):
+        """Stream ``path`` through the tokenizers (the same object for a shared vocabulary);
+        ``columns``: as ``data.read_tsv``'s.
 
         With ``max_len``, a pair whose source or target with its EOS (or BOS) is longer is
         dropped and counted in ``dropped``; if every pair is dropped that is a ``DataError``.
         """
         parts = {"s": [], "sl": [], "t": [], "tl": [], "line": []}
         dropped = 0
-        pairs = iter_tsv(path)
+        pairs = iter_tsv(path, columns)
         while chunk := list(itertools.islice(pairs, chunk_lines)):
             lines, sources, targets = zip(*chunk)
             s_ids, s_len = _flatten(source_tokenizer.encode_batch(sources))

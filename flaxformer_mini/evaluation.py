@@ -59,9 +59,10 @@ def evaluate_with_hypotheses(trainer, state, batches, with_exact_match=True, bea
 
 
 def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, output=None, echo=warn, data=None,
-                 force=False):
+                 force=False, columns=None):
     """Evaluate the latest checkpoint of the run in ``out`` on its held-out data, or on the
-    pairs of the ``source<TAB>target`` file ``data``, every example decoded and scored;
+    pairs of the ``source<TAB>target`` file ``data`` (``columns``: which, as ``--columns``; default the
+    run's), every example decoded and scored;
     ``output``: a file to write the hypotheses into, atomically, and never over an existing
     file unless ``force`` (the caller refuses one before the work: this write refuses a file
     that appeared meanwhile).
@@ -71,7 +72,7 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     in the file's order, an empty one for each pair left out, so it lines up with ``data``;
     without ``data``, one line per evaluated held-out pair, in order."""
     run = Run.open(out)
-    held_out = read_pairs(run, data) if data is not None else run.data.eval  # before the checkpoint: fail fast
+    held_out = read_pairs(run, data, columns) if data is not None else run.data.eval  # before the checkpoint: fail fast
     state = run.latest_state()
     if isinstance(held_out, TextPairs) and held_out.dropped:
         where = f"pairs in {data}" if data is not None else "held-out pairs"
@@ -104,17 +105,19 @@ class _Values:
         self.encode = task.encode_text
 
 
-def read_pairs(run, path):
+def read_pairs(run, path, columns=None):
     """``TextPairs`` of the ``source<TAB>target`` file ``path``, read as training data is
-    (``iter_tsv``'s rules and errors) and encoded with the run's saved tokenizers (a text run)
-    or as its integer values (a synthetic run); a value a synthetic run cannot read is an
-    error naming ``path`` and the line."""
+    (``iter_tsv``'s rules and errors, the run's ``--columns`` unless ``columns`` is given)
+    and encoded with the run's saved tokenizers (a text run) or as its integer values (a
+    synthetic run); a value a synthetic run cannot read is an error naming ``path`` and the
+    line."""
     d = run.config.data
+    columns = d.columns if columns is None else columns
     if d.kind == "synthetic":
         task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
         vocabs = (_Values(task),) * 2
         pairs = []
-        for lineno, source, target in iter_tsv(path):
+        for lineno, source, target in iter_tsv(path, columns):
             for side, text in (("source", source), ("target", target)):
                 try:
                     task.encode_text(text)
@@ -123,7 +126,7 @@ def read_pairs(run, path):
             pairs.append((source, target))
     else:
         vocabs = run.dir.load_vocabularies(d)
-        pairs = [(source, target) for _, source, target in iter_tsv(path)]
+        pairs = [(source, target) for _, source, target in iter_tsv(path, columns)]
     try:
         return TextPairs(pairs, *vocabs, run.config.model.max_len)
     except DataError as e:

@@ -58,8 +58,9 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         # An opened run (evaluate, generate) whose training file moved since: its saved
         # vocabularies and its --valid file are all that evaluating needs.
         vocabs = run_dir.load_vocabularies(config)
-        return RunData(None, _text_pairs(config.valid_path, read_tsv(config.valid_path), vocabs, config), vocabs)
-    pairs = read_tsv(config.train_path)
+        valid = read_tsv(config.valid_path, config.columns)
+        return RunData(None, _text_pairs(config.valid_path, valid, vocabs, config), vocabs)
+    pairs = read_tsv(config.train_path, config.columns)
     held_out = []
     if config.valid_path is None and config.holdout:
         # A fixed split (seed 0): the same file always holds out the same pairs.
@@ -73,7 +74,7 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         vocabs = build_tokenizers(config, pairs)
     train = _text_pairs(config.train_path, pairs, vocabs, config)
     if config.valid_path:
-        valid = _text_pairs(config.valid_path, read_tsv(config.valid_path), vocabs, config)
+        valid = _text_pairs(config.valid_path, read_tsv(config.valid_path, config.columns), vocabs, config)
     else:
         valid = _text_pairs(config.train_path, held_out, vocabs, config) if held_out else train
     return RunData(train, valid, vocabs)

@@ -12,6 +12,7 @@ import math
 import jax.numpy as jnp
 
 from flaxformer_mini.config import ModelConfig, get_preset
+from flaxformer_mini.data.parallel_text import check_columns
 from flaxformer_mini.training import TrainConfig
 
 FORMAT, VERSION = "flaxformer-mini-run", 2
@@ -57,6 +58,13 @@ class DataConfig:
     # Held-out lines whose decoded text is scored (BLEU, chrF, WER, CER) at each evaluation
     # during training; `evaluate` scores them all.
     eval_decode_lines: int = 256
+    # Text runs: the (source, target) columns of the files, 1-based (--columns S,T); None:
+    # exactly two, source first (every run before this field).
+    columns: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        # config.json holds a list: the same tuple, so a loaded config equals the one saved.
+        object.__setattr__(self, "columns", check_columns(self.columns))
 
     @property
     def model_max_len(self):

@@ -375,5 +375,6 @@ _SET_BY = {
     "train.learning_rate": "--lr",
     "train.schedule": "--schedule",
     "train.warmup_steps": "--warmup",
+    "data.columns": "--columns",
     "data.max_len": "--max-len minus one for a text run (its EOS)",
 }

@@ -191,7 +191,11 @@ def no_checkpoint_yet(d, finished):
 CASES = [
     # --- TSV data
     ("tsv_line_without_tab", tsv("a b\tx y\nno tab here\n"), 2, r"train\.tsv:2: expected one tab.*found no tab"),
-    ("tsv_line_with_two_tabs", tsv("a\tb\tc\n"), 2, r"train\.tsv:1: .*found 2 tabs"),
+    ("tsv_line_with_two_tabs", tsv("a\tb\tc\n"), 2, r"train\.tsv:1: .*found 2 tabs; --columns S,T picks two columns"),
+    ("tsv_fewer_columns_than_asked", lambda d, f: tsv("a\tb\tc\n")(d, f) + ["--columns", "4,1"], 2,
+     r"train\.tsv:1: expected at least 4 tab-separated columns \(--columns 4,1\), found 3"),
+    ("columns_not_two_numbers", lambda d, f: tsv("a\tb\n")(d, f) + ["--columns", "2"], 2,
+     r"argument --columns: '2': columns must be two column numbers"),
     ("tsv_empty_source", tsv("a\tx\n \ty\n"), 2, r"train\.tsv:2: empty source"),
     ("tsv_empty_target", tsv("a\t \n"), 2, r"train\.tsv:1: empty target"),
     ("tsv_invalid_utf8", tsv(b"a\tx\n\xff\xfe\ty\n"), 2, r"train\.tsv:2: not valid UTF-8"),
@@ -207,6 +211,7 @@ CASES = [
      r"--max-tokens 3 is smaller than the longest example \(.*train\.tsv: pair 'a b c'.*8 padded.*at least 8"),
     # --- train options
     ("valid_without_data", train_option("--valid", "v.tsv"), 2, r"--valid goes with --data"),
+    ("columns_without_data", train_option("--columns", "2,1"), 2, r"--columns goes with --data"),
     ("task_and_data", train_option("--data", "t.tsv"), 2, r"not allowed with"),
     ("steps_zero", train_option("--steps", "0"), 2, r"--steps must be >= 1, got 0"),
     ("batch_size_zero", train_option("--batch-size", "0"), 2, r"--batch-size must be >= 1"),

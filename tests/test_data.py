@@ -20,6 +20,7 @@ from flaxformer_mini.data import (
     SyntheticTask,
     TextPairs,
     Vocab,
+    check_columns,
     make_batch,
     make_source,
     pad_batch,
@@ -202,6 +203,27 @@ def test_read_tsv_names_every_bad_line_at_once_and_calls_a_trailing_tab_so(tmp_p
     assert str(info.value) == (
         f"{tmp_path / 'pairs.tsv'}:2: expected one tab between source and target, found 2 tabs (one at the end "
         f"of the line: a trailing tab?) (and 14 more bad lines: {', '.join(map(str, bad[1:11]))}, ...)")
+
+
+def test_read_tsv_columns_pick_source_and_target_of_a_wider_file_either_way_round(tmp_path):
+    # A Tatoeba/Anki export: English, French, attribution (which may be empty).
+    path = write(tmp_path, "Go.\tVa !\tCC-BY 2.0 #1\n\nHi.\tSalut !\t\n")
+    assert read_tsv(path, columns=(1, 2)) == [("Go.", "Va !"), ("Hi.", "Salut !")]
+    assert read_tsv(path, columns=[2, 1]) == [("Va !", "Go."), ("Salut !", "Hi.")]  # the other direction
+    with pytest.raises(DataError, match=r"pairs\.tsv:3: empty source \(column 3\)"):
+        read_tsv(path, columns=(3, 1))  # line 3's third column is empty
+    with pytest.raises(DataError, match=r"pairs\.tsv:1: expected at least 4 tab-separated columns "
+                                        r"\(--columns 4,1\), found 3 \(and 1 more bad line: 3\)"):
+        read_tsv(path, columns=(4, 1))
+    # Without columns, today's rule: exactly two, and the error points to --columns.
+    with pytest.raises(DataError, match=r"pairs\.tsv:1: expected one tab .* found 2 tabs; --columns S,T picks two"):
+        read_tsv(path)
+
+
+@pytest.mark.parametrize("columns", [(1, 1), (0, 2), (-1, 2), ("a", 2), (1, 2, 3), 5])
+def test_columns_must_be_two_different_column_numbers_from_1(columns):
+    with pytest.raises(DataError, match=r"columns must be two"):
+        check_columns(columns)
 
 
 # ----------------------------------------------------------------------------- vocabularies

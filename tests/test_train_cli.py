@@ -181,6 +181,27 @@ def test_text_run_builds_its_vocabulary_and_trains(tmp_path):
     assert set(gen.stdout.split()) <= {"x", "y", "z", "<unk>"}
 
 
+def test_columns_train_the_other_direction_of_a_three_column_file_and_evaluate_reads_it_so(tmp_path):
+    # A Tatoeba-like file: source words, target words, an attribution column ignored.
+    pairs = [("a b c", "x y z"), ("b c", "y z"), ("c a", "z x"), ("a", "x")] * 4
+    train = tmp_path / "train.tsv"
+    train.write_text("".join(f"{s}\t{t}\tCC-BY #{i}\n" for i, (s, t) in enumerate(pairs)))
+    out = tmp_path / "mt"
+    proc = cli("train", "--data", str(train), "--columns", "2,1", "--out", str(out), "--preset", "tiny", "--steps", "2",
+               "--batch-size", "4", "--max-len", "8", "--eval-every", "2", "--save-every", "2", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    tokens = lambda side: set(json.loads((out / f"vocab_{side}.json").read_text())["tokens"][4:])  # noqa: E731
+    assert tokens("source") == {"x", "y", "z"} and tokens("target") == {"a", "b", "c"}
+    assert json.loads((out / "config.json").read_text())["data"]["columns"] == [2, 1]
+    # evaluate --data reads a file with the run's columns; a two-column file, given its own.
+    swapped = tmp_path / "swapped.tsv"
+    swapped.write_text("".join(f"{t}\t{s}\n" for s, t in pairs))
+    scores = [cli("evaluate", "--checkpoint", str(out), "--data", str(f), *extra, "--json")
+              for f, extra in ((train, ()), (swapped, ("--columns", "1,2")))]
+    assert [p.returncode for p in scores] == [0, 0], scores[0].stderr + scores[1].stderr
+    assert json.loads(scores[0].stdout) == json.loads(scores[1].stdout)
+
+
 @pytest.mark.parametrize("content, message", [
     ("a b\tx y\nno tab here\n", r"train.tsv:2"),
     ("", r"train.tsv"),

@@ -13,14 +13,33 @@ from .batches import DataError, _non_negative_int, _positive_int, make_batch, pa
 _BUCKET_POOL_BATCHES = 32
 
 
-def read_tsv(path):
+def read_tsv(path, columns=None):
     """``(source, target)`` pairs from a UTF-8 file of ``source<TAB>target`` lines.
 
     Blank lines are skipped. A line without exactly one tab, with an empty side or with
     invalid UTF-8, and a file without any pair, raise ``DataError`` naming the file and the
     1-based line number (of the first bad line, with how many more).
+
+    ``columns=(s, t)`` (1-based, as ``cut -f``; ``--columns S,T``) reads the source from
+    column s and the target from column t of lines with at least max(s, t) tab-separated
+    columns, the others ignored: a three-column Tatoeba/Anki file (``English<TAB>French<TAB>
+    attribution``) read either way round. ``None``: exactly two columns, source first.
     """
-    return [(source, target) for _, source, target in iter_tsv(path)]
+    return [(source, target) for _, source, target in iter_tsv(path, columns)]
+
+
+def check_columns(columns):
+    """``columns`` as a tuple of two distinct 1-based column numbers, or None."""
+    if columns is None:
+        return None
+    try:
+        s, t = (int(c) for c in columns)
+    except (TypeError, ValueError):
+        raise DataError(f"columns must be two column numbers (source, target), got {columns!r}") from None
+    if s < 1 or t < 1 or s == t:
+        raise DataError(f"columns must be two different column numbers >= 1 (source, target; 1 is the first), "
+                        f"got {s},{t}")
+    return s, t
 
 
 UTF8_BOM = b"\xef\xbb\xbf"  # some editors (Notepad) start a UTF-8 file with it
@@ -46,20 +65,20 @@ def iter_lines(f, name):
             yield lineno, line
 
 
-def iter_tsv(path):
-    """``(line_number, source, target)`` for each pair of a ``source<TAB>target`` file,
-    streamed: the rules and errors of ``read_tsv`` (lines read by ``iter_lines``: BOM
+def iter_tsv(path, columns=None):
+    """``(line_number, source, target)`` for each pair of a ``source<TAB>target`` file (or of
+    ``columns``), streamed: the rules and errors of ``read_tsv`` (lines read by ``iter_lines``: BOM
     skipped, the same numbering; blank lines skipped, ``DataError`` naming ``file:line``),
     without reading the whole file. With several bad lines, the error names the first one's
     reason and how many more (with the next line numbers), so a messy file is fixed in one
     go, not one line per run.
     """
-    path = Path(path)
+    path, columns = Path(path), check_columns(columns)
     found, bad = False, []  # bad: (line number, why) of every bad line
     try:
         with path.open("rb") as f:
             for lineno, line in iter_lines(f, path):
-                why = _bad_line(line)
+                why, pair = _split_line(line, columns)
                 if why is None:
                     continue  # blank
                 if why:
@@ -67,9 +86,8 @@ def iter_tsv(path):
                     continue
                 if bad:
                     continue  # the file fails: read on only to count its bad lines
-                source, target = (side.strip() for side in line.split("\t"))
                 found = True
-                yield lineno, source, target
+                yield lineno, *pair
     except DataError as e:  # not valid UTF-8: reading cannot go on
         if not bad:
             raise
@@ -86,19 +104,26 @@ def iter_tsv(path):
         raise DataError(f"{path}: no source<TAB>target pairs (the file is empty)")
 
 
-def _bad_line(line):
-    """Why ``line`` is not a pair, '' when it is one, None when it is blank."""
+def _split_line(line, columns):
+    """(why ``line`` is not a pair: '' when it is one, None when it is blank; its (source,
+    target) when it is one)."""
     if not line.strip():
-        return None
+        return None, None
     tabs = line.count("\t")
-    if tabs != 1:
+    if columns is None and tabs != 1:
         found = "no tab" if tabs == 0 else f"{tabs} tabs"
         hint = " (one at the end of the line: a trailing tab?)" if tabs == 2 and line.rstrip(" ").endswith("\t") else ""
-        return f"expected one tab between source and target, found {found}{hint}"
-    source, target = (side.strip() for side in line.split("\t"))
+        more = "; --columns S,T picks two columns of a wider file" if tabs >= 2 and not hint else ""
+        return f"expected one tab between source and target, found {found}{hint}{more}", None
+    if columns is not None and tabs + 1 < max(columns):
+        return (f"expected at least {max(columns)} tab-separated columns (--columns {columns[0]},{columns[1]}), "
+                f"found {tabs + 1}"), None
+    fields = line.split("\t")
+    source, target = (fields[c - 1].strip() for c in columns or (1, 2))
     if not source or not target:
-        return f"empty {'source' if not source else 'target'}"
-    return ""
+        where = "" if columns is None else f" (column {columns[0] if not source else columns[1]})"
+        return f"empty {'source' if not source else 'target'}{where}", None
+    return "", (source, target)
 
 
 class TextPairs:
