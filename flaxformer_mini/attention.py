@@ -179,7 +179,11 @@ class MultiHeadAttention(nnx.Module):
 
 
 class PerHeadSelfAttention(nnx.Module):
-    """Seed 003: heads are split first, then one K x K projection, shared by every head."""
+    """Seed 003: heads are split first, then one K x K projection, shared by every head.
+
+    Seed 003 calls it ``SelfAttention``, renamed as in torch_ref (seed 001 has a
+    ``SelfAttention`` of its own); parameter paths mirror seed 003's keys.
+    """
 
     def __init__(self, embed_size, heads, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.embed_size = embed_size

@@ -5,6 +5,8 @@ PyTorch's embedding lookup raises on an id outside the table. JAX's gather does 
 around to another token's row, silently. ``check_tokens`` restores PyTorch's behaviour with
 messages that name the input, the bad id and the limit:
 
+- **type**: a torch tensor is refused with a TypeError that says to convert it (``.numpy()``);
+  numpy arrays, JAX arrays and nested lists are accepted.
 - **dtype, rank and length** (> ``max_len``) are static, so they raise (TypeError /
   ValueError) on every path, eager or traced, before any compiled code runs.
 - **id values, eager** (concrete arrays, numpy or JAX): checked on the host; a bad id raises
@@ -70,6 +72,12 @@ def check_tokens(tokens, vocab_size, max_len, name="input"):
     on the host when ``tokens`` is concrete; traced values only under ``checked`` (see the
     module docstring).
     """
+    if type(tokens).__module__.split(".")[0] == "torch":
+        # A torch tensor's dtype is no numpy dtype: jnp.issubdtype would fail with "Cannot
+        # interpret 'torch.int64' as a data type", naming nothing. Found by its type's module,
+        # so this package still never imports torch.
+        raise TypeError(f"{name}: expected a numpy or JAX array of token ids, got {type(tokens).__module__}."
+                        f"{type(tokens).__qualname__} (convert it with .numpy(), or .cpu().numpy() off the CPU)")
     dtype = getattr(tokens, "dtype", None)
     if dtype is None:
         tokens = np.asarray(tokens)

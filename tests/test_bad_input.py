@@ -120,6 +120,20 @@ def test_flax_twin_accepts_numpy_input_and_checks_it_the_same_way(flax_model, ma
         flax_model(source, target)
 
 
+def test_flax_twin_given_torch_tensors_says_to_convert_them(flax_model, layer_calls):
+    # Side by side with the torch twin, passing it torch tensors is the natural slip; numpy
+    # alone would fail with "Cannot interpret 'torch.int64' as a data type", naming nothing.
+    source, target = _good_batch()
+    convert = r"got torch\.Tensor \(convert it with \.numpy\(\)"
+    with pytest.raises(TypeError, match=r"source input: expected a numpy or JAX array of token ids, " + convert):
+        flax_model(torch.from_numpy(source), torch.from_numpy(target))
+    with pytest.raises(TypeError, match=r"target input: expected a numpy or JAX array of token ids, " + convert):
+        flax_model(source, torch.from_numpy(target))
+    assert layer_calls == [], f"layers ran before the error: {layer_calls}"
+    with pytest.raises(TypeError, match=r"ids: expected a numpy or JAX array of token ids, " + convert):
+        fm.check_tokens(torch.tensor([[1, 2]]), vocab_size=5, max_len=7, name="ids")
+
+
 def test_both_twins_accept_ids_and_lengths_at_the_limits(torch_model, flax_model):
     # The largest valid id (V - 1), id 0 and a sequence of exactly max_len: no off-by-one.
     source, target = _good_batch(source_len=TINY.max_len, target_len=TINY.max_len)

@@ -10,6 +10,7 @@
   with their own asserts, whenever it is built).
 """
 
+import ast
 import importlib.util
 import inspect
 from pathlib import Path
@@ -77,6 +78,17 @@ def test_every_example_asserts_what_it_prints():
     examples = gen.examples(gen.TEMPLATE.read_text())
     assert len(examples) >= 8
     assert all("assert " in code for code in examples.values()), [n for n, c in examples.items() if "assert " not in c]
+
+
+def test_every_assert_of_the_guide_has_its_sentence_as_message():
+    # The intro promises that a failing check names the sentence it asserts.
+    bare = [
+        f"{name}, line {node.lineno}"
+        for name, code in gen.examples(gen.TEMPLATE.read_text()).items()
+        for node in ast.walk(ast.parse(code))
+        if isinstance(node, ast.Assert) and node.msg is None
+    ]
+    assert not bare, "asserts without a message: " + "; ".join(bare)
 
 
 def test_check_names_the_snippet_that_drifted(generated):

@@ -2,6 +2,8 @@
 
 Class names, constructor arguments, call signatures and ``state_dict()`` keys are the
 seeds' own, so a state dict saved from the seeds' classes loads here with ``strict=True``.
+One name differs: seed 003's ``SelfAttention`` is ``PerHeadSelfAttention`` here, since seed
+001 has a ``SelfAttention`` too (the keys are seed 003's).
 Every place where this code departs from the seed text is marked ``# Seed slip N:`` with
 the number of the slip in ``shared/seeds/README.md``.
 

@@ -100,7 +100,11 @@ class MultiHeadAttention(nn.Module):
 
 
 class PerHeadSelfAttention(nn.Module):
-    """Seed 003: heads are split first, then one K x K projection, shared by every head."""
+    """Seed 003: heads are split first, then one K x K projection, shared by every head.
+
+    Renamed: the seed calls this class ``SelfAttention``, the name of seed 001's (different)
+    attention, which this package keeps. Arguments and ``state_dict`` keys are seed 003's.
+    """
 
     def __init__(self, embed_size, heads):
         super().__init__()
