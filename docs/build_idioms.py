@@ -52,6 +52,9 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The checkout this script is in, first: its examples and quotes are of this tree's code, not
+# of whatever checkout the environment installed (a second worktree, an editable install).
+sys.path.insert(0, str(ROOT))
 TEMPLATE = ROOT / "docs" / "idioms_template.md"
 OUTPUT = ROOT / "docs" / "idioms.md"
 REGENERATE = "python docs/build_idioms.py"
