@@ -132,11 +132,11 @@ def _read_torch_file(path):
         try:
             return load_file(path)
         except Exception as e:  # noqa: BLE001 - safetensors raises several types for a bad file
-            if importlib.util.find_spec("torch") is None:
+            if not _has_torch():
                 raise InitFromError(f"{OPTION} {path}: not a readable .safetensors file for numpy (truncated, "
                                     f"corrupt, or a dtype numpy lacks, such as bfloat16): {e}") from None
             # torch's reader takes what numpy's cannot (bfloat16), and names a bad file itself.
-    elif importlib.util.find_spec("torch") is None:
+    elif not _has_torch():
         raise InitFromError(f"{OPTION} {path}: a torch pickle ({Path(path).suffix}) needs PyTorch to read, and torch "
                             f"is not installed here. Install it (README, Install), or save the state dict as "
                             f".safetensors where torch is (safetensors.torch.save_file(model.state_dict(), "
@@ -145,6 +145,14 @@ def _read_torch_file(path):
     from parity.convert import tensor_to_numpy
 
     return {key: tensor_to_numpy(value) for key, value in load_state_dict(path).items()}
+
+
+def _has_torch():
+    """Whether torch can be imported, without importing it (several seconds)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken install, or an import hook refusing it
+        return False
 
 
 def _sizes_of_torch(arrays, engine):
