@@ -323,7 +323,7 @@ class Run:
             state, unreadable = checkpoint.restore_latest_intact(manager, template)
             skipped = dict(unreadable)
         state, skipped = self._agree_on_restored_step(manager, template, state, skipped)
-        if int(state.step) == 0 and self.config.init_from is not None:  # no checkpoint read: the file's weights
+        if self.config.init_from is not None and int(state.step) == 0:  # no checkpoint read: the file's weights
             state = self.initial_state(echo)
             state = state if place is None else place(state)
         if not skipped:
