@@ -82,7 +82,7 @@ def _train_until_stopped(args, stop):
                            warmup=args.warmup, weight_decay=args.weight_decay, clip_norm=args.clip_norm,
                            label_smoothing=args.label_smoothing, dropout=args.dropout, dtype=args.dtype,
                            seed=args.seed, max_tokens=args.max_tokens, accumulate=args.accumulate,
-                           scan_layers=args.scan_layers, remat=args.remat)
+                           scan_layers=args.scan_layers, remat=args.remat, init_from=args.init_from)
     # Before anything is written: the mesh, and the model's split sizes against it; the options
     # and data files every process must agree on. An error here on one process (its --data
     # missing on that host, another device count) stops every process at once: the others
@@ -156,6 +156,10 @@ def _identity(args):
     for option in ("data", "valid"):
         if getattr(args, option, None):
             identity[f"--{option} (sha256 of the file)"] = file_digest(getattr(args, option))
+    if getattr(args, "init_from", None) and os.path.exists(args.init_from):  # a missing one: named by Run.start
+        from flaxformer_mini.init_from import digest
+
+        identity["--init-from (sha256)"] = digest(os.path.abspath(args.init_from))
     return identity
 
 
@@ -341,6 +345,12 @@ def build_parser():
     t.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     t.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="compute dtype (parameters stay float32)")
+    t.add_argument("--init-from", metavar="FILE", default=None,
+                   help="start a new run from these weights instead of a random init (fine-tuning; optimizer fresh, "
+                        "step 0): a torch_ref Transformer state dict (.safetensors, read without torch; .pt needs "
+                        "torch) or parity convert's Flax file or directory. The model comes from the options as "
+                        "always and must fit the file exactly (sizes, --max-len, vocabulary sizes). Recorded in "
+                        "config.json (path, sha256): a resume gives the same FILE and continues from its checkpoints")
     t.add_argument("--scan-layers", action="store_true",
                    help="hold each side's layers as one stacked block run by a scan: compile time stays flat in "
                         "depth (checkpoints hold stacked parameters; recorded in the run)")

@@ -154,6 +154,7 @@ class Run:
     def __init__(self, directory: RunDir, config: RunConfig, data: RunData | None = None):
         self.dir, self.config, self._data = directory, config, data
         self._lock = None  # held from create() to close(): one training process per directory
+        self._init_params = None  # a new --init-from run: the file's parameters, read by start()
 
     def close(self):
         """Release the run directory for another ``train``."""
@@ -173,7 +174,18 @@ class Run:
             run_dir.check_data(data_config)
         data = load_data(data_config, run_dir)
         config = resolve_config(options, data_config, *data.vocab_sizes)
-        return cls.create(out, config, data, echo=echo)
+        params = None
+        if options.init_from is not None:  # recorded (path, sha256): a resume checks both
+            from flaxformer_mini import init_from
+
+            config = dataclasses.replace(config, init_from=init_from.record(options.init_from))
+            if not run_dir.exists():  # a new run: the file must fit its model before anything is written
+                params, notes = init_from.read_params(config.init_from.path, config, preset=options.preset)
+                for note in notes:
+                    echo(note)
+        run = cls.create(out, config, data, echo=echo)
+        run._init_params = params
+        return run
 
     @classmethod
     def create(cls, out, config: RunConfig, data: RunData | None = None, echo=warn):
@@ -311,6 +323,9 @@ class Run:
             state, unreadable = checkpoint.restore_latest_intact(manager, template)
             skipped = dict(unreadable)
         state, skipped = self._agree_on_restored_step(manager, template, state, skipped)
+        if self.config.init_from is not None and int(state.step) == 0:  # no checkpoint read: the file's weights
+            state = self.initial_state(echo)
+            state = state if place is None else place(state)
         if not skipped:
             return state
         if distributed.is_main():
@@ -327,6 +342,21 @@ class Run:
         distributed.barrier("damaged checkpoints moved aside")
         manager.reload()
         return state
+
+    def initial_state(self, echo=warn):
+        """Step 0's state: a random init, or with ``--init-from`` the file's parameters (read
+        again, checked against its recorded sha256 by ``start``, when the run was resumed
+        before its first checkpoint) and a fresh optimizer."""
+        state = self.trainer.init_state()
+        if self.config.init_from is None:
+            return state
+        from flaxformer_mini import init_from
+
+        params, self._init_params = self._init_params, None  # host memory back once loaded
+        if params is None:
+            params, _ = init_from.read_params(self.config.init_from.path, self.config)
+        echo(f"starting from the weights of {self.config.init_from.path}")
+        return init_from.load_into_state(state, params)
 
     @staticmethod
     def _agree_on_restored_step(manager, template, state, skipped):

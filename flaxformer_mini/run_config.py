@@ -72,6 +72,16 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class InitFrom:
+    """The weights a run started from (``train --init-from FILE``, init_from.py): the file's
+    absolute path and sha256 (of an orbax directory: of its files, init_from.digest). A
+    resume checks both; the checkpoints, not the file, hold the run's parameters from then on."""
+
+    path: str
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig
     train: TrainConfig
@@ -88,6 +98,8 @@ class RunConfig:
     # with False, False: the layout of their checkpoints.
     scan_layers: bool = False
     remat: bool = False
+    # Where step 0's parameters came from (None: a random init, every run before this field).
+    init_from: InitFrom | None = None
 
     def __post_init__(self):
         for name in ("scan_layers", "remat"):
@@ -114,7 +126,10 @@ class RunConfig:
                                        remat=self.remat, rngs=rngs)
 
     def to_dict(self):
-        return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "train": _train_dict(self)}
+        d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "train": _train_dict(self)}
+        if self.init_from is None:  # a run from a random init: its config.json as before this field
+            del d["init_from"]
+        return d
 
     @classmethod
     def from_dict(cls, d, source="config"):
@@ -136,6 +151,7 @@ class RunConfig:
                 accumulate=d.get("accumulate", 1),
                 scan_layers=d.get("scan_layers", False),
                 remat=d.get("remat", False),
+                init_from=InitFrom(**d["init_from"]) if d.get("init_from") is not None else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise RunConfigError(f"{source}: malformed run config: {e}") from None
@@ -182,6 +198,7 @@ class TrainOptions:
     accumulate: int = 1
     scan_layers: bool = False
     remat: bool = False
+    init_from: str | None = None  # --init-from FILE: step 0's parameters (init_from.py)
 
 
 def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None, **sizes):

@@ -118,8 +118,10 @@ class RunDir:
                 # Settings added after the run was written are absent from its file: it keeps
                 # their defaults (its old behaviour), whatever today's options say.
                 new_dict = {**new_dict, "data": new_data}
-                self._refuse_differences(_in_option_words(_differences(old_dict, new_dict, present=stored),
-                                                          old_dict, new_dict))
+                diffs = [line for line in _differences(old_dict, new_dict, present=stored)
+                         if not line.startswith("init_from")]
+                self._refuse_differences(_init_from_differences(stored.get("init_from"), new_dict.get("init_from"))
+                                         + _in_option_words(diffs, old_dict, new_dict))
                 config = old
                 if moved:  # the run reads its data where it is now, and says so in its config
                     config = dataclasses.replace(old, data=dataclasses.replace(
@@ -365,6 +367,24 @@ def _in_option_words(diffs, old, new):
             continue
         out.append(line)
     return out
+
+
+def _init_from_differences(was, now):
+    """``--init-from`` as it differs between the run (config.json's ``init_from``: absent for
+    a run from a random init, runs before the option included) and the options now. A resume
+    takes its parameters from the checkpoints, but only of the run the command describes."""
+    if was == now:
+        return []
+    if was is None:
+        return [f"--init-from: the run started from a random init, not from {now['path']} (a run's first step "
+                f"is its only chance to take weights; start a new run with another --out)"]
+    if now is None:
+        return [f"--init-from: the run started from {was['path']} (sha256 {was['sha256'][:12]}...); give the same "
+                f"--init-from to resume it"]
+    if was["path"] != now["path"]:
+        return [f"--init-from: {was['path']} in the run, {now['path']} now"]
+    return [f"--init-from {now['path']}: the file changed since the run started from it (sha256 "
+            f"{now['sha256'][:12]}..., recorded {was['sha256'][:12]}...)"]
 
 
 _SCHEDULE_SETTINGS = ("train.lr_factor", "train.warmup_steps", "train.learning_rate")

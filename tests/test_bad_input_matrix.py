@@ -188,6 +188,35 @@ def no_checkpoint_yet(d, finished):
     return ["evaluate", "--checkpoint", str(run)]
 
 
+def init_weights(name="w.safetensors", change=None, **sizes):
+    """A torch_ref state dict of TINY_RUN's model (or of ``sizes``) saved as ``name`` in the
+    case's directory, edited by ``change(state_dict)``; returns its path."""
+    def make(d):
+        import torch
+        import torch_ref
+        from safetensors.torch import save_file
+
+        torch.manual_seed(0)
+        config = dict(src_pad_idx=0, source_vocab_size=11, target_vocab_size=11, max_len=6, embed_size=30, heads=5,
+                      num_layers=1, dropout=0.0)
+        state_dict = torch_ref.Transformer(**{**config, **sizes}).state_dict()
+        if change:
+            change(state_dict)
+        save_file(state_dict, d / name) if name.endswith(".safetensors") else torch.save(state_dict, d / name)
+        return d / name
+    return make
+
+
+def init_from(make, run=None):
+    """train --init-from FILE (made by ``make(d)``, or a path in d) into a new --out, or ``run``'s copy."""
+    def setup(d, finished):
+        path = make(d) if callable(make) else d / make
+        if run is None:
+            return train_option("--init-from", str(path))(d, finished)
+        return on_run("train", "--init-from", str(path))(d, finished)
+    return setup
+
+
 CASES = [
     # --- TSV data
     ("tsv_line_without_tab", tsv("a b\tx y\nno tab here\n"), 2, r"train\.tsv:2: expected one tab.*found no tab"),
@@ -299,6 +328,19 @@ CASES = [
     ("generate_batch_size_zero", on_run("generate", "--batch-size", "0", "1"), 2, r"--batch-size must be >= 1"),
     ("evaluate_beam_size_zero", on_run("evaluate", "--beam-size", "0"), 2, r"--beam-size must be >= 1"),
     ("evaluate_batch_size_zero", on_run("evaluate", "--batch-size", "0"), 2, r"--batch-size must be >= 1"),
+    ("init_from_missing", init_from("nope.safetensors"), 2, r"--init-from \S*nope\.safetensors: no such file"),
+    ("init_from_another_vocabulary_size", init_from(init_weights(target_vocab_size=13)), 2,
+     r"'decoder\.embedding_layer\.weight' is \(13, 30\) in the file, \(11, 30\) in the run's model.*--vocab-size 11"),
+    ("init_from_another_depth", init_from(init_weights(num_layers=2)), 2,
+     r"2 \+ 2 layers in the file, 1 \+ 1 in the run's model.*--layers 2"),
+    ("init_from_nan_weights", init_from(init_weights(change=lambda sd: sd["decoder.fc.bias"].fill_(float("nan")))), 2,
+     r"weights hold NaN or Inf: 'decoder\.fc\.bias'"),
+    ("init_from_truncated_file", init_from(lambda d: (init_weights()(d).write_bytes(b"\x10\x00\x00"), d / "w.safetensors")[1]),
+     2, r"--init-from \S*w\.safetensors: not a readable"),
+    ("init_from_a_run_directory", lambda d, f: train_option("--init-from", str(f / "synthetic"))(d, f), 2,
+     r"is a flaxformer-mini run directory, not a weights file"),
+    ("init_from_on_a_run_started_without_it", init_from(init_weights(), run="synthetic"), 2,
+     r"--init-from: the run started from a random init"),
 ]
 
 

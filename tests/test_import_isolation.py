@@ -147,6 +147,13 @@ def test_package_source_never_imports_the_other_side(package, forbidden):
     files = sorted((REPO / package).rglob("*.py"))
     assert files, f"no source files found under {package}/"
     offenders = {str(f.relative_to(REPO)): hits for f in files if (hits := _imports_of(f, forbidden))}
+    # The one exception: `train --init-from` reads weights through parity's torch-free file
+    # readers and conversion engine, imported inside its functions only (never at import time:
+    # test_flaxformer_mini_runs_without_torch_torch_ref_or_parity blocks parity), and never torch.
+    lazy = offenders.pop(f"{package}/init_from.py", [])
+    assert all(hit.startswith("from parity") for hit in lazy), lazy
+    assert not any(line.startswith(("import parity", "from parity"))
+                   for line in (REPO / package / "init_from.py").read_text().splitlines()) if lazy else True
     assert not offenders, f"{package} must not import {', '.join(forbidden)}: {offenders}"
 
 
@@ -169,3 +176,37 @@ def test_every_package_directory_is_listed_in_pyproject_so_the_wheel_ships_it():
                for top in ("flaxformer_mini", "torch_ref", "parity") for init in (REPO / top).rglob("__init__.py")}
     assert "flaxformer_mini.data" in on_disk  # the walk finds subpackages
     assert listed == on_disk
+
+
+INIT_FROM_WITHOUT_TORCH = textwrap.dedent(
+    """
+    import contextlib, io, json, pathlib
+    from flaxformer_mini.cli import main
+
+    d = pathlib.Path({d!r})
+    run = ["train", "--task", "copy", "--preset", "tiny", "--layers", "1", "--vocab-size", "11", "--max-len", "5",
+           "--batch-size", "4", "--eval-sequences", "4", "--steps", "1", "--no-progress"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        pickle_code = main([*run, "--init-from", str(d / "model.pt"), "--out", str(d / "from_pt")])
+        code = main([*run, "--init-from", str(d / "model.safetensors"), "--out", str(d / "out")])
+    assert pickle_code == 2 and "needs PyTorch to read, and torch is not installed" in err.getvalue(), err.getvalue()
+    assert not (d / "from_pt").exists()
+    assert code == 0, err.getvalue()
+    assert json.loads((d / "out" / "config.json").read_text())["init_from"]["path"] == str(d / "model.safetensors")
+    """
+)
+
+
+def test_train_init_from_reads_a_torch_safetensors_file_without_torch(tmp_path):
+    """--init-from model.safetensors (torch keys) needs parity's torch-free readers only; a .pt
+    file says that torch is needed, and writes nothing."""
+    import torch
+    from safetensors.torch import save_file
+
+    import torch_ref
+
+    model = torch_ref.Transformer(0, 11, 11, 6, 30, 5, 1, 0.0)
+    save_file(model.state_dict(), tmp_path / "model.safetensors")
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    _run_blocking({"torch", "torch_ref"}, INIT_FROM_WITHOUT_TORCH.format(d=str(tmp_path)))

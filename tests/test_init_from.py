@@ -1,0 +1,137 @@
+"""`flaxformer-mini train --init-from FILE`: a new run starts from weights trained in PyTorch
+(or converted by parity), exactly, and a resume is held to the file it started from."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+import torch_ref
+from flaxformer_mini.run import Run
+from flaxformer_mini.run_config import DataConfig, TrainOptions
+from parity import flax_to_torch
+from test_train_cli import TINY_RUN, cli
+
+# TINY_RUN's model: the tiny preset (width 30, 5 heads) with one layer, 11 token ids, --max-len 5
+# (max_len 6 with the BOS/EOS). Dropout 0, so the first step's loss is a function of the weights.
+SIZES = dict(src_pad_idx=0, source_vocab_size=11, target_vocab_size=11, max_len=6, embed_size=30, heads=5,
+             num_layers=1, dropout=0.0)
+RUN = [*TINY_RUN, "--dropout", "0", "--log-every", "1"]
+
+
+def torch_model(seed=0, **changes):
+    torch.manual_seed(seed)
+    return torch_ref.Transformer(**{**SIZES, **changes}).eval()
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    d = tmp_path_factory.mktemp("weights")
+    model = torch_model()
+    save_file(model.state_dict(), d / "model.safetensors")
+    return model, d / "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def started(weights, tmp_path_factory):
+    """A run of one step started from the torch model's weights."""
+    out = tmp_path_factory.mktemp("runs") / "from_torch"
+    result = cli("train", *RUN, "--steps", "1", "--init-from", str(weights[1]), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"starting from the weights of {weights[1]}" in result.stderr
+    return out
+
+
+def assert_state_dicts_equal(got, want):
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+def test_step_zero_holds_the_files_weights_and_the_first_loss_is_torchs(weights, started, tmp_path):
+    model, path = weights
+    record = json.loads((started / "config.json").read_text())["init_from"]
+    assert record["path"] == str(path) and len(record["sha256"]) == 64
+
+    # The first logged loss is step 0's parameters on batch 0 (before the update): torch's loss
+    # on the same batch, within float32 rounding of two implementations.
+    first = json.loads((started / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 1
+    run = Run.open(started)
+    batch = run.train_batches(0)[0]
+    with torch.no_grad():
+        logits = model(torch.from_numpy(np.asarray(batch.source)).long(), torch.from_numpy(np.asarray(batch.target_in)).long())
+        loss = F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(np.asarray(batch.target_out)).long().flatten(),
+                               ignore_index=0)
+    assert abs(first["loss"] - loss.item()) <= 1e-5, (first["loss"], loss.item())
+
+    # Step 0's state, as restore_or_init builds it for a run without a checkpoint (a copy of the
+    # run with its checkpoints removed: resumed before its first save), is the file's, bit for bit.
+    copy = tmp_path / "copy"
+    shutil.copytree(started, copy)
+    shutil.rmtree(copy / "checkpoints")
+    run = Run.open(copy)
+    state = run.restore_or_init(run.checkpoints(), echo=lambda m: None)
+    assert int(state.step) == 0
+    assert_state_dicts_equal(flax_to_torch(run.trainer.model(state)), model.state_dict())
+
+
+def test_scan_layers_stacks_the_files_layers(weights, tmp_path):
+    model, path = weights
+    model2 = torch_model(seed=1, num_layers=2)  # two layers, so a stacking order matters
+    save_file(model2.state_dict(), tmp_path / "two.safetensors")
+    options = TrainOptions(preset="tiny", num_layers=2, dropout=0.0, scan_layers=True,
+                           init_from=str(tmp_path / "two.safetensors"))
+    data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
+    run = Run.start(tmp_path / "out", options, data, echo=lambda m: None)
+    try:
+        state = run.restore_or_init(run.checkpoints(), echo=lambda m: None)
+    finally:
+        run.close()
+    stacked = state.params["encoder"]["transformer_layers"]["norm1"]["scale"]
+    assert stacked.shape == (2, 30)
+    assert_state_dicts_equal(flax_to_torch(run.trainer.model(state)), model2.state_dict())
+
+
+def test_a_file_of_another_shape_is_refused_by_key_and_shapes_and_nothing_is_written(tmp_path):
+    save_file(torch_model(source_vocab_size=13).state_dict(), tmp_path / "v13.safetensors")
+    out = tmp_path / "out"
+    result = cli("train", *RUN, "--steps", "1", "--init-from", str(tmp_path / "v13.safetensors"), "--out", str(out))
+    assert result.returncode == 2
+    message = result.stderr
+    assert "'encoder.embedding_layer.weight' is (13, 30) in the file, (11, 30) in the run's model" in message
+    assert "--vocab-size 11" in message and "--preset tiny" in message and "--embed-size" in message
+    assert "Traceback" not in message
+    assert not out.exists()
+
+
+def test_a_resume_is_held_to_the_file_it_started_from(weights, started, tmp_path):
+    _, path = weights
+    run = tmp_path / "run"
+    shutil.copytree(started, run)
+    before = (run / "config.json").read_bytes()
+    save_file(torch_model(seed=5).state_dict(), tmp_path / "other.safetensors")
+    other = cli("train", *RUN, "--steps", "2", "--init-from", str(tmp_path / "other.safetensors"), "--out", str(run))
+    assert other.returncode == 2
+    assert f"--init-from: {path} in the run, {tmp_path / 'other.safetensors'} now" in other.stderr
+    without = cli("train", *RUN, "--steps", "2", "--out", str(run))
+    assert without.returncode == 2 and f"the run started from {path}" in without.stderr
+    assert (run / "config.json").read_bytes() == before
+
+    # The same path with other contents: refused by its sha256.
+    changed = tmp_path / "changed.safetensors"
+    shutil.copy(path, changed)
+    run2 = tmp_path / "run2"
+    assert cli("train", *RUN, "--steps", "1", "--init-from", str(changed), "--out", str(run2)).returncode == 0
+    save_file(torch_model(seed=6).state_dict(), changed)
+    refused = cli("train", *RUN, "--steps", "2", "--init-from", str(changed), "--out", str(run2))
+    assert refused.returncode == 2 and "the file changed since the run started from it" in refused.stderr
+
+    # The same file resumes from the checkpoint (the file's contents no longer matter).
+    same = cli("train", *RUN, "--steps", "2", "--init-from", str(path), "--out", str(run))
+    assert same.returncode == 0, same.stderr
+    assert "resuming" in same.stderr and "starting from the weights" not in same.stderr
