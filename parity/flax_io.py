@@ -207,25 +207,46 @@ def _save_orbax(params, config, path, overwrite=False):
         raise CheckpointError(str(e)) from None
 
 
+def _restore(path, **items):
+    """orbax's restore of ``items`` from the directory ``path``, as flaxformer-mini reads its own
+    checkpoints (``flaxformer_mini.checkpoint``): its loggers quiet during the read, and after a
+    failure the closed-event-loop tracebacks of its abandoned threads silenced (the caller
+    reports the failure in one line)."""
+    from flaxformer_mini.checkpoint import _quiet, _silence_orbax_aftermath
+
+    ocp = _orbax()
+    try:
+        with _quiet(), ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            return checkpointer.restore(path.absolute(), ocp.args.Composite(**items))
+    except Exception:
+        _silence_orbax_aftermath()
+        raise
+
+
+def _failure(error):
+    """``error``'s type and first line, at most 300 characters: TensorStore's messages embed a
+    spec of several kB."""
+    from flaxformer_mini.checkpoint import _summary
+
+    return f"{type(error).__name__}: {_summary(error)}"
+
+
 def _load_orbax(path):
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such orbax directory")
     ocp = _orbax()
     try:
-        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-            meta = checkpointer.restore(path.absolute(), ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+        meta = _restore(path, config=ocp.args.JsonRestore())["config"]
     except Exception as e:  # noqa: BLE001 - orbax raises many types for a directory that is not its own
         raise CheckpointError(f"{path}: not an orbax directory of Flax parameters written by `parity convert`: "
-                              f"{type(e).__name__}: {e}") from None
+                              f"{_failure(e)}") from None
     if not isinstance(meta, dict) or meta.get("format") != FLAX_FORMAT:
         raise CheckpointError(f"{path}: its 'config' item is not a {FLAX_FORMAT} record")
     config = _config_from_json(meta.get(CONFIG_METADATA_KEY), path)
     try:
-        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-            tree = checkpointer.restore(path.absolute(), ocp.args.Composite(params=ocp.args.StandardRestore()))["params"]
+        tree = _restore(path, params=ocp.args.StandardRestore())["params"]
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{path}: cannot read its 'params' item (truncated or corrupt?): "
-                              f"{type(e).__name__}: {e}") from None
+        raise CheckpointError(f"{path}: cannot read its 'params' item (truncated or corrupt?): {_failure(e)}") from None
     return dict(_flatten(tree)), config
 
 
