@@ -12,7 +12,12 @@ Properties checked:
   gradient row per parameter in torch's order, all within tolerance;
 - a planted numerical fault in the Flax twin is named as the first divergence;
 - unusable input exits 2 with a message naming the key, file or option, and no traceback;
-- ``convert`` torch -> Flax -> torch is bit-exact on files, through .safetensors and orbax.
+- ``convert`` torch -> Flax -> torch is bit-exact on files, through .safetensors and orbax;
+- the config travels with the weights: a torch .safetensors export records it in its
+  metadata (torch_ref loads the file strictly), check and convert read it back, a .pt export
+  is the state dict alone; a setting no one gave (a 4-head model without --heads) is warned
+  of by name with its option and marked assumed in the output; a run's config.json or
+  directory serves as --config, and check takes the run itself.
 
 Most runs call ``parity.cli.main`` in-process (JAX's compiled primitives are then shared
 between tests); two go through a subprocess, end to end.
