@@ -4,6 +4,11 @@ A pickle can run arbitrary code when it is loaded. ``.pt`` files are therefore r
 ``torch.load(..., weights_only=True)``, whose unpickler accepts tensors and plain
 containers only and refuses anything else before it runs. ``.safetensors`` holds no code
 at all, which is why it is preferred.
+
+A ``.safetensors`` file written here from a known config (``parity convert`` of a training run
+or of Flax parameters) carries that config in its metadata (``parity.file_kinds``:
+``format`` TORCH_FORMAT, ``model_config``), which torch's loaders ignore; a ``.pt`` file holds
+the state dict alone, so that ``load_state_dict(torch.load(...), strict=True)`` keeps working.
 """
 
 import io
@@ -13,7 +18,9 @@ from pathlib import Path
 import torch
 
 from parity import output
-from parity.file_kinds import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError, readable_file  # noqa: F401 - public names
+from parity.file_kinds import (  # noqa: F401 - public names
+    SAFETENSORS_SUFFIX, TORCH_FORMAT, TORCH_SUFFIXES, CheckpointError, config_metadata, readable_file,
+    recorded_config, safetensors_header)
 
 # Common wrappers: torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, ...).
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
@@ -75,10 +82,12 @@ def load_state_dict(path):
     return dict(obj)
 
 
-def save_state_dict(state_dict, path):
+def save_state_dict(state_dict, path, config=None, assumed=()):
     """Write {key: tensor} as ``.safetensors`` or ``.pt``, chosen by the suffix; atomically
     (``parity.output``), so a failed write never leaves a truncated file under the final name
-    nor a temporary file beside it."""
+    nor a temporary file beside it. ``config`` (a ModelConfig, the keyword arguments of
+    ``torch_ref.Transformer``) goes into a ``.safetensors`` file's metadata, with ``assumed``
+    (the names of its fields that are a guess); a ``.pt`` file holds the tensors alone."""
     path = Path(path)
     suffix = path.suffix.lower()
     if not path.absolute().parent.is_dir():  # torch.save would say so as a RuntimeError
@@ -87,7 +96,7 @@ def save_state_dict(state_dict, path):
     if suffix == SAFETENSORS_SUFFIX:
         from safetensors.torch import save
 
-        data = save(tensors)
+        data = save(tensors, metadata=None if config is None else config_metadata(TORCH_FORMAT, config, assumed))
     elif suffix in TORCH_SUFFIXES:
         buffer = io.BytesIO()
         torch.save(tensors, buffer)
@@ -96,3 +105,16 @@ def save_state_dict(state_dict, path):
         raise CheckpointError(f"{path}: unknown checkpoint type {suffix!r}; use .safetensors or .pt")
     output.write_atomic(path, data)
     return path
+
+
+def read_recorded_config(path):
+    """(the ModelConfig fields a torch ``.safetensors`` file records in its metadata, or None;
+    the names of those recorded as assumed). None for ``.pt`` files, which cannot say, and for
+    metadata written by another tool (its "model_config", if any, may mean something else)."""
+    path = Path(path)
+    if path.suffix.lower() != SAFETENSORS_SUFFIX:
+        return None, ()
+    metadata, _ = safetensors_header(path)
+    if metadata.get("format") != TORCH_FORMAT:
+        return None, ()
+    return recorded_config(metadata, path)

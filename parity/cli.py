@@ -2,6 +2,8 @@
 
     parity check --preset seed
     parity check --torch-checkpoint model.pt --heads 5 [--grads] [--json OUT] [--plot OUT.png]
+    parity check --torch-checkpoint model.pt --config runs/reverse   # heads, padding, ... from a run's config.json
+    parity check --torch-checkpoint runs/reverse  # a training run's newest checkpoint, with the run's config
     parity check --preset seed --grads --torch-device cuda   # torch on the GPU, JAX on its default device
     parity convert model.pt model.safetensors     # torch state dict -> Flax parameters
     parity convert model.safetensors back.pt      # and back, bit for bit
@@ -64,10 +66,52 @@ def _check_output_paths(args):
                          f"use one of {', '.join(PLOT_SUFFIXES)}")
 
 
-def _where(value, option, config_key, overrides):
-    if value is not None:
-        return option
-    return "config file" if config_key in overrides else "default"
+def warn(command, message):
+    print(f"parity {command}: warning: {message}", file=sys.stderr)
+
+
+def _torch_config(args, path, state_dict):
+    """(ModelConfig, {setting: where it came from}, the settings assumed, warnings) of a torch
+    state dict read from ``path``: options, then --config, then the config the file records (a
+    .safetensors written by `parity convert`), then the seed's defaults. The warnings name each
+    default with the option that sets it, and each option overriding the file's record; the
+    caller prints them once the work goes ahead (an error stays one line)."""
+    from parity.checkpoint_io import read_recorded_config
+    from parity.infer import OPTIONS, describe_assumed, read_config_file, resolve_config
+
+    recorded, recorded_assumed = read_recorded_config(path)
+    config_file = read_config_file(args.config) if args.config else {}
+    config, sources, assumed = resolve_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx,
+                                              config_file=config_file, recorded=recorded,
+                                              recorded_assumed=recorded_assumed)
+    warnings = []
+    for name in OPTIONS:  # a deliberate override of what the file says it is: say so, go on
+        if recorded and name in recorded and name not in recorded_assumed and getattr(config, name) != recorded[name]:
+            warnings.append(f"{name} {getattr(config, name)!r} ({sources[name]}) overrides {name} "
+                            f"{recorded[name]!r} recorded in {path}'s metadata")
+    # A check runs both twins in eval mode: dropout changes nothing it compares.
+    unknown = assumed if args.command == "convert" else tuple(name for name in assumed if name != "dropout")
+    if unknown:
+        sayers = ("the weights, the options nor its metadata" if Path(path).suffix.lower() == ".safetensors" else
+                  "the weights nor the options")
+        warnings.append(f"neither {sayers} say "
+                        f"{'this setting' if len(unknown) == 1 else 'these settings'}, so "
+                        f"{'it is' if len(unknown) == 1 else 'they are'} assumed (the seed's): "
+                        f"{describe_assumed(config, unknown)}"
+                        + ("; OUT's metadata marks them assumed" if args.command == "convert" else ""))
+    return config, sources, assumed, warnings
+
+
+def _training_run_state_dict(args, path):
+    """(state dict, ModelConfig, step) of a training run's newest checkpoint; its config.json
+    says everything, so no option may contradict it."""
+    from parity.convert import state_dict_from_run
+
+    for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
+        if value is not None:
+            raise UsageError(f"{option} applies to a torch checkpoint only; {path} is a training run, and its "
+                             f"config.json says the whole config")
+    return state_dict_from_run(path)
 
 
 def _seed_keys(state_dict, path):
@@ -82,27 +126,35 @@ def _seed_keys(state_dict, path):
 
 
 def _load_checkpoint(args):
-    """(state dict, config, description of where heads and padding came from)."""
+    """(state dict, config, description of where heads and padding came from, what it is)."""
     from parity.check import refuse_unusable_weights
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError, load_state_dict
+    from parity.convert import is_training_run
     from parity.flax_io import checkpoint_kind
-    from parity.infer import infer_config, read_config_file
 
     path = args.torch_checkpoint
+    if is_training_run(path):
+        state_dict, config, step = _training_run_state_dict(args, path)
+        sources = dict.fromkeys(("heads", "src_pad_idx"), "the run's config.json")
+        return state_dict, config, sources, f"training run {path}, its newest checkpoint (step {step})"
     if Path(path).is_dir():
-        raise CheckpointError(f"{path}: is a directory, not a torch checkpoint file ({', '.join(TORCH_SUFFIXES)} or "
-                              f"{SAFETENSORS_SUFFIX}); Flax parameters in an orbax directory turn back into one "
-                              f"with `parity convert {path} OUT.pt`")
+        run = _run_holding(path)
+        if run is not None:
+            what = "the checkpoints directory" if Path(path).parent == run else "one checkpoint"
+            raise UsageError(f"{path}: this is {what} of a training run; give the run directory ({run}) "
+                             f"to check its newest checkpoint")
+        raise CheckpointError(f"{path}: is a directory, not a torch checkpoint file ({', '.join(TORCH_SUFFIXES)} "
+                              f"or {SAFETENSORS_SUFFIX}) nor a training run; if it holds Flax parameters (an orbax "
+                              f"directory), `parity convert {path} OUT.pt` turns them back into one")
     if Path(path).suffix.lower() == SAFETENSORS_SUFFIX and checkpoint_kind(path) != "torch":
         raise CheckpointError(f"{path}: holds Flax parameters, not a torch state dict; "
                               f"`parity convert {path} OUT.pt` turns it back into one")
     state_dict = _seed_keys(load_state_dict(path), path)
-    overrides = read_config_file(args.config) if args.config else {}
-    config = infer_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx, overrides=overrides)
+    config, sources, _, warnings = _torch_config(args, path, state_dict)
     refuse_unusable_weights(state_dict, config)  # int64 or NaN weights are the file's fault, not the port's
-    sources = {"heads": _where(args.heads, "--heads", "heads", overrides),
-               "src_pad_idx": _where(args.pad_idx, "--pad-idx", "src_pad_idx", overrides)}
-    return state_dict, config, sources
+    for message in warnings:
+        warn(args.command, message)
+    return state_dict, config, sources, f"checkpoint {path}"
 
 
 def _check(args):
@@ -128,9 +180,8 @@ def _check(args):
         what = f"preset {preset}"
         heads, pad = f"{config.heads} heads", ""
     else:
-        state_dict, config, sources = _load_checkpoint(args)
+        state_dict, config, sources, what = _load_checkpoint(args)
         torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=args.seed)
-        what = f"checkpoint {args.torch_checkpoint}"
         # The weights do not record H, and the twins agree for any H dividing D: say where it came from.
         heads = f"{config.heads} heads ({sources['heads']}; not in the weights)"
         pad = f", src_pad_idx {config.src_pad_idx} ({sources['src_pad_idx']})"
@@ -164,10 +215,9 @@ def _check(args):
 def _convert(args):
     from flaxformer_mini.files import check_parent_writable
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
-    from parity.convert import (flax_params_from_state_dict, is_training_run, state_dict_from_flax_params,
-                                state_dict_from_run)
-    from parity.flax_io import checkpoint_kind, is_orbax_path, load_flax_params, save_flax_params
-    from parity.infer import infer_config, read_config_file
+    from parity.convert import flax_params_from_state_dict, is_training_run, state_dict_from_flax_params
+    from parity.flax_io import checkpoint_kind, is_orbax_path, read_flax_params, save_flax_params
+    from parity.infer import describe_assumed
     from parity.output import refuse_existing
 
     source, out = args.input, args.output
@@ -193,37 +243,67 @@ def _convert(args):
                              f"{SAFETENSORS_SUFFIX} or an orbax directory (a path without a suffix, or ending "
                              f"in '/'), not {out_suffix!r}")
         state_dict = _seed_keys(load_state_dict(source), source)
-        overrides = read_config_file(args.config) if args.config else {}
-        config = infer_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx, overrides=overrides)
+        config, sources, assumed, warnings = _torch_config(args, source, state_dict)
         params = flax_params_from_state_dict(state_dict, config)
-        written = save_flax_params(params, config, out, overwrite=args.force)
+        written = save_flax_params(params, config, out, overwrite=args.force, assumed=assumed)
+        for message in warnings:
+            warn(args.command, message)
         form = "an orbax directory" if out_suffix == "" else SAFETENSORS_SUFFIX
         print(f"{source} (torch state dict, {len(state_dict)} tensors) -> {written} "
-              f"(Flax parameters, {len(params)} arrays in Flax layout, {form}; the config in its metadata)")
+              f"(Flax parameters, {len(params)} arrays in Flax layout, {form}; the config in its metadata"
+              + (f", {', '.join(assumed)} marked assumed" if assumed else "") + ")")
     else:
         holds = "a training run and its config" if kind == "run" else "Flax parameters and its config"
         for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
             if value is not None:
                 raise UsageError(f"{option} applies to a torch IN only; {source} holds {holds}")
+        sources, assumed = {}, ()
         if out_suffix not in (SAFETENSORS_SUFFIX, *TORCH_SUFFIXES):
             raise UsageError(f"OUT {out}: {'a training run converts' if kind == 'run' else 'Flax parameters convert'} "
                              f"to a torch state dict, written as "
                              f"{', '.join((SAFETENSORS_SUFFIX, *TORCH_SUFFIXES))}, not "
                              f"{out_suffix or 'a directory'!r}")
         if kind == "run":
-            state_dict, config, step = state_dict_from_run(source)
+            state_dict, config, step = _training_run_state_dict(args, source)
             what = f"training run, its newest checkpoint: step {step}"
         else:
-            params, config = load_flax_params(source)
+            params, config, assumed = read_flax_params(source)
             state_dict = state_dict_from_flax_params(params, config)
             what = f"Flax parameters, {len(params)} arrays"
-        save_state_dict(state_dict, out)
-        print(f"{source} ({what}) -> {out} (torch state dict, {len(state_dict)} tensors, torch layout)")
+        save_state_dict(state_dict, out, config=config, assumed=assumed)
+        if assumed:
+            warn(args.command, f"{source} records these settings as assumed, not known (the seed's defaults "
+                               f"when it was converted from torch): {describe_assumed(config, assumed, options=False)}; "
+                               f"OUT records them as assumed too")
+        carries = ("the config in its metadata" if out_suffix == SAFETENSORS_SUFFIX else
+                   f"the state dict alone, for strict loading; write {SAFETENSORS_SUFFIX} to carry the config in "
+                   f"the file")
+        print(f"{source} ({what}) -> {out} (torch state dict, {len(state_dict)} tensors, torch layout; {carries})")
+        if kind == "run":
+            _note_compute_dtype(args, source)
     c = config
-    print(f"config: src_pad_idx {c.src_pad_idx}, vocab {c.source_vocab_size}/{c.target_vocab_size}, "
-          f"max_len {c.max_len}, embed {c.embed_size}, ffn {c.feed_forward_width}, {c.heads} heads, "
-          f"{c.num_layers}+{c.num_layers} layers")
+    settings = {"heads": f"{c.heads} heads", "src_pad_idx": f"src_pad_idx {c.src_pad_idx}", "dropout": f"dropout {c.dropout:g}"}
+    said = {name: text + (f" ({sources[name]})" if name in sources else "") for name, text in settings.items()}
+    print(f"config: {said['src_pad_idx']}, vocab {c.source_vocab_size}/{c.target_vocab_size}, "
+          f"max_len {c.max_len}, embed {c.embed_size}, ffn {c.feed_forward_width}, {said['heads']}, "
+          f"{c.num_layers}+{c.num_layers} layers, {said['dropout']}")
+    if kind != "torch":  # what a PyTorch user types, .pt or not
+        arguments = ", ".join(f"{k}={v!r}" for k, v in c.to_dict().items())
+        print(f"load it with: torch_ref.Transformer({arguments}).load_state_dict(<the state dict>, strict=True)")
     return EXIT_OK
+
+
+def _note_compute_dtype(args, run):
+    """A run that computes in bfloat16 decodes with bfloat16 logits; torch_ref in float32 picks
+    other tokens on some inputs (the parameters are float32 either way)."""
+    from flaxformer_mini.run_dir import RunDir
+
+    dtype = RunDir(run).load_config().dtype
+    if dtype != "float32":
+        print(f"note: {run} computes in {dtype}; the exported parameters are float32, and torch_ref run in "
+              f"float32 gives the run's logits only to {dtype}'s precision, so greedy and beam search may pick "
+              f"other tokens on some inputs (run torch under torch.autocast(..., dtype=torch.{dtype}) to come "
+              f"closer)")
 
 
 def _run_holding(path):
@@ -249,10 +329,16 @@ def _config_options(parser, what):
         "what the weights cannot tell",
         f"Sizes (vocabularies, max_len, width, depth) are read from the {what}'s shapes; these are not."
     )
-    group.add_argument("--heads", type=int, metavar="H", help="attention heads; must divide the width (default 8, the seed's)")
-    group.add_argument("--pad-idx", type=int, metavar="P", help="source padding id, masked out by the encoder (default 0)")
-    group.add_argument("--config", metavar="FILE.json",
-                       help="JSON object of ModelConfig fields (heads, src_pad_idx, ...); options override it")
+    group.add_argument("--heads", type=int, metavar="H",
+                       help="attention heads; must divide the width (default: the file's recorded config, else 8, "
+                            "the seed's, with a warning)")
+    group.add_argument("--pad-idx", type=int, metavar="P",
+                       help="source padding id, masked out by the encoder (default: the file's recorded config, "
+                            "else 0, with a warning)")
+    group.add_argument("--config", metavar="FILE.json|RUN",
+                       help="JSON object of ModelConfig fields (heads, src_pad_idx, dropout, ...), or a flaxformer-mini "
+                            "run's config.json or directory (its model); options override it, and it overrides the "
+                            "config a .safetensors file records")
 
 
 def build_parser():
@@ -268,8 +354,9 @@ def build_parser():
     )
     source = check.add_mutually_exclusive_group()
     source.add_argument("--preset", help="model preset with torch's initialisation (default: seed, the seed tutorial's config)")
-    source.add_argument("--torch-checkpoint", metavar="FILE",
-                        help="a seed 001 Transformer state dict (.pt/.pth/.bin, read with weights_only=True, or .safetensors)")
+    source.add_argument("--torch-checkpoint", metavar="FILE|RUN",
+                        help="a seed 001 Transformer state dict (.pt/.pth/.bin, read with weights_only=True, or "
+                             ".safetensors), or a training run's directory (its newest checkpoint and config)")
     _config_options(check, "checkpoint")
     check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"max absolute difference allowed (default {DEFAULT_ATOL:g})")
     check.add_argument("--batch", type=int, default=4,
@@ -293,7 +380,8 @@ def build_parser():
                     "paths as keys and the config in its metadata, or an orbax directory: OUT without a suffix or "
                     "ending in /); or Flax parameters written by this command, or a training run's newest "
                     "checkpoint (IN: the directory of `flaxformer-mini train --out`), to a torch state dict "
-                    "(OUT .pt/.pth/.bin/.safetensors) that torch_ref.Transformer loads strictly. The direction "
+                    "(OUT .pt/.pth/.bin/.safetensors) that torch_ref.Transformer loads strictly; a .safetensors "
+                    "OUT carries the config in its metadata, a .pt OUT the state dict alone. The direction "
                     "follows IN.",
     )
     convert.add_argument("input", metavar="IN",

@@ -1,10 +1,22 @@
-"""What both file modules share, torch-free: the suffixes, the error for an unusable file, and
-the first look at a file given as input."""
+"""What both file modules share, torch-free: the suffixes, the error for an unusable file, the
+first look at a file given as input, and the model config a ``.safetensors`` file carries in
+its metadata (str -> str, ignored by every tensor loader):
 
+    format          FLAX_FORMAT (Flax paths and layout) or TORCH_FORMAT (torch keys and layout)
+    model_config    JSON of the ModelConfig: the keyword arguments of torch_ref.Transformer
+    assumed_config  JSON list of the fields in it that were assumed (the seed's defaults: the
+                    weights do not record them and no one gave them), absent when none was
+"""
+
+import json
 from pathlib import Path
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 SAFETENSORS_SUFFIX = ".safetensors"
+FLAX_FORMAT = "flaxformer_mini.flax_params"
+TORCH_FORMAT = "flaxformer_mini.torch_state_dict"
+CONFIG_METADATA_KEY = "model_config"
+ASSUMED_METADATA_KEY = "assumed_config"
 
 
 class CheckpointError(ValueError):
@@ -23,3 +35,37 @@ def readable_file(path, what="checkpoint file"):
         raise CheckpointError(f"{path}: is a directory, not a {what}")
     open(path, "rb").close()
     return path
+
+
+def safetensors_header(path):
+    """({metadata key: str}, [tensor keys]) of a ``.safetensors`` file, without reading its tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="numpy") as f:
+            return dict(f.metadata() or {}), list(f.keys())
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
+
+
+def config_metadata(file_format, config, assumed=()):
+    """The metadata recording ``config`` (a ModelConfig) in a ``.safetensors`` file of ``file_format``."""
+    metadata = {"format": file_format, CONFIG_METADATA_KEY: json.dumps(config.to_dict())}
+    if assumed:
+        metadata[ASSUMED_METADATA_KEY] = json.dumps(sorted(assumed))
+    return metadata
+
+
+def recorded_config(metadata, path):
+    """(the ModelConfig fields a file's metadata records, or None; the names it marks assumed)."""
+    if CONFIG_METADATA_KEY not in metadata:
+        return None, ()
+    try:
+        config = json.loads(metadata[CONFIG_METADATA_KEY])
+        assumed = json.loads(metadata.get(ASSUMED_METADATA_KEY, "[]"))
+    except (TypeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: unusable {CONFIG_METADATA_KEY!r} in its metadata: {e}") from None
+    if not isinstance(config, dict) or not isinstance(assumed, list):
+        raise CheckpointError(f"{path}: unusable {CONFIG_METADATA_KEY!r} in its metadata: expected a JSON object "
+                              f"and a list of assumed names")
+    return config, tuple(assumed)

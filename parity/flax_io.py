@@ -5,11 +5,14 @@ Two formats, both holding the Flax twin's parameters under their Flax paths, in 
 ``ModelConfig`` beside them (the weights alone do not say how many heads there are):
 
 - ``.safetensors``: keys ``'encoder/transformer_layers/0/attention/W_q/kernel'``; metadata
-  ``{'format': FLAX_FORMAT, 'model_config': '{"src_pad_idx": 0, ...}'}``. Readable with
-  ``safetensors.numpy`` alone: no torch needed on the JAX side.
+  ``{'format': FLAX_FORMAT, 'model_config': '{"src_pad_idx": 0, ...}'}``, and
+  ``'assumed_config': '["dropout", ...]'`` naming the fields that were assumed, not known
+  (``parity.file_kinds``). Readable with ``safetensors.numpy`` alone: no torch needed on the
+  JAX side.
 - an orbax directory (a path without a suffix, or ending in ``/``): item ``params``, the
   parameters as a nested dict (``{'encoder': {'transformer_layers': {'0': ...}}}``), and item
-  ``config``, JSON ``{"format": FLAX_FORMAT, "model_config": {...}}``.
+  ``config``, JSON ``{"format": FLAX_FORMAT, "model_config": {...}}`` (and ``"assumed_config":
+  [...]`` when any field was assumed).
 
 Arrays move between layouts by ``parity.engine`` (the plan of ``parity.RULES``) as numpy
 arrays, never through JAX, so every dtype survives bit for bit (JAX would narrow float64
@@ -29,10 +32,10 @@ import flaxformer_mini
 from flaxformer_mini.config import ModelConfig
 from parity import engine, output
 from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
-from parity.file_kinds import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError, readable_file
+from parity.file_kinds import (  # noqa: F401 - FLAX_FORMAT and CONFIG_METADATA_KEY are public names here too
+    ASSUMED_METADATA_KEY, CONFIG_METADATA_KEY, FLAX_FORMAT, SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError,
+    config_metadata, readable_file, safetensors_header)
 
-FLAX_FORMAT = "flaxformer_mini.flax_params"
-CONFIG_METADATA_KEY = "model_config"
 _FLAX_SEP, _TORCH_SEP = "/", "."
 
 
@@ -59,22 +62,12 @@ def checkpoint_kind(path):
     if suffix != SAFETENSORS_SUFFIX:
         raise CheckpointError(f"{path}: unknown checkpoint type {suffix!r}; expected "
                               f"{', '.join((SAFETENSORS_SUFFIX, *TORCH_SUFFIXES))} or an orbax directory")
-    metadata, keys = _safetensors_header(path)
+    metadata, keys = safetensors_header(path)
     if metadata.get("format") == FLAX_FORMAT:
         return "flax"
     if keys and all(_FLAX_SEP in k and _TORCH_SEP not in k for k in keys):
         return "flax"  # Flax paths without our metadata: reading it will say what is missing
     return "torch"
-
-
-def _safetensors_header(path):
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(path, framework="numpy") as f:
-            return dict(f.metadata() or {}), list(f.keys())
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -116,26 +109,33 @@ def _describe(config):
 # ----------------------------------------------------------------------------- files
 
 
-def save_flax_params(params, config: ModelConfig, path, *, overwrite=False):
+def save_flax_params(params, config: ModelConfig, path, *, overwrite=False, assumed=()):
     """Write {Flax path: array} and ``config`` as ``.safetensors`` or an orbax directory, all at
     once or not at all (``parity.output``). ``overwrite``: replace an existing orbax directory
-    written by ``parity convert`` (a file is always replaced, atomically)."""
+    written by ``parity convert`` (a file is always replaced, atomically). ``assumed``: names
+    of ``config``'s fields that are a guess (the seed's defaults), recorded as such."""
     params = {k: np.ascontiguousarray(v) for k, v in params.items()}
     if is_orbax_path(path):
-        return _save_orbax(params, config, Path(path), overwrite)
+        return _save_orbax(params, config, Path(path), overwrite, assumed)
     path = Path(path)
     if path.suffix.lower() != SAFETENSORS_SUFFIX:
         raise CheckpointError(f"{path}: Flax parameters are written as {SAFETENSORS_SUFFIX} or an orbax directory "
                               f"(a path without a suffix, or ending in '/'), not {path.suffix!r}")
     from safetensors.numpy import save
 
-    metadata = {"format": FLAX_FORMAT, CONFIG_METADATA_KEY: json.dumps(config.to_dict())}
+    metadata = config_metadata(FLAX_FORMAT, config, assumed)
     output.write_atomic(path, save(params, metadata=metadata))
     return path
 
 
 def load_flax_params(path):
     """({Flax path: numpy array}, ModelConfig) from a file written by ``save_flax_params``."""
+    params, config, _ = read_flax_params(path)
+    return params, config
+
+
+def read_flax_params(path):
+    """({Flax path: numpy array}, ModelConfig, the names of its fields recorded as assumed)."""
     if is_orbax_path(path):
         return _load_orbax(Path(path))
     path = Path(path)
@@ -143,13 +143,14 @@ def load_flax_params(path):
         raise CheckpointError(f"{path}: holds a torch state dict (torch keys), not Flax parameters")
     from safetensors.numpy import load_file
 
-    metadata, _ = _safetensors_header(path)
+    metadata, _ = safetensors_header(path)
     config = _config_from_json(metadata.get(CONFIG_METADATA_KEY), path)
+    assumed = _assumed_from_json(metadata.get(ASSUMED_METADATA_KEY, "[]"), path)
     try:
         params = load_file(path)
     except Exception as e:  # noqa: BLE001 - safetensors raises several types for a bad file
         raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
-    return params, config
+    return params, config, assumed
 
 
 def _config_from_json(data, path):
@@ -160,6 +161,16 @@ def _config_from_json(data, path):
         return ModelConfig(**(json.loads(data) if isinstance(data, str) else data))
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: unusable {CONFIG_METADATA_KEY!r} in its metadata: {e}") from None
+
+
+def _assumed_from_json(data, path):
+    try:
+        names = json.loads(data) if isinstance(data, str) else data
+    except json.JSONDecodeError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise CheckpointError(f"{path}: unusable {ASSUMED_METADATA_KEY!r} in its metadata: {data!r}")
+    return tuple(names)
 
 
 def _orbax():
@@ -190,9 +201,11 @@ def _flatten(tree, prefix=""):
             yield path, np.asarray(value)
 
 
-def _save_orbax(params, config, path, overwrite=False):
+def _save_orbax(params, config, path, overwrite=False, assumed=()):
     ocp = _orbax()
     meta = {"format": FLAX_FORMAT, CONFIG_METADATA_KEY: config.to_dict()}
+    if assumed:
+        meta[ASSUMED_METADATA_KEY] = sorted(assumed)
 
     def write(directory):
         with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
@@ -207,26 +220,48 @@ def _save_orbax(params, config, path, overwrite=False):
         raise CheckpointError(str(e)) from None
 
 
+def _restore(path, **items):
+    """orbax's restore of ``items`` from the directory ``path``, as flaxformer-mini reads its own
+    checkpoints (``flaxformer_mini.checkpoint``): its loggers quiet during the read, and after a
+    failure the closed-event-loop tracebacks of its abandoned threads silenced (the caller
+    reports the failure in one line)."""
+    from flaxformer_mini.checkpoint import _quiet, _silence_orbax_aftermath
+
+    ocp = _orbax()
+    try:
+        with _quiet(), ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            return checkpointer.restore(path.absolute(), ocp.args.Composite(**items))
+    except Exception:
+        _silence_orbax_aftermath()
+        raise
+
+
+def _failure(error):
+    """``error``'s type and first line, at most 300 characters: TensorStore's messages embed a
+    spec of several kB."""
+    from flaxformer_mini.checkpoint import _summary
+
+    return f"{type(error).__name__}: {_summary(error)}"
+
+
 def _load_orbax(path):
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such orbax directory")
     ocp = _orbax()
     try:
-        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-            meta = checkpointer.restore(path.absolute(), ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+        meta = _restore(path, config=ocp.args.JsonRestore())["config"]
     except Exception as e:  # noqa: BLE001 - orbax raises many types for a directory that is not its own
         raise CheckpointError(f"{path}: not an orbax directory of Flax parameters written by `parity convert`: "
-                              f"{type(e).__name__}: {e}") from None
+                              f"{_failure(e)}") from None
     if not isinstance(meta, dict) or meta.get("format") != FLAX_FORMAT:
         raise CheckpointError(f"{path}: its 'config' item is not a {FLAX_FORMAT} record")
     config = _config_from_json(meta.get(CONFIG_METADATA_KEY), path)
+    assumed = _assumed_from_json(meta.get(ASSUMED_METADATA_KEY, []), path)
     try:
-        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-            tree = checkpointer.restore(path.absolute(), ocp.args.Composite(params=ocp.args.StandardRestore()))["params"]
+        tree = _restore(path, params=ocp.args.StandardRestore())["params"]
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{path}: cannot read its 'params' item (truncated or corrupt?): "
-                              f"{type(e).__name__}: {e}") from None
-    return dict(_flatten(tree)), config
+        raise CheckpointError(f"{path}: cannot read its 'params' item (truncated or corrupt?): {_failure(e)}") from None
+    return dict(_flatten(tree)), config, assumed
 
 
 def params_into_model(params, model):

@@ -13,8 +13,10 @@ Shapes tell most of it (V vocabulary, D width, max_len, depth, F feed-forward wi
 
 Shapes cannot tell the number of heads (every projection is (D, D) whatever H is), the
 source padding id, or the dropout rate. Those come from the caller (options or a config
-file), with the seed's values as defaults. Beware: the weights do not record H, and both
-twins agree for any H that divides D, so a parity check cannot catch a wrong H; only the
+file: a JSON object of ModelConfig fields, or a flaxformer-mini run's config.json or
+directory), from the config a file records in its metadata, or else are the seed's values,
+a guess that ``resolve_config`` names as assumed. Beware: the weights do not record H, and
+both twins agree for any H that divides D, so a parity check cannot catch a wrong H; only the
 model's own outputs (and its training run) can.
 
 Every error is a ``ConversionError`` naming the key (or the option) at fault.
@@ -182,9 +184,62 @@ def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> Mo
         raise ConversionError(str(e)) from None
 
 
+# Where each setting the shapes cannot tell came from (``resolve_config``), and the option
+# that sets it (dropout has none of its own: a config file does).
+OPTIONS = {"heads": "--heads", "src_pad_idx": "--pad-idx", "dropout": '"dropout" in --config'}
+DEFAULT_SOURCE, CONFIG_FILE_SOURCE, METADATA_SOURCE = "default", "config file", "file metadata"
+
+
+def resolve_config(state_dict, heads=None, src_pad_idx=None, config_file=None, recorded=None, recorded_assumed=()):
+    """(ModelConfig, {setting: where it came from}, the settings that are assumed) for the
+    state dict, as ``infer_config`` works it out, with ``config_file`` (read_config_file's
+    dict) over ``recorded`` (the ModelConfig fields the file's own metadata records, which
+    must agree with the shapes) over the seed's defaults. ``heads``/``src_pad_idx`` override
+    both. A setting is assumed when it is the seed's default, or when the file's metadata
+    records it as assumed."""
+    config_file, recorded = dict(config_file or {}), dict(recorded or {})
+    if recorded:
+        try:
+            infer_config(state_dict, overrides=recorded)
+        except ConversionError as e:
+            raise ConversionError(f"the config in the file's metadata does not fit its weights: {e}") from None
+    config = infer_config(state_dict, heads=heads, src_pad_idx=src_pad_idx, overrides={**recorded, **config_file})
+    given = {"heads": heads, "src_pad_idx": src_pad_idx, "dropout": None}
+    sources, assumed = {}, []
+    for name in DEFAULTS:
+        if given[name] is not None:
+            sources[name] = OPTIONS[name]
+        elif name in config_file:
+            sources[name] = CONFIG_FILE_SOURCE
+        elif name in recorded:
+            sources[name] = METADATA_SOURCE + (", assumed there" if name in recorded_assumed else "")
+            if name in recorded_assumed:
+                assumed.append(name)
+        else:
+            sources[name] = DEFAULT_SOURCE
+            assumed.append(name)
+    return config, sources, tuple(assumed)
+
+
+def describe_assumed(config, names, options=True):
+    """'heads 8 (set with --heads), ...' for the assumed settings ``names`` of ``config``."""
+    return ", ".join(f"{name} {getattr(config, name)!r}" + (f" (set with {OPTIONS[name]})" if options else "")
+                     for name in names)
+
+
 def read_config_file(path):
-    """The dict in a JSON config file (keys of ModelConfig; any subset)."""
+    """The ModelConfig fields (any subset) in a JSON config file: an object of them, or a
+    flaxformer-mini run's config.json (its ``"model"``), or a run directory (its config.json)."""
+    from flaxformer_mini.run_config import FORMAT as RUN_FORMAT
+
     path = Path(path)
+    if path.is_dir():
+        from flaxformer_mini.run_dir import RunDir
+
+        if not RunDir(path).exists():
+            raise ConversionError(f"config {path}: is a directory without a config.json; give a JSON file of "
+                                  f"ModelConfig fields, or a flaxformer-mini run (its directory or config.json)")
+        path = RunDir(path).config_path
     try:
         data = json.loads(path.read_text())
     except OSError as e:
@@ -193,4 +248,12 @@ def read_config_file(path):
         raise ConversionError(f"config file {path}: not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ConversionError(f"config file {path}: expected a JSON object of ModelConfig fields, got {type(data).__name__}")
+    if data.get("format") == RUN_FORMAT:  # a training run's config.json: its model, as the run built it
+        from flaxformer_mini.run_config import RunConfig
+
+        try:
+            return RunConfig.from_dict(data, source=str(path)).model.to_dict()
+        except (TypeError, ValueError) as e:
+            raise ConversionError(f"config file {path}: a flaxformer-mini run's config.json that cannot be read: "
+                                  f"{e}") from None
     return data

@@ -12,7 +12,12 @@ Properties checked:
   gradient row per parameter in torch's order, all within tolerance;
 - a planted numerical fault in the Flax twin is named as the first divergence;
 - unusable input exits 2 with a message naming the key, file or option, and no traceback;
-- ``convert`` torch -> Flax -> torch is bit-exact on files, through .safetensors and orbax.
+- ``convert`` torch -> Flax -> torch is bit-exact on files, through .safetensors and orbax;
+- the config travels with the weights: a torch .safetensors export records it in its
+  metadata (torch_ref loads the file strictly), check and convert read it back, a .pt export
+  is the state dict alone; a setting no one gave (a 4-head model without --heads) is warned
+  of by name with its option and marked assumed in the output; a run's config.json or
+  directory serves as --config, and check takes the run itself.
 
 Most runs call ``parity.cli.main`` in-process (JAX's compiled primitives are then shared
 between tests); two go through a subprocess, end to end.
@@ -449,3 +454,151 @@ def test_convert_of_flax_parameters_with_an_integer_weight_exits_2_naming_it_as_
     with pytest.raises(ConversionError) as info:  # the API refuses it the same way
         params_into_model(params, twins_from_state_dict(seed_state_dict, config)[1])
     assert info.value.invalid == {"decoder/fc/bias": f"dtype {np.dtype(dtype)} is not a floating-point dtype"}
+
+
+# ----------------------------------------------------------------------------- the config travels with the weights
+
+
+def metadata_of(path):
+    with safe_open(path, framework="numpy") as f:
+        return f.metadata() or {}
+
+
+def test_an_export_to_safetensors_records_its_config_which_torch_ref_loads_strictly_and_parity_reads_back(
+        checkpoint, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    known = tmp_path / "model_config.json"
+    known.write_text(json.dumps({"heads": 5, "src_pad_idx": 2, "dropout": 0.1}))
+    want = ModelConfig(**dict(SIZES, src_pad_idx=2))
+    flax_path, back, again = tmp_path / "flax.safetensors", tmp_path / "back.safetensors", tmp_path / "again.safetensors"
+    assert main(["convert", str(checkpoint), str(flax_path), "--config", str(known)]) == 0
+    assert main(["convert", str(flax_path), str(back)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""  # everything was given: nothing assumed
+    metadata = metadata_of(back)
+    assert metadata["format"] == "flaxformer_mini.torch_state_dict" and "assumed_config" not in metadata
+    config = json.loads(metadata["model_config"])
+    assert config == want.to_dict()
+    torch_ref.Transformer(**config).load_state_dict(load_file(back), strict=True)  # the metadata is invisible to torch
+    assert f"load it with: torch_ref.Transformer(src_pad_idx=2, source_vocab_size=23" in out
+
+    # Read back without a single option: heads, padding and dropout come from the metadata.
+    assert main(["convert", str(back), str(again)]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "5 heads (file metadata)" in out and "dropout 0.1 (file metadata)" in out
+    assert load_flax_params(again)[1] == want
+    assert main(["check", "--torch-checkpoint", str(back), "--batch", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "5 heads (file metadata; not in the weights)" in out and "src_pad_idx 2 (file metadata)" in out
+    # An option still overrides the record, with a word that it does.
+    assert main(["convert", str(back), str(tmp_path / "three.safetensors"), "--heads", "3"]) == 0
+    assert f"heads 3 (--heads) overrides heads 5 recorded in {back}'s metadata" in capsys.readouterr().err
+    assert load_flax_params(tmp_path / "three.safetensors")[1] == want.replace(heads=3)
+
+
+def test_a_pt_export_is_the_state_dict_alone_and_says_where_the_config_goes(checkpoint, tmp_path, capsys):
+    flax_path, back = tmp_path / "flax.safetensors", tmp_path / "back.pt"
+    assert main(["convert", str(checkpoint), str(flax_path), "--heads", "5"]) == 0
+    capsys.readouterr()
+    assert main(["convert", str(flax_path), str(back)]) == 0
+    out = capsys.readouterr().out
+    state_dict = torch.load(back, weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in state_dict.values())  # nothing extra: strict loading works
+    torch_ref.Transformer(**SIZES).load_state_dict(state_dict, strict=True)
+    assert "the state dict alone, for strict loading; write .safetensors to carry the config in the file" in out
+    assert "torch_ref.Transformer(src_pad_idx=0, source_vocab_size=23, target_vocab_size=19, max_len=17, " in out
+
+
+FOUR_HEADS = dict(src_pad_idx=0, source_vocab_size=11, target_vocab_size=13, max_len=7, embed_size=16, heads=4,
+                  num_layers=1, dropout=0.1)
+
+
+def test_a_four_head_model_converted_without_heads_is_warned_of_each_assumed_setting_and_marked_assumed(
+        tmp_path, capsys):
+    torch.manual_seed(0)
+    path = write(tmp_path, "four_heads.pt", torch_ref.Transformer(**FOUR_HEADS).state_dict())
+    flax_path, back = tmp_path / "flax.safetensors", tmp_path / "back.safetensors"
+    assert main(["convert", path, str(flax_path)]) == 0  # 8 divides 16: the seed's guess is accepted, not hidden
+    out, err = capsys.readouterr()
+    assert err.strip() == (
+        "parity convert: warning: neither the weights nor the options say these settings, so they are assumed "
+        "(the seed's): heads 8 (set with --heads), src_pad_idx 0 (set with --pad-idx), dropout 0.2 (set with "
+        "\"dropout\" in --config); OUT's metadata marks them assumed")
+    assert "8 heads (default)" in out and "dropout 0.2 (default)" in out and "marked assumed" in out
+    assert json.loads(metadata_of(flax_path)["assumed_config"]) == ["dropout", "heads", "src_pad_idx"]
+
+    # The guess travels on, marked, into the torch export, and a check says so.
+    assert main(["convert", str(flax_path), str(back)]) == 0
+    assert "records these settings as assumed, not known" in capsys.readouterr().err
+    assert json.loads(metadata_of(back)["assumed_config"]) == ["dropout", "heads", "src_pad_idx"]
+    assert main(["check", "--torch-checkpoint", str(back), "--batch", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "8 heads (file metadata, assumed there; not in the weights)" in out
+    assert "heads 8 (set with --heads), src_pad_idx 0 (set with --pad-idx)" in err and "dropout" not in err
+
+    # Given, nothing is assumed.
+    known = tmp_path / "dropout.json"
+    known.write_text(json.dumps({"dropout": 0.1}))
+    assert main(["convert", path, str(tmp_path / "known.safetensors"), "--heads", "4", "--pad-idx", "0",
+                 "--config", str(known)]) == 0
+    assert capsys.readouterr().err == ""
+    assert "assumed_config" not in metadata_of(tmp_path / "known.safetensors")
+    assert load_flax_params(tmp_path / "known.safetensors")[1] == ModelConfig(**FOUR_HEADS)
+
+
+@pytest.fixture(scope="module")
+def training_run(tmp_path_factory):
+    """A flaxformer-mini run (config.json and one checkpoint) of a one-layer tiny model: 5
+    heads and dropout 0.1, neither the seed's."""
+    from flaxformer_mini import checkpoint
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.run_config import DataConfig, RunConfig, model_config_for
+    from flaxformer_mini.training import TrainConfig
+
+    out = tmp_path_factory.mktemp("run") / "run"
+    data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
+    model = model_config_for("tiny", 11, 11, data.model_max_len).replace(num_layers=1)
+    run = Run.create(out, RunConfig(model=model, train=TrainConfig(), data=data, batch_size=8), echo=lambda m: None)
+    checkpoint.save(run.checkpoints(), run.trainer.init_state())
+    run.close()
+    return out, model
+
+
+def test_a_training_runs_directory_or_config_json_gives_check_and_convert_the_runs_config(training_run, tmp_path,
+                                                                                          capsys):
+    run, model = training_run
+    assert (model.heads, model.dropout) == (5, 0.1)
+    exported = tmp_path / "run.pt"
+    assert main(["convert", str(run), str(exported)]) == 0
+    capsys.readouterr()
+    for config in (run / "config.json", run):  # the run's own config.json, as the reviewer gave it, or its directory
+        assert main(["check", "--torch-checkpoint", str(exported), "--config", str(config), "--batch", "1"]) == 0
+        out, err = capsys.readouterr()
+        assert err == "" and "5 heads (config file; not in the weights)" in out
+    assert main(["convert", str(exported), str(tmp_path / "flax.safetensors"), "--config", str(run)]) == 0
+    assert capsys.readouterr().err == ""
+    assert load_flax_params(tmp_path / "flax.safetensors")[1] == model
+
+    # The run itself, checked: its newest checkpoint with its config, not "an orbax directory".
+    assert main(["check", "--torch-checkpoint", str(run), "--batch", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"training run {run}, its newest checkpoint (step 0)" in out and "5 heads (the run's config.json" in out
+    assert main(["check", "--torch-checkpoint", str(run), "--heads", "5"]) == 2
+    assert "--heads applies to a torch checkpoint only; " in capsys.readouterr().err
+    assert main(["check", "--torch-checkpoint", str(run / "checkpoints")]) == 2
+    assert (f"{run / 'checkpoints'}: this is the checkpoints directory of a training run; give the run directory "
+            f"({run}) to check its newest checkpoint") in capsys.readouterr().err
+
+
+def test_exporting_a_bfloat16_run_notes_that_float32_torch_may_decode_otherwise(training_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "bf16"
+    shutil.copytree(training_run[0], run)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps(dict(config, dtype="bfloat16")))
+    assert main(["convert", str(run), str(tmp_path / "bf16.safetensors")]) == 0
+    assert f"note: {run} computes in bfloat16; the exported parameters are float32" in capsys.readouterr().out
+    assert main(["convert", str(training_run[0]), str(tmp_path / "f32.safetensors")]) == 0
+    assert "note:" not in capsys.readouterr().out
