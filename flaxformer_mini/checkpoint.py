@@ -189,11 +189,14 @@ def _silence_orbax_aftermath():
     """After a failed read, or a save that hit a full disk, orbax's writer threads and
     abandoned futures go on failing for a while and report it again through four channels,
     each with a traceback: the "absl" logger (its signalling threads), the "asyncio" logger
-    ("exception was never retrieved", often at exit), ``sys.excepthook`` (TensorStore's
-    threads calling into a closed event loop) and ``sys.unraisablehook`` (collected futures).
+    ("exception was never retrieved", often at exit), ``sys.unraisablehook`` (TensorStore's
+    threads calling ``call_soon_threadsafe`` on orbax's closed event loop, seen from its
+    "Dummy" threads; collected futures) and ``sys.excepthook``.
     They carry nothing the caller's one-line summary has not said. Installed once, before the
-    first save: it drops only the closed-event-loop error and records of a full disk, and
-    passes every other record and error on."""
+    first save and before the first restore (not in an ``except`` after a failure: the
+    threads report while the error is still propagating): it drops only the closed-event-loop
+    error and records of a full disk, and passes every other record and error on. Idempotent;
+    ``parity.flax_io`` calls it too (keep its name and signature)."""
     if getattr(sys.unraisablehook, "_flaxformer_mini", False):
         return
     previous_unraisable, previous_except = sys.unraisablehook, sys.excepthook
@@ -227,6 +230,10 @@ def restore_latest_intact(manager, template: TrainState):
     one that did not (a damaged file, a half-copied directory). A checkpoint of another model
     is not damage: ``CheckpointMismatchError`` propagates. ``CheckpointError`` when none
     restores."""
+    # Before the first read, not after its failure: TensorStore's threads report a damaged
+    # file's failed reads into orbax's closed event loop while the error is still on its way up
+    # (under load, dozens of them landed before an `except` here could install the silencer).
+    _silence_orbax_aftermath()
     skipped = []
     for step in sorted(manager.all_steps(), reverse=True):
         try:
@@ -235,7 +242,6 @@ def restore_latest_intact(manager, template: TrainState):
         except CheckpointMismatchError:
             raise
         except Exception as e:  # noqa: BLE001 - any read failure means this step is damaged
-            _silence_orbax_aftermath()
             skipped.append((step, _summary(e)))
     details = "; ".join(f"step {step}: {why}" for step, why in skipped)
     raise CheckpointError(f"no checkpoint in {manager.directory} can be read ({details})")

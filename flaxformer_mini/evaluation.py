@@ -17,23 +17,27 @@ far as the references' padded length would cut a long hypothesis at its referenc
 import numpy as np
 
 from flaxformer_mini.data import DataError, SyntheticTask, TextPairs, iter_tsv, pad_rows
-from flaxformer_mini.decoding import decode, exact_match
+from flaxformer_mini.decoding import DEFAULT_LENGTH_PENALTY, check_options, decode, exact_match
 from flaxformer_mini.files import write_atomic
 from flaxformer_mini.metrics import corpus_metrics
-from flaxformer_mini.run import Run, warn
+from flaxformer_mini.generation import open_run
+from flaxformer_mini.run import warn
 
 TEXT_METRICS = ("bleu", "chrf", "wer", "cer")  # the keys corpus_metrics adds (exact_match: ours, on ids)
 
 
-def evaluate(trainer, state, batches, with_exact_match=True, beam_size=1, codec=None, decode_lines=None):
+def evaluate(trainer, state, batches, with_exact_match=True, beam_size=1, codec=None, decode_lines=None,
+             alpha=DEFAULT_LENGTH_PENALTY):
     """Teacher-forced loss and token accuracy, and exact-match accuracy of cached greedy
-    decoding (or of the best beam, with ``beam_size`` > 1). With a ``codec``, also BLEU,
-    chrF, WER and CER of the first ``decode_lines`` decoded examples (None: all)."""
-    return evaluate_with_hypotheses(trainer, state, batches, with_exact_match, beam_size, codec, decode_lines)[0]
+    decoding (or of the best beam, with ``beam_size`` > 1, ranked with length penalty
+    ``alpha``). With a ``codec``, also BLEU, chrF, WER and CER of the first ``decode_lines``
+    decoded examples (None: all)."""
+    return evaluate_with_hypotheses(trainer, state, batches, with_exact_match, beam_size, codec, decode_lines,
+                                    alpha)[0]
 
 
 def evaluate_with_hypotheses(trainer, state, batches, with_exact_match=True, beam_size=1, codec=None,
-                             decode_lines=None):
+                             decode_lines=None, alpha=DEFAULT_LENGTH_PENALTY):
     """``(metrics, hypotheses)``: ``evaluate``'s metrics and the scored hypotheses' text, in
     the batches' order."""
     result = trainer.evaluate(state, batches)
@@ -44,7 +48,7 @@ def evaluate_with_hypotheses(trainer, state, batches, with_exact_match=True, bea
         for b in batches:
             rows = rows or len(b.source)  # a smaller last batch is padded: one compiled shape
             # The model's max_len, never the references' length: the hypotheses are generate's.
-            predicted = decode(model, pad_rows(b, rows).source, model.config.max_len, beam_size=beam_size)
+            predicted = decode(model, pad_rows(b, rows).source, model.config.max_len, beam_size=beam_size, alpha=alpha)
             predicted = np.asarray(predicted)[: len(b.source)]
             hits.append(exact_match(predicted, b.target_out))
             wanted = len(b.source) if decode_lines is None else min(len(b.source), decode_lines - len(hypotheses))
@@ -59,7 +63,7 @@ def evaluate_with_hypotheses(trainer, state, batches, with_exact_match=True, bea
 
 
 def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, output=None, echo=warn, data=None,
-                 force=False, columns=None):
+                 force=False, columns=None, alpha=DEFAULT_LENGTH_PENALTY):
     """Evaluate the latest checkpoint of the run in ``out`` on its held-out data, or on the
     pairs of the ``source<TAB>target`` file ``data`` (``columns``: which, as ``--columns``; default the
     run's), every example decoded and scored;
@@ -70,8 +74,10 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     Pairs longer than the run's --max-len cannot be decoded: ``echo`` (stderr by default)
     says how many were left out of the metrics. ``output`` holds one line per ``data`` pair,
     in the file's order, an empty one for each pair left out, so it lines up with ``data``;
-    without ``data``, one line per evaluated held-out pair, in order."""
-    run = Run.open(out)
+    without ``data``, one line per evaluated held-out pair, in order. ``beam_size`` > 1:
+    the best beam's hypotheses, ranked with length penalty ``alpha`` (``decoding``)."""
+    run = open_run(out)
+    check_options(run.config.model, beam_size=beam_size, alpha=alpha)
     held_out = read_pairs(run, data, columns) if data is not None else run.data.eval  # before the checkpoint: fail fast
     state = run.latest_state()
     if isinstance(held_out, TextPairs) and held_out.dropped:
@@ -87,7 +93,7 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     batches = run.eval_batches(batch_size) if data is None else list(
         held_out.iter_eval_batches(batch_size or run.config.batch_size))
     result, hypotheses = evaluate_with_hypotheses(run.trainer, state, batches, with_exact_match, beam_size,
-                                                  codec=run.codec if with_exact_match else None)
+                                                  codec=run.codec if with_exact_match else None, alpha=alpha)
     if output is not None:
         if data is not None:
             lines = [""] * (held_out.dropped + len(held_out))

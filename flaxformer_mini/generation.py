@@ -13,52 +13,107 @@ Every input gives exactly one output, so output line i is always input line i's:
 input gives an empty output, and so does an input longer than the model takes (with the
 reason in ``Generated.left_empty``); one such line never stops the others. An input with no
 text at all is refused before anything is yielded.
+
+With ``nbest``, each output also carries the ``nbest`` best beam-search hypotheses and their
+scores (``Generated.hypotheses``): a score is the hypothesis's log-probability (natural log)
+divided by GNMT's length penalty ((5 + length) / 6) ** alpha, length counting its tokens
+with its EOS: ``decoding.beam_search``'s scores, unchanged. Greedy decoding is beam size 1.
 """
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import numpy as np
 
 from flaxformer_mini import decoding
-from flaxformer_mini.data import make_source
+from flaxformer_mini.data import EOS, make_source
 from flaxformer_mini.run import Run
+from flaxformer_mini.run_config import RunConfigError
 
 DEFAULT_BATCH_SIZE = 64
 CHUNK_BATCHES = 16  # inputs read, sorted and decoded together: CHUNK_BATCHES * batch_size
 LENGTH_MULTIPLE = 8  # sources are padded to a multiple of this: few compiled shapes
 
 
+# What a run's tokenizer maps to UNK, by kind: the unit ``Generated.unknown_words`` holds.
+UNKNOWN_UNITS = {"word": "word", "char": "character", "bpe": "piece", "unigram": "piece"}
+
+
 @dataclasses.dataclass
 class Generated:
     text: str
-    unknown_words: list  # input words mapped to UNK (text runs)
+    unknown_words: list  # input words (characters, pieces: ``unit``) mapped to UNK (text runs)
     # Why ``text`` is empty without decoding, or None: the input is longer than the model
     # takes ("has 100 tokens; ..."). A blank input is not decoded either, and needs no reason.
     left_empty: str | None = None
+    # False when ``text`` stopped at max_new_tokens before its EOS (cut short).
+    finished: bool = True
+    # With ``nbest``: [(text, score)] of the best hypotheses, best first (``text`` is the
+    # first's); [] for an input not decoded. A score of -inf: the beam held no such hypothesis.
+    hypotheses: list | None = None
+    unit: str = "word"  # what ``unknown_words`` are: "word", "character" or "piece"
 
 
 def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=None, top_k=None, seed=0,
-             alpha=decoding.DEFAULT_LENGTH_PENALTY, batch_size=DEFAULT_BATCH_SIZE):
+             alpha=decoding.DEFAULT_LENGTH_PENALTY, batch_size=DEFAULT_BATCH_SIZE, nbest=None):
     """Decode each of ``texts`` (any iterable, read lazily) with the latest checkpoint of the
     run in ``run_dir``; yields a ``Generated`` per input, in input order.
 
-    Greedy by default; beam search with ``beam_size`` > 1 (the best beam); sampling when
-    ``temperature`` or ``top_k`` is given (seeded per batch, so the same inputs, seed and
-    batch size give the same samples).
+    Greedy by default; beam search with ``beam_size`` > 1 (the best beam; ``alpha``: its
+    length penalty); sampling when ``temperature`` or ``top_k`` is given (seeded per batch,
+    so the same inputs, seed and batch size give the same samples). ``nbest`` (1 to
+    ``beam_size``; greedy is beam size 1): also the ``nbest`` best hypotheses with their
+    scores, in ``Generated.hypotheses``.
     """
-    run = Run.open(run_dir)
+    run = open_run(run_dir)
     max_new_tokens = run.config.model.max_len if max_new_tokens is None else max_new_tokens
     decoding.check_options(run.config.model, max_new_tokens=max_new_tokens, beam_size=beam_size, alpha=alpha,
-                           temperature=temperature, top_k=top_k)
+                           temperature=temperature, top_k=top_k, nbest=nbest)
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     options = dict(beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k)
-    return _stream(run, iter(texts), max_new_tokens, batch_size, options, seed)
+    return _stream(run, iter(texts), max_new_tokens, batch_size, options, seed, nbest)
 
 
-def _stream(run, texts, max_new_tokens, batch_size, options, seed):
+def open_run(path):
+    """``Run.open(path)`` for ``evaluate`` and ``generate``; where ``path`` is something else a
+    user may hand them (a weights file, one checkpoint of a run, ``parity convert``'s orbax
+    directory), an error saying what it is and what to give instead."""
+    try:
+        return Run.open(path)
+    except RunConfigError:
+        problem = _not_a_run(Path(path))
+        if problem is None:
+            raise
+        raise RunConfigError(f"{path}: {problem}") from None
+
+
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
+_CONVERT = "`python -m parity convert` converts weights between torch and Flax (README, 'Proving the port')"
+
+
+def _not_a_run(path):
+    if path.is_file() and path.suffix in WEIGHT_SUFFIXES:
+        return (f"a weights file (torch or Flax), not a run directory: generate and evaluate read a run made by "
+                f"`flaxformer-mini train` (its config.json, tokenizers and checkpoints); {_CONVERT}")
+    for run in (path.parent, path.parent.parent):
+        if (run / "config.json").is_file() and (run / "checkpoints") in (path, path.parent):
+            what = "the checkpoints directory" if path == run / "checkpoints" else "one checkpoint"
+            return f"this is {what} of a training run; give the run directory ({run})"
+    if path.is_dir() and (path / "params").is_dir() and (path / "config").is_dir():
+        return (f"Flax parameters (an orbax directory, as `parity convert` writes), not a run made by "
+                f"`flaxformer-mini train`; {_CONVERT}")
+    return None
+
+
+def _stream(run, texts, max_new_tokens, batch_size, options, seed, nbest=None):
     model, n_read, batch_index, seen_text = None, 0, 0, False
+    unit = UNKNOWN_UNITS.get(run.config.data.tokenizer, "word")
+
+    def undecoded(unknown_words=(), left_empty=None):  # a blank or left-empty input's output
+        return Generated("", list(unknown_words), left_empty, hypotheses=None if nbest is None else [], unit=unit)
+
     blanks_held = 0  # leading blank inputs: yielded with the first text, refused if none comes
     while chunk := list(itertools.islice(texts, CHUNK_BATCHES * batch_size)):
         encoded = [_encode(run, text, n_read + i) for i, text in enumerate(chunk, 1)]
@@ -67,10 +122,10 @@ def _stream(run, texts, max_new_tokens, batch_size, options, seed):
             blanks_held += len(chunk)  # a count, not the lines: memory stays bounded
             continue
         seen_text = True
-        yield from (Generated("", []) for _ in range(blanks_held))
+        yield from (undecoded() for _ in range(blanks_held))
         blanks_held = 0
         # Blank and left-empty inputs keep their empty outputs; the others are decoded below.
-        outputs = [Generated("", []) if e is None else Generated("", e.unknown_words, e.left_empty) for e in encoded]
+        outputs = [undecoded() if e is None else undecoded(e.unknown_words, e.left_empty) for e in encoded]
         fit = [i for i, e in enumerate(encoded) if e is not None and e.left_empty is None]
         if fit and model is None:  # after the first inputs are known good: a bad line fails fast
             model = run.latest_state().model()
@@ -78,11 +133,21 @@ def _stream(run, texts, max_new_tokens, batch_size, options, seed):
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             source = _source([encoded[i].ids for i in rows], batch_size, run.config.model.max_len)
-            tokens = decoding.decode(model, source, max_new_tokens,
-                                     seed=seed + batch_index, **options)
+            if nbest is None:
+                tokens = decoding.decode(model, source, max_new_tokens, seed=seed + batch_index, **options)
+                best, scores = np.asarray(tokens)[:, None], None  # (B, 1, N)
+            else:  # greedy is beam size 1
+                best, scores = decoding.beam_search(model, source, max_new_tokens, beam_size=options["beam_size"],
+                                                    alpha=options["alpha"])
+                best, scores = np.asarray(best)[:, :nbest], np.asarray(scores)[:, :nbest]
             batch_index += 1
-            for i, row in zip(rows, np.asarray(tokens).tolist()):
-                outputs[i] = Generated(run.codec.decode(row), encoded[i].unknown_words)
+            for r, i in enumerate(rows):
+                texts_r = [run.codec.decode(row) for row in best[r].tolist()]
+                hypotheses = None if nbest is None else [
+                    (text, float(score) if score > decoding.NO_HYPOTHESIS else float("-inf"))
+                    for text, score in zip(texts_r, scores[r])]
+                outputs[i] = Generated(texts_r[0], encoded[i].unknown_words, finished=bool((best[r, 0] == EOS).any()),
+                                       hypotheses=hypotheses, unit=unit)
         yield from outputs
     if not seen_text:
         raise ValueError("empty input: give the texts as arguments or one per line on standard input"

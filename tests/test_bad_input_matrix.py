@@ -311,12 +311,12 @@ CASES = [
      2, r"checkpoint 5 in .* is from a different model: .*\(30, 30\), model \(35, 35\)"),
     # --- generate and evaluate options
     ("generate_max_new_tokens_zero", on_run("generate", "--max-new-tokens", "0", "1 2"), 2, r"--max-new-tokens must be >= 1"),
-    ("generate_max_new_tokens_too_many", on_run("generate", "--max-new-tokens", "99", "1 2"), 2, r"max_new_tokens=99 exceeds max_len=6"),
+    ("generate_max_new_tokens_too_many", on_run("generate", "--max-new-tokens", "99", "1 2"), 2, r"--max-new-tokens=99 exceeds max_len=6"),
     ("generate_beam_size_zero", on_run("generate", "--beam-size", "0", "1 2"), 2, r"--beam-size must be >= 1"),
     ("generate_temperature_zero", on_run("generate", "--temperature", "0", "1 2"), 2, r"--temperature must be > 0"),
     ("generate_temperature_nan", on_run("generate", "--temperature", "nan", "1 2"), 2, r"--temperature must be > 0"),
     ("generate_top_k_zero", on_run("generate", "--top-k", "0", "1 2"), 2, r"--top-k must be >= 1"),
-    ("generate_top_k_over_vocabulary", on_run("generate", "--top-k", "99", "1 2"), 2, r"top_k must be in \[1, 11\]"),
+    ("generate_top_k_over_vocabulary", on_run("generate", "--top-k", "99", "1 2"), 2, r"--top-k must be in \[1, 11\]"),
     ("generate_beam_and_sampling", on_run("generate", "--beam-size", "2", "--temperature", "0.5", "1"), 2, r"exclude each other"),
     ("generate_empty_input", on_run("generate", stdin="\n\n"), 2, r"empty input"),
     # An over-long input gets an empty output line and a warning; the other lines are decoded.

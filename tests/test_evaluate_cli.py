@@ -161,3 +161,29 @@ def test_write_atomic_without_replace_refuses_a_file_that_appeared_after_the_che
     assert path.read_text() == "new\n" and [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
     write_atomic(path, "other\n")  # --force
     assert path.read_text() == "other\n"
+
+
+def test_evaluate_beam_search_takes_the_length_penalty_and_decodes_as_generate(char_run, test_file, tmp_path,
+                                                                               monkeypatch):
+    from flaxformer_mini import evaluation
+
+    out, _ = char_run
+    path, pairs = test_file
+    alphas, decode = [], evaluation.decode
+    monkeypatch.setattr(evaluation, "decode", lambda *a, **k: alphas.append(k["alpha"]) or decode(*a, **k))
+    hypotheses = tmp_path / "hyp.txt"
+    evaluate(out, "--data", path, "--beam-size", 2, "--length-penalty", 1.5, "--output", hypotheses)
+    assert alphas and set(alphas) == {1.5}
+    kept = [i for i, pair in enumerate(pairs) if pair != OVER_LONG]
+    proc = cli("generate", "--checkpoint", str(out), "--beam-size", "2", "--length-penalty", "1.5",
+               stdin="".join(pairs[i][0] + "\n" for i in kept))
+    assert proc.returncode == 0, proc.stderr
+    lines = hypotheses.read_text().splitlines()
+    assert [lines[i] for i in kept] == proc.stdout.splitlines()
+
+
+def test_a_char_run_names_unknown_characters_not_words(char_run):
+    out, _ = char_run
+    proc = cli("generate", "--checkpoint", str(out), "the cat \u00df")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: the input: 1 unknown character(s) mapped to <unk>: \u00df" in proc.stderr

@@ -5,9 +5,11 @@ line and a warning naming it (the other lines are still decoded, exit code 0), a
 is read as the training files are: a UTF-8 BOM skipped, \\r\\n and a lone \\r ending lines.
 """
 
+import numpy as np
 import pytest
 
-from flaxformer_mini import generation
+from flaxformer_mini import decoding, generation
+from flaxformer_mini.run import Run
 from test_real_corpora import text_args, write_corpus
 from test_train_cli import TINY_RUN, cli
 
@@ -145,3 +147,114 @@ def test_text_run_notes_name_real_line_numbers_and_the_bom_is_no_word(text_run):
         "note: line 5: 1 unknown word(s) mapped to <unk>: qqq",
         "warning: 1 of 5 input line(s) left empty; the warnings above name each and why",
     ]
+
+
+# --- beam search options: --length-penalty, --nbest, --scores ----------------------------
+
+
+def library_beams(run_dir, text, beam_size, alpha):
+    """[(score, text)] of ``decoding.beam_search`` on the source generate builds for ``text``
+    decoded alone (--batch-size 1), best first: the numbers the CLI must print."""
+    r = Run.open(run_dir)
+    ids, _ = r.codec.encode(text)
+    max_len = r.config.model.max_len
+    source = generation._source([ids], 1, max_len)
+    tokens, scores = decoding.beam_search(r.latest_state().model(), source, max_len, beam_size=beam_size, alpha=alpha)
+    return [(np.float32(s), r.codec.decode(row)) for row, s in zip(np.asarray(tokens)[0].tolist(), np.asarray(scores)[0])]
+
+
+def scored_lines(proc):
+    assert proc.returncode == 0, proc.stderr
+    return [(np.float32(score), text) for score, text in (line.split("\t") for line in proc.stdout.splitlines())]
+
+
+@pytest.mark.parametrize("alpha", [None, 0.0, 2.0])
+def test_nbest_prints_the_beams_best_n_in_score_order_with_the_librarys_scores(run, alpha):
+    given = [] if alpha is None else ["--length-penalty", str(alpha)]
+    proc = cli("generate", "--checkpoint", str(run), "--batch-size", "1", "--beam-size", "4", "--nbest", "3",
+               "--scores", *given, FITTING[0])
+    printed = scored_lines(proc)
+    # The printed score is the float32 score itself (shortest exact text), not a rounding of it.
+    assert printed == library_beams(run, FITTING[0], 4, decoding.DEFAULT_LENGTH_PENALTY if alpha is None else alpha)[:3]
+    assert [s for s, _ in printed] == sorted((s for s, _ in printed), reverse=True)
+
+
+def test_a_score_is_the_log_probability_over_gnmts_length_penalty_counting_eos(run):
+    # --length-penalty 0 prints log p itself; at 1 the same hypothesis scores log p / ((5 + length) / 6),
+    # its length counting its EOS (a hypothesis cut at the model's max_len has none).
+    def scores(alpha):
+        proc = cli("generate", "--checkpoint", str(run), "--beam-size", "4", "--nbest", "4", "--scores",
+                   "--length-penalty", str(alpha), FITTING[3])
+        return {text: score for score, text in scored_lines(proc)}
+
+    log_p, penalised = scores(0), scores(1)
+    common = set(log_p) & set(penalised)
+    assert common
+    for text in common:
+        tokens = len(text.split())
+        length = tokens if tokens == run_max_len(run) else tokens + 1
+        assert penalised[text] == pytest.approx(log_p[text] / ((5 + length) / 6), rel=1e-5), text
+
+
+def run_max_len(run_dir):
+    return Run.open(run_dir).config.model.max_len
+
+
+def test_scores_alone_print_the_greedy_output_with_its_score(run, alone):
+    proc = cli("generate", "--checkpoint", str(run), "--batch-size", "1", "--scores", FITTING[1])
+    ((score, text),) = scored_lines(proc)
+    assert text == alone[FITTING[1]]
+    assert (score, text) == library_beams(run, FITTING[1], 1, decoding.DEFAULT_LENGTH_PENALTY)[0]
+
+
+def test_nbest_gives_n_lines_per_input_and_n_empty_ones_for_an_input_not_decoded(run, alone):
+    lines = [FITTING[0], "", TOO_LONG, FITTING[1]]
+    proc = cli("generate", "--checkpoint", str(run), "--beam-size", "3", "--nbest", "2",
+               stdin="".join(t + "\n" for t in lines))
+    assert proc.returncode == 0, proc.stderr
+    outputs = proc.stdout.split("\n")
+    assert len(outputs) == 2 * len(lines) + 1 and outputs[-1] == ""
+    assert outputs[2:6] == ["", "", "", ""]  # the blank line's two, the over-long line's two
+    assert "warning: line 3 has 6 tokens" in proc.stderr and "its output 2 lines are left empty" in proc.stderr
+    best = cli("generate", "--checkpoint", str(run), "--beam-size", "3", stdin=f"{FITTING[0]}\n{FITTING[1]}\n")
+    assert [outputs[0], outputs[6]] == best.stdout.splitlines()  # the first of each input's lines is the best
+
+
+def test_max_new_tokens_that_cut_outputs_are_counted_in_one_warning(run):
+    proc = cli("generate", "--checkpoint", str(run), "--max-new-tokens", "1", stdin=f"{FITTING[0]}\n{FITTING[3]}\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "warning: 2 of 2 output(s) reached --max-new-tokens 1 before their EOS and are cut there"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nbest", "2", "1"], "--nbest must be >= 1 and at most the beam size (--beam-size 1), got 2"),
+    (["--beam-size", "2", "--nbest", "3", "1"], "--nbest must be >= 1 and at most the beam size (--beam-size 2), got 3"),
+    (["--length-penalty", "1", "1"], "--length-penalty goes with --beam-size K > 1 or --scores"),
+    (["--scores", "--temperature", "1", "1"], "--nbest and --scores go with greedy decoding or --beam-size, not with"),
+    (["--beam-size", "2", "--alpha", "-1", "1"], "--length-penalty must be a finite number >= 0"),
+    (["--top-k", "99", "1"], "--top-k must be in [1, 11] (the target vocabulary), got 99"),
+])
+def test_decoding_option_errors_name_the_options_as_typed(run, args, message):
+    proc = cli("generate", "--checkpoint", str(run), *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+
+
+def test_the_clis_default_length_penalty_is_the_librarys():
+    from flaxformer_mini import cli as cli_module
+
+    assert cli_module.LENGTH_PENALTY == decoding.DEFAULT_LENGTH_PENALTY
+
+
+def test_a_weights_file_or_a_checkpoint_instead_of_a_run_says_what_it_is(run, tmp_path):
+    weights = tmp_path / "model.pt"
+    weights.write_bytes(b"not read")
+    proc = cli("generate", "--checkpoint", str(weights), "1")
+    assert proc.returncode == 2
+    assert f"{weights}: a weights file (torch or Flax), not a run directory" in proc.stderr
+    assert "python -m parity convert" in proc.stderr
+    step = next((run / "checkpoints").iterdir())
+    proc = cli("evaluate", "--checkpoint", str(step))
+    assert proc.returncode == 2
+    assert f"{step}: this is one checkpoint of a training run; give the run directory ({run})" in proc.stderr

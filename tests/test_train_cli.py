@@ -287,7 +287,7 @@ def test_generate_beam_and_sampling_run(straight_run):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--max-new-tokens", "99", "1 2"], "max_new_tokens=99 exceeds max_len=6"),
+    (["--max-new-tokens", "99", "1 2"], "--max-new-tokens=99 exceeds max_len=6"),
     (["--beam-size", "0", "1 2"], "--beam-size must be >= 1"),
     (["x"], "token 'x' is not an integer"),
     (["--beam-size", "2", "--temperature", "0.5", "1"], "exclude each other"),
