@@ -222,18 +222,16 @@ def _save_orbax(params, config, path, overwrite=False, assumed=()):
 
 def _restore(path, **items):
     """orbax's restore of ``items`` from the directory ``path``, as flaxformer-mini reads its own
-    checkpoints (``flaxformer_mini.checkpoint``): its loggers quiet during the read, and after a
-    failure the closed-event-loop tracebacks of its abandoned threads silenced (the caller
-    reports the failure in one line)."""
+    checkpoints (``flaxformer_mini.checkpoint``): its loggers quiet during the read, and the
+    closed-event-loop tracebacks of a failed read's abandoned threads silenced (the caller
+    reports the failure in one line). The silencer goes in before the read, not after a
+    failure: TensorStore's threads report while the error is still propagating."""
     from flaxformer_mini.checkpoint import _quiet, _silence_orbax_aftermath
 
     ocp = _orbax()
-    try:
-        with _quiet(), ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-            return checkpointer.restore(path.absolute(), ocp.args.Composite(**items))
-    except Exception:
-        _silence_orbax_aftermath()
-        raise
+    _silence_orbax_aftermath()
+    with _quiet(), ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+        return checkpointer.restore(path.absolute(), ocp.args.Composite(**items))
 
 
 def _failure(error):
