@@ -684,6 +684,97 @@ def test_a_process_id_out_of_range_is_refused():
     assert "--process-id 2 is out of range for --num-processes 2" in proc.stderr
 
 
+def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(tmp_path):
+    # jax's coordinator binds with SO_REUSEPORT: a second run on a port in use bound it too, and
+    # its other processes then joined the first run's service, which aborted the first run
+    # (SIGABRT, steps lost). Here a plain program holds the port; before, process 0 blamed a
+    # timeout ("within 300s") after 2 s and did not say the port was taken.
+    out = tmp_path / "run"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        t0 = time.time()
+        (code, _, err), = finish(start_processes(lambda i: train_cli(out, 2, port=port)(0) + ["--steps", "2"], 1),
+                                 timeout=120)
+    assert code == 2, err[-2000:]
+    assert (f"error: --coordinator 127.0.0.1:{port}: port {port} is already in use on this host: another run or "
+            f"program holds it. Choose another --coordinator port") in err, err[-2000:]
+    assert "within" not in err and time.time() - t0 < 60 and not out.exists()
+
+
+def test_the_port_check_sees_a_port_shared_listener_and_lets_a_restarted_runs_time_wait_pass():
+    from flaxformer_mini import distributed
+
+    def listener(*options):
+        s = socket.socket()
+        for option in options:
+            s.setsockopt(socket.SOL_SOCKET, option, 1)
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        return s
+
+    # What jax's gRPC coordinator does: SO_REUSEADDR and SO_REUSEPORT, which a second one passes.
+    with listener(socket.SO_REUSEADDR, socket.SO_REUSEPORT) as grpc_like:
+        with pytest.raises(distributed.DistributedError, match="is already in use on this host"):
+            distributed.check_port_free(f"127.0.0.1:{grpc_like.getsockname()[1]}")
+    # A finished run's coordinator leaves its closed connections in TIME_WAIT: the same command,
+    # run again at once, must still start.
+    with listener(socket.SO_REUSEADDR) as old:
+        port = old.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = old.accept()
+            accepted.close()  # the server side closes first: its end stays in TIME_WAIT
+    distributed.check_port_free(f"127.0.0.1:{port}")
+
+
+def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_holder(tmp_path):
+    # Before, it registered with the run's coordinator as that task restarted, and jax's
+    # coordination service aborted every process of the run (exit 134, steps lost).
+    import fcntl
+    import os
+
+    from flaxformer_mini import distributed
+
+    port, out = free_port(), tmp_path / "run"
+    path = distributed._slot_path(f"127.0.0.1:{port}", 1)
+    with open(path, "w") as holder:  # what the running process 1 holds
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.write(f"{os.getpid()}\n")
+        holder.flush()
+        t0 = time.time()
+        (code, _, err), = finish(start_processes(lambda i: train_cli(out, 2, port=port)(1) + ["--steps", "2"], 1),
+                                 timeout=120)
+    path.unlink()
+    assert code == 2, err[-2000:]
+    assert (f"error: a process with --process-id 1 and --coordinator 127.0.0.1:{port} is already running on this "
+            f"host (pid {os.getpid()})") in err, err[-2000:]
+    assert time.time() - t0 < 60 and not out.exists()  # at once, not after --distributed-timeout
+
+
+def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs(monkeypatch):
+    from flaxformer_mini import distributed
+
+    port = free_port()  # nobody listens there
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", f"127.0.0.1:{port}")
+    monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
+    monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
+    monkeypatch.setattr(distributed, "_batch_cluster_detected", lambda: False)
+    # Before: jax's own "Number of processes must be defined."
+    with pytest.raises(distributed.DistributedError, match=r"JAX_COORDINATOR_ADDRESS 127\.0\.0\.1:\d+ starts a "
+                       r"multi-process run, which also needs --num-processes \(or JAX_NUM_PROCESSES\) and "
+                       r"--process-id \(or JAX_PROCESS_ID\) on every process"):
+        distributed.start_runtime()
+    # Before: not checked for reachability; "did not all connect ... Start every process with the
+    # same --coordinator" after the whole timeout.
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    monkeypatch.setattr(distributed, "hold_process_slot", lambda *a: None)  # no lock left in this process
+    with pytest.raises(distributed.DistributedError, match=rf"the coordinator 127\.0\.0\.1:{port} "
+                       r"\(JAX_COORDINATOR_ADDRESS\) could not be reached within 1s"):
+        distributed.start_runtime(timeout_s=1)
+
+
 def test_processes_with_different_device_counts_are_refused_naming_the_counts_before_anything_is_written(tmp_path):
     # Before: the first start-up collective (jax's process_allgather) failed on every process
     # with "cannot reshape array of size 3 into shape (2,2)".
