@@ -862,6 +862,27 @@ def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary
     assert int(final_state(tmp_path / "run").step) == 4
 
 
+def test_evaluation_during_training_gathers_the_parameters_not_the_optimizer_state(tmp_path, monkeypatch):
+    # fit gathered the whole TrainState for each evaluation: with FSDP, Adam's two moments made
+    # it three times the bytes evaluation reads (its parameters, through state.model()).
+    import flaxformer_mini.fit as fit_module
+
+    gathered, evaluated = [], []
+    monkeypatch.setattr(fit_module, "to_local", lambda tree: gathered.append(tree) or tree)
+    monkeypatch.setattr(fit_module, "evaluate", lambda trainer, state, batches, **kw: evaluated.append(state) or {
+        "loss": 0.0, "token_accuracy": 0.0, "exact_match": 0.0})
+    run = _new_run(tmp_path / "run")
+    fit_module.fit(run, 1, log_every=1, eval_every=1, save_every=100, progress=False, echo=lambda m: None)
+    assert len(gathered) == 1 and gathered[0].opt_state is None and evaluated == gathered
+    assert jax.tree.leaves(gathered[0].params) and int(gathered[0].step) == 1
+
+
+def _new_run(out):
+    from flaxformer_mini.run import Run
+
+    return Run.create(out, _worker_config(), echo=lambda m: None)
+
+
 def test_a_second_ctrl_c_stops_now_and_in_a_multiprocess_run_leaves_without_the_exit_barrier(monkeypatch):
     # The first Ctrl-C asks for the coordinated stop; the second raises StopNow at once. In a
     # multi-process run that process leaves its peers mid-run: returning normally would run
