@@ -302,6 +302,33 @@ class _give_up_after:
         return False
 
 
+@contextlib.contextmanager
+def stdout_for_results():
+    """Within the block, whatever is written to file descriptor 1 goes to stderr; yields the
+    file the results go to: the original stdout. gloo (C++, std::cout) prints "[Gloo] Rank 0 is
+    connected to 1 peer ranks..." on stdout, once per communicator, which broke ``train ... | jq``
+    (stdout is for results). When ``sys.stdout`` is not file descriptor 1 (a caller's redirect,
+    as in-process tests do), nothing is redirected and ``sys.stdout`` is yielded."""
+    try:
+        real = sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        real = False
+    if not real:
+        yield sys.stdout
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    results = os.fdopen(saved, "w", closefd=False, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
+    try:
+        yield results
+    finally:
+        results.flush()
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def devices_by_process():
     """``{process index: its devices by id}``, in process order. ``jax.devices()`` lists every
     process's devices on each process, so every process builds the same table, without a

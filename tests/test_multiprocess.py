@@ -775,6 +775,22 @@ def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs
         distributed.start_runtime(timeout_s=1)
 
 
+def test_train_writes_only_its_result_on_stdout_even_what_native_code_prints_there():
+    # gloo (C++) prints "[Gloo] Rank 0 is connected ..." on file descriptor 1; `train | jq` broke.
+    code = ("import os, sys\n"
+            "from flaxformer_mini.distributed import stdout_for_results\n"
+            "with stdout_for_results() as results:\n"
+            "    os.write(1, b'[Gloo] native noise\\n')\n"
+            "    print('python noise')\n"
+            "    print('{\"loss\": 1.0}', file=results)\n"
+            "print('after')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=env_with())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == '{"loss": 1.0}\nafter\n'
+    assert "[Gloo] native noise" in proc.stderr and "python noise" in proc.stderr
+
+
 def test_processes_with_different_device_counts_are_refused_naming_the_counts_before_anything_is_written(tmp_path):
     # Before: the first start-up collective (jax's process_allgather) failed on every process
     # with "cannot reshape array of size 3 into shape (2,2)".
@@ -964,9 +980,9 @@ def straight_two_process_run(tmp_path_factory):
 def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two_process_run):
     out, results = straight_two_process_run
     (_, out0, err0), (_, out1, err1) = results
-    assert json.loads(out0.strip().splitlines()[-1])["step"] == CLI_STEPS
-    # (gloo itself prints "[Gloo] Rank 1 is connected ..." on every process's stdout)
-    assert not [line for line in out1.splitlines() if line.startswith("{")], "only process 0 prints the result"
+    # stdout is the result alone: gloo's "[Gloo] Rank 1 is connected ..." lines go to stderr
+    assert len(out0.splitlines()) == 1 and json.loads(out0)["step"] == CLI_STEPS, out0
+    assert out1 == "", "only process 0 prints the result"
     assert "parameters" in err0 and "parameters" not in err1
     assert (out / "config.json").exists() and (out / "loss.png").exists()
     from flaxformer_mini.run_dir import RunDir
