@@ -221,7 +221,22 @@ _SLOTS = {}
 
 
 def _slot_path(address, process_id):
-    safe = "".join(c if c.isalnum() or c in ".-" else "_" for c in address.lower())
+    """The lock file of (coordinator, process id). A coordinator on this host is keyed by its
+    port alone: 127.0.0.1:P, localhost:P and HOSTNAME:P reach the same service, so two processes
+    that name it differently must still meet on one lock."""
+    try:
+        host, port = _host_port(address, "--coordinator")
+    except DistributedError:
+        host, port = address, ""
+    key = f"{host.lower()}_{port}"
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.bind(where)  # only an address of this host can be bound
+        key = f"local_{port}"
+    except OSError:  # socket.gaierror too: another host's address, or a name this host cannot resolve
+        pass
+    safe = "".join(c if c.isalnum() or c in ".-_" else "_" for c in key)
     return Path(tempfile.gettempdir()) / f"flaxformer-mini-{safe}-process-{process_id}.lock"
 
 
