@@ -52,6 +52,17 @@ def _train(args):
 def _train_until_stopped(args, stop):
     from flaxformer_mini import distributed
 
+    # gloo prints its connection lines on stdout (C++): they go to stderr, the result to stdout.
+    with distributed.stdout_for_results() as results:
+        result = _train_for_result(args, stop)
+        if result and distributed.is_main():
+            print(json.dumps(result), file=results)  # its step: the run's own where it had gone past --steps
+    return EXIT_OK
+
+
+def _train_for_result(args, stop):
+    from flaxformer_mini import distributed
+
     # Scale-out: the multi-process runtime starts before anything touches a device.
     distributed.start_runtime(args.coordinator, args.num_processes, args.process_id, args.distributed_timeout,
                               program=f"flaxformer-mini {args.command}")
@@ -128,9 +139,7 @@ def _train_until_stopped(args, stop):
         if lost is None:
             raise
         raise lost from None
-    if result and distributed.is_main():
-        print(json.dumps(result))  # its step: the run's own where it had gone past --steps
-    return EXIT_OK
+    return result
 
 
 def _split_sizes(args):

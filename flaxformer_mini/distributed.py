@@ -13,20 +13,30 @@ socket: "Connection reset by peer"), or, when they were not in one, JAX's coordi
 misses its heartbeats for ``timeout_s`` and stops them. Either way nothing waits forever.
 """
 
+import atexit
+import contextlib
+import errno
 import functools
 import hashlib
 import json
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from flaxformer_mini.files import file_sha256
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no per-host lock (hold_process_slot)
+    fcntl = None
 
 # Our own environment variables for the process count and index: jax.distributed reads
 # JAX_COORDINATOR_ADDRESS itself but (0.10) not these two.
@@ -66,8 +76,12 @@ def _cluster_detected():
     """Whether JAX's own cluster detection (SLURM, Open MPI, Cloud TPU, Kubernetes) would find
     a cluster. jax exposes no public call for this question; its ClusterEnv registry answers it.
     Without a cluster, ``jax.distributed.initialize()`` raises, and a lone process must not."""
-    if os.environ.get(ENV_COORDINATOR):
-        return True
+    return bool(os.environ.get(ENV_COORDINATOR)) or _batch_cluster_detected()
+
+
+def _batch_cluster_detected():
+    """Whether a cluster JAX detects by itself (SLURM, ...) is present: it then fills in the
+    process count and index that the options and variables leave unset."""
     try:
         from jax._src.clusters import ClusterEnv
     except ImportError:  # a jax without the registry: only explicit options start the runtime
@@ -98,6 +112,11 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     A process whose peers do not all connect within ``timeout_s`` prints
     ``{program}: error: ...`` naming the coordinator and the process count, and exits with code 2:
     that wait happens inside jax's C++ client, where no Python exception can reach it.
+
+    Before the runtime starts, two guards against what jax's coordination service cannot
+    survive (it aborts every process of a run when a task registers twice): this host's lock on
+    (coordinator, process id) (``hold_process_slot``) and, on process 0, a plain bind of the
+    coordinator's port (``check_port_free``).
     """
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
     process_id = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
@@ -111,8 +130,22 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
                                f"(0 to {num_processes - 1})")
     if timeout_s < 1:
         raise DistributedError(f"--distributed-timeout must be >= 1 second, got {timeout_s}")
-    if coordinator and process_id not in (None, 0):
-        _wait_for_coordinator(coordinator, timeout_s)
+    # The coordinator as the user gave it: the option, or the variable jax reads itself.
+    address = coordinator or os.environ.get(ENV_COORDINATOR)
+    given = "--coordinator" if coordinator else ENV_COORDINATOR
+    if address and not _batch_cluster_detected():
+        # jax would say "Number of processes must be defined." without naming the option or variable.
+        missing = [name for name, value in (("--num-processes (or JAX_NUM_PROCESSES)", num_processes),
+                                            ("--process-id (or JAX_PROCESS_ID)", process_id)) if value is None]
+        if missing:
+            raise DistributedError(f"{given} {address} starts a multi-process run, which also needs "
+                                   f"{' and '.join(missing)} on every process")
+    if address and process_id is not None:
+        hold_process_slot(address, process_id, given)
+    if address and process_id == 0:
+        check_port_free(address, given)
+    if address and process_id not in (None, 0):
+        _wait_for_coordinator(address, timeout_s, given)
     # CPU collectives across processes need an implementation (gloo, over TCP); the GPU and TPU
     # backends bring their own. This setting changes nothing on those.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -121,7 +154,7 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     # boundary later: every process saves the same step). JAX's preemption service would
     # install its own SIGTERM notifier, which can take the signal from Python's handler.
     jax.config.update("jax_enable_preemption_service", False)
-    address = coordinator or os.environ.get(ENV_COORDINATOR) or "(found by JAX's cluster detection)"
+    address = address or "(found by JAX's cluster detection)"
     everyone = f"the run's {num_processes} processes" if num_processes else "the run's processes"
     late = (f"{program}: error: {everyone} did not all connect to the coordinator {address} within {timeout_s}s "
             f"(--distributed-timeout){'' if process_id is None else f' (this is process {process_id})'}. Start every "
@@ -137,10 +170,122 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
                                        shutdown_timeout_seconds=int(timeout_s))
     except (RuntimeError, ValueError, TypeError) as e:  # XlaRuntimeError is a RuntimeError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DistributedError(f"could not start the multi-process runtime with the coordinator {address} "
-                               f"within {timeout_s}s (--distributed-timeout): {first}") from None
+        # Most failures here are not timeouts (a port jax could not bind, a refused option):
+        # the time limit is named only when jax says it ran out of time.
+        timed_out = any(w in first.lower() for w in ("deadline", "timed out", "timeout"))
+        raise DistributedError(f"could not start the multi-process runtime with the coordinator {address}"
+                               + (f" within {timeout_s}s (--distributed-timeout)" if timed_out else "")
+                               + f": {first}") from None
     _check_equal_device_counts()
     return True
+
+
+def _host_port(address, given):
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise DistributedError(f"{given} {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def check_port_free(address, given="--coordinator"):
+    """Refuse to start process 0 when the coordinator's port is already taken on this host.
+
+    jax's coordination service (gRPC) binds its port with SO_REUSEPORT: a second run's process
+    0 on the same port binds it too, without an error, and the second run's other processes then
+    register with the *first* run's service, which aborts every process of the first run
+    (SIGABRT, the steps since its last save lost). A plain bind (SO_REUSEADDR, which only lets
+    it past connections in TIME_WAIT, as a restarted run's own are; no SO_REUSEPORT) fails with
+    EADDRINUSE while anything listens there: another run's coordinator or another program. The
+    socket is closed before jax binds. On the coordinator's address, then on every address (jax
+    binds ``[::]:PORT``); other errors (an address not local to this host) prove nothing."""
+    host, port = _host_port(address, given)
+    for bind_host in (host, ""):
+        try:
+            infos = socket.getaddrinfo(bind_host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except socket.gaierror:
+            continue
+        family, kind, proto, _, where = infos[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(where)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise DistributedError(f"{given} {address}: port {port} is already in use on this host: another "
+                                           f"run or program holds it. Choose another --coordinator port (the same "
+                                           f"on every process of this run)") from None
+
+
+# The per-host locks of hold_process_slot, kept open (and so held) for the process's life.
+_SLOTS = {}
+
+
+def _slot_path(address, process_id):
+    """The lock file of (coordinator, process id). A coordinator on this host is keyed by its
+    port alone: 127.0.0.1:P, localhost:P and HOSTNAME:P reach the same service, so two processes
+    that name it differently must still meet on one lock."""
+    try:
+        host, port = _host_port(address, "--coordinator")
+    except DistributedError:
+        host, port = address, ""
+    key = f"{host.lower()}_{port}"
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.bind(where)  # only an address of this host can be bound
+        key = f"local_{port}"
+    except OSError:  # socket.gaierror too: another host's address, or a name this host cannot resolve
+        pass
+    safe = "".join(c if c.isalnum() or c in ".-_" else "_" for c in key)
+    return Path(tempfile.gettempdir()) / f"flaxformer-mini-{safe}-process-{process_id}.lock"
+
+
+def hold_process_slot(address, process_id, given="--coordinator"):
+    """Take this host's lock on (coordinator, process id) for the rest of the process's life,
+    or refuse: a second process with an id already in use would register with the run's
+    coordination service as that task restarted, and the service aborts every process of the
+    run (SIGABRT). Only processes on this host are seen (a lock file in the temp directory);
+    the same id on another host is not (docs/scale-out.md, known limits).
+
+    The file is removed at exit; the lock is re-taken when the file was replaced meanwhile
+    (the inode check), so a removal never lets two holders in."""
+    if fcntl is None:
+        return
+    path = _slot_path(address, process_id)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError:
+            return  # a temp directory we cannot write (or another user's file): no guard, as before
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise DistributedError(f"a process with --process-id {process_id} and {given} {address} is already "
+                                   f"running on this host (pid {holder}): a second one with the same id would abort "
+                                   f"that run. "
+                                   f"Give each process its own --process-id, or choose another --coordinator port "
+                                   f"for another run") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file as we opened it: take the new one
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _SLOTS[(address, process_id)] = fd
+    atexit.register(_release_slot, path, fd)
+
+
+def _release_slot(path, fd):
+    with contextlib.suppress(OSError):
+        os.unlink(path)  # while still held: a newcomer that opened it re-checks the inode
+        os.close(fd)
 
 
 class _give_up_after:
@@ -170,6 +315,33 @@ class _give_up_after:
     def __exit__(self, *exc):
         self._done.set()
         return False
+
+
+@contextlib.contextmanager
+def stdout_for_results():
+    """Within the block, whatever is written to file descriptor 1 goes to stderr; yields the
+    file the results go to: the original stdout. gloo (C++, std::cout) prints "[Gloo] Rank 0 is
+    connected to 1 peer ranks..." on stdout, once per communicator, which broke ``train ... | jq``
+    (stdout is for results). When ``sys.stdout`` is not file descriptor 1 (a caller's redirect,
+    as in-process tests do), nothing is redirected and ``sys.stdout`` is yielded."""
+    try:
+        real = sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        real = False
+    if not real:
+        yield sys.stdout
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    results = os.fdopen(saved, "w", closefd=False, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
+    try:
+        yield results
+    finally:
+        results.flush()
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def devices_by_process():
@@ -203,24 +375,22 @@ def _check_equal_device_counts():
                                f"needs as many (set by {how})")
 
 
-def _wait_for_coordinator(address, timeout_s):
+def _wait_for_coordinator(address, timeout_s, given="--coordinator"):
     """Wait until ``address`` (process 0's coordination service) accepts a TCP connection.
 
     Hand-written because jax.distributed cannot say it: a client that cannot register within
     its timeout ends the process with a C++ fatal log (SIGABRT), no Python error to catch."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise DistributedError(f"--coordinator {address!r} is not HOST:PORT")
+    host, port = _host_port(address, given)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, timeout_s)):
+            with socket.create_connection((host, port), timeout=min(5.0, timeout_s)):
                 return
         except OSError as e:
             if time.monotonic() >= deadline:
-                raise DistributedError(f"the coordinator {address} could not be reached within {timeout_s}s "
+                raise DistributedError(f"the coordinator {address} ({given}) could not be reached within {timeout_s}s "
                                        f"(--distributed-timeout): {e.strerror or e}. Start process 0 "
-                                       f"(--process-id 0) with the same --coordinator, and check the address "
+                                       f"(--process-id 0) with the same {given}, and check the address "
                                        f"and port are reachable from this host.") from None
             time.sleep(0.2)
 
@@ -369,8 +539,6 @@ def agree_on_shared_directory(path):
     processes that did not see it."""
     if not is_multiprocess():
         return
-    from pathlib import Path
-
     probe = Path(path) / SHARED_CHECK_NAME
     token = b""
     if is_main():

@@ -110,7 +110,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
             log.push(done, metrics, micro)
             if done % eval_every == 0 or done == steps:
                 log.flush()  # also checks the loss is finite
-                last_eval = evaluate(trainer, to_local(state), eval_batches, **scoring)
+                last_eval = evaluate(trainer, evaluation_state(state), eval_batches, **scoring)
                 log.eval(done, last_eval)
             # Every process must save the same step: a SIGTERM seen by one stops all. Each boundary
             # queues an all-reduce of the stop flag and reads the previous boundary's, which the
@@ -139,10 +139,18 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     evaluated_at = steps
     if not last_eval and start >= steps:
         echo(f"{run.path} has already reached step {start} (asked for {steps}); evaluating")
-        last_eval, evaluated_at = evaluate(trainer, to_local(state), eval_batches, **scoring), start
+        last_eval, evaluated_at = evaluate(trainer, evaluation_state(state), eval_batches, **scoring), start
     if main:
         plot_metrics(run.dir)
     return {"step": evaluated_at, **last_eval}
+
+
+def evaluation_state(state):
+    """What evaluation reads of ``state`` (its parameters, through ``trainer.evaluate`` and
+    ``state.model()``), on this process's own device(s). The optimizer state is left out: with
+    FSDP, gathering it too (Adam's two moments) moved and held three times the bytes on one
+    device of every host, for nothing."""
+    return to_local(state.replace(opt_state=None))
 
 
 class _StepLog:

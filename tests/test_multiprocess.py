@@ -684,6 +684,113 @@ def test_a_process_id_out_of_range_is_refused():
     assert "--process-id 2 is out of range for --num-processes 2" in proc.stderr
 
 
+def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(tmp_path):
+    # jax's coordinator binds with SO_REUSEPORT: a second run on a port in use bound it too, and
+    # its other processes then joined the first run's service, which aborted the first run
+    # (SIGABRT, steps lost). Here a plain program holds the port; before, process 0 blamed a
+    # timeout ("within 300s") after 2 s and did not say the port was taken.
+    out = tmp_path / "run"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        t0 = time.time()
+        (code, _, err), = finish(start_processes(lambda i: train_cli(out, 2, port=port)(0) + ["--steps", "2"], 1),
+                                 timeout=120)
+    assert code == 2, err[-2000:]
+    assert (f"error: --coordinator 127.0.0.1:{port}: port {port} is already in use on this host: another run or "
+            f"program holds it. Choose another --coordinator port") in err, err[-2000:]
+    assert "within" not in err and time.time() - t0 < 60 and not out.exists()
+
+
+def test_the_port_check_sees_a_port_shared_listener_and_lets_a_restarted_runs_time_wait_pass():
+    from flaxformer_mini import distributed
+
+    def listener(*options):
+        s = socket.socket()
+        for option in options:
+            s.setsockopt(socket.SOL_SOCKET, option, 1)
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        return s
+
+    # What jax's gRPC coordinator does: SO_REUSEADDR and SO_REUSEPORT, which a second one passes.
+    with listener(socket.SO_REUSEADDR, socket.SO_REUSEPORT) as grpc_like:
+        with pytest.raises(distributed.DistributedError, match="is already in use on this host"):
+            distributed.check_port_free(f"127.0.0.1:{grpc_like.getsockname()[1]}")
+    # A finished run's coordinator leaves its closed connections in TIME_WAIT: the same command,
+    # run again at once, must still start.
+    with listener(socket.SO_REUSEADDR) as old:
+        port = old.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = old.accept()
+            accepted.close()  # the server side closes first: its end stays in TIME_WAIT
+    distributed.check_port_free(f"127.0.0.1:{port}")
+
+
+def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_holder(tmp_path):
+    # Before, it registered with the run's coordinator as that task restarted, and jax's
+    # coordination service aborted every process of the run (exit 134, steps lost).
+    import fcntl
+    import os
+
+    from flaxformer_mini import distributed
+
+    port, out = free_port(), tmp_path / "run"
+    path = distributed._slot_path(f"127.0.0.1:{port}", 1)
+    with open(path, "w") as holder:  # what the running process 1 holds
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.write(f"{os.getpid()}\n")
+        holder.flush()
+        t0 = time.time()
+        (code, _, err), = finish(start_processes(lambda i: train_cli(out, 2, port=port)(1) + ["--steps", "2"], 1),
+                                 timeout=120)
+    path.unlink()
+    assert code == 2, err[-2000:]
+    assert (f"error: a process with --process-id 1 and --coordinator 127.0.0.1:{port} is already running on this "
+            f"host (pid {os.getpid()})") in err, err[-2000:]
+    assert time.time() - t0 < 60 and not out.exists()  # at once, not after --distributed-timeout
+
+
+def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs(monkeypatch):
+    from flaxformer_mini import distributed
+
+    port = free_port()  # nobody listens there
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", f"127.0.0.1:{port}")
+    monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
+    monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
+    monkeypatch.setattr(distributed, "_batch_cluster_detected", lambda: False)
+    # Before: jax's own "Number of processes must be defined."
+    with pytest.raises(distributed.DistributedError, match=r"JAX_COORDINATOR_ADDRESS 127\.0\.0\.1:\d+ starts a "
+                       r"multi-process run, which also needs --num-processes \(or JAX_NUM_PROCESSES\) and "
+                       r"--process-id \(or JAX_PROCESS_ID\) on every process"):
+        distributed.start_runtime()
+    # Before: not checked for reachability; "did not all connect ... Start every process with the
+    # same --coordinator" after the whole timeout.
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    monkeypatch.setattr(distributed, "hold_process_slot", lambda *a: None)  # no lock left in this process
+    with pytest.raises(distributed.DistributedError, match=rf"the coordinator 127\.0\.0\.1:{port} "
+                       r"\(JAX_COORDINATOR_ADDRESS\) could not be reached within 1s"):
+        distributed.start_runtime(timeout_s=1)
+
+
+def test_train_writes_only_its_result_on_stdout_even_what_native_code_prints_there():
+    # gloo (C++) prints "[Gloo] Rank 0 is connected ..." on file descriptor 1; `train | jq` broke.
+    code = ("import os, sys\n"
+            "from flaxformer_mini.distributed import stdout_for_results\n"
+            "with stdout_for_results() as results:\n"
+            "    os.write(1, b'[Gloo] native noise\\n')\n"
+            "    print('python noise')\n"
+            "    print('{\"loss\": 1.0}', file=results)\n"
+            "print('after')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=env_with())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == '{"loss": 1.0}\nafter\n'
+    assert "[Gloo] native noise" in proc.stderr and "python noise" in proc.stderr
+
+
 def test_processes_with_different_device_counts_are_refused_naming_the_counts_before_anything_is_written(tmp_path):
     # Before: the first start-up collective (jax's process_allgather) failed on every process
     # with "cannot reshape array of size 3 into shape (2,2)".
@@ -771,6 +878,27 @@ def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary
     assert int(final_state(tmp_path / "run").step) == 4
 
 
+def test_evaluation_during_training_gathers_the_parameters_not_the_optimizer_state(tmp_path, monkeypatch):
+    # fit gathered the whole TrainState for each evaluation: with FSDP, Adam's two moments made
+    # it three times the bytes evaluation reads (its parameters, through state.model()).
+    import flaxformer_mini.fit as fit_module
+
+    gathered, evaluated = [], []
+    monkeypatch.setattr(fit_module, "to_local", lambda tree: gathered.append(tree) or tree)
+    monkeypatch.setattr(fit_module, "evaluate", lambda trainer, state, batches, **kw: evaluated.append(state) or {
+        "loss": 0.0, "token_accuracy": 0.0, "exact_match": 0.0})
+    run = _new_run(tmp_path / "run")
+    fit_module.fit(run, 1, log_every=1, eval_every=1, save_every=100, progress=False, echo=lambda m: None)
+    assert len(gathered) == 1 and gathered[0].opt_state is None and evaluated == gathered
+    assert jax.tree.leaves(gathered[0].params) and int(gathered[0].step) == 1
+
+
+def _new_run(out):
+    from flaxformer_mini.run import Run
+
+    return Run.create(out, _worker_config(), echo=lambda m: None)
+
+
 def test_a_second_ctrl_c_stops_now_and_in_a_multiprocess_run_leaves_without_the_exit_barrier(monkeypatch):
     # The first Ctrl-C asks for the coordinated stop; the second raises StopNow at once. In a
     # multi-process run that process leaves its peers mid-run: returning normally would run
@@ -852,9 +980,9 @@ def straight_two_process_run(tmp_path_factory):
 def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two_process_run):
     out, results = straight_two_process_run
     (_, out0, err0), (_, out1, err1) = results
-    assert json.loads(out0.strip().splitlines()[-1])["step"] == CLI_STEPS
-    # (gloo itself prints "[Gloo] Rank 1 is connected ..." on every process's stdout)
-    assert not [line for line in out1.splitlines() if line.startswith("{")], "only process 0 prints the result"
+    # stdout is the result alone: gloo's "[Gloo] Rank 1 is connected ..." lines go to stderr
+    assert len(out0.splitlines()) == 1 and json.loads(out0)["step"] == CLI_STEPS, out0
+    assert out1 == "", "only process 0 prints the result"
     assert "parameters" in err0 and "parameters" not in err1
     assert (out / "config.json").exists() and (out / "loss.png").exists()
     from flaxformer_mini.run_dir import RunDir
