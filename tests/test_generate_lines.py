@@ -242,9 +242,9 @@ def test_decoding_option_errors_name_the_options_as_typed(run, args, message):
 
 
 def test_the_clis_default_length_penalty_is_the_librarys():
-    from flaxformer_mini import cli as cli_module
+    from flaxformer_mini import decode_commands
 
-    assert cli_module.LENGTH_PENALTY == decoding.DEFAULT_LENGTH_PENALTY
+    assert decode_commands.LENGTH_PENALTY == decoding.DEFAULT_LENGTH_PENALTY
 
 
 def test_a_weights_file_or_a_checkpoint_instead_of_a_run_says_what_it_is(run, tmp_path):

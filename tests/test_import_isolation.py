@@ -180,20 +180,30 @@ def test_every_package_directory_is_listed_in_pyproject_so_the_wheel_ships_it():
 
 INIT_FROM_WITHOUT_TORCH = textwrap.dedent(
     """
-    import contextlib, io, json, pathlib
-    from flaxformer_mini.cli import main
+    import pathlib
 
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    import flaxformer_mini as fm
+    from flaxformer_mini.init_from import InitFromError, read_params
+    from flaxformer_mini.run_config import DataConfig, RunConfig
+    from flaxformer_mini.training import TrainConfig
+
+    # What `train --init-from` reads, for the model the file holds (no train step: the
+    # property is the reading; tests/test_init_from.py trains from it, torch present).
     d = pathlib.Path({d!r})
-    run = ["train", "--task", "copy", "--preset", "tiny", "--layers", "1", "--vocab-size", "11", "--max-len", "5",
-           "--batch-size", "4", "--eval-sequences", "4", "--steps", "1", "--no-progress"]
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        pickle_code = main([*run, "--init-from", str(d / "model.pt"), "--out", str(d / "from_pt")])
-        code = main([*run, "--init-from", str(d / "model.safetensors"), "--out", str(d / "out")])
-    assert pickle_code == 2 and "needs PyTorch to read, and torch is not installed" in err.getvalue(), err.getvalue()
-    assert not (d / "from_pt").exists()
-    assert code == 0, err.getvalue()
-    assert json.loads((d / "out" / "config.json").read_text())["init_from"]["path"] == str(d / "model.safetensors")
+    config = RunConfig(model=fm.ModelConfig(0, 11, 11, 6, 30, 5, 1, 0.0), train=TrainConfig(),
+                       data=DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5))
+    params, notes = read_params(str(d / "model.safetensors"), config)
+    embedding = load_file(d / "model.safetensors")["encoder.embedding_layer.weight"]
+    assert np.array_equal(params["encoder/embedding_layer/embedding"], embedding), "the file's values"
+    try:
+        read_params(str(d / "model.pt"), config)
+    except InitFromError as e:
+        assert "needs PyTorch to read, and torch is not installed" in str(e), e
+    else:
+        raise AssertionError("a .pt file was read without torch")
     """
 )
 
