@@ -13,16 +13,13 @@ socket: "Connection reset by peer"), or, when they were not in one, JAX's coordi
 misses its heartbeats for ``timeout_s`` and stops them. Either way nothing waits forever.
 """
 
-import atexit
 import contextlib
-import errno
 import functools
 import hashlib
 import json
 import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,12 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flaxformer_mini import host_guards
 from flaxformer_mini.files import file_sha256
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: no per-host lock (hold_process_slot)
-    fcntl = None
 
 # Our own environment variables for the process count and index: jax.distributed reads
 # JAX_COORDINATOR_ADDRESS itself but (0.10) not these two.
@@ -115,8 +108,8 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
 
     Before the runtime starts, two guards against what jax's coordination service cannot
     survive (it aborts every process of a run when a task registers twice): this host's lock on
-    (coordinator, process id) (``hold_process_slot``) and, on process 0, a plain bind of the
-    coordinator's port (``check_port_free``).
+    (coordinator, process id) (``host_guards.hold_process_slot``) and, on process 0, a plain
+    bind of the coordinator's port (``host_guards.check_port_free``).
     """
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
     process_id = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
@@ -141,9 +134,9 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
             raise DistributedError(f"{given} {address} starts a multi-process run, which also needs "
                                    f"{' and '.join(missing)} on every process")
     if address and process_id is not None:
-        hold_process_slot(address, process_id, given)
+        host_guards.hold_process_slot(address, process_id, given)
     if address and process_id == 0:
-        check_port_free(address, given)
+        host_guards.check_port_free(address, given)
     if address and process_id not in (None, 0):
         _wait_for_coordinator(address, timeout_s, given)
     # CPU collectives across processes need an implementation (gloo, over TCP); the GPU and TPU
@@ -178,114 +171,6 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
                                + f": {first}") from None
     _check_equal_device_counts()
     return True
-
-
-def _host_port(address, given):
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise DistributedError(f"{given} {address!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-def check_port_free(address, given="--coordinator"):
-    """Refuse to start process 0 when the coordinator's port is already taken on this host.
-
-    jax's coordination service (gRPC) binds its port with SO_REUSEPORT: a second run's process
-    0 on the same port binds it too, without an error, and the second run's other processes then
-    register with the *first* run's service, which aborts every process of the first run
-    (SIGABRT, the steps since its last save lost). A plain bind (SO_REUSEADDR, which only lets
-    it past connections in TIME_WAIT, as a restarted run's own are; no SO_REUSEPORT) fails with
-    EADDRINUSE while anything listens there: another run's coordinator or another program. The
-    socket is closed before jax binds. On the coordinator's address, then on every address (jax
-    binds ``[::]:PORT``); other errors (an address not local to this host) prove nothing."""
-    host, port = _host_port(address, given)
-    for bind_host in (host, ""):
-        try:
-            infos = socket.getaddrinfo(bind_host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        except socket.gaierror:
-            continue
-        family, kind, proto, _, where = infos[0]
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(where)
-            except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    raise DistributedError(f"{given} {address}: port {port} is already in use on this host: another "
-                                           f"run or program holds it. Choose another --coordinator port (the same "
-                                           f"on every process of this run)") from None
-
-
-# The per-host locks of hold_process_slot, kept open (and so held) for the process's life.
-_SLOTS = {}
-
-
-def _slot_path(address, process_id):
-    """The lock file of (coordinator, process id). A coordinator on this host is keyed by its
-    port alone: 127.0.0.1:P, localhost:P and HOSTNAME:P reach the same service, so two processes
-    that name it differently must still meet on one lock."""
-    try:
-        host, port = _host_port(address, "--coordinator")
-    except DistributedError:
-        host, port = address, ""
-    key = f"{host.lower()}_{port}"
-    try:
-        family, kind, proto, _, where = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as s:
-            s.bind(where)  # only an address of this host can be bound
-        key = f"local_{port}"
-    except OSError:  # socket.gaierror too: another host's address, or a name this host cannot resolve
-        pass
-    safe = "".join(c if c.isalnum() or c in ".-_" else "_" for c in key)
-    return Path(tempfile.gettempdir()) / f"flaxformer-mini-{safe}-process-{process_id}.lock"
-
-
-def hold_process_slot(address, process_id, given="--coordinator"):
-    """Take this host's lock on (coordinator, process id) for the rest of the process's life,
-    or refuse: a second process with an id already in use would register with the run's
-    coordination service as that task restarted, and the service aborts every process of the
-    run (SIGABRT). Only processes on this host are seen (a lock file in the temp directory);
-    the same id on another host is not (docs/scale-out.md, known limits).
-
-    The file is removed at exit; the lock is re-taken when the file was replaced meanwhile
-    (the inode check), so a removal never lets two holders in."""
-    if fcntl is None:
-        return
-    path = _slot_path(address, process_id)
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except OSError:
-            return  # a temp directory we cannot write (or another user's file): no guard, as before
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            finally:
-                os.close(fd)
-            raise DistributedError(f"a process with --process-id {process_id} and {given} {address} is already "
-                                   f"running on this host (pid {holder}): a second one with the same id would abort "
-                                   f"that run. "
-                                   f"Give each process its own --process-id, or choose another --coordinator port "
-                                   f"for another run") from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)  # the holder removed the file as we opened it: take the new one
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _SLOTS[(address, process_id)] = fd
-    atexit.register(_release_slot, path, fd)
-
-
-def _release_slot(path, fd):
-    with contextlib.suppress(OSError):
-        os.unlink(path)  # while still held: a newcomer that opened it re-checks the inode
-        os.close(fd)
 
 
 class _give_up_after:
@@ -380,7 +265,7 @@ def _wait_for_coordinator(address, timeout_s, given="--coordinator"):
 
     Hand-written because jax.distributed cannot say it: a client that cannot register within
     its timeout ends the process with a C++ fatal log (SIGABRT), no Python error to catch."""
-    host, port = _host_port(address, given)
+    host, port = host_guards.host_port(address, given)
     deadline = time.monotonic() + timeout_s
     while True:
         try:

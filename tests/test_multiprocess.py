@@ -704,7 +704,7 @@ def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(t
 
 
 def test_the_port_check_sees_a_port_shared_listener_and_lets_a_restarted_runs_time_wait_pass():
-    from flaxformer_mini import distributed
+    from flaxformer_mini import distributed, host_guards
 
     def listener(*options):
         s = socket.socket()
@@ -717,7 +717,7 @@ def test_the_port_check_sees_a_port_shared_listener_and_lets_a_restarted_runs_ti
     # What jax's gRPC coordinator does: SO_REUSEADDR and SO_REUSEPORT, which a second one passes.
     with listener(socket.SO_REUSEADDR, socket.SO_REUSEPORT) as grpc_like:
         with pytest.raises(distributed.DistributedError, match="is already in use on this host"):
-            distributed.check_port_free(f"127.0.0.1:{grpc_like.getsockname()[1]}")
+            host_guards.check_port_free(f"127.0.0.1:{grpc_like.getsockname()[1]}")
     # A finished run's coordinator leaves its closed connections in TIME_WAIT: the same command,
     # run again at once, must still start.
     with listener(socket.SO_REUSEADDR) as old:
@@ -725,7 +725,7 @@ def test_the_port_check_sees_a_port_shared_listener_and_lets_a_restarted_runs_ti
         with socket.create_connection(("127.0.0.1", port)) as client:
             accepted, _ = old.accept()
             accepted.close()  # the server side closes first: its end stays in TIME_WAIT
-    distributed.check_port_free(f"127.0.0.1:{port}")
+    host_guards.check_port_free(f"127.0.0.1:{port}")
 
 
 def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_holder(tmp_path):
@@ -734,10 +734,10 @@ def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_h
     import fcntl
     import os
 
-    from flaxformer_mini import distributed
+    from flaxformer_mini import host_guards
 
     port, out = free_port(), tmp_path / "run"
-    path = distributed._slot_path(f"127.0.0.1:{port}", 1)
+    path = host_guards._slot_path(f"127.0.0.1:{port}", 1)
     with open(path, "w") as holder:  # what the running process 1 holds
         fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
         holder.write(f"{os.getpid()}\n")
@@ -753,7 +753,7 @@ def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_h
 
 
 def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs(monkeypatch):
-    from flaxformer_mini import distributed
+    from flaxformer_mini import distributed, host_guards
 
     port = free_port()  # nobody listens there
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", f"127.0.0.1:{port}")
@@ -769,7 +769,7 @@ def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs
     # same --coordinator" after the whole timeout.
     monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
     monkeypatch.setenv("JAX_PROCESS_ID", "1")
-    monkeypatch.setattr(distributed, "hold_process_slot", lambda *a: None)  # no lock left in this process
+    monkeypatch.setattr(host_guards, "hold_process_slot", lambda *a: None)  # no lock left in this process
     with pytest.raises(distributed.DistributedError, match=rf"the coordinator 127\.0\.0\.1:{port} "
                        r"\(JAX_COORDINATOR_ADDRESS\) could not be reached within 1s"):
         distributed.start_runtime(timeout_s=1)
