@@ -90,6 +90,8 @@ def read_params(path, config: RunConfig, preset=None):
         raise InitFromError(_does_not_fit(path, e, config, preset, sizes)) from None
     except ValueError as e:  # CheckpointError: a truncated or foreign file
         raise InitFromError(f"{OPTION} {_first_line(e)}") from None
+    if kind != "flax":  # outside the try: its own InitFromError is a ValueError too
+        notes += _recorded_config_notes(path, config)
     bad = [key for key, a in arrays.items() if not np.isfinite(np.asarray(a, np.float32)).all()]
     if bad:
         raise InitFromError(f"{OPTION} {path}: weights hold NaN or Inf: {_listed(map(repr, bad))}; "
@@ -184,6 +186,36 @@ def _config_notes(path, file_config, config):
                      f"with computes its outputs (parity convert records 8 unless told --heads)")
     if file_config.src_pad_idx != m.src_pad_idx:
         notes.append(f"note: {OPTION} {path}: its model masked source id {file_config.src_pad_idx} as padding; "
+                     f"flaxformer-mini's padding id is {m.src_pad_idx}")
+    return notes
+
+
+def _recorded_config_notes(path, config):
+    """The settings a torch ``.safetensors`` that ``parity convert`` wrote records in its
+    metadata (docs/porting.md, section 9), against the run's: heads recorded as the model's
+    (not assumed) and not the run's are refused, since the weights fit any heads that divide
+    the width but compute the model's outputs with its own only; an assumed count, or another
+    padding id, is a note."""
+    from parity.file_kinds import read_recorded_config
+
+    try:
+        recorded, assumed = read_recorded_config(path)
+    except ValueError as e:  # CheckpointError: metadata that is not what parity writes
+        raise InitFromError(f"{OPTION} {_first_line(e)}") from None
+    if not recorded:
+        return []
+    m, notes = config.model, []
+    heads = recorded.get("heads")
+    if heads is not None and heads != m.heads:
+        if "heads" not in assumed:
+            raise InitFromError(f"{OPTION} {path}: its metadata records a model of {heads} heads, and this run's has "
+                                f"{m.heads} (--heads, --preset): the weights fit both, but only {heads} computes the "
+                                f"model's outputs. Train with --heads {heads}")
+        notes.append(f"note: {OPTION} {path}: its metadata marks {heads} heads as assumed by parity convert (not "
+                     f"known); this run uses {m.heads}: give --heads the number the model was trained with")
+    pad = recorded.get("src_pad_idx")
+    if pad is not None and pad != m.src_pad_idx:
+        notes.append(f"note: {OPTION} {path}: its model masked source id {pad} as padding; "
                      f"flaxformer-mini's padding id is {m.src_pad_idx}")
     return notes
 

@@ -19,8 +19,8 @@ import torch
 
 from parity import output
 from parity.file_kinds import (  # noqa: F401 - public names
-    SAFETENSORS_SUFFIX, TORCH_FORMAT, TORCH_SUFFIXES, CheckpointError, config_metadata, readable_file,
-    recorded_config, safetensors_header)
+    SAFETENSORS_SUFFIX, TORCH_FORMAT, TORCH_SUFFIXES, CheckpointError, config_metadata, read_recorded_config,
+    readable_file, recorded_config, safetensors_header)
 
 # Common wrappers: torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, ...).
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
@@ -107,14 +107,3 @@ def save_state_dict(state_dict, path, config=None, assumed=()):
     return path
 
 
-def read_recorded_config(path):
-    """(the ModelConfig fields a torch ``.safetensors`` file records in its metadata, or None;
-    the names of those recorded as assumed). None for ``.pt`` files, which cannot say, and for
-    metadata written by another tool (its "model_config", if any, may mean something else)."""
-    path = Path(path)
-    if path.suffix.lower() != SAFETENSORS_SUFFIX:
-        return None, ()
-    metadata, _ = safetensors_header(path)
-    if metadata.get("format") != TORCH_FORMAT:
-        return None, ()
-    return recorded_config(metadata, path)

@@ -69,3 +69,16 @@ def recorded_config(metadata, path):
         raise CheckpointError(f"{path}: unusable {CONFIG_METADATA_KEY!r} in its metadata: expected a JSON object "
                               f"and a list of assumed names")
     return config, tuple(assumed)
+
+
+def read_recorded_config(path):
+    """(the ModelConfig fields a torch ``.safetensors`` file records in its metadata, or None;
+    the names of those recorded as assumed). None for ``.pt`` files, which cannot say, and for
+    metadata written by another tool (its "model_config", if any, may mean something else)."""
+    path = Path(path)
+    if path.suffix.lower() != SAFETENSORS_SUFFIX:
+        return None, ()
+    metadata, _ = safetensors_header(path)
+    if metadata.get("format") != TORCH_FORMAT:
+        return None, ()
+    return recorded_config(metadata, path)

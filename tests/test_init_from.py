@@ -109,6 +109,24 @@ def test_a_file_of_another_shape_is_refused_by_key_and_shapes_and_nothing_is_wri
     assert not out.exists()
 
 
+def test_heads_recorded_in_a_parity_exports_metadata_must_be_the_runs(tmp_path):
+    # The weights fit any head count that divides the width; the count parity convert recorded
+    # (not assumed) is the model's, so another one is refused before anything is written.
+    from parity.checkpoint_io import save_state_dict
+
+    import flaxformer_mini as fm
+
+    model = torch_model(heads=3)  # width 30: 3 heads of 10
+    path = save_state_dict(model.state_dict(), tmp_path / "three_heads.safetensors", config=fm.ModelConfig(
+        **{**SIZES, "heads": 3}))
+    out = tmp_path / "run"
+    result = cli("train", *RUN, "--steps", "1", "--init-from", str(path), "--out", str(out))
+    assert result.returncode == 2, result.stderr
+    assert (f"--init-from {path}: its metadata records a model of 3 heads, and this run's has 5 (--heads, --preset): "
+            f"the weights fit both, but only 3 computes the model's outputs. Train with --heads 3") in result.stderr
+    assert not out.exists()
+
+
 def test_a_resume_is_held_to_the_file_it_started_from(weights, started, tmp_path):
     _, path = weights
     run = tmp_path / "run"
