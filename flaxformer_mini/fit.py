@@ -11,6 +11,7 @@ except at logging, evaluation and checkpoint steps.
 
 import contextlib
 import math
+import sys
 import time
 
 import jax
@@ -71,6 +72,10 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     echo(f"model: {n_params:,} parameters, {run.config.dtype}, on {1 if mesh is None else mesh.size} "
          f"{jax.devices()[0].platform} device(s)"
          + (f", mesh {format_mesh(mesh)}, {sharding} sharding" if mesh is not None else ""))
+    if not main:  # a host's own log says it joined; process 0's says the rest
+        print(f"process {distributed.process_index()} of {jax.process_count()}: {jax.local_device_count()} "
+              f"{jax.devices()[0].platform} device(s) of this host in the run, from step {start}; process 0 writes "
+              f"the run's files and logs its metrics", file=sys.stderr, flush=True)
 
     trainer, eval_batches = run.trainer, run.eval_batches(limit=run.config.data.eval_pairs)
     if run.describe_evaluation():

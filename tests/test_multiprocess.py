@@ -984,6 +984,9 @@ def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two
     assert len(out0.splitlines()) == 1 and json.loads(out0)["step"] == CLI_STEPS, out0
     assert out1 == "", "only process 0 prints the result"
     assert "parameters" in err0 and "parameters" not in err1
+    # Process 1's own log says it joined (a host's log was empty but for jax's and gloo's lines).
+    assert "process 1 of 2: 1 cpu device(s) of this host in the run, from step 0; process 0 writes" in err1, err1
+    assert "process 0 of 2" not in err0
     assert (out / "config.json").exists() and (out / "loss.png").exists()
     from flaxformer_mini.run_dir import RunDir
 
