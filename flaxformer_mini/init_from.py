@@ -16,6 +16,7 @@ inside these functions: ``parity.flax_io`` and ``parity.engine`` need no torch, 
 ``.safetensors`` file needs none either, and ``import flaxformer_mini`` never loads parity.
 """
 
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -41,6 +42,26 @@ def record(path) -> InitFrom:
     if not os.path.exists(absolute):
         raise InitFromError(f"{OPTION} {path}: no such file")
     return InitFrom(path=absolute, sha256=digest(absolute))
+
+
+def for_resume(recorded: InitFrom | None, path, echo) -> InitFrom:
+    """What a resumed run's ``--init-from path`` stands for, against what the run recorded: the
+    run's parameters are in its checkpoints, so the file is only checked where it is. Missing:
+    the record (a note says so). At the recorded path: its contents now (a changed file is
+    refused by the config check). Elsewhere with the recorded contents: moved, the record (a
+    note). Elsewhere with other contents, or a run that started from a random init: what is
+    there, which the config check then refuses by name."""
+    absolute = os.path.abspath(path)
+    if recorded is None or (not os.path.exists(absolute) and absolute != recorded.path):
+        return record(path)  # no such file, or refused as a run from a random init
+    if not os.path.exists(absolute):
+        echo(f"note: {OPTION} {path} is gone; the run resumes from its checkpoints, which hold its parameters")
+        return recorded
+    now = InitFrom(path=absolute, sha256=digest(absolute))
+    if absolute != recorded.path and now.sha256 == recorded.sha256:
+        echo(f"note: {OPTION} {path} holds what the run started from (recorded at {recorded.path})")
+        return recorded
+    return now
 
 
 def digest(path):
@@ -73,9 +94,10 @@ def read_params(path, config: RunConfig, preset=None):
         raise InitFromError(f"{OPTION} {_first_line(e)}") from None
     notes = []
     try:
+        recorded = None  # (the settings the file's metadata records, the names it marks assumed)
         if kind == "flax":
-            params, file_config = flax_io.load_flax_params(path)
-            notes += _config_notes(path, file_config, config)
+            params, file_config, assumed = flax_io.read_flax_params(path)
+            recorded = (dataclasses.asdict(file_config), assumed)
             sizes = _sizes_of_config(file_config)
             # Strict against the run's model (unscanned), naming Flax paths; then torch keys.
             arrays = flax_io.torch_arrays_from_flax_params(params, config.model)
@@ -90,8 +112,8 @@ def read_params(path, config: RunConfig, preset=None):
         raise InitFromError(_does_not_fit(path, e, config, preset, sizes)) from None
     except ValueError as e:  # CheckpointError: a truncated or foreign file
         raise InitFromError(f"{OPTION} {_first_line(e)}") from None
-    if kind != "flax":  # outside the try: its own InitFromError is a ValueError too
-        notes += _recorded_config_notes(path, config)
+    # Outside the try: its own InitFromError is a ValueError too.
+    notes += _recorded_config_notes(path, config, recorded or _recorded_torch_config(path))
     bad = [key for key, a in arrays.items() if not np.isfinite(np.asarray(a, np.float32)).all()]
     if bad:
         raise InitFromError(f"{OPTION} {path}: weights hold NaN or Inf: {_listed(map(repr, bad))}; "
@@ -176,36 +198,27 @@ def _sizes_of_config(c):
                 vocabs=(c.source_vocab_size, c.target_vocab_size), heads=c.heads)
 
 
-def _config_notes(path, file_config, config):
-    """What the weights fit either way but parity's metadata says otherwise (the heads split
-    D into other slices: the same shapes, another model)."""
-    m, notes = config.model, []
-    if file_config.heads != m.heads:
-        notes.append(f"note: {OPTION} {path}: its metadata says {file_config.heads} heads, the run has {m.heads} "
-                     f"(--heads, --preset); the weights fit either, but only the number the model was trained "
-                     f"with computes its outputs (parity convert records 8 unless told --heads)")
-    if file_config.src_pad_idx != m.src_pad_idx:
-        notes.append(f"note: {OPTION} {path}: its model masked source id {file_config.src_pad_idx} as padding; "
-                     f"flaxformer-mini's padding id is {m.src_pad_idx}")
-    return notes
-
-
-def _recorded_config_notes(path, config):
-    """The settings a torch ``.safetensors`` that ``parity convert`` wrote records in its
-    metadata (docs/porting.md, section 9), against the run's: heads recorded as the model's
-    (not assumed) and not the run's are refused, since the weights fit any heads that divide
-    the width but compute the model's outputs with its own only; an assumed count, or another
-    padding id, is a note."""
+def _recorded_torch_config(path):
+    """What a torch ``.safetensors`` that ``parity convert`` wrote records in its metadata (docs/
+    porting.md, section 9): (settings, assumed names), or (None, ()) for any other file."""
     from parity.file_kinds import read_recorded_config
 
     try:
-        recorded, assumed = read_recorded_config(path)
+        return read_recorded_config(path)
     except ValueError as e:  # CheckpointError: metadata that is not what parity writes
         raise InitFromError(f"{OPTION} {_first_line(e)}") from None
-    if not recorded:
+
+
+def _recorded_config_notes(path, config, recorded):
+    """The settings a file's metadata records (``recorded``: (settings, assumed names), either
+    layout) against the run's. Heads recorded as the model's (not assumed) and not the run's
+    are refused: the weights fit any count that divides the width, but only the model's own
+    computes its outputs. An assumed count, or another padding id, is a note."""
+    settings, assumed = recorded
+    if not settings:
         return []
     m, notes = config.model, []
-    heads = recorded.get("heads")
+    heads = settings.get("heads")
     if heads is not None and heads != m.heads:
         if "heads" not in assumed:
             raise InitFromError(f"{OPTION} {path}: its metadata records a model of {heads} heads, and this run's has "
@@ -213,7 +226,7 @@ def _recorded_config_notes(path, config):
                                 f"model's outputs. Train with --heads {heads}")
         notes.append(f"note: {OPTION} {path}: its metadata marks {heads} heads as assumed by parity convert (not "
                      f"known); this run uses {m.heads}: give --heads the number the model was trained with")
-    pad = recorded.get("src_pad_idx")
+    pad = settings.get("src_pad_idx")
     if pad is not None and pad != m.src_pad_idx:
         notes.append(f"note: {OPTION} {path}: its model masked source id {pad} as padding; "
                      f"flaxformer-mini's padding id is {m.src_pad_idx}")

@@ -178,8 +178,11 @@ class Run:
         if options.init_from is not None:  # recorded (path, sha256): a resume checks both
             from flaxformer_mini import init_from
 
-            config = dataclasses.replace(config, init_from=init_from.record(options.init_from))
-            if not run_dir.exists():  # a new run: the file must fit its model before anything is written
+            if run_dir.exists():  # a resume: the checkpoints hold the run; the file may have moved or gone
+                recorded = init_from.for_resume(run_dir.load_config().init_from, options.init_from, echo)
+                config = dataclasses.replace(config, init_from=recorded)
+            else:  # a new run: the file must fit its model before anything is written
+                config = dataclasses.replace(config, init_from=init_from.record(options.init_from))
                 params, notes = init_from.read_params(config.init_from.path, config, preset=options.preset)
                 for note in notes:
                     echo(note)

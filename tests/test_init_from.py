@@ -110,21 +110,30 @@ def test_a_file_of_another_shape_is_refused_by_key_and_shapes_and_nothing_is_wri
 
 
 def test_heads_recorded_in_a_parity_exports_metadata_must_be_the_runs(tmp_path):
-    # The weights fit any head count that divides the width; the count parity convert recorded
-    # (not assumed) is the model's, so another one is refused before anything is written.
-    from parity.checkpoint_io import save_state_dict
+    # The weights fit any head count that divides the width; the count parity recorded (not
+    # assumed) is the model's, so another one is refused before anything is written, whether
+    # the file holds torch keys or Flax paths.
+    import contextlib
+    import io
 
     import flaxformer_mini as fm
+    from parity.checkpoint_io import save_state_dict
+    from parity.cli import main as parity_main
 
     model = torch_model(heads=3)  # width 30: 3 heads of 10
-    path = save_state_dict(model.state_dict(), tmp_path / "three_heads.safetensors", config=fm.ModelConfig(
-        **{**SIZES, "heads": 3}))
-    out = tmp_path / "run"
-    result = cli("train", *RUN, "--steps", "1", "--init-from", str(path), "--out", str(out))
-    assert result.returncode == 2, result.stderr
-    assert (f"--init-from {path}: its metadata records a model of 3 heads, and this run's has 5 (--heads, --preset): "
-            f"the weights fit both, but only 3 computes the model's outputs. Train with --heads 3") in result.stderr
-    assert not out.exists()
+    torch_file = save_state_dict(model.state_dict(), tmp_path / "three_heads.safetensors",
+                                 config=fm.ModelConfig(**{**SIZES, "heads": 3}))
+    flax_file = tmp_path / "three_heads_flax.safetensors"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert parity_main(["convert", str(torch_file), str(flax_file)]) == 0  # heads from the metadata
+    for path in (torch_file, flax_file):
+        out = tmp_path / f"run_{path.stem}"
+        result = cli("train", *RUN, "--steps", "1", "--init-from", str(path), "--out", str(out))
+        assert result.returncode == 2, result.stderr
+        assert (f"--init-from {path}: its metadata records a model of 3 heads, and this run's has 5 (--heads, "
+                f"--preset): the weights fit both, but only 3 computes the model's outputs. Train with --heads 3"
+                in result.stderr), result.stderr
+        assert not out.exists()
 
 
 def test_a_resume_is_held_to_the_file_it_started_from(weights, started, tmp_path):
@@ -153,3 +162,13 @@ def test_a_resume_is_held_to_the_file_it_started_from(weights, started, tmp_path
     same = cli("train", *RUN, "--steps", "2", "--init-from", str(path), "--out", str(run))
     assert same.returncode == 0, same.stderr
     assert "resuming" in same.stderr and "starting from the weights" not in same.stderr
+    # Moved with its contents, or gone: the checkpoints hold the run, which resumes (a note says so).
+    moved = tmp_path / "moved.safetensors"
+    shutil.copy(path, moved)
+    resumed = cli("train", *RUN, "--steps", "3", "--init-from", str(moved), "--out", str(run))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"--init-from {moved} holds what the run started from (recorded at {path})" in resumed.stderr
+    changed.unlink()
+    resumed = cli("train", *RUN, "--steps", "2", "--init-from", str(changed), "--out", str(run2))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"--init-from {changed} is gone; the run resumes from its checkpoints" in resumed.stderr
