@@ -430,9 +430,12 @@ def main(argv=None):
         parser.error("--valid goes with --data")
     if getattr(args, "task", None):
         for option, value, default in (("--tokenizer", args.tokenizer, "word"), ("--shared-vocab", args.shared_vocab, False),
-                                       ("--max-tokens", args.max_tokens, None), ("--columns", args.columns, None)):
+                                       ("--max-tokens", args.max_tokens, None)):
             if value != default:
                 parser.error(f"{option} goes with --data (synthetic tasks have integer tokens and fixed-size batches)")
+    if getattr(args, "columns", None) is not None and not getattr(args, "data", None):
+        parser.error("--columns goes with --data: it says which columns of that file to read"
+                     + (" (a synthetic task reads no file)" if getattr(args, "task", None) else ""))
     problem = check_ranges(args) or decode_commands.option_problem(args)
     if problem:
         parser.error(problem)

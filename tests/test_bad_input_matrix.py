@@ -240,7 +240,9 @@ CASES = [
      r"--max-tokens 3 is smaller than the longest example \(.*train\.tsv: pair 'a b c'.*8 padded.*at least 8"),
     # --- train options
     ("valid_without_data", train_option("--valid", "v.tsv"), 2, r"--valid goes with --data"),
-    ("columns_without_data", train_option("--columns", "2,1"), 2, r"--columns goes with --data"),
+    ("columns_without_data", train_option("--columns", "2,1"), 2,
+     r"--columns goes with --data: it says which columns of that file to read \(a synthetic task reads no file\)"),
+    ("evaluate_columns_without_data", on_run("evaluate", "--columns", "2,1"), 2, r"--columns goes with --data"),
     ("task_and_data", train_option("--data", "t.tsv"), 2, r"not allowed with"),
     ("steps_zero", train_option("--steps", "0"), 2, r"--steps must be >= 1, got 0"),
     ("batch_size_zero", train_option("--batch-size", "0"), 2, r"--batch-size must be >= 1"),
