@@ -69,7 +69,7 @@ def check_port_free(address, given="--coordinator"):
                                    f"process of this run)") from None
 
 
-# The per-host locks of hold_process_slot, kept open (and so held) for the process's life.
+# The per-host locks of hold_process_slot by lock file, kept open (and so held) for the process's life.
 _SLOTS = {}
 
 
@@ -104,6 +104,8 @@ def hold_process_slot(address, process_id, given="--coordinator"):
     if fcntl is None:
         return
     path = _slot_path(address, process_id)
+    if path in _SLOTS:  # held by this process already: a start-up retried after a later failure
+        return
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
@@ -129,11 +131,16 @@ def hold_process_slot(address, process_id, given="--coordinator"):
         os.close(fd)  # the holder removed the file as we opened it: take the new one
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _SLOTS[(address, process_id)] = fd
+    _SLOTS[path] = fd
     atexit.register(_release_slot, path, fd)
 
 
 def _release_slot(path, fd):
+    """Remove the lock file, if it is still this process's (a temp cleaner may have removed it
+    and another process made its own), then close it; each step on its own."""
     with contextlib.suppress(OSError):
-        os.unlink(path)  # while still held: a newcomer that opened it re-checks the inode
+        if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            os.unlink(path)  # while still held: a newcomer that opened it re-checks the inode
+    with contextlib.suppress(OSError):
         os.close(fd)
+    _SLOTS.pop(path, None)

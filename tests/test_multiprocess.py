@@ -752,6 +752,23 @@ def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_h
     assert time.time() - t0 < 60 and not out.exists()  # at once, not after --distributed-timeout
 
 
+def test_the_process_id_lock_is_taken_once_per_process_and_removed_at_exit_only_if_still_ours(tmp_path, monkeypatch):
+    import tempfile
+
+    from flaxformer_mini import host_guards
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    address = f"127.0.0.1:{free_port()}"
+    host_guards.hold_process_slot(address, 3)
+    host_guards.hold_process_slot(address, 3)  # a start-up retried in this process: not its own duplicate
+    path = host_guards._slot_path(address, 3)
+    fd = host_guards._SLOTS[path]
+    path.unlink()  # a temp cleaner took it, and another process made its own
+    path.write_text("12345\n")
+    host_guards._release_slot(path, fd)
+    assert path.read_text() == "12345\n" and path not in host_guards._SLOTS
+
+
 def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs(monkeypatch):
     from flaxformer_mini import distributed, host_guards
 
