@@ -176,8 +176,9 @@ class _StepLog:
         self.flush()
         rate = None
         # Every log_every steps and at the run's last step, so a run shorter than log_every (or
-        # not a multiple of it) still logs its final loss. An interrupted run logs no extra line:
-        # resumed, its log equals an uninterrupted run's.
+        # not a multiple of it) still logs its final loss. An interrupted run logs no extra line,
+        # so resumed its log equals an uninterrupted run's; a run continued to a larger --steps
+        # keeps the line of the end it had reached.
         if step % self.log_every == 0 or step == self.steps:  # target tokens/s since the last line
             now = time.perf_counter()
             rate, self.tokens, self.t0 = self.tokens / max(now - self.t0, 1e-9), 0, now
