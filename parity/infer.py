@@ -166,10 +166,14 @@ def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> Mo
         if isinstance(chosen[name], bool) or not isinstance(chosen[name], int):
             raise ConversionError(f"{name} must be an integer, got {chosen[name]!r}")
     if chosen["heads"] < 1 or D % chosen["heads"]:
+        # The seed's 8, taken because nothing said the heads: say so, and what says them.
+        assumed = heads is None and "heads" not in overrides
+        said = " (the seed value, assumed: no --heads, config or metadata gave it)" if assumed else ""
         raise ConversionError(
-            f"heads={chosen['heads']} does not divide the model width D={D} ({SOURCE_EMBEDDING!r} has shape "
+            f"heads={chosen['heads']}{said} does not divide the model width D={D} ({SOURCE_EMBEDDING!r} has shape "
             f"{(source_vocab_size, D)}); heads must be a divisor of {D}: "
             f"{', '.join(str(h) for h in range(1, D + 1) if D % h == 0)}"
+            + ("; give the model's with --heads" if assumed else "")
         )
     if not 0 <= chosen["src_pad_idx"] < source_vocab_size:
         raise ConversionError(

@@ -183,7 +183,13 @@ def test_check_reads_heads_and_padding_from_a_config_file(seed_state_dict, tmp_p
     assert "5 heads (config file" in out and "src_pad_idx 2 (config file)" in out
     # An option overrides the file: 7 does not divide 30.
     assert main(["check", "--torch-checkpoint", path, "--config", str(config_file), "--heads", "7"]) == 2
-    assert "heads=7 does not divide the model width D=30" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "heads=7 does not divide the model width D=30" in err and "assumed" not in err
+    # Nothing says the heads: the seed's 8 is assumed, and the refusal says so and names --heads.
+    assert main(["check", "--torch-checkpoint", path]) == 2
+    err = capsys.readouterr().err
+    assert ("heads=8 (the seed value, assumed: no --heads, config or metadata gave it) does not divide the model "
+            "width D=30") in err and err.rstrip().endswith("give the model's with --heads"), err
 
 
 def test_check_of_a_torch_ref_checkpoint_with_gradients_adds_a_row_per_parameter_in_torch_order(tmp_path, capsys):
