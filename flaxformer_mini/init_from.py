@@ -93,8 +93,10 @@ def read_params(path, config: RunConfig, preset=None):
     except ValueError as e:  # parity's CheckpointError: no such file, unknown suffix, unreadable header
         raise InitFromError(f"{OPTION} {_first_line(e)}") from None
     notes = []
+    # (the settings the file's metadata records, the names it marks assumed): a torch file's
+    # read here, before the try, whose ValueError handler would re-word this module's own errors.
+    recorded = (None, ()) if kind == "flax" else _recorded_torch_config(path)
     try:
-        recorded = None  # (the settings the file's metadata records, the names it marks assumed)
         if kind == "flax":
             params, file_config, assumed = flax_io.read_flax_params(path)
             recorded = (dataclasses.asdict(file_config), assumed)
@@ -104,6 +106,8 @@ def read_params(path, config: RunConfig, preset=None):
         else:
             arrays = _read_torch_file(path)
             sizes = _sizes_of_torch(arrays, engine)
+            if sizes and recorded[0] and "heads" not in recorded[1]:
+                sizes["heads"] = recorded[0].get("heads")  # the misfit message can then name them
         # The run's layout: its dtype and its stacked or per-layer blocks (abstract: no arrays).
         model = nnx.eval_shape(lambda: config.build_model(nnx.Rngs(0)))
         plan = engine.plan(model)
@@ -113,7 +117,7 @@ def read_params(path, config: RunConfig, preset=None):
     except ValueError as e:  # CheckpointError: a truncated or foreign file
         raise InitFromError(f"{OPTION} {_first_line(e)}") from None
     # Outside the try: its own InitFromError is a ValueError too.
-    notes += _recorded_config_notes(path, config, recorded or _recorded_torch_config(path))
+    notes += _recorded_config_notes(path, config, recorded)
     bad = [key for key, a in arrays.items() if not np.isfinite(np.asarray(a, np.float32)).all()]
     if bad:
         raise InitFromError(f"{OPTION} {path}: weights hold NaN or Inf: {_listed(map(repr, bad))}; "
