@@ -477,11 +477,20 @@ def test_after_a_save_only_orbaxs_disk_full_aftermath_is_silenced(tmp_path, monk
     assert seen == [("except", "something else"), ("unraisable", "something else")]
 
     full = ValueError("RESOURCE_EXHAUSTED: Failed to write: No space left on device [os_error_code='28']")
+    # A damaged file's abandoned reads, collected after the caller reported the failure (seen
+    # after test_parity_faults' one-line error); another task's lost exception still shows.
+    read = ValueError("OUT_OF_RANGE: Error opening \"zarr\" driver: ... [tensorstore_spec='{}']")
     with caplog.at_level(logging.ERROR):
         logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=(ValueError, full, None))
         logging.getLogger("absl").error("_SignalingThread.run() raised an exception: %s", full)
         logging.getLogger("asyncio").error("another failure", exc_info=(RuntimeError, other, None))
-    assert [r.getMessage() for r in caplog.records] == ["another failure"]
+        logging.getLogger("asyncio").error("Task exception was never retrieved\nfuture: <Task>",
+                                           exc_info=(ValueError, read, None))
+        logging.getLogger("asyncio").error("Task exception was never retrieved\nfuture: <Task>",
+                                           exc_info=(RuntimeError, other, None))
+    assert [r.getMessage() for r in caplog.records] == ["another failure",
+                                                         "Task exception was never retrieved\nfuture: <Task>"]
+    assert caplog.records[1].exc_info[1] is other
 
 
 def test_closed_loop_reports_while_a_damaged_checkpoints_error_propagates_are_silenced(tmp_path, monkeypatch):
