@@ -113,11 +113,11 @@ def _dot_product_attention(q, k, v, mask, impl):
     _check_attention_impl(impl)
     if impl == "cudnn" and jax.default_backend() != "gpu":
         raise ValueError(f"attention_impl='cudnn' needs an NVIDIA GPU; JAX's backend here is {jax.default_backend()!r}")
-    if mask is not None:
-        mask = _as_rank4(mask).astype(jnp.bool_)
     # JAX's layout is sequence-first, (B, S, H, K): the head-first keys and values (the
     # decoding cache's layout) are transposed back.
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    if mask is not None:
+        mask = _mask_for(impl, mask, q.shape[1], k.shape[1])
     # JAX promotes bfloat16 inputs with float32 for the logits' dtype on purpose: allowed
     # here under a program's strict promotion (as the tests run), as around Flax's LayerNorm.
     # That covers the forward pass only. With bfloat16 inputs, the gradient of the "xla"
@@ -126,6 +126,19 @@ def _dot_product_attention(q, k, v, mask, impl):
     # "xla" attention compiles under standard promotion (JAX's default) only.
     with jax.numpy_dtype_promotion("standard"):
         return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=impl)  # (B, T, H, K)
+
+
+def _mask_for(impl, mask, T, S):
+    """The keep-mask as jax.nn.dot_product_attention takes it for ``impl``: bool, rank 4.
+
+    cuDNN turns a mask into an additive bias and wants that bias's last two axes whole,
+    (B|1, H|1, T, S) (jax's check_layout: "Bias must have same seq length as QKV"); XLA
+    broadcasts the seed's (B, 1, 1, S) padding mask itself, so it gets the mask as it is.
+    """
+    mask = _as_rank4(mask).astype(jnp.bool_)
+    if impl == "cudnn":
+        mask = jnp.broadcast_to(mask, mask.shape[:2] + (T, S))
+    return mask
 
 
 def set_attention_impl(model, impl):

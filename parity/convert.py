@@ -97,12 +97,17 @@ def tensor_to_numpy(value):
 
 
 def numpy_to_tensor(array):
+    """``array`` as a torch tensor on torch's default device (the CPU unless
+    ``torch.set_default_device`` chose another), as torch's own factories make theirs:
+    ``torch.from_numpy`` alone would leave it on the CPU beside a model on CUDA."""
     array = np.ascontiguousarray(array)
     if array.dtype == ml_dtypes.bfloat16:
         # .copy(), as below: np.asarray of a jax array is a read-only view of its buffer, and a
         # tensor wrapping it would let in-place torch ops write into the Flax parameter.
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(array.copy())
+        tensor = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(array.copy())
+    return tensor.to(torch.get_default_device())
 
 
 def _renamed(state_dict, rename):

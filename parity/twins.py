@@ -51,7 +51,12 @@ def transformer_pair(config, seed=0):
     eval mode. The torch twin is initialised from ``torch.manual_seed(seed)``; its weights
     are converted into the Flax twin."""
     torch.manual_seed(seed)
-    torch_model = torch_ref.Transformer(**config.to_dict()).eval()
+    # Initialised on the CPU whatever torch's default device (CUDA's generator draws other
+    # numbers from the same seed), so a seed gives the same weights on every machine; then
+    # moved to the default device, where the inputs of ``as_inputs`` are made.
+    with torch.device("cpu"):
+        torch_model = torch_ref.Transformer(**config.to_dict()).eval()
+    torch_model.to(torch.get_default_device())
     # Built concretely (not with nnx.eval_shape): its dropout RNG state must be real arrays
     # for train mode and for jit, even though the initial weights are overwritten.
     flax_model = flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(seed))
@@ -108,5 +113,5 @@ def sample_batch(config, batch=4, seed=0, source_len=None, target_len=None):
 
 
 def as_inputs(*arrays):
-    """The same int arrays as torch tensors and as JAX arrays."""
-    return tuple(torch.from_numpy(a) for a in arrays), tuple(jnp.asarray(a) for a in arrays)
+    """The same arrays as torch tensors (on torch's default device) and as JAX arrays."""
+    return tuple(torch.as_tensor(a) for a in arrays), tuple(jnp.asarray(a) for a in arrays)

@@ -71,6 +71,27 @@ def test_a_fully_masked_row_is_uniform_in_both_paths():
     np.testing.assert_allclose(out, ref, atol=ATOL, rtol=0)
 
 
+def test_the_mask_given_to_cudnn_has_whole_sequence_axes_and_keeps_the_same_keys():
+    # cuDNN takes a mask as a bias of shape (B|1, H|1, T, S) (a (B, 1, 1, S) padding mask
+    # failed jax's check_layout on an H200); broadcast, it must keep exactly the same keys:
+    # XLA's attention gives the same output with it as with the mask as the model makes it.
+    from flaxformer_mini.attention import _mask_for
+
+    B, T, S, H, K = 3, 5, 7, 2, 4
+    keep = np.arange(S)[None, :] < np.array([7, 3, 1])[:, None]  # (B, S)
+    padding = jnp.asarray(keep[:, None, None, :])  # (B, 1, 1, S)
+    assert _mask_for("xla", padding, T, S).shape == (B, 1, 1, S)
+    whole = _mask_for("cudnn", padding, T, S)
+    assert whole.shape == (B, 1, T, S) and whole.dtype == jnp.bool_
+    np.testing.assert_array_equal(whole, np.broadcast_to(keep[:, None, None, :], (B, 1, T, S)))
+    causal = _mask_for("cudnn", jnp.tril(jnp.ones((T, T), bool)), T, T)  # a rank-2 mask, as torch allows
+    assert causal.shape == (1, 1, T, T)
+
+    q, k, v = jax.random.normal(jax.random.key(0), (3, B, S, H, K))
+    attend = lambda m: jax.nn.dot_product_attention(q[:, :T], k, v, mask=m, implementation="xla")
+    np.testing.assert_array_equal(attend(whole), attend(padding))
+
+
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the error given where there is no GPU")
 def test_cudnn_attention_without_a_gpu_is_refused_by_name(tiny_config):
     _, other = _models(tiny_config)

@@ -103,7 +103,7 @@ def test_buffers_and_a_tied_head_round_trip_bit_exact_and_load_strictly(torch_mo
 def test_forward_outputs_agree_within_1e_5(torch_model):
     flax_model = convert_in(torch_model.state_dict(), tied=TIED)
     with torch.no_grad():
-        want = torch_model(torch.as_tensor(IDS)).numpy()
+        want = torch_model(torch.as_tensor(IDS)).cpu().numpy()
     got = np.asarray(flax_model(jnp.asarray(IDS)))
     assert got.shape == want.shape == (2, 5, V)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
@@ -163,7 +163,7 @@ def test_a_checkpoint_holding_one_name_of_a_tie_loads_from_it(torch_model, drop)
     # safetensors' save_model keeps one name of tensors that share memory.
     state = {k: v for k, v in torch_model.state_dict().items() if k != drop}
     flax_model = convert_in(state, tied=TIED)
-    np.testing.assert_array_equal(flax_model.embed.embedding.get_value(), torch_model.tok.weight.detach().numpy())
+    np.testing.assert_array_equal(flax_model.embed.embedding.get_value(), torch_model.tok.weight.detach().cpu().numpy())
 
 
 @pytest.mark.parametrize("key, value, why", [

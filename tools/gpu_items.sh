@@ -9,11 +9,16 @@
 #     bash tools/gpu_items.sh parity    # (a) the parity suite, torch CUDA against JAX GPU, TF32 off
 #     bash tools/gpu_items.sh bench     # (b) the `large` preset in bfloat16, cuDNN attention
 #     bash tools/gpu_items.sh train     # (c) the main job in bfloat16
-# Everything each writes is under $OUT (or ./gpu_out where OUT is unset), logs included.
+# or all three in one call, each under its own time limit (the tool lends 15 minutes of device
+# time in all, the machine's start included, so one call of under 10 minutes is the safe plan):
+#     bash tools/gpu_items.sh all       # train, parity, bench (Flax and torch eager), torch.compile
+#     GPU_ITEMS="parity bench" bash tools/gpu_items.sh all   # some of them
+# Everything each writes is under $OUT (or ./gpu_out where OUT is unset), logs included; `all`
+# puts each item's files in one archive there (the tool brings back at most 8 files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train}
-case "$item" in wheels | parity | bench | train) ;; *) echo "unknown item $item: wheels, parity, bench or train" >&2; exit 2 ;; esac
+item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train|all}
+case "$item" in wheels | parity | bench | train | all) ;; *) echo "unknown item $item: wheels, parity, bench, train or all" >&2; exit 2 ;; esac
 out=${OUT:-gpu_out}
 mkdir -p "$out"
 
@@ -21,6 +26,7 @@ if [ "$item" = wheels ]; then
     # The versions this project is tested with; the machine's Python is 3.12 (device KINDS.md).
     mkdir -p .git/info .whl
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >>.git/info/exclude
+    # (with the project's virtual environment active: its versions are the ones copied)
     for pkg in tensorboardX rapidfuzz; do
         version=$(python3 -m pip show "$pkg" | awk '/^Version:/ {print $2}')
         python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -31,31 +37,73 @@ if [ "$item" = wheels ]; then
     exit 0
 fi
 
+
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-{
+if [ -z "${SKIP_MACHINE:-}" ]; then {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     python3 -c 'import jax, flax, optax, torch; print("jax", jax.__version__, jax.devices(), "| flax", flax.__version__,
 "| optax", optax.__version__, "| torch", torch.__version__, "cuda", torch.version.cuda)'
-} 2>&1 | tee "$out/machine.txt"
+} 2>&1 | tee "$out/machine.txt"; fi
+
+if [ "$item" = all ]; then
+    # Seconds for each, in the order a short lease loses least: the main job (about a minute),
+    # the parity suite, the large preset's Flax and torch eager paths, then torch.compile's
+    # (inductor's compile of 24 layers is the slowest part and the least needed). timeout's
+    # SIGINT lets pytest print its summary; `tee -i` keeps each log to its end.
+    work=/tmp/gpu_all
+    export SKIP_MACHINE=1  # written once, above
+    rm -rf "$work" && mkdir -p "$work" && cp "$out/machine.txt" "$work/"
+    run_item() {
+        local name=$1 limit=$2 rc=0
+        shift 2
+        local started=$SECONDS
+        OUT="$work/$name" timeout -s INT -k 20 "$limit" env "$@" bash "$0" "${name%%_*}" || rc=$?
+        echo "$name: exit $rc after $((SECONDS - started)) s (limit $limit s)" | tee -a "$work/summary.txt"
+        # Collected after each item, so a call cut short still brings back what ran.
+        cp "$work/summary.txt" "$out/"
+        if [ -f "$work/$name/${logs[$name]}" ]; then cp "$work/$name/${logs[$name]}" "$out/${name}_${logs[$name]}"; fi
+        tar czf "$out/gpu_items.tar.gz" -C "$work" .
+    }
+    declare -A logs=([train]=train.log [parity]=parity.log [bench]=large.log [bench_decode]=large.log
+        [bench_compile]=large.log)
+    # GPU_ITEMS: which, in this order (default all); LIMIT_*: their seconds.
+    for name in ${GPU_ITEMS:-train parity bench bench_decode bench_compile}; do
+        case "$name" in
+        train) run_item train "${LIMIT_TRAIN:-120}" ;;
+        parity) run_item parity "${LIMIT_PARITY:-185}" XLA_PYTHON_CLIENT_PREALLOCATE=false PARITY_WORKERS=12 PARITY_MAXFAIL=30 ;;
+        # Decoding apart: a failure there must not lose the training step's figures.
+        bench) run_item bench "${LIMIT_BENCH:-120}" BENCH_ARGS="--paths flax_jit torch_eager --ops forward train_step" ;;
+        bench_decode) run_item bench_decode "${LIMIT_DECODE:-70}" BENCH_ARGS="--paths flax_jit torch_eager --ops decode_cached" ;;
+        bench_compile) run_item bench_compile "${LIMIT_COMPILE:-85}" BENCH_ARGS="--paths torch_compile" ;;
+        *) echo "unknown GPU_ITEMS entry $name" >&2; exit 2 ;;
+        esac
+    done
+    exit 0
+fi
 
 case "$item" in
 parity)
-    # -p no:cacheprovider: nothing written into the tree; -x: the first failure is the one to read.
-    python3 -m pytest -m parity --torch-device cuda -p no:cacheprovider -x -q \
-        --junitxml="$out/parity.xml" 2>&1 | tee "$out/parity.log"
+    # -p no:cacheprovider: nothing written into the tree; --maxfail 1: the first failure is the one
+    # to read (PARITY_MAXFAIL=N: up to N)
+    # (PARITY_WORKERS=N: N pytest-xdist workers on the one GPU; set XLA_PYTHON_CLIENT_PREALLOCATE=false
+    # with it, or the first worker's JAX takes three quarters of the GPU's memory).
+    python3 -m pytest -m parity --torch-device cuda -p no:cacheprovider --maxfail="${PARITY_MAXFAIL:-1}" -q \
+        ${PARITY_WORKERS:+-n "$PARITY_WORKERS"} --junitxml="$out/parity.xml" 2>&1 | tee -i "$out/parity.log"
     ;;
 bench)
-    python3 -m benchmarks --preset large --json "$out/large.json" 2>&1 | tee "$out/large.log"
+    # BENCH_ARGS: more options, e.g. "--paths flax_jit torch_eager" (word-split on purpose).
+    # shellcheck disable=SC2086
+    python3 -m benchmarks --preset large --json "$out/large.json" ${BENCH_ARGS:-} 2>&1 | tee -i "$out/large.log"
     ;;
 train)
     rm -rf /tmp/gpu_reverse
     { time python3 -m flaxformer_mini train --task reverse --dtype bfloat16 --out /tmp/gpu_reverse; } \
-        2>&1 | tee "$out/train.log"
+        2>&1 | tee -i "$out/train.log"
     cp /tmp/gpu_reverse/metrics.jsonl /tmp/gpu_reverse/config.json /tmp/gpu_reverse/loss.png "$out/"
     ;;
 esac
