@@ -8,27 +8,26 @@ FILE is one of
 - Flax parameters written by ``parity convert`` (``.safetensors`` with parity's metadata, or
   an orbax directory).
 
-The run's model comes from its options and data as always; FILE must fit it exactly. The
-conversion is parity's strict one (every key, every shape, floating-point values), into the
-run's own layout (a ``--scan-layers`` run gets each side's layers stacked), so nothing here
-knows a key. This module is the one place ``flaxformer_mini`` imports ``parity``, and only
-inside these functions: ``parity.flax_io`` and ``parity.engine`` need no torch, so a
-``.safetensors`` file needs none either, and ``import flaxformer_mini`` never loads parity.
+The run's model comes from its options and data as always; FILE must fit it exactly. Reading
+and converting FILE is parity's work (``parity.init_weights``: its strict conversion, every
+key and shape named), found here through the packaging entry point below, so that
+``flaxformer_mini`` never imports parity (DESIGN.md's import rule). This module keeps what
+the run records of FILE (path and sha256) and the resume rules.
 """
 
-import dataclasses
 import hashlib
-import importlib.util
 import os
+from importlib.metadata import entry_points
 from pathlib import Path
-
-import numpy as np
 
 from flaxformer_mini.files import file_sha256
 from flaxformer_mini.run_config import InitFrom, RunConfig, RunConfigError
 
 OPTION = "--init-from"
-_SHOWN = 4  # offending keys named in one error line; the rest are counted
+# The entry-point group of weight readers: a module with read_params(path, config, preset)
+# and params_into_model(params, model). flaxformer-mini's own, parity's, is named "parity"
+# (pyproject.toml, [project.entry-points."flaxformer_mini.weight_readers"]).
+READERS = "flaxformer_mini.weight_readers"
 
 
 class InitFromError(RunConfigError):
@@ -79,54 +78,10 @@ def digest(path):
 
 def read_params(path, config: RunConfig, preset=None):
     """({Flax path: numpy array} in the run's own layout, [notes]) from ``path``, for the model
-    of ``config``; InitFromError naming every offending key with both shapes, and the options
-    that set the model's sizes, when the file does not fit. Nothing is written."""
-    from flax import nnx
-
-    if os.path.isfile(os.path.join(path, "config.json")):
-        raise InitFromError(f"{OPTION} {path}: is a flaxformer-mini run directory, not a weights file: train with "
-                            f"--out {path} to continue that run, or export its weights for a new run with "
-                            f"`parity convert {path} model.safetensors` and give {OPTION} model.safetensors")
-    engine, flax_io = _parity()
-    try:
-        kind = flax_io.checkpoint_kind(path)
-    except ValueError as e:  # parity's CheckpointError: no such file, unknown suffix, unreadable header
-        raise InitFromError(f"{OPTION} {_first_line(e)}") from None
-    notes = []
-    # (the settings the file's metadata records, the names it marks assumed): a torch file's
-    # read here, before the try, whose ValueError handler would re-word this module's own errors.
-    recorded = (None, ()) if kind == "flax" else _recorded_torch_config(path)
-    try:
-        if kind == "flax":
-            params, file_config, assumed = flax_io.read_flax_params(path)
-            recorded = (dataclasses.asdict(file_config), assumed)
-            sizes = _sizes_of_config(file_config)
-            # Strict against the run's model (unscanned), naming Flax paths; then torch keys.
-            arrays = flax_io.torch_arrays_from_flax_params(params, config.model)
-        else:
-            arrays = _read_torch_file(path)
-            sizes = _sizes_of_torch(arrays, engine)
-            if sizes and recorded[0] and "heads" not in recorded[1]:
-                sizes["heads"] = recorded[0].get("heads")  # the misfit message can then name them
-        # The run's layout: its dtype and its stacked or per-layer blocks (abstract: no arrays).
-        model = nnx.eval_shape(lambda: config.build_model(nnx.Rngs(0)))
-        plan = engine.plan(model)
-        arrays = engine.check_torch(plan, arrays, "the run's model")
-    except engine.ConversionError as e:
-        raise InitFromError(_does_not_fit(path, e, config, preset, sizes)) from None
-    except ValueError as e:  # CheckpointError: a truncated or foreign file
-        raise InitFromError(f"{OPTION} {_first_line(e)}") from None
-    # Outside the try: its own InitFromError is a ValueError too.
-    notes += _recorded_config_notes(path, config, recorded)
-    bad = [key for key, a in arrays.items() if not np.isfinite(np.asarray(a, np.float32)).all()]
-    if bad:
-        raise InitFromError(f"{OPTION} {path}: weights hold NaN or Inf: {_listed(map(repr, bad))}; "
-                            f"training from them would stop at the first step")
-    if config.data.kind != "synthetic":
-        notes.append(f"note: {OPTION}: the file's embedding rows are used as this run's token ids, which come "
-                     f"from the vocabularies built from --data; its model must have numbered tokens the same way "
-                     f"(equal sizes do not show it)")
-    return engine.to_flax(plan, arrays), notes
+    of ``config``, by the installed weight reader; InitFromError naming every offending key with
+    both shapes, and the options that set the model's sizes, when the file does not fit.
+    Nothing is written."""
+    return weight_reader().read_params(path, config, preset)
 
 
 def load_into_state(state, params):
@@ -134,155 +89,23 @@ def load_into_state(state, params):
     parameters, and a fresh optimizer state for them."""
     from flax import nnx
 
-    engine, flax_io = _parity()
     model = state.model(train=True)
-    flax_io.params_into_model(params, model)  # strict again, cast to the run's parameter dtype
+    weight_reader().params_into_model(params, model)
     new = nnx.state(model, nnx.Param)
     return state.replace(params=new, opt_state=state.tx.init(new))
 
 
-def _parity():
+def weight_reader():
+    """The installed weight reader (parity's unless only another is installed), or an
+    InitFromError saying how to install one."""
+    found = entry_points(group=READERS)
+    if not found:
+        raise InitFromError(
+            f"{OPTION} needs a weight reader, and none is installed: flaxformer-mini's parity package provides "
+            f"one, registered (entry point group {READERS!r}) when flaxformer-mini is installed with pip "
+            f"(`pip install -e .` in a checkout); a checkout on PYTHONPATH alone registers none")
+    entry = found["parity"] if "parity" in found.names else next(iter(found))
     try:
-        from parity import engine, flax_io
-    except ImportError as e:  # parity ships with flaxformer-mini; a broken install says which module
-        raise InitFromError(f"{OPTION} needs the parity package (part of flaxformer-mini): {e}") from None
-    return engine, flax_io
-
-
-def _read_torch_file(path):
-    """{torch key: numpy array} of a torch state dict file."""
-    if Path(path).suffix.lower() == ".safetensors":
-        try:
-            from safetensors.numpy import load_file
-        except ImportError:
-            raise InitFromError(f"{OPTION} {path}: reading .safetensors needs the safetensors package "
-                                f"(pip install safetensors; no torch needed)") from None
-        try:
-            return load_file(path)
-        except Exception as e:  # noqa: BLE001 - safetensors raises several types for a bad file
-            if not _has_torch():
-                raise InitFromError(f"{OPTION} {path}: not a readable .safetensors file for numpy (truncated, "
-                                    f"corrupt, or a dtype numpy lacks, such as bfloat16): {e}") from None
-            # torch's reader takes what numpy's cannot (bfloat16), and names a bad file itself.
-    elif not _has_torch():
-        raise InitFromError(f"{OPTION} {path}: a torch pickle ({Path(path).suffix}) needs PyTorch to read, and torch "
-                            f"is not installed here. Install it (README, Install), or save the state dict as "
-                            f".safetensors where torch is (safetensors.torch.save_file(model.state_dict(), "
-                            f"'model.safetensors')), which reads without torch")
-    from parity.checkpoint_io import load_state_dict
-    from parity.convert import tensor_to_numpy
-
-    return {key: tensor_to_numpy(value) for key, value in load_state_dict(path).items()}
-
-
-def _has_torch():
-    """Whether torch can be imported, without importing it (several seconds)."""
-    try:
-        return importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):  # a broken install, or an import hook refusing it
-        return False
-
-
-def _sizes_of_torch(arrays, engine):
-    """The model sizes a torch state dict's shapes show (heads they cannot), or None."""
-    def shape(key):
-        return tuple(np.shape(arrays[key])) if key in arrays else None
-
-    src, tgt, pos = (shape("encoder.embedding_layer.weight"), shape("decoder.embedding_layer.weight"),
-                     shape("encoder.positional_encoding.weight"))
-    if not (src and tgt and pos and len(src) == len(tgt) == len(pos) == 2):
-        return None
-    ffn = shape("encoder.transformer_layers.0.fc.0.weight")
-    return dict(embed=src[1], layers=engine.layer_depths(arrays).get("encoder.transformer_layers"),
-                ffn=ffn[0] if ffn else None, max_len=pos[0], vocabs=(src[0], tgt[0]), heads=None)
-
-
-def _sizes_of_config(c):
-    return dict(embed=c.embed_size, layers=c.num_layers, ffn=c.feed_forward_width, max_len=c.max_len,
-                vocabs=(c.source_vocab_size, c.target_vocab_size), heads=c.heads)
-
-
-def _recorded_torch_config(path):
-    """What a torch ``.safetensors`` that ``parity convert`` wrote records in its metadata (docs/
-    porting.md, section 9): (settings, assumed names), or (None, ()) for any other file."""
-    from parity.file_kinds import read_recorded_config
-
-    try:
-        return read_recorded_config(path)
-    except ValueError as e:  # CheckpointError: metadata that is not what parity writes
-        raise InitFromError(f"{OPTION} {_first_line(e)}") from None
-
-
-def _recorded_config_notes(path, config, recorded):
-    """The settings a file's metadata records (``recorded``: (settings, assumed names), either
-    layout) against the run's. Heads recorded as the model's (not assumed) and not the run's
-    are refused: the weights fit any count that divides the width, but only the model's own
-    computes its outputs. An assumed count, or another padding id, is a note."""
-    settings, assumed = recorded
-    if not settings:
-        return []
-    m, notes = config.model, []
-    heads = settings.get("heads")
-    if heads is not None and heads != m.heads:
-        if "heads" not in assumed:
-            raise InitFromError(f"{OPTION} {path}: its metadata records a model of {heads} heads, and this run's has "
-                                f"{m.heads} (--heads, --preset): the weights fit both, but only {heads} computes the "
-                                f"model's outputs. Train with --heads {heads}")
-        notes.append(f"note: {OPTION} {path}: its metadata marks {heads} heads as assumed by parity convert (not "
-                     f"known); this run uses {m.heads}: give --heads the number the model was trained with")
-    pad = settings.get("src_pad_idx")
-    if pad is not None and pad != m.src_pad_idx:
-        notes.append(f"note: {OPTION} {path}: its model masked source id {pad} as padding; "
-                     f"flaxformer-mini's padding id is {m.src_pad_idx}")
-    return notes
-
-
-def _first_line(error, limit=300):
-    """An error's first line, cut to ``limit`` characters (orbax's carry several kB of spec)."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _listed(items):
-    items = list(items)
-    shown = ", ".join(items[:_SHOWN])
-    return shown + (f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
-
-
-def _does_not_fit(path, error, config: RunConfig, preset, sizes):
-    """One line: the offending keys (both shapes), the run's sizes and the options that set
-    them, and what the file's own shapes would need."""
-    problems = [f"{key!r} is {got} in the file, {want} in the run's model"
-                for key, (got, want) in error.mismatched.items()]
-    problems += [f"{key!r} is missing from the file" for key in error.missing]
-    problems += [f"{key!r} in the file has no place in the run's model" for key in error.unexpected]
-    problems += [f"{key!r}: {why}" for key, why in error.invalid.items()]
-    m, data = config.model, config.data
-    if sizes and sizes["layers"] and sizes["layers"] != m.num_layers:  # said once, not as every key of a layer
-        problems.insert(0, f"{sizes['layers']} + {sizes['layers']} layers in the file, {m.num_layers} + "
-                           f"{m.num_layers} in the run's model")
-    if data.kind == "synthetic":
-        vocab = f"--vocab-size {data.vocab_size}"
-    else:
-        vocab = (f"the vocabularies built from --data ({m.source_vocab_size} source, {m.target_vocab_size} target "
-                 f"tokens; --tokenizer {data.tokenizer}, --vocab-size, --shared-vocab)")
-    line = (f"{OPTION} {path} does not fit the run's model: {_listed(problems)}. The run's model: width "
-            f"{m.embed_size}, {m.heads} heads, {m.num_layers} + {m.num_layers} layers, feed-forward "
-            f"{m.feed_forward_width}, max_len {m.max_len}, vocabularies {m.source_vocab_size}/{m.target_vocab_size}, "
-            f"set by --preset{f' {preset}' if preset else ''}, --embed-size, --heads, --layers, --ffn-dim, "
-            f"--max-len and {vocab}")
-    if sizes:
-        # --max-len is the model's max_len for text, one less (the EOS) for a synthetic task.
-        max_len = sizes["max_len"] - 1 if data.kind == "synthetic" else sizes["max_len"]
-        wanted = (f"--embed-size {sizes['embed']}" + (f" --layers {sizes['layers']}" if sizes["layers"] else "")
-                  + (f" --ffn-dim {sizes['ffn']}" if sizes["ffn"] else "")
-                  + (f" --heads {sizes['heads']}" if sizes["heads"] else "") + f" --max-len {max_len}")
-        src, tgt = sizes["vocabs"]
-        if data.kind == "synthetic":
-            wanted += f" --vocab-size {src}" if src == tgt else f" (vocabularies {src}/{tgt}: a task has one)"
-        line += f". The file's weights are for {wanted}" + ("" if data.kind == "synthetic" else (
-            f" with vocabularies of {src} source and {tgt} target tokens; a torch model's vocabulary is its own, "
-            f"and this run's are built from --data, so they must number the same tokens to share the weights"))
-        if not sizes["heads"]:
-            line += " (heads: the weights do not say)"
-    return line + ". Nothing was written."
+        return entry.load()
+    except ImportError as e:  # a broken install: say which module is missing
+        raise InitFromError(f"{OPTION}: the weight reader {entry.value} cannot be imported: {e}") from None

@@ -172,3 +172,30 @@ def test_a_resume_is_held_to_the_file_it_started_from(weights, started, tmp_path
     resumed = cli("train", *RUN, "--steps", "2", "--init-from", str(changed), "--out", str(run2))
     assert resumed.returncode == 0, resumed.stderr
     assert f"--init-from {changed} is gone; the run resumes from its checkpoints" in resumed.stderr
+
+
+def test_the_weight_reader_is_parity_s_found_through_its_entry_point():
+    # flaxformer_mini never imports parity (DESIGN.md): it finds the reader by the packaging
+    # entry point that pyproject.toml declares, which `pip install -e .` registers.
+    from importlib.metadata import entry_points
+
+    import parity.init_weights
+    from flaxformer_mini import init_from
+
+    assert [(e.name, e.value) for e in entry_points(group=init_from.READERS)] == [("parity", "parity.init_weights")]
+    assert init_from.weight_reader() is parity.init_weights
+
+
+def test_without_a_weight_reader_init_from_says_how_to_install_one(monkeypatch, weights, tmp_path):
+    from importlib.metadata import EntryPoint, EntryPoints
+
+    from flaxformer_mini import init_from
+
+    monkeypatch.setattr(init_from, "entry_points", lambda group: EntryPoints(()))
+    with pytest.raises(init_from.InitFromError, match=r"--init-from needs a weight reader, and none is installed: "
+                       r".*`pip install -e \.` in a checkout"):
+        init_from.read_params(str(weights[1]), None)
+    broken = EntryPoints([EntryPoint("parity", "parity.no_such_reader", init_from.READERS)])
+    monkeypatch.setattr(init_from, "entry_points", lambda group: broken)
+    with pytest.raises(init_from.InitFromError, match="the weight reader parity.no_such_reader cannot be imported"):
+        init_from.weight_reader()
