@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import sys
 
 import benchmarks
@@ -53,15 +54,25 @@ def main(argv=None):
     preset = preset_from_args(args)
     from benchmarks import report, runner
 
+    # --json is written after each operation too ("complete": false), so a run stopped midway
+    # keeps what it measured; the last write is the whole report.
+    progress = (lambda rep: write_json(rep, args.json)) if args.json else None
     rep = runner.run(preset, ops=args.ops, variants=args.paths, force=args.force,
-                     fresh_caches=not args.reuse_compile_cache)
+                     fresh_caches=not args.reuse_compile_cache, progress=progress)
     print(report.format_table(rep))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rep, f, indent=2)
-            f.write("\n")
+        write_json(rep, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def write_json(rep, path):
+    """``rep`` to ``path`` whole or not at all: written beside it, then renamed over it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(rep, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

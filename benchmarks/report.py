@@ -59,7 +59,7 @@ def ranges_overlap(a, b):
     return min(a) <= max(b) and min(b) <= max(a)
 
 
-def build(preset, env, peaks, results, load, wall_s, argv=()):
+def build(preset, env, peaks, results, load, wall_s, argv=(), complete=True):
     c = preset.model
     paths = [_path_dict(r, peaks, preset) for r in results]
     res = {group: {f"{v}_ms": None for v in _VARIANTS} for group in _GROUPS.values()}
@@ -93,6 +93,7 @@ def build(preset, env, peaks, results, load, wall_s, argv=()):
         "load_average": load,
         "wall_s": wall_s,
         "argv": list(argv),
+        "complete": complete,  # False: written after an operation, the run went on (runner.run's progress)
     }
 
 

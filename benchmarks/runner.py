@@ -84,14 +84,16 @@ def fresh_compile_caches(enabled=True):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run(preset, ops=DEFAULT_OPS, variants=VARIANTS, force=False, fresh_caches=True):
+def run(preset, ops=DEFAULT_OPS, variants=VARIANTS, force=False, fresh_caches=True, progress=None):
     """The whole benchmark of ``preset``; see the package docstring. ``fresh_caches=False``
-    lets torch.compile reuse what earlier runs left in its on-disk cache."""
+    lets torch.compile reuse what earlier runs left in its on-disk cache. ``progress(report)``,
+    if given, gets the report so far (``"complete": False``) after each operation: a run cut
+    short (a GPU lent for minutes, a compile that outlasts them) keeps what it measured."""
     with fresh_compile_caches(fresh_caches):
-        return _run(preset, ops, variants, force, fresh_caches)
+        return _run(preset, ops, variants, force, fresh_caches, progress)
 
 
-def _run(preset, ops, variants, force, fresh_caches):
+def _run(preset, ops, variants, force, fresh_caches, progress):
     check_device(preset, force)
     ops = [op for op in OPS if op in ops]
     variants = [v for v in VARIANTS if v in variants]
@@ -132,6 +134,9 @@ def _run(preset, ops, variants, force, fresh_caches):
         gc.collect()
         load[f"after_{op}"] = _loadavg()
         log(f"{op} done; load average {load[f'after_{op}']}")
+        if progress is not None:
+            progress(report.build(preset, env, peaks, results, dict(load), time.perf_counter() - started,
+                                  argv=sys.argv, complete=False))
 
     load["end"] = _loadavg()
     wall = time.perf_counter() - started

@@ -12,6 +12,7 @@ import jax
 import pytest
 import torch
 
+import benchmarks.__main__ as benchmarks_main
 from benchmarks.__main__ import main
 
 SCHEMA = {
@@ -91,11 +92,24 @@ def test_tiny_run_times_every_path_and_reports_the_machine(tmp_path, capsys, mon
     # (flaxformer_mini/malloc_tunables.py): it would replace pytest's process.
     out = tmp_path / "tiny.json"
     threads = torch.get_num_threads()
+    written = []  # (complete, operations with a Flax time) at each write of --json
+    write_json = benchmarks_main.write_json
+
+    def spy(rep, path):
+        written.append((rep["complete"], [op for op, g in rep["results"].items() if g["flax_jit_ms"]]))
+        write_json(rep, path)
+
+    monkeypatch.setattr(benchmarks_main, "write_json", spy)
     try:
         assert main(["--preset", "tiny", "--reps", "1", "--torch-compile-backend", "eager", "--json", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)  # the harness uses every core; other tests set their own
+    # The report so far after each operation (a run cut short keeps it), then the whole one.
+    assert [c for c, _ in written] == [False, False, False, True], written
+    assert [len(ops) for _, ops in written] == [1, 2, 3, 3], written
+    assert not (tmp_path / "tiny.json.tmp").exists()
     rep = json.loads(out.read_text())
+    assert rep["complete"] is True
     _check_schema(rep)
     _check_timings(rep)
     _check_coverage(rep)
