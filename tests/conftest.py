@@ -88,10 +88,12 @@ def pytest_unconfigure(config):
         shutil.rmtree(path, ignore_errors=True)
 
 
-# The longest files (alone on 2 cores, 2026-11-23: 271 s, 253 s, 182 s, 96 s), first, so that
+# The longest files (alone on 2 cores, 2026-11-23: 271 s, 253 s, 182 s, 96 s; test_multiprocess.py,
+# then the longest, split in two on 2026-11-26: its equivalence runs and its faults), first, so that
 # under `-n 2 --dist loadfile --no-loadscope-reorder` (pyproject) the longest file does not
 # start, and end, last: xdist hands files out in this order as workers free up.
-HEAVY_FIRST = ("test_multiprocess.py", "test_real_corpora.py", "test_run_lifecycle.py", "test_train_cli.py")
+HEAVY_FIRST = ("test_multiprocess.py", "test_multiprocess_faults.py", "test_real_corpora.py", "test_run_lifecycle.py",
+               "test_train_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):

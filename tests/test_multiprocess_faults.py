@@ -1,0 +1,591 @@
+"""Multi-process training's faults and refusals, with real processes (JAX's multi-controller
+runtime over gloo, on this CPU): processes started with different options, files or devices
+are refused by name before anything is written; a lost peer, an unreachable coordinator, a
+port or process id in use, and signals at awkward moments end every process cleanly, never
+with a hang or an abort.
+
+The launchers and the tiny CLI run are tests/test_multiprocess.py's (which holds the
+equivalence runs and a run's whole life: kill, SIGTERM, resume).
+"""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import chex
+import jax
+import numpy as np
+import pytest
+from test_multiprocess import (
+    HEARTBEAT_S,
+    ROOT,
+    TINY_RUN,
+    _worker_config,
+    checkpoint_steps,
+    env_with,
+    final_state,
+    finish,
+    free_port,
+    start_processes,
+    train_cli,
+    wait_for,
+)
+
+
+def test_processes_started_with_different_options_are_refused_naming_the_option(tmp_path):
+    out = tmp_path / "run"
+    port = free_port()
+    argv = train_cli(out, 2, port=port)
+    results = finish(start_processes(lambda i: argv(i) + ["--steps", str(6 + 2 * i)], 2))
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "--steps: 6 on process 0, 8 on process 1" in err, err[-2000:]
+    assert not out.exists(), "nothing is written when the processes disagree"
+
+
+def test_every_process_trains_with_the_config_process_0_resolved(tmp_path, monkeypatch):
+    # Resuming a run written before a setting existed, process 0 keeps the run's recorded value
+    # (run_dir.start_or_resume) while the others were started with today's options: here a
+    # batch size and a held-out count that differ. follow_main gives every process process 0's
+    # config, with its own host's data paths (the same files' contents, checked by agree_on).
+    import dataclasses
+
+    from flaxformer_mini import distributed
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.run_dir import RunDir
+
+    main = _worker_config()
+    mine = dataclasses.replace(main, batch_size=2 * main.batch_size,
+                               data=dataclasses.replace(main.data, eval_sequences=32))
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    monkeypatch.setattr(distributed, "allgather_bytes",
+                        lambda payload: [json.dumps(main.to_dict()).encode(), payload])
+    followed = Run(RunDir(tmp_path / "run"), mine).follow_main()
+    assert followed.config == main and followed.data.eval is not None
+    # Only the data paths differ (each host's copy of the same file): nothing to change.
+    text_main = dataclasses.replace(main, data=dataclasses.replace(main.data, kind="tsv", task=None,
+                                                                   train_path="/host0/train.tsv"))
+    text_mine = dataclasses.replace(text_main, data=dataclasses.replace(text_main.data, train_path="/host1/train.tsv"))
+    monkeypatch.setattr(distributed, "allgather_bytes",
+                        lambda payload: [json.dumps(text_main.to_dict()).encode(), payload])
+    run = Run(RunDir(tmp_path / "text"), text_mine)
+    assert run.follow_main() is run
+
+
+def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkeypatch):
+    # Every process of a new text run trains its own tokenizers, and Hugging Face's unigram
+    # trainer may number its pieces differently from one process to the next (nondeterministic
+    # upstream; docs/data.md). With vocabularies of one size nothing would fail:
+    # process 1 would train on other ids. Here process 0 is a real run in this process; process
+    # 1's own tokenizer differs as the trainer's runs do: two pieces numbered the other way round.
+    from flaxformer_mini import distributed, tokenizers
+    from flaxformer_mini import run as run_module
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes
+    from tests.test_train_cli import cli
+    from tokenizers import Tokenizer as HFTokenizer
+
+    lines = [f"{a} {b}\t{b} {a}" for a in ("red fox", "old tree", "blue sky") for b in ("ran far", "sat on")] * 4
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    assert cli("train", "--data", str(tmp_path / "train.tsv"), "--tokenizer", "unigram", "--vocab-size", "30",
+               "--shared-vocab", "--preset", "tiny", "--layers", "1", "--steps", "1", "--no-progress", "--out", str(out)).returncode == 0
+    main = Run.open(out)
+    (saved,) = [path for _, path in main.dir.tokenizer_files(main.config.data)]
+    spec = json.loads(saved.read_text())
+    pieces = spec["model"]["vocab"]  # [piece, score]; the 4 special tokens first
+    pieces[4], pieces[5] = pieces[5], pieces[4]  # two frequent pieces numbered the other way round
+    own = tokenizers.HFTokenizer("unigram", HFTokenizer.from_str(json.dumps(spec)))
+    # Process 1 read the corpus before process 0's files were there, and trained its own.
+    monkeypatch.setattr(run_module, "build_tokenizers", lambda config, pairs: (own, own))
+    monkeypatch.setattr(RunDir, "has_vocabularies", lambda self, data=None: False)
+    process_1 = Run(main.dir, main.config, run_module.load_data(main.config.data, main.dir))
+    monkeypatch.undo()
+    assert process_1.data.vocabs == (own, own)
+    assert any((x != y).any() for x, y in zip(*process_1.train_batches(0), *main.train_batches(0)))
+
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    monkeypatch.setattr(distributed, "is_main", lambda: False)
+    monkeypatch.setattr(distributed, "allgather_bytes", lambda payload: [payload, payload])
+    followed = process_1.follow_main()
+    assert followed.config == main.config
+    assert comparable_tokenizer_bytes(followed.data.vocabs[0]) == comparable_tokenizer_bytes(main.data.vocabs[0])
+    for step in range(3):
+        (a,), (b,) = followed.train_batches(step), main.train_batches(step)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    # A process whose tokenizers are process 0's keeps its data (not encoded again).
+    same = Run(main.dir, main.config, run_module.load_data(main.config.data, main.dir))
+    assert same.follow_main() is same
+
+
+def test_an_error_adopting_process_0s_files_stops_every_process_at_once(tmp_path, monkeypatch):
+    # follow_main runs after the last start-up collective, and a process other than 0 reads
+    # process 0's tokenizer files there. An error in it goes through all_started, as the
+    # earlier start-up errors do: before, that process alone stopped while process 0 waited in
+    # fit's first collective until --distributed-timeout, then both aborted (exit 134).
+    from flaxformer_mini import distributed
+    from flaxformer_mini.run import Run
+    from tests.test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
+
+    gathered, all_started = [], distributed.all_started
+
+    def spy(error):
+        gathered.append(error)
+        return all_started(error)
+
+    def unreadable(self):
+        raise FileNotFoundError(f"{self.dir.path}/tokenizer_shared.json: the run's tokenizer is missing")
+
+    monkeypatch.setattr(distributed, "all_started", spy)
+    monkeypatch.setattr(Run, "follow_main", unreadable)
+    out = tmp_path / "run"
+    proc = cli("train", *CLI_TINY_RUN, "--steps", "2", "--out", str(out))
+    assert proc.returncode == 2 and "tokenizer_shared.json: the run's tokenizer is missing" in proc.stderr
+    assert isinstance(gathered[-1], FileNotFoundError), gathered  # every process hears of it
+    monkeypatch.undo()
+    assert cli("train", *CLI_TINY_RUN, "--steps", "2", "--out", str(out)).returncode == 0  # the lock was released
+
+
+def test_options_that_act_on_one_process_only_may_differ_between_processes():
+    from flaxformer_mini.cli import _identity, build_parser
+
+    def identity(*extra):
+        return _identity(build_parser().parse_args(["train", *TINY_RUN, "--out", "run", *extra]))
+
+    assert identity("--debug", "--keep-freed-memory", "--process-id", "1") == identity()
+    assert identity("--log-every", "7") != identity()  # guard: a shared option still counts
+
+
+def test_an_out_directory_not_shared_by_the_processes_is_refused_before_training(tmp_path):
+    # Each process in a directory of its own with a relative --out: two run directories, as on
+    # hosts without a shared file system. Before, both trained to the first save, where orbax
+    # waited 10 minutes for the other process's files, then every process aborted.
+    homes = [tmp_path / f"host{i}" for i in range(2)]
+    for home in homes:
+        home.mkdir()
+    argv = train_cli("run", 2)
+    procs = [subprocess.Popen(argv(i) + ["--steps", "3", "--save-every", "1"], env=env_with(), cwd=homes[i],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = finish(procs, timeout=120)
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "--out run: process(es) 1 do not see the run directory that process 0 writes" in err, err[-2000:]
+    assert not (homes[0] / "run" / "checkpoints").exists() and not (homes[1] / "run").exists()
+    from flaxformer_mini.distributed import SHARED_CHECK_NAME
+
+    assert not (homes[0] / "run" / SHARED_CHECK_NAME).exists()  # the probe is removed
+
+
+def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path):
+    # The same relative --data on two hosts, the file only on the first. Before, process 1 ended
+    # with its error while process 0 waited for it in the options check until the timeout, and
+    # both then aborted (exit -6).
+    homes = [tmp_path / f"host{i}" for i in range(2)]
+    for home in homes:
+        home.mkdir()
+    (homes[0] / "train.tsv").write_text("".join(f"a{i} b\tx{i} y\n" for i in range(20)))
+    port = free_port()
+    argv = [sys.executable, "-m", "flaxformer_mini", "train", "--data", "train.tsv", "--preset", "tiny",
+            "--out", str(tmp_path / "run"), "--steps", "2", "--no-progress", "--distributed-timeout", str(HEARTBEAT_S),
+            "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    t0 = time.time()
+    procs = [subprocess.Popen(argv + ["--process-id", str(i)], env=env_with(), cwd=homes[i], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    (code0, _, err0), (code1, _, err1) = finish(procs, timeout=120)
+    assert code1 == 2 and "train.tsv" in err1, err1[-2000:]
+    assert code0 == 2 and "process(es) 1 could not start the run" in err0, err0[-2000:]
+    assert time.time() - t0 < HEARTBEAT_S  # at once, not after the timeout
+    assert not (tmp_path / "run").exists()
+
+
+def test_processes_holding_different_initial_values_are_refused_naming_the_first_array(monkeypatch):
+    # shard_state's one-digest-per-array check (in place of jax.device_put's collective per
+    # array), in this process: process 1's digests are this process's with two arrays changed.
+    from flaxformer_mini import distributed
+    from flaxformer_mini.partitioning import path_name
+
+    state = {"step": np.zeros((), np.int32), "params": {"a": np.ones((2, 3), np.float32), "b": np.arange(4.0)}}
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    gathered = []
+
+    def allgather(payload):
+        other = bytearray(payload)
+        for k in (0, 1):  # params/a and params/b differ on process 1
+            other[32 * k] ^= 1
+        gathered.append(payload)
+        return [payload, bytes(other)]
+
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    monkeypatch.setattr(distributed, "allgather_bytes", allgather)
+    with pytest.raises(distributed.DistributedError) as e:
+        distributed.agree_on_values(state, "the initial training state")
+    assert [path_name(p) for p, _ in leaves] == ["params/a", "params/b", "step"]
+    assert str(e.value).startswith("the initial training state differs between process 0 and process 1, first at "
+                                   "params/a (2 array(s) differ)")
+    assert len(gathered) == 1 and len(gathered[0]) == 32 * len(leaves)  # one gather, one digest per array
+    monkeypatch.setattr(distributed, "allgather_bytes", lambda payload: [payload, payload])
+    distributed.agree_on_values(state, "the initial training state")  # equal everywhere: no error
+
+
+def as_process_0_of_two(process_1):
+    """``distributed.allgather_bytes`` as process 0 of two sees it in ``Run.restore_or_init``:
+    process 1 reports ``process_1`` (its checkpoint steps, restored step, skipped steps)."""
+    def allgather(payload):
+        assert "restored" in json.loads(payload)  # the one gather of restore_or_init
+        return [payload, json.dumps(process_1).encode()]
+
+    return allgather
+
+
+def fake_two_processes(monkeypatch, process_1):
+    from flaxformer_mini import distributed
+
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    monkeypatch.setattr(distributed, "allgather_bytes", as_process_0_of_two(process_1))
+    monkeypatch.setattr(distributed, "barrier", lambda name: None)
+
+
+def test_a_checkpoint_only_one_process_could_read_is_skipped_by_every_process(tmp_path, monkeypatch):
+    # With FSDP each process reads only its own shards, so process 1 may find checkpoint 6
+    # damaged while process 0 restored it. Every process then resumes from step 3, and process 0
+    # moves 6 aside. In this process, as process 0: process 1's report is made up, the rest real.
+    from flaxformer_mini import distributed
+    from flaxformer_mini.run import Run
+    from tests.test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
+
+    out = tmp_path / "run"
+    assert cli("train", *CLI_TINY_RUN, "--steps", "6", "--save-every", "3", "--out", str(out)).returncode == 0
+    fake_two_processes(monkeypatch, {"steps": [3, 6], "restored": 3, "skipped": {"6": "a shard file cut short"}})
+    run, said = Run.open(out), []
+    manager = run.checkpoints()
+    state = run.restore_or_init(manager, echo=said.append)
+    assert int(state.step) == 3
+    assert said and "checkpoint 6 cannot be read (process 1: a shard file cut short)" in said[0], said
+    assert "resuming from step 3" in said[0]
+    assert [p.name.split(".")[0] for p in (out / "damaged_checkpoints").iterdir()] == ["6"]
+    assert list(manager.all_steps()) == [3]  # reread: saving step 6 again will not collide
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: False)
+    chex.assert_trees_all_equal(state.params, run.latest_state().params)  # step 3's own parameters
+
+
+def test_processes_seeing_different_checkpoint_steps_are_refused_naming_them(tmp_path, monkeypatch):
+    from flaxformer_mini import distributed
+    from flaxformer_mini.run import Run
+    from tests.test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
+
+    out = tmp_path / "run"
+    assert cli("train", *CLI_TINY_RUN, "--steps", "3", "--save-every", "3", "--out", str(out)).returncode == 0
+    fake_two_processes(monkeypatch, {"steps": [], "restored": 0, "skipped": {}})  # a directory of its own
+    run = Run.open(out)
+    with pytest.raises(distributed.DistributedError, match=r"the processes see different checkpoints: checkpoint "
+                       r"steps in the run directory: \[3\] on process 0, \[\] on process 1"):
+        run.restore_or_init(run.checkpoints(), echo=lambda m: None)
+
+
+def test_an_unreachable_coordinator_is_an_error_naming_it_within_the_timeout(tmp_path):
+    port = free_port()  # nobody listens there
+    t0 = time.time()
+    (code, _, err), = finish(start_processes(
+        lambda i: train_cli(tmp_path / "run", 2, port=port, timeout_s=3)(1) + ["--steps", "2"], 1), timeout=120)
+    assert code == 2, err[-2000:]
+    assert f"127.0.0.1:{port}" in err and "within 3s" in err, err[-2000:]
+    assert time.time() - t0 < 60
+
+
+def test_processes_whose_peers_never_connect_stop_with_a_message_naming_the_coordinator_not_an_abort(tmp_path):
+    # Two of three processes come; the third never does. Before, jax's C++ client ended both
+    # after its initialization timeout with SIGABRT (returncode -6) and a C++ stack trace, no message.
+    port, out = free_port(), tmp_path / "run"
+    t0 = time.time()
+    results = finish(start_processes(lambda i: train_cli(out, 3, port=port, timeout_s=3)(i) + ["--steps", "2"], 2),
+                     timeout=120)
+    for i, (code, _, err) in enumerate(results):
+        assert code == 2, err[-2000:]
+        assert (f"flaxformer-mini train: error: the run's 3 processes did not all connect to the coordinator "
+                f"127.0.0.1:{port} within 3s (--distributed-timeout) (this is process {i}).") in err, err[-2000:]
+        assert "Check failure" not in err and "Traceback" not in err, err[-2000:]
+    assert time.time() - t0 < 60  # 3 s, not jax's own timeout (3 + JAX_INIT_GRACE_S, then its abort)
+    assert not out.exists()
+
+
+def test_a_process_id_out_of_range_is_refused():
+    from tests.test_train_cli import cli
+
+    proc = cli("train", *TINY_RUN, "--out", "unused", "--coordinator", "127.0.0.1:1", "--num-processes", "2",
+               "--process-id", "2")
+    assert proc.returncode == 2
+    assert "--process-id 2 is out of range for --num-processes 2" in proc.stderr
+
+
+def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(tmp_path):
+    # jax's coordinator binds with SO_REUSEPORT: a second run on a port in use bound it too, and
+    # its other processes then joined the first run's service, which aborted the first run
+    # (SIGABRT, steps lost). Here a plain program holds the port; before, process 0 blamed a
+    # timeout ("within 300s") after 2 s and did not say the port was taken.
+    out = tmp_path / "run"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        t0 = time.time()
+        (code, _, err), = finish(start_processes(lambda i: train_cli(out, 2, port=port)(0) + ["--steps", "2"], 1),
+                                 timeout=120)
+    assert code == 2, err[-2000:]
+    assert (f"error: --coordinator 127.0.0.1:{port}: port {port} is already in use on this host: another run or "
+            f"program holds it. Choose another --coordinator port") in err, err[-2000:]
+    assert "within" not in err and time.time() - t0 < 60 and not out.exists()
+
+
+def test_the_port_check_sees_a_port_shared_listener_and_lets_a_restarted_runs_time_wait_pass():
+    from flaxformer_mini import distributed, host_guards
+
+    def listener(*options):
+        s = socket.socket()
+        for option in options:
+            s.setsockopt(socket.SOL_SOCKET, option, 1)
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        return s
+
+    # What jax's gRPC coordinator does: SO_REUSEADDR and SO_REUSEPORT, which a second one passes.
+    with listener(socket.SO_REUSEADDR, socket.SO_REUSEPORT) as grpc_like:
+        with pytest.raises(distributed.DistributedError, match="is already in use on this host"):
+            host_guards.check_port_free(f"127.0.0.1:{grpc_like.getsockname()[1]}")
+    # A finished run's coordinator leaves its closed connections in TIME_WAIT: the same command,
+    # run again at once, must still start.
+    with listener(socket.SO_REUSEADDR) as old:
+        port = old.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = old.accept()
+            accepted.close()  # the server side closes first: its end stays in TIME_WAIT
+    host_guards.check_port_free(f"127.0.0.1:{port}")
+
+
+def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_holder(tmp_path):
+    # Before, it registered with the run's coordinator as that task restarted, and jax's
+    # coordination service aborted every process of the run (exit 134, steps lost).
+    import fcntl
+    import os
+
+    from flaxformer_mini import host_guards
+
+    port, out = free_port(), tmp_path / "run"
+    path = host_guards._slot_path(f"127.0.0.1:{port}", 1)
+    with open(path, "w") as holder:  # what the running process 1 holds
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.write(f"{os.getpid()}\n")
+        holder.flush()
+        t0 = time.time()
+        (code, _, err), = finish(start_processes(lambda i: train_cli(out, 2, port=port)(1) + ["--steps", "2"], 1),
+                                 timeout=120)
+    path.unlink()
+    assert code == 2, err[-2000:]
+    assert (f"error: a process with --process-id 1 and --coordinator 127.0.0.1:{port} is already running on this "
+            f"host (pid {os.getpid()})") in err, err[-2000:]
+    assert time.time() - t0 < 60 and not out.exists()  # at once, not after --distributed-timeout
+
+
+def test_the_process_id_lock_is_taken_once_per_process_and_removed_at_exit_only_if_still_ours(tmp_path, monkeypatch):
+    import tempfile
+
+    from flaxformer_mini import host_guards
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    address = f"127.0.0.1:{free_port()}"
+    host_guards.hold_process_slot(address, 3)
+    host_guards.hold_process_slot(address, 3)  # a start-up retried in this process: not its own duplicate
+    path = host_guards._slot_path(address, 3)
+    fd = host_guards._SLOTS[path]
+    path.unlink()  # a temp cleaner took it, and another process made its own
+    path.write_text("12345\n")
+    host_guards._release_slot(path, fd)
+    assert path.read_text() == "12345\n" and path not in host_guards._SLOTS
+
+
+def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs(monkeypatch):
+    from flaxformer_mini import distributed, host_guards
+
+    port = free_port()  # nobody listens there
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", f"127.0.0.1:{port}")
+    monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
+    monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
+    monkeypatch.setattr(distributed, "_batch_cluster_detected", lambda: False)
+    # Before: jax's own "Number of processes must be defined."
+    with pytest.raises(distributed.DistributedError, match=r"JAX_COORDINATOR_ADDRESS 127\.0\.0\.1:\d+ starts a "
+                       r"multi-process run, which also needs --num-processes \(or JAX_NUM_PROCESSES\) and "
+                       r"--process-id \(or JAX_PROCESS_ID\) on every process"):
+        distributed.start_runtime()
+    # Before: not checked for reachability; "did not all connect ... Start every process with the
+    # same --coordinator" after the whole timeout.
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    monkeypatch.setattr(host_guards, "hold_process_slot", lambda *a: None)  # no lock left in this process
+    with pytest.raises(distributed.DistributedError, match=rf"the coordinator 127\.0\.0\.1:{port} "
+                       r"\(JAX_COORDINATOR_ADDRESS\) could not be reached within 1s"):
+        distributed.start_runtime(timeout_s=1)
+
+
+def test_train_writes_only_its_result_on_stdout_even_what_native_code_prints_there():
+    # gloo (C++) prints "[Gloo] Rank 0 is connected ..." on file descriptor 1; `train | jq` broke.
+    code = ("import os, sys\n"
+            "from flaxformer_mini.distributed import stdout_for_results\n"
+            "with stdout_for_results() as results:\n"
+            "    os.write(1, b'[Gloo] native noise\\n')\n"
+            "    print('python noise')\n"
+            "    print('{\"loss\": 1.0}', file=results)\n"
+            "print('after')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=env_with())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == '{"loss": 1.0}\nafter\n'
+    assert "[Gloo] native noise" in proc.stderr and "python noise" in proc.stderr
+
+
+def test_processes_with_different_device_counts_are_refused_naming_the_counts_before_anything_is_written(tmp_path):
+    # Before: the first start-up collective (jax's process_allgather) failed on every process
+    # with "cannot reshape array of size 3 into shape (2,2)".
+    out, argv = tmp_path / "run", train_cli(tmp_path / "run", 2)
+    procs = [subprocess.Popen(argv(i), env=env_with(devices_per_process=2 - i), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for code, _, err in finish(procs):
+        assert code == 2, err[-2000:]
+        assert ("error: the processes have different numbers of cpu devices (process 0: 2, process 1: 1); every "
+                "process needs as many (set by XLA_FLAGS=--xla_force_host_platform_device_count=N)") in err, err[-2000:]
+    assert not out.exists()
+
+
+def test_a_batch_size_not_divisible_by_the_global_device_count_is_refused(tmp_path):
+    out = tmp_path / "run"
+    argv = train_cli(out, 2)
+    results = finish(start_processes(lambda i: argv(i) + ["--steps", "2", "--batch-size", "7"], 2))
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "--batch-size 7 is not divisible by 2 devices" in err
+    assert not out.exists()
+
+
+def handles_sigterm(pid):
+    """Whether process ``pid`` has a SIGTERM handler installed (Linux: the SigCgt mask in
+    /proc/PID/status), so a test signals at a known point rather than after a sleep."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the signal mask from /proc (Linux)")
+def test_a_sigterm_before_the_first_step_stops_every_process_with_130_and_saves_nothing(tmp_path):
+    # Issue #12: a SIGTERM that came before `train`'s loop was once lost or took the run down.
+    # Deterministic: process 1 starts alone and waits for the coordinator (process 0, not yet
+    # started) with its handler installed; it gets the SIGTERM there. Then process 0 starts:
+    # both agree before the first step, and stop, with nothing compiled or saved.
+    out, port = tmp_path / "run", free_port()
+    argv = train_cli(out, 2, port=port)
+    env = env_with()
+    p1 = subprocess.Popen(argv(1) + ["--steps", "5"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: handles_sigterm(p1.pid), [p1], "process 1's SIGTERM handler", timeout=60)
+    p1.send_signal(signal.SIGTERM)
+    p0 = subprocess.Popen(argv(0) + ["--steps", "5"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    results = finish([p0, p1], timeout=120)
+    for code, _, err in results:
+        assert code == 130, err[-2000:]
+    assert "interrupted before the first step: nothing new to save" in results[0][2], results[0][2][-2000:]
+    assert checkpoint_steps(out) == []
+    assert time.time() - t0 < 120
+
+
+def vote_during_which_a_signal_arrives(stop, seen, at=2):
+    """``distributed.any_process_later`` in one process, the signal landing during vote ``at``."""
+    def vote(flag):
+        seen.append(flag)
+        if len(seen) == at:
+            stop.requested = True  # what the handler does when the signal lands mid-call
+        return lambda: bool(flag)
+
+    return vote
+
+
+def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary_later(tmp_path, monkeypatch):
+    # Issue #12's lost SIGTERM: the all-reduce's result was written back over the stop flag, so
+    # a signal handled while the all-reduce ran (where a multi-process run waited) was erased.
+    # Deterministic, in one process: the signal arrives during step 2's vote. Step 3's boundary
+    # queues a vote that sees it; step 4's boundary reads that vote (votes are read one boundary
+    # late, so the host never waits for the devices there), saves step 4 and stops.
+    from flaxformer_mini import distributed
+    from flaxformer_mini.fit import fit
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.stop import StopRequests
+
+    stop, seen = StopRequests(), []
+    monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))
+    run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
+    with pytest.raises(KeyboardInterrupt):
+        fit(run, 10, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop)
+    assert seen == [False, False, True, True]  # steps 1-4's votes; step 3's is read at step 4
+    assert int(final_state(tmp_path / "run").step) == 4
+
+
+def test_evaluation_during_training_gathers_the_parameters_not_the_optimizer_state(tmp_path, monkeypatch):
+    # fit gathered the whole TrainState for each evaluation: with FSDP, Adam's two moments made
+    # it three times the bytes evaluation reads (its parameters, through state.model()).
+    import flaxformer_mini.fit as fit_module
+
+    gathered, evaluated = [], []
+    monkeypatch.setattr(fit_module, "to_local", lambda tree: gathered.append(tree) or tree)
+    monkeypatch.setattr(fit_module, "evaluate", lambda trainer, state, batches, **kw: evaluated.append(state) or {
+        "loss": 0.0, "token_accuracy": 0.0, "exact_match": 0.0})
+    run = _new_run(tmp_path / "run")
+    fit_module.fit(run, 1, log_every=1, eval_every=1, save_every=100, progress=False, echo=lambda m: None)
+    assert len(gathered) == 1 and gathered[0].opt_state is None and evaluated == gathered
+    assert jax.tree.leaves(gathered[0].params) and int(gathered[0].step) == 1
+
+
+def _new_run(out):
+    from flaxformer_mini.run import Run
+
+    return Run.create(out, _worker_config(), echo=lambda m: None)
+
+
+def test_a_second_ctrl_c_stops_now_and_in_a_multiprocess_run_leaves_without_the_exit_barrier(monkeypatch):
+    # The first Ctrl-C asks for the coordinated stop; the second raises StopNow at once. In a
+    # multi-process run that process leaves its peers mid-run: returning normally would run
+    # jax's exit barrier, which waits for them, and every process aborted after the timeout.
+    from flaxformer_mini import cli, distributed
+    from flaxformer_mini.stop import StopNow, StopRequests
+
+    with StopRequests() as stop:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested
+        with pytest.raises(StopNow):
+            signal.raise_signal(signal.SIGINT)
+    assert issubclass(StopNow, KeyboardInterrupt)  # caught where any Ctrl-C is: exit code 130
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
+    assert cli._stops_alone(StopNow()) and not cli._stops_alone(KeyboardInterrupt())  # the coordinated stop
+    monkeypatch.setattr(distributed, "is_multiprocess", lambda: False)
+    assert not cli._stops_alone(StopNow())  # one process: no peers, a normal exit
+
+
+def test_a_stop_read_at_the_last_step_ends_the_run_as_finished(tmp_path, monkeypatch):
+    # The same signal with --steps 4: the stop is read at the run's last step, which saves and
+    # evaluates anyway. The run ends as finished (its result, exit 0), not "interrupted".
+    from flaxformer_mini import distributed
+    from flaxformer_mini.fit import fit
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.stop import StopRequests
+
+    stop, seen = StopRequests(), []
+    monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))
+    run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
+    result = fit(run, 4, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop)
+    assert seen == [False, False, True, True] and result["step"] == 4 and "loss" in result
+    assert int(final_state(tmp_path / "run").step) == 4
+
+
