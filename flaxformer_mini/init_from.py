@@ -20,7 +20,6 @@ import os
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from flaxformer_mini.files import file_sha256
 from flaxformer_mini.run_config import InitFrom, RunConfig, RunConfigError
 
 OPTION = "--init-from"
@@ -65,14 +64,16 @@ def for_resume(recorded: InitFrom | None, path, echo) -> InitFrom:
 
 def digest(path):
     """sha256 of a file, or of an orbax directory: of each file's relative path and sha256,
-    in sorted order (a file added, removed, renamed or changed changes it)."""
-    if not os.path.isdir(path):
-        from flaxformer_mini.run_dir import data_file_sha256  # cached per process: identity, start and resume
+    in sorted order (a file added, removed, renamed or changed changes it). Each file is read
+    once per process (``data_file_sha256``'s cache): a start digests it for the options check
+    and again for the record."""
+    from flaxformer_mini.run_dir import data_file_sha256
 
+    if not os.path.isdir(path):
         return data_file_sha256(path)
     h = hashlib.sha256()
     for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
-        h.update(f"{file.relative_to(path).as_posix()}\0{file_sha256(file)}\n".encode())
+        h.update(f"{file.relative_to(path).as_posix()}\0{data_file_sha256(file)}\n".encode())
     return h.hexdigest()
 
 

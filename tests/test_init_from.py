@@ -199,3 +199,25 @@ def test_without_a_weight_reader_init_from_says_how_to_install_one(monkeypatch, 
     monkeypatch.setattr(init_from, "entry_points", lambda group: broken)
     with pytest.raises(init_from.InitFromError, match="the weight reader parity.no_such_reader cannot be imported"):
         init_from.weight_reader()
+
+
+def test_a_directory_is_read_once_per_process_and_its_digest_follows_its_contents(tmp_path, monkeypatch):
+    # An orbax directory given to --init-from is digested for the options check and again for
+    # the record: each file is read once (run_dir.data_file_sha256's cache, keyed by size and
+    # mtime), and a changed file still changes the digest.
+    import os
+
+    from flaxformer_mini import init_from, run_dir
+
+    d = tmp_path / "params"
+    (d / "sub").mkdir(parents=True)
+    (d / "a").write_bytes(b"alpha")
+    (d / "sub" / "b").write_bytes(b"beta")
+    reads = []
+    real = run_dir.file_sha256
+    monkeypatch.setattr(run_dir, "file_sha256", lambda p: reads.append(os.path.relpath(p, d)) or real(p))
+    first = init_from.digest(str(d))
+    assert init_from.digest(str(d)) == first and sorted(reads) == ["a", "sub/b"]
+    (d / "sub" / "b").write_bytes(b"betA")
+    os.utime(d / "sub" / "b", ns=(1, 1))  # another mtime even on a coarse clock
+    assert init_from.digest(str(d)) != first and sorted(reads) == ["a", "sub/b", "sub/b"]
