@@ -5,13 +5,16 @@
     parity check --torch-checkpoint model.pt --config runs/reverse   # heads, padding, ... from a run's config.json
     parity check --torch-checkpoint runs/reverse  # a training run's newest checkpoint, with the run's config
     parity check --preset seed --grads --torch-device cuda   # torch on the GPU, JAX on its default device
+    parity check --preset seed --decode 10        # also greedy-decode 10 tokens on both twins, id for id
     parity convert model.pt model.safetensors     # torch state dict -> Flax parameters
     parity convert model.safetensors back.pt      # and back, bit for bit
     parity convert runs/reverse model.pt          # a training run's newest checkpoint -> torch state dict
     parity convert model.pt model.safetensors --force   # replace an earlier conversion
 
 Exit codes: 0 every compared tensor within tolerance (``convert``: written), 1 some
-difference beyond it, 2 the options, inputs or output are unusable (the message says which
+difference beyond it (with ``--decode``, also a decoded token the twins disagree on where
+torch's top-1 minus top-2 logit exceeds NEAR_TIE_FACTOR x --atol; a near-tie below that is
+reported, not failed), 2 the options, inputs or output are unusable (the message says which
 key, file or option; nothing was written), 141 stdout was closed before the report was
 written (``parity check | head -1``), quietly, as a process ended by SIGPIPE. A user's mistake prints one line; ``--debug`` (or
 PARITY_DEBUG=1) shows the traceback. Outputs are written all at once or not at all, and an
@@ -34,7 +37,7 @@ EXIT_BROKEN_PIPE = 141
 MAX_BATCH = 1024
 # --seed: JAX's PRNG keys take an int64 (torch's and numpy's take more), and none a negative.
 MAX_SEED = 2**63 - 1
-from parity.policy import DEFAULT_ATOL
+from parity.policy import DEFAULT_ATOL, NEAR_TIE_FACTOR
 DEBUG_ENV = "PARITY_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
 
@@ -185,9 +188,19 @@ def _check(args):
         # The weights do not record H, and the twins agree for any H dividing D: say where it came from.
         heads = f"{config.heads} heads ({sources['heads']}; not in the weights)"
         pad = f", src_pad_idx {config.src_pad_idx} ({sources['src_pad_idx']})"
+    if args.decode is not None and args.decode > config.max_len:  # before the comparisons
+        raise UsageError(f"--decode {args.decode} exceeds the model's max_len {config.max_len}: the decoder's "
+                         f"positional table holds {config.max_len} positions (BOS + {config.max_len - 1} "
+                         f"fed-back tokens)")
     torch_model.to(device)  # built on the CPU, so that a seed's weights are the same on any device
     report = check_twins(torch_model, flax_model, config, batch=args.batch, seed=args.seed, atol=args.atol,
                          grads=args.grads)
+    decoded = None
+    if args.decode is not None:
+        from parity.decode_check import check_decoding
+
+        decoded = check_decoding(torch_model, flax_model, config, args.decode, batch=args.batch, seed=args.seed,
+                                 atol=args.atol)
 
     c = config
     print(f"{what}: vocab {c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, "
@@ -196,17 +209,24 @@ def _check(args):
           f"torch on {device}, JAX on {jax.devices()[0].platform}"
           + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
     print(report.format_table(show_all=args.all, all_hint="--all"))
+    if decoded is not None:
+        print(decoded.format())
     if args.json:
+        import json
+
         from parity.output import write_atomic
 
-        write_atomic(args.json, report.to_json(indent=2) + "\n")
+        # "decode" is added beside the report's own keys, which keep their meaning ("ok" is
+        # the tensors' verdict); null when --decode was not given.
+        data = dict(report.to_dict(), decode=decoded.to_dict() if decoded is not None else None)
+        write_atomic(args.json, json.dumps(data, allow_nan=False, indent=2) + "\n")
         print(f"report written to {args.json}")
     if args.plot:
         from parity.plot import plot_report
 
         plot_report(report, args.plot, title=f"torch vs Flax, {what}")
         print(f"plot written to {args.plot}")
-    return EXIT_OK if report.ok else EXIT_DIVERGED
+    return EXIT_OK if report.ok and (decoded is None or decoded.ok) else EXIT_DIVERGED
 
 
 # ----------------------------------------------------------------------------- convert
@@ -365,6 +385,11 @@ def build_parser():
                        help="seed for the inputs (and a preset's weights), 0 to 2**63-1 (default 0)")
     check.add_argument("--grads", action="store_true",
                        help="also compare the loss and every parameter's gradient (token cross-entropy, next-token labels)")
+    check.add_argument("--decode", type=int, metavar="N",
+                       help="also decode N new tokens greedily with KV caches on both twins (the same source batch), "
+                            "1 to the model's max_len, and compare the token ids; a row that differs fails the check "
+                            "(exit 1) when torch's top-1 minus top-2 logit at its first differing step exceeds "
+                            f"{NEAR_TIE_FACTOR} x --atol, else it is a near-tie, reported but not failing")
     check.add_argument("--torch-device", default="cpu", metavar="DEVICE",
                        help="where the torch twin runs: cpu (default), cuda, cuda:1, ...; the Flax twin runs on "
                             "JAX's default device (JAX_PLATFORMS=cpu|cuda picks it)")
@@ -407,6 +432,9 @@ def main(argv=None):
                f"--batch must be at most {MAX_BATCH} (every intermediate of both twins is held for the whole "
                f"batch), got {batch}" if batch > MAX_BATCH else
                f"--seed must be between 0 and 2**63-1, got {seed}" if not 0 <= seed <= MAX_SEED else None)
+    decode = getattr(args, "decode", None)
+    if problem is None and decode is not None and decode < 1:  # max_len is checked once the model is known
+        problem = f"--decode must be >= 1 (new tokens to decode on both twins), got {decode}"
     if problem:  # before any work, and before numpy or JAX answer in their own words
         print(f"parity {args.command}: error: {problem}", file=sys.stderr)
         return EXIT_UNUSABLE
