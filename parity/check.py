@@ -21,15 +21,22 @@ from parity.policy import DEFAULT_ATOL
 from parity.twins import as_inputs, sample_batch, twins_from_state_dict
 
 
-def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False) -> Report:
+def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False,
+                float64_reference=False) -> Report:
     """Compare two twins (both in eval mode) of ``config`` on ``sample_batch(config, batch, seed)``.
 
     Rows: every submodule output in torch's execution order; with ``grads``, then the loss and
-    every parameter's gradient in torch's parameter order.
+    every parameter's gradient in torch's parameter order. ``float64_reference``: each output
+    is also measured against the torch twin in float64, and one beyond ``atol`` agrees when
+    Flax's error there is at most FLOAT64_FACTOR times torch's (parity/float64_reference.py).
     """
     source, target = sample_batch(config, batch=batch, seed=seed)
     torch_inputs, flax_inputs = as_inputs(source, target)
     report = compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=atol)
+    if float64_reference:
+        from parity.float64_reference import judge_against_float64
+
+        judge_against_float64(report, torch_model, flax_model, torch_inputs, flax_inputs)
     if grads:
         report.rows.extend(gradient_rows(torch_model, flax_model, source, target, atol))
     return report
@@ -60,9 +67,11 @@ def refuse_unusable_weights(state_dict, config):
             "numbers only, so fix the checkpoint (or the run that wrote it) first", invalid=invalid)
 
 
-def check_checkpoint(state_dict, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False) -> Report:
+def check_checkpoint(state_dict, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False,
+                     float64_reference=False) -> Report:
     """Load ``state_dict`` into both twins of ``config`` (strictly) and check them; weights
     that cannot be judged (``refuse_unusable_weights``) raise ConversionError first."""
     refuse_unusable_weights(state_dict, config)
     torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=seed)
-    return check_twins(torch_model, flax_model, config, batch=batch, seed=seed, atol=atol, grads=grads)
+    return check_twins(torch_model, flax_model, config, batch=batch, seed=seed, atol=atol, grads=grads,
+                       float64_reference=float64_reference)

@@ -38,6 +38,10 @@ class Row:
     note: str = ""  # why a row could not be compared
     at: tuple | None = None  # index of the largest difference (the first non-finite one, if any)
     alias: str = ""  # shown instead of the module path (ALIASES)
+    # With a float64 reference (parity/float64_reference.py): each float32 twin's max absolute
+    # error against the torch twin run in float64; None without one.
+    torch_f64: float | None = None
+    flax_f64: float | None = None
 
     @property
     def label(self):
@@ -68,6 +72,9 @@ class Report:
     # modules the port calls as functions (``ignore_missing``), the sublayers of a layer torch
     # computes in one call (``nn.MultiheadAttention``), parameters frozen in torch. Said, never dropped silently.
     left_out: list = dataclasses.field(default_factory=list)
+    # Set by parity/float64_reference.py: a row beyond ``atol`` agrees when Flax's error against
+    # float64 is at most this many times torch's own. None: ``atol`` alone judges.
+    float64_factor: float | None = None
 
     @property
     def ok(self):
@@ -85,12 +92,20 @@ class Report:
         """The report as a table: landmark rows and every row beyond tolerance (``show_all``:
         every row), then what was left out and the verdict. ``all_hint`` is what the
         summary lines say shows every row (``parity check`` says ``--all``)."""
-        shown = [r for r in self.rows if show_all or r.landmark or not r.ok]
+        f64 = self.float64_factor is not None
+        # With a float64 reference, rows beyond atol that it let pass are shown too.
+        shown = [r for r in self.rows if show_all or r.landmark or not r.ok or (f64 and r.max_abs > self.atol)]
         width = max([len(r.label) for r in shown] + [12])
-        lines = [f"{'intermediate':<{width}}  {'shape':<16} {'max abs diff':>12}  {'max rel diff':>12}  within {self.atol:g}"]
+        extra = f"  {'torch vs f64':>12}  {'Flax vs f64':>12}" if f64 else ""
+        verdict = f"within {self.atol:g}" + (f" or {self.float64_factor:g}x torch's" if f64 else "")
+        lines = [f"{'intermediate':<{width}}  {'shape':<16} {'max abs diff':>12}  {'max rel diff':>12}{extra}  {verdict}"]
         for r in shown:
             status = "yes" if r.ok else "NO  " + (r.note or _where(r)).strip()
-            lines.append(f"{r.label:<{width}}  {str(r.shape):<16} {r.max_abs:>12.3e}  {r.max_rel:>12.3e}  {status}".rstrip())
+            if r.ok and f64 and r.max_abs > self.atol:
+                status = "yes (float64)"
+            errors = (f"  {_number(r.torch_f64):>12}  {_number(r.flax_f64):>12}" if f64 else "")
+            lines.append(f"{r.label:<{width}}  {str(r.shape):<16} {r.max_abs:>12.3e}  {r.max_rel:>12.3e}{errors}"
+                         f"  {status}".rstrip())
         shown_ids = {id(r) for r in shown}
         hidden = [r for r in self.rows if id(r) not in shown_ids]
         hidden_outputs = sum(r.kind == "intermediate" for r in hidden)
@@ -108,7 +123,11 @@ class Report:
             n = sum(r.kind == "intermediate" for r in self.rows)
             counted = ", ".join(([f"{n} intermediates"] if n or not grads else [])
                                 + ([f"the loss and {len(grads)} gradients"] if grads else []))
-            lines.append(f"all {counted} within {self.atol:g} (largest difference {self.max_abs:.3e})")
+            by_f64 = sum(r.max_abs > self.atol for r in self.rows) if f64 else 0
+            lines.append(f"all {counted} within {self.atol:g} (largest difference {self.max_abs:.3e})" if not by_f64
+                         else f"all {counted} agree: {by_f64} beyond {self.atol:g} (largest difference "
+                              f"{self.max_abs:.3e}) are within {self.float64_factor:g}x torch's own float32 error "
+                              f"against the torch twin in float64, the rest within {self.atol:g}")
         elif first.note:  # missing on one side, shapes differ, NaN: the note says it, no number does
             lines.append(f"first divergence: {first.label} ({first.note})")
         else:
@@ -122,6 +141,7 @@ class Report:
         first = self.first_divergence
         return {
             "atol": self.atol,
+            "float64_factor": self.float64_factor,
             "ok": self.ok,
             "first_divergence": first.label if first else None,
             "rows": [_row_dict(r) for r in self.rows],
@@ -131,6 +151,10 @@ class Report:
     def to_json(self, **kw):
         """Strict JSON (RFC 8259: no NaN or Infinity, which strict parsers reject)."""
         return json.dumps(self.to_dict(), allow_nan=False, **kw)
+
+
+def _number(value):
+    return "-" if value is None else f"{value:.3e}"
 
 
 def _where(row):
