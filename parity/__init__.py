@@ -10,7 +10,8 @@
   ``register_stack``: a layer list that may be one stacked block (scanned layers);
   ``Tied`` (or ``tied={copy: source}``): weights torch ties and the Flax model holds once.
 - ``infer_config``: a seed Transformer's ModelConfig from its state dict's shapes.
-- ``check_twins`` / ``check_checkpoint``: what ``parity check`` runs, gradients included;
+- ``check_twins`` / ``check_checkpoint``: what ``parity check`` runs, gradients included
+  (``float64_reference=True``: each output also judged against the torch twin in float64);
   ``check_decoding``: its ``--decode``, greedy decoding with KV caches compared id for id.
 - ``save_flax_params`` / ``load_flax_params``: Flax parameter files (``parity convert``).
 
