@@ -141,7 +141,7 @@ class Report:
         first = self.first_divergence
         return {
             "atol": self.atol,
-            "float64_factor": self.float64_factor,
+            **({} if self.float64_factor is None else {"float64_factor": self.float64_factor}),
             "ok": self.ok,
             "first_divergence": first.label if first else None,
             "rows": [_row_dict(r) for r in self.rows],
@@ -178,6 +178,8 @@ def _row_dict(row):
     out = dict(dataclasses.asdict(row), label=row.label, kind=row.kind, shape=list(row.shape))
     out["at"] = None if row.at is None else list(row.at)
     del out["alias"]  # ``label`` holds it
+    if row.torch_f64 is None and row.flax_f64 is None:  # no float64 reference: the row's keys as always
+        del out["torch_f64"], out["flax_f64"]
     bad = {key: out[key] for key in ("max_abs", "max_rel") if not math.isfinite(out[key])}
     if bad and not out["note"]:  # a Row built elsewhere without one
         out["note"] = ", ".join(f"{key} is {value}" for key, value in bad.items())
