@@ -97,16 +97,22 @@ def load_into_state(state, params):
 
 
 def weight_reader():
-    """The installed weight reader (parity's unless only another is installed), or an
-    InitFromError saying how to install one."""
+    """The installed weight reader, parity's (named "parity" in the group; another is used only
+    where parity's is not installed), or an InitFromError saying how to install one."""
     found = entry_points(group=READERS)
     if not found:
         raise InitFromError(
             f"{OPTION} needs a weight reader, and none is installed: flaxformer-mini's parity package provides "
-            f"one, registered (entry point group {READERS!r}) when flaxformer-mini is installed with pip "
-            f"(`pip install -e .` in a checkout); a checkout on PYTHONPATH alone registers none")
+            f"one, registered (entry point group {READERS!r}) when flaxformer-mini is installed with pip: run "
+            f"`pip install -e .` in a checkout (again, if it was installed before this entry point existed); a "
+            f"checkout on PYTHONPATH alone registers none")
     entry = found["parity"] if "parity" in found.names else next(iter(found))
     try:
-        return entry.load()
-    except ImportError as e:  # a broken install: say which module is missing
-        raise InitFromError(f"{OPTION}: the weight reader {entry.value} cannot be imported: {e}") from None
+        reader = entry.load()
+    except Exception as e:  # noqa: BLE001 - any failure to import it: name the entry point, not a traceback
+        raise InitFromError(f"{OPTION}: the weight reader {entry.name} = {entry.value} cannot be loaded: "
+                            f"{type(e).__name__}: {e}") from None
+    missing = [name for name in ("read_params", "params_into_model") if not callable(getattr(reader, name, None))]
+    if missing:
+        raise InitFromError(f"{OPTION}: the weight reader {entry.name} = {entry.value} lacks {' and '.join(missing)}")
+    return reader

@@ -92,7 +92,9 @@ def save_state_dict(state_dict, path, config=None, assumed=()):
     suffix = path.suffix.lower()
     if not path.absolute().parent.is_dir():  # torch.save would say so as a RuntimeError
         raise CheckpointError(f"{path}: the directory {path.absolute().parent} does not exist")
-    tensors = {k: v.contiguous() for k, v in state_dict.items()}
+    # On the CPU: a .pt of CUDA tensors (flax_to_torch makes them on torch's default device)
+    # would need a GPU, or map_location, to load.
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
     if suffix == SAFETENSORS_SUFFIX:
         from safetensors.torch import save
 

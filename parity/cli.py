@@ -13,8 +13,8 @@
 
 Exit codes: 0 every compared tensor within tolerance (``convert``: written), 1 some
 difference beyond it (with ``--decode``, also a decoded token the twins disagree on where
-torch's top-1 minus top-2 logit exceeds NEAR_TIE_FACTOR x --atol; a near-tie below that is
-reported, not failed), 2 the options, inputs or output are unusable (the message says which
+either side's logit of its token exceeds its logit of the other side's by more than
+NEAR_TIE_FACTOR x --atol; a near-tie within that is reported, not failed), 2 the options, inputs or output are unusable (the message says which
 key, file or option; nothing was written), 141 stdout was closed before the report was
 written (``parity check | head -1``), quietly, as a process ended by SIGPIPE. A user's mistake prints one line; ``--debug`` (or
 PARITY_DEBUG=1) shows the traceback. Outputs are written all at once or not at all, and an
@@ -202,6 +202,7 @@ def _check(args):
         decoded = check_decoding(torch_model, flax_model, config, args.decode, batch=args.batch, seed=args.seed,
                                  atol=args.atol)
 
+    passed = report.ok and (decoded is None or decoded.ok)
     c = config
     print(f"{what}: vocab {c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, "
           f"embed {c.embed_size}, ffn {c.feed_forward_width}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}; "
@@ -222,8 +223,9 @@ def _check(args):
         from parity.output import write_atomic
 
         # "decode" is added beside the report's own keys, which keep their meaning ("ok" is
-        # the tensors' verdict); null when --decode was not given.
-        data = dict(report.to_dict(), decode=decoded.to_dict() if decoded is not None else None)
+        # the tensors' verdict); null when --decode was not given. "passed": the exit code's
+        # verdict, tensors and decoding together, for a script that reads one key.
+        data = dict(report.to_dict(), decode=decoded.to_dict() if decoded is not None else None, passed=passed)
         write_atomic(args.json, json.dumps(data, allow_nan=False, indent=2) + "\n")
         print(f"report written to {args.json}")
     if args.plot:
@@ -231,7 +233,7 @@ def _check(args):
 
         plot_report(report, args.plot, title=f"torch vs Flax, {what}")
         print(f"plot written to {args.plot}")
-    return EXIT_OK if report.ok and (decoded is None or decoded.ok) else EXIT_DIVERGED
+    return EXIT_OK if passed else EXIT_DIVERGED
 
 
 # ----------------------------------------------------------------------------- convert
@@ -398,8 +400,9 @@ def build_parser():
     check.add_argument("--decode", type=int, metavar="N",
                        help="also decode N new tokens greedily with KV caches on both twins (the same source batch), "
                             "1 to the model's max_len, and compare the token ids; a row that differs fails the check "
-                            "(exit 1) when torch's top-1 minus top-2 logit at its first differing step exceeds "
-                            f"{NEAR_TIE_FACTOR} x --atol, else it is a near-tie, reported but not failing")
+                            "(exit 1) when, at its first differing step, either twin's logit of its own token exceeds its "
+                            f"logit of the other's by more than {NEAR_TIE_FACTOR} x --atol, else it is a near-tie, "
+                            "reported but not failing")
     check.add_argument("--torch-device", default="cpu", metavar="DEVICE",
                        help="where the torch twin runs: cpu (default), cuda, cuda:1, ...; the Flax twin runs on "
                             "JAX's default device (JAX_PLATFORMS=cpu|cuda picks it)")

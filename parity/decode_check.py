@@ -4,10 +4,10 @@ Each twin decodes the same source batch greedily with its own KV cache (torch_re
 ``CachedDecoder``, flaxformer_mini's ``greedy_decode``), and the token ids are compared row by
 row. Logits equal to 1e-5 do not promise equal tokens: where a step's best two logits are
 closer than the twins' rounding, either may win, and the two continuations part from there.
-So a row that differs is judged at its first differing step by the top-1 minus top-2 logit
-(the margin) of the logits each decoder computed there: above ``NEAR_TIE_FACTOR * atol`` on
-the torch side the twins disagree on a clear choice, which is a bug; at or below it the step
-is a near-tie, a property of the data (tests/test_decoding.py's ``greedy_margin`` reasons the
+So a row that differs is judged at its first differing step by the margins of the two tokens
+the twins chose: each side's logit of its own token minus its logit of the other's. Either
+above ``NEAR_TIE_FACTOR * atol``: the twins disagree on a clear choice, which is a bug; both
+at or below it: the step is a near-tie, a property of the data (tests/test_decoding.py's ``greedy_margin`` reasons the
 same way).
 
     torch_model, flax_model = transformer_pair(config)
@@ -43,9 +43,9 @@ class TokenDifference:
     position: int  # the step: how many new tokens both twins agreed on before it
     torch_token: int
     flax_token: int
-    torch_margin: float  # top-1 minus top-2 logit at that step, torch's cached decoder
-    flax_margin: float  # the same, Flax's
-    near_tie: bool  # torch_margin <= the report's near_tie_margin
+    torch_margin: float  # torch's logit of torch_token minus its logit of flax_token, at that step
+    flax_margin: float  # Flax's logit of flax_token minus its logit of torch_token
+    near_tie: bool  # both margins <= the report's near_tie_margin
 
     def to_dict(self):
         out = dataclasses.asdict(self)
@@ -78,7 +78,7 @@ class DecodeReport:
     def format(self):
         """A few lines for after the table: the verdict, then the first differing row."""
         B, N = self.torch_tokens.shape
-        head = f"greedy decoding of {N} new tokens with KV caches, {B} rows:"
+        head = f"greedy decoding of {N} new tokens with KV caches, {B} row{'' if B == 1 else 's'}:"
         if self.identical:
             return f"{head} the same token ids in every row"
         clear = [d for d in self.differences if not d.near_tie]
@@ -87,17 +87,20 @@ class DecodeReport:
         lines = [f"{head} {len(self.differences)} of {B} rows differ "
                  f"({len(clear)} at a clear margin, {ties} near-tie{'' if ties == 1 else 's'})",
                  f"first difference: row {d.row}, position {d.position}: torch chose {d.torch_token} "
-                 f"(margin {d.torch_margin:.3e}), Flax chose {d.flax_token} (margin {d.flax_margin:.3e})"]
+                 f"({d.torch_margin:.3e} above {d.flax_token} in torch's logits), Flax chose {d.flax_token} "
+                 f"({d.flax_margin:.3e} above {d.torch_token} in Flax's)"]
         if d.near_tie:
-            lines.append(f"note: a near-tie (torch's top-1 minus top-2 logit {d.torch_margin:.3e} <= "
+            lines.append(f"note: a near-tie (both margins <= "
                          f"{self.near_tie_margin:g}, {NEAR_TIE_FACTOR} x atol): either token is right at this "
                          f"precision, so it is not counted as a difference")
         else:
-            lines.append(f"decoding diverges: torch's margin {d.torch_margin:.3e} > {self.near_tie_margin:g} "
+            lines.append(f"decoding diverges: a margin of {max(d.torch_margin, d.flax_margin):.3e} > "
+                         f"{self.near_tie_margin:g} "
                          f"({NEAR_TIE_FACTOR} x atol) is no near-tie")
         if d.near_tie and clear:  # the verdict rests on a later row: name it
             lines.append(f"decoding diverges: row {clear[0].row} differs at position {clear[0].position} with "
-                         f"torch's margin {clear[0].torch_margin:.3e} > {self.near_tie_margin:g}")
+                         f"a margin of {max(clear[0].torch_margin, clear[0].flax_margin):.3e} > "
+                         f"{self.near_tie_margin:g}")
         return "\n".join(lines)
 
     def to_dict(self):
@@ -144,19 +147,25 @@ def compare_greedy(torch_model, flax_model, source, max_new_tokens, *, atol=DEFA
     differences = []
     if rows.size:
         positions = differs[rows].argmax(axis=1)  # the first differing step of each differing row
-        torch_margins = _margins(_torch_step_logits(decoder, torch_source, torch_tokens))  # (B, N)
-        flax_margins = _margins(_flax_step_logits(flax_model, flax_source, flax_tokens))
+        torch_logits = _torch_step_logits(decoder, torch_source, torch_tokens)  # (B, N, V)
+        flax_logits = _flax_step_logits(flax_model, flax_source, flax_tokens)
         for r, t in zip(rows.tolist(), positions.tolist()):
-            margin = float(torch_margins[r, t])  # NaN is no near-tie: the comparison fails it
-            differences.append(TokenDifference(r, t, int(torch_tokens[r, t]), int(flax_tokens[r, t]), margin,
-                                               float(flax_margins[r, t]), near_tie=margin <= threshold))
+            a, b = int(torch_tokens[r, t]), int(flax_tokens[r, t])
+            torch_gap, flax_gap, near_tie = judge_step(torch_logits[r, t], flax_logits[r, t], a, b, threshold)
+            differences.append(TokenDifference(r, t, a, b, torch_gap, flax_gap, near_tie=near_tie))
     return DecodeReport(max_new_tokens, torch_tokens, flax_tokens, threshold, differences)
 
 
-def _margins(logits):
-    """Top-1 minus top-2 of logits (..., V) in float64: how far each step's choice was from a tie."""
-    top2 = np.sort(logits, axis=-1)[..., -2:]
-    return top2[..., 1] - top2[..., 0]
+def judge_step(torch_logits, flax_logits, torch_token, flax_token, threshold):
+    """(torch's gap, Flax's gap, near-tie) at a step where torch chose ``torch_token`` and Flax
+    ``flax_token``, from each side's logits (V,) there. A side's gap is its logit of its own
+    token minus its logit of the other side's: the two tokens the twins actually chose, not
+    torch's top two (Flax may have chosen torch's third). A near-tie only when both gaps are
+    within ``threshold``: then rounding within the tolerance can have swapped the two; NaN is
+    never one."""
+    torch_gap = float(torch_logits[torch_token] - torch_logits[flax_token])
+    flax_gap = float(flax_logits[flax_token] - flax_logits[torch_token])
+    return torch_gap, flax_gap, bool(torch_gap <= threshold and flax_gap <= threshold)
 
 
 # The logits behind each decoder's choices: its cached step replayed on the tokens it chose

@@ -2,8 +2,8 @@
 
 ``flaxformer_mini.init_from`` finds this module through the packaging entry point
 ``flaxformer_mini.weight_readers`` (pyproject.toml), so the Flax package never imports parity
-(DESIGN.md's import rule) and a user's own reader could take its place. It provides
-``read_params(path, config, preset)`` and ``params_into_model(params, model)``.
+(DESIGN.md's import rule). It provides ``read_params(path, config, preset)`` and
+``params_into_model(params, model)``, which any reader in that group must.
 
 FILE is one of
 - a torch state dict of ``torch_ref.Transformer`` (the seed's keys): ``.safetensors``, read

@@ -131,8 +131,11 @@ class Report:
         elif first.note:  # missing on one side, shapes differ, NaN: the note says it, no number does
             lines.append(f"first divergence: {first.label} ({first.note})")
         else:
+            against = ("" if not f64 or first.flax_f64 is None else
+                       f"; against the torch twin in float64, Flax's error {first.flax_f64:.3e} > "
+                       f"{self.float64_factor:g}x torch's {first.torch_f64:.3e}")
             lines.append(f"first divergence: {first.label} (max abs diff {first.max_abs:.3e} > {self.atol:g}"
-                         f"{_where(first)})")
+                         f"{_where(first)}{against})")
         return "\n".join(lines)
 
     def to_dict(self):
@@ -144,7 +147,7 @@ class Report:
             **({} if self.float64_factor is None else {"float64_factor": self.float64_factor}),
             "ok": self.ok,
             "first_divergence": first.label if first else None,
-            "rows": [_row_dict(r) for r in self.rows],
+            "rows": [_row_dict(r, self.atol) for r in self.rows],
             "left_out": [{"name": name, "why": why} for name, why in self.left_out],
         }
 
@@ -174,12 +177,14 @@ def _left_out_lines(left_out, shown=6):
     return lines
 
 
-def _row_dict(row):
+def _row_dict(row, atol):
     out = dict(dataclasses.asdict(row), label=row.label, kind=row.kind, shape=list(row.shape))
     out["at"] = None if row.at is None else list(row.at)
     del out["alias"]  # ``label`` holds it
     if row.torch_f64 is None and row.flax_f64 is None:  # no float64 reference: the row's keys as always
         del out["torch_f64"], out["flax_f64"]
+    else:  # agreed by the float64 reference alone, beyond atol (the table's "yes (float64)")
+        out["by_float64"] = bool(row.ok and not row.note and row.max_abs > atol)
     bad = {key: out[key] for key in ("max_abs", "max_rel") if not math.isfinite(out[key])}
     if bad and not out["note"]:  # a Row built elsewhere without one
         out["note"] = ", ".join(f"{key} is {value}" for key, value in bad.items())

@@ -67,6 +67,8 @@ def test_a_planted_bug_still_fails_against_float64(scaled_twins):
     first = report.first_divergence
     assert first is not None and first.name.startswith("decoder.decoder_layers.0")
     assert first.flax_f64 > FLOAT64_FACTOR * first.torch_f64 > 0
+    assert (f"against the torch twin in float64, Flax's error {first.flax_f64:.3e} > {FLOAT64_FACTOR}x torch's "
+            f"{first.torch_f64:.3e}") in report.format_table()
 
 
 def test_the_cli_option_reports_both_errors_and_the_hint_names_it(scaled_twins, tmp_path, capsys):
@@ -87,4 +89,6 @@ def test_the_cli_option_reports_both_errors_and_the_hint_names_it(scaled_twins, 
     assert data["ok"] is True and data["float64_factor"] == FLOAT64_FACTOR
     logits = next(r for r in data["rows"] if r["label"] == "logits")
     assert logits["max_abs"] > DEFAULT_ATOL and logits["flax_f64"] <= FLOAT64_FACTOR * logits["torch_f64"]
+    assert logits["by_float64"] is True
+    assert all(r["by_float64"] is (r["max_abs"] > DEFAULT_ATOL) for r in data["rows"] if r["kind"] == "intermediate")
     assert np.isfinite([logits["torch_f64"], logits["flax_f64"]]).all()

@@ -38,11 +38,13 @@ if [ "$item" = wheels ]; then
 fi
 
 
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site
+if [ -z "${SKIP_MACHINE:-}" ]; then  # once: an `all` call's items inherit the environment
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        export PYTHONPATH=/tmp/site
+    fi
+    export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 fi
-export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ -z "${SKIP_MACHINE:-}" ]; then {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -64,11 +66,13 @@ if [ "$item" = all ]; then
         local started=$SECONDS
         OUT="$work/$name" timeout -s INT -k 20 "$limit" env "$@" bash "$0" "${name%%_*}" || rc=$?
         echo "$name: exit $rc after $((SECONDS - started)) s (limit $limit s)" | tee -a "$work/summary.txt"
+        worst=$((rc > worst ? rc : worst))
         # Collected after each item, so a call cut short still brings back what ran.
         cp "$work/summary.txt" "$out/"
         if [ -f "$work/$name/${logs[$name]}" ]; then cp "$work/$name/${logs[$name]}" "$out/${name}_${logs[$name]}"; fi
         tar czf "$out/gpu_items.tar.gz" -C "$work" .
     }
+    worst=0
     declare -A logs=([train]=train.log [parity]=parity.log [bench]=large.log [bench_decode]=large.log
         [bench_compile]=large.log)
     # GPU_ITEMS: which, in this order (default all); LIMIT_*: their seconds.
@@ -83,7 +87,7 @@ if [ "$item" = all ]; then
         *) echo "unknown GPU_ITEMS entry $name" >&2; exit 2 ;;
         esac
     done
-    exit 0
+    exit "$worst"  # the largest item's exit code (124: a timeout), so a failed item fails the call
 fi
 
 case "$item" in
