@@ -107,5 +107,3 @@ def save_state_dict(state_dict, path, config=None, assumed=()):
         raise CheckpointError(f"{path}: unknown checkpoint type {suffix!r}; use .safetensors or .pt")
     output.write_atomic(path, data)
     return path
-
-

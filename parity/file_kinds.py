@@ -62,13 +62,22 @@ def recorded_config(metadata, path):
         return None, ()
     try:
         config = json.loads(metadata[CONFIG_METADATA_KEY])
-        assumed = json.loads(metadata.get(ASSUMED_METADATA_KEY, "[]"))
     except (TypeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: unusable {CONFIG_METADATA_KEY!r} in its metadata: {e}") from None
-    if not isinstance(config, dict) or not isinstance(assumed, list):
-        raise CheckpointError(f"{path}: unusable {CONFIG_METADATA_KEY!r} in its metadata: expected a JSON object "
-                              f"and a list of assumed names")
-    return config, tuple(assumed)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: unusable {CONFIG_METADATA_KEY!r} in its metadata: expected a JSON object")
+    return config, assumed_from_json(metadata.get(ASSUMED_METADATA_KEY, "[]"), path)
+
+
+def assumed_from_json(data, path):
+    """The names an ``assumed_config`` entry lists (JSON text, or the list an orbax record holds)."""
+    try:
+        names = json.loads(data) if isinstance(data, str) else data
+    except json.JSONDecodeError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise CheckpointError(f"{path}: unusable {ASSUMED_METADATA_KEY!r} in its metadata: {data!r}")
+    return tuple(names)
 
 
 def read_recorded_config(path):

@@ -34,7 +34,7 @@ from parity import engine, output
 from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
 from parity.file_kinds import (  # noqa: F401 - FLAX_FORMAT and CONFIG_METADATA_KEY are public names here too
     ASSUMED_METADATA_KEY, CONFIG_METADATA_KEY, FLAX_FORMAT, SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError,
-    config_metadata, readable_file, safetensors_header)
+    assumed_from_json, config_metadata, readable_file, safetensors_header)
 
 _FLAX_SEP, _TORCH_SEP = "/", "."
 
@@ -145,7 +145,7 @@ def read_flax_params(path):
 
     metadata, _ = safetensors_header(path)
     config = _config_from_json(metadata.get(CONFIG_METADATA_KEY), path)
-    assumed = _assumed_from_json(metadata.get(ASSUMED_METADATA_KEY, "[]"), path)
+    assumed = assumed_from_json(metadata.get(ASSUMED_METADATA_KEY, "[]"), path)
     try:
         params = load_file(path)
     except Exception as e:  # noqa: BLE001 - safetensors raises several types for a bad file
@@ -161,16 +161,6 @@ def _config_from_json(data, path):
         return ModelConfig(**(json.loads(data) if isinstance(data, str) else data))
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: unusable {CONFIG_METADATA_KEY!r} in its metadata: {e}") from None
-
-
-def _assumed_from_json(data, path):
-    try:
-        names = json.loads(data) if isinstance(data, str) else data
-    except json.JSONDecodeError:
-        names = None
-    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
-        raise CheckpointError(f"{path}: unusable {ASSUMED_METADATA_KEY!r} in its metadata: {data!r}")
-    return tuple(names)
 
 
 def _orbax():
@@ -254,7 +244,7 @@ def _load_orbax(path):
     if not isinstance(meta, dict) or meta.get("format") != FLAX_FORMAT:
         raise CheckpointError(f"{path}: its 'config' item is not a {FLAX_FORMAT} record")
     config = _config_from_json(meta.get(CONFIG_METADATA_KEY), path)
-    assumed = _assumed_from_json(meta.get(ASSUMED_METADATA_KEY, []), path)
+    assumed = assumed_from_json(meta.get(ASSUMED_METADATA_KEY, []), path)
     try:
         tree = _restore(path, params=ocp.args.StandardRestore())["params"]
     except Exception as e:  # noqa: BLE001
