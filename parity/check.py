@@ -14,7 +14,7 @@ Call ``parity_numerics()`` first (the command line does): parity needs exact flo
 
 import numpy as np
 
-from parity.compare import compare_models
+from parity.compare import compare_models, model_intermediates
 from parity.report import Report
 from parity.gradients import gradient_rows
 from parity.policy import DEFAULT_ATOL
@@ -32,11 +32,12 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAUL
     """
     source, target = sample_batch(config, batch=batch, seed=seed)
     torch_inputs, flax_inputs = as_inputs(source, target)
-    report = compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=atol)
+    named = model_intermediates(torch_model, flax_model, torch_inputs, flax_inputs)
+    report = compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=atol, named=named)
     if float64_reference:
         from parity.float64_reference import judge_against_float64
 
-        judge_against_float64(report, torch_model, flax_model, torch_inputs, flax_inputs)
+        judge_against_float64(report, torch_model, named, torch_inputs)
     if grads:
         report.rows.extend(gradient_rows(torch_model, flax_model, source, target, atol))
     return report

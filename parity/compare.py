@@ -156,12 +156,20 @@ def _drop_unmatched_sequential(torch_named, flax_named, sequential):
     return {name: v for name, v in torch_named.items() if name in flax_named or _row_base(name) not in sequential}
 
 
-def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL):
-    """Run both twins (in eval mode) on the same inputs and compare every intermediate; the
-    seed Transformer's landmark rows carry their ``ALIASES`` (``logits``, ``encoder.embeddings``)."""
+def model_intermediates(torch_model, flax_model, torch_inputs, flax_inputs):
+    """({name: torch array}, {name: Flax array}): both twins' intermediates on the same inputs,
+    as ``compare_models`` compares them (``nn.Sequential`` rows the Flax side lacks left out)."""
     _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
     _, f = flax_intermediates(flax_model, *flax_inputs)
-    report = compare_intermediates(_drop_unmatched_sequential(t, f, _sequential_paths(torch_model)), f, atol)
+    return _drop_unmatched_sequential(t, f, _sequential_paths(torch_model)), f
+
+
+def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL, named=None):
+    """Run both twins (in eval mode) on the same inputs and compare every intermediate; the
+    seed Transformer's landmark rows carry their ``ALIASES`` (``logits``, ``encoder.embeddings``).
+    ``named``: ``model_intermediates``' result for these inputs, when the caller has it already."""
+    t, f = named if named is not None else model_intermediates(torch_model, flax_model, torch_inputs, flax_inputs)
+    report = compare_intermediates(t, f, atol)
     for row in report.rows:
         row.alias = ALIASES.get(row.name.partition("#")[0], "")
     return report

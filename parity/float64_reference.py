@@ -17,17 +17,17 @@ import copy
 
 import numpy as np
 
-from parity.compare import _match_tuple_outputs, flax_intermediates, torch_intermediates
+from parity.compare import _match_tuple_outputs, torch_intermediates
 from parity.policy import FLOAT64_FACTOR
 
 
-def judge_against_float64(report, torch_model, flax_model, torch_inputs, flax_inputs, factor=FLOAT64_FACTOR):
+def judge_against_float64(report, torch_model, named, torch_inputs, factor=FLOAT64_FACTOR):
     """Fill each intermediate row's ``torch_f64`` and ``flax_f64`` (each float32 twin's max
     absolute error against the torch twin in float64) and re-judge the rows beyond the
     tolerance by ``factor``; gradient rows, and rows with a note (missing, shape, NaN), stay as
-    they are. ``report`` is changed in place and returned."""
-    _, t32 = torch_intermediates(torch_model, *torch_inputs, sequential=True)
-    _, f32 = flax_intermediates(flax_model, *flax_inputs)
+    they are. ``named``: the float32 twins' intermediates the report compared
+    (``compare.model_intermediates``). ``report`` is changed in place and returned."""
+    t32, f32 = named
     f32 = _match_tuple_outputs(t32, f32)
     # A copy, so the caller's twin stays float32; the inputs are token ids, unchanged.
     _, t64 = torch_intermediates(copy.deepcopy(torch_model).double(), *torch_inputs, sequential=True)
