@@ -30,6 +30,7 @@ from flaxformer_mini import decoding
 from flaxformer_mini.data import EOS, make_source
 from flaxformer_mini.run import Run
 from flaxformer_mini.run_config import RunConfigError
+from flaxformer_mini.run_dir import run_holding
 
 DEFAULT_BATCH_SIZE = 64
 CHUNK_BATCHES = 16  # inputs read, sorted and decoded together: CHUNK_BATCHES * batch_size
@@ -97,10 +98,10 @@ def _not_a_run(path):
     if path.is_file() and path.suffix in WEIGHT_SUFFIXES:
         return (f"a weights file (torch or Flax), not a run directory: generate and evaluate read a run made by "
                 f"`flaxformer-mini train` (its config.json, tokenizers and checkpoints); {_CONVERT}")
-    for run in (path.parent, path.parent.parent):
-        if (run / "config.json").is_file() and (run / "checkpoints") in (path, path.parent):
-            what = "the checkpoints directory" if path == run / "checkpoints" else "one checkpoint"
-            return f"this is {what} of a training run; give the run directory ({run})"
+    run = run_holding(path)
+    if run is not None:
+        what = "the checkpoints directory" if path.parent == run else "one checkpoint"
+        return f"this is {what} of a training run; give the run directory ({run})"
     if path.is_dir() and (path / "params").is_dir() and (path / "config").is_dir():
         return (f"Flax parameters (an orbax directory, as `parity convert` writes), not a run made by "
                 f"`flaxformer-mini train`; {_CONVERT}")

@@ -398,3 +398,16 @@ _SET_BY = {
     "data.columns": "--columns",
     "data.max_len": "--max-len minus one for a text run (its EOS)",
 }
+
+
+def run_holding(path):
+    """The training run whose checkpoints ``path`` is (runs/r for runs/r/checkpoints/3, or for
+    runs/r/checkpoints itself), as the user wrote it; None for any other path. For the errors
+    that tell a user who gave a checkpoint to give its run (generate, evaluate, parity)."""
+    path = Path(path)
+    for run in (path.parent, path.parent.parent):
+        if RunDir(run).exists():
+            checkpoints = RunDir(run).checkpoints.absolute()
+            if checkpoints in (path.absolute(), path.absolute().parent):
+                return run
+    return None

@@ -105,15 +105,21 @@ def _torch_config(args, path, state_dict):
     return config, sources, assumed, warnings
 
 
+def _refuse_config_options(args, why):
+    """UsageError naming the first of --heads, --pad-idx and --config given where the input
+    says the whole config itself (``why`` completes "--heads ...")."""
+    for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
+        if value is not None:
+            raise UsageError(f"{option} {why}")
+
+
 def _training_run_state_dict(args, path):
     """(state dict, ModelConfig, step) of a training run's newest checkpoint; its config.json
     says everything, so no option may contradict it."""
     from parity.convert import state_dict_from_run
 
-    for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
-        if value is not None:
-            raise UsageError(f"{option} applies to a torch checkpoint only; {path} is a training run, and its "
-                             f"config.json says the whole config")
+    _refuse_config_options(args, f"applies to a torch checkpoint only; {path} is a training run, and its "
+                                 f"config.json says the whole config")
     return state_dict_from_run(path)
 
 
@@ -130,6 +136,7 @@ def _seed_keys(state_dict, path):
 
 def _load_checkpoint(args):
     """(state dict, config, description of where heads and padding came from, what it is)."""
+    from flaxformer_mini.run_dir import run_holding
     from parity.check import refuse_unusable_weights
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError, load_state_dict
     from parity.convert import is_training_run
@@ -141,7 +148,7 @@ def _load_checkpoint(args):
         sources = dict.fromkeys(("heads", "src_pad_idx"), "the run's config.json")
         return state_dict, config, sources, f"training run {path}, its newest checkpoint (step {step})"
     if Path(path).is_dir():
-        run = _run_holding(path)
+        run = run_holding(path)
         if run is not None:
             what = "the checkpoints directory" if Path(path).parent == run else "one checkpoint"
             raise UsageError(f"{path}: this is {what} of a training run; give the run directory ({run}) "
@@ -169,9 +176,7 @@ def _check(args):
     from parity.twins import parity_numerics, torch_device, transformer_pair, twins_from_state_dict
 
     if args.torch_checkpoint is None:
-        for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
-            if value is not None:
-                raise UsageError(f"{option} applies to --torch-checkpoint only; a preset fixes the whole config")
+        _refuse_config_options(args, "applies to --torch-checkpoint only; a preset fixes the whole config")
     _check_output_paths(args)
     device = torch_device(args.torch_device)  # refused before any work
     parity_numerics()
@@ -241,6 +246,7 @@ def _check(args):
 
 def _convert(args):
     from flaxformer_mini.files import check_parent_writable
+    from flaxformer_mini.run_dir import run_holding
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
     from parity.convert import flax_params_from_state_dict, is_training_run, state_dict_from_flax_params
     from parity.flax_io import checkpoint_kind, is_orbax_path, read_flax_params, save_flax_params
@@ -254,7 +260,7 @@ def _convert(args):
     if is_training_run(source):
         kind = "run"
     else:
-        run = _run_holding(source)
+        run = run_holding(source)
         if run is not None:  # orbax would say only that the item 'config' is missing
             what = "the checkpoints directory" if Path(source).parent == run else "one checkpoint"
             raise UsageError(f"{source}: this is {what} of a training run; give the run directory ({run}) "
@@ -281,9 +287,7 @@ def _convert(args):
               + (f", {', '.join(assumed)} marked assumed" if assumed else "") + ")")
     else:
         holds = "a training run and its config" if kind == "run" else "Flax parameters and its config"
-        for option, value in (("--heads", args.heads), ("--pad-idx", args.pad_idx), ("--config", args.config)):
-            if value is not None:
-                raise UsageError(f"{option} applies to a torch IN only; {source} holds {holds}")
+        _refuse_config_options(args, f"applies to a torch IN only; {source} holds {holds}")
         sources, assumed = {}, ()
         if out_suffix not in (SAFETENSORS_SUFFIX, *TORCH_SUFFIXES):
             raise UsageError(f"OUT {out}: {'a training run converts' if kind == 'run' else 'Flax parameters convert'} "
@@ -331,21 +335,6 @@ def _note_compute_dtype(args, run):
               f"float32 gives the run's logits only to {dtype}'s precision, so greedy and beam search may pick "
               f"other tokens on some inputs (run torch under torch.autocast(..., dtype=torch.{dtype}) to come "
               f"closer)")
-
-
-def _run_holding(path):
-    """The training run whose checkpoints ``path`` is (runs/r for runs/r/checkpoints/3, or for
-    runs/r/checkpoints itself), as the user would write it; None for any other path."""
-    from flaxformer_mini.run_dir import RunDir
-    from parity.convert import is_training_run
-
-    path = Path(path)
-    for run in (path.parent, path.parent.parent):
-        if is_training_run(run):
-            checkpoints = RunDir(run).checkpoints.absolute()
-            if path.absolute() == checkpoints or path.absolute().parent == checkpoints:
-                return run
-    return None
 
 
 # ----------------------------------------------------------------------------- parser
