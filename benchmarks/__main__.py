@@ -26,6 +26,11 @@ def parse_args(argv=None):
     parser.add_argument("--dropout", type=float, help="override the model's dropout rate (both twins)")
     parser.add_argument("--attention", dest="attention_impl", choices=ATTENTION_IMPLS,
                         help="the Flax path's attention (default: the preset's; einsum on CPU, cudnn for large)")
+    parser.add_argument("--scan-layers", action="store_true", default=None,
+                        help="the Flax path with its layers stacked and run by nnx.scan (flax_jit_scan): XLA compiles "
+                             "one block whatever the depth")
+    parser.add_argument("--remat", action="store_true", default=None,
+                        help="the Flax path recomputing activations in the backward pass (flax_jit_remat)")
     parser.add_argument("--torch-compile-backend", help="torch.compile backend (default: inductor, torch's default)")
     parser.add_argument("--reuse-compile-cache", action="store_true",
                         help="let torch.compile reuse its on-disk cache from earlier runs (default: a fresh one)")
@@ -35,7 +40,8 @@ def parse_args(argv=None):
 
 def preset_from_args(args):
     preset = get_bench_preset(args.preset)
-    changes = {k: getattr(args, k) for k in ("reps", "decode_reps", "warmup", "torch_compile_backend", "attention_impl")
+    changes = {k: getattr(args, k) for k in ("reps", "decode_reps", "warmup", "torch_compile_backend", "attention_impl",
+                                                 "scan_layers", "remat")
                if getattr(args, k) is not None}
     if args.dropout is not None:
         changes["model"] = preset.model.replace(dropout=args.dropout)

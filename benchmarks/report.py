@@ -15,6 +15,11 @@ JSON::
      "environment": {"machine": {cpu model, family, ISA, cores, memory, library versions,
                                  BLAS/GEMM backends}, ...}, "load_average": {...}}
 
+A run has one Flax path: ``flax_jit``, or with ``--scan-layers`` / ``--remat`` the same jitted
+steps over another layer layout (``flax_jit_scan``, ``flax_jit_remat``, ``flax_jit_scan_remat``;
+``config`` records ``scan_layers`` and ``remat``). Its times fill ``flax_jit_ms`` whatever its
+layout, so the ratios are always against the Flax path that ran, and ``flax_path`` names it.
+
 Ratios are torch time / Flax time (> 1: Flax is faster), measured in one run. The targets
 they are held to, and the machines they were measured on, are in docs/benchmarks.md: a
 ratio holds for the CPU it was measured on.
@@ -27,7 +32,13 @@ _GROUPS = {"forward": "forward", "train_step": "train_step", "decode_cached": "d
            "decode_uncached": "decode_uncached"}
 _VARIANTS = ("torch_eager", "torch_compile", "flax_jit")
 
-LABELS = {"torch_eager": "torch eager", "torch_compile": "torch compile", "flax_jit": "flax jit"}
+LABELS = {"torch_eager": "torch eager", "torch_compile": "torch compile", "flax_jit": "flax jit",
+          "flax_jit_scan": "flax jit scan", "flax_jit_remat": "flax jit remat",
+          "flax_jit_scan_remat": "flax scan remat"}
+
+
+def _is_flax(variant):
+    return variant.startswith("flax_jit")  # benchmarks.flax_bench.variant: flax_jit[_scan][_remat]
 
 
 def tokens_per_call(preset, op):
@@ -65,8 +76,11 @@ def build(preset, env, peaks, results, load, wall_s, argv=(), complete=True):
     res = {group: {f"{v}_ms": None for v in _VARIANTS} for group in _GROUPS.values()}
     times = {}
     for p in paths:
-        res[_GROUPS[p["op"]]][f"{p['variant']}_ms"] = p["median_ms"]
-        times[_GROUPS[p["op"]], p["variant"]] = p["times_ms"]
+        group, variant = _GROUPS[p["op"]], ("flax_jit" if _is_flax(p["variant"]) else p["variant"])
+        res[group][f"{variant}_ms"] = p["median_ms"]
+        times[group, variant] = p["times_ms"]
+        if variant == "flax_jit":
+            res[group]["flax_path"] = p["variant"]
     for name, group in res.items():  # torch time / Flax time (> 1: Flax is faster)
         flax = group["flax_jit_ms"]
         for v in ("torch_eager", "torch_compile"):
@@ -83,6 +97,7 @@ def build(preset, env, peaks, results, load, wall_s, argv=(), complete=True):
             "decode_reps": preset.decode_reps, "warmup": preset.warmup, "decode_warmup": preset.decode_warmup,
             "torch_compile_backend": preset.torch_compile_backend,
             "device": preset.device, "attention_impl": preset.attention_impl,
+            "scan_layers": preset.scan_layers, "remat": preset.remat,
         },
         "results": res,
         "matmul_peak_gflops": max((p["best_gflops"] for p in peaks.values()), default=None),
@@ -145,11 +160,11 @@ def format_table(rep):
     lines += [header, "-" * len(header)]
     flax_ms = {}
     for p in rep["paths"]:
-        if p["variant"] == "flax_jit":
+        if _is_flax(p["variant"]):
             flax_ms[p["op"]] = p["median_ms"]
     for p in rep["paths"]:
         ref = flax_ms.get(p["op"])
-        vs = None if (ref is None or p["variant"] == "flax_jit") else p["median_ms"] / ref
+        vs = None if (ref is None or _is_flax(p["variant"])) else p["median_ms"] / ref
         lines.append(
             f"{_OP_LABELS.get(p['op'], p['op']):<16} {LABELS.get(p['variant'], p['variant']):<14} "
             f"{p['median_ms']:>10.1f} {p['best_ms']:>9.1f} {_fmt(vs, '>7.2f') + ('x' if vs else ''):>8} {p['gflop']:>8.1f} "
@@ -158,8 +173,8 @@ def format_table(rep):
             f"{p['first_call_s']:>10.2f} {p['first_call_overhead_s']:>10.2f} {_fmt(_memory_mb(p), '>8.0f'):>8}")
     lines += [
         "",
-        "vs flax: this path's time / flax jit's for the same operation (one run). GFLOP: what the path",
-        "executes (benchmarks/flops.py; uncached decoding recomputes the prefix). % peak: of the same",
+        "vs flax: this path's time / the Flax path's for the same operation (one run). GFLOP: what",
+        "the path executes (benchmarks/flops.py; uncached decoding recomputes the prefix). % peak: of the same",
         "library's matmul peak; % mach: of this machine's (the best library's) peak. tok/s: target",
         "tokens (B*T) per second, new tokens (B*N) for decoding. cores: process CPU time / wall time",
         "per call; sys ms: of it, kernel time (page faults of freshly allocated memory, mostly).",
@@ -174,7 +189,7 @@ def format_table(rep):
     xla = [p for p in rep["paths"] if isinstance(p.get("xla_memory_mb"), dict)]
     for p in xla:
         m = p["xla_memory_mb"]
-        lines.append(f"  {p['op']} flax_jit: XLA compile {p.get('xla_compile_s', 0):.1f} s (trace+lower "
+        lines.append(f"  {p['op']} {p['variant']}: XLA compile {p.get('xla_compile_s', 0):.1f} s (trace+lower "
                      f"{p.get('trace_lower_s', 0):.1f} s); XLA buffers: args {m['arguments']:.0f} MB, temporaries "
                      f"{m['temporaries']:.0f} MB, peak estimate {m['peak_estimate']:.0f} MB")
     lines += ["", "ratios (torch time / Flax time; > 1: Flax faster; this run, this CPU only; \"within noise\":"
@@ -186,6 +201,7 @@ def format_table(rep):
 
     for group, r in rep["results"].items():
         if r["flax_jit_ms"] is not None:
-            lines.append(f"  {group:<16} torch eager {ratio(r, 'torch_eager')}, torch.compile {ratio(r, 'torch_compile')}")
+            lines.append(f"  {group:<16} torch eager {ratio(r, 'torch_eager')}, torch.compile {ratio(r, 'torch_compile')}"
+                         + ("" if r.get("flax_path", "flax_jit") == "flax_jit" else f" (against {r['flax_path']})"))
     lines.append(f"\ntotal wall time {rep['wall_s']:.0f} s")
     return "\n".join(lines)

@@ -190,6 +190,32 @@ def test_a_ratio_is_within_noise_when_the_paths_timed_rounds_overlap():
     assert not ranges_overlap([1010, 1025], [880, 895])
 
 
+def test_a_scanned_flax_path_is_the_one_the_ratios_are_against():
+    """``--scan-layers``: the run's one Flax path is ``flax_jit_scan``; its times fill
+    ``flax_jit_ms`` (the ratios are against it) and ``flax_path`` and ``config`` name it."""
+    from benchmarks import report
+    from benchmarks.__main__ import parse_args, preset_from_args
+    from benchmarks.measure import Result
+
+    preset = preset_from_args(parse_args(["--preset", "tiny", "--scan-layers"]))
+    assert (preset.scan_layers, preset.remat) == (True, False)
+    assert preset_from_args(parse_args(["--preset", "tiny"])).scan_layers is False  # the preset's own
+
+    def result(variant, library, times_s):
+        return Result(op="train_step", variant=variant, library=library, flops=4e9, first_call_s=1.0,
+                      times_s=times_s, memory={}, notes=[], info={})
+
+    results = [result("torch_eager", "torch", [0.30, 0.31, 0.32]), result("flax_jit_scan", "jax", [0.20, 0.21, 0.22])]
+    peaks = {"jax": {"best_gflops": 40.0}, "torch": {"best_gflops": 40.0}}
+    rep = report.build(preset, {"machine": {}}, peaks, results, {"start": None, "end": None}, 1.0)
+    group = rep["results"]["train_step"]
+    assert (group["flax_jit_ms"], group["flax_path"]) == (pytest.approx(210.0), "flax_jit_scan")
+    assert group["torch_eager_over_flax"] == pytest.approx(310 / 210)
+    assert group["torch_eager_within_noise"] is False
+    assert (rep["config"]["scan_layers"], rep["config"]["remat"]) == (True, False)
+    assert [p["fraction_of_peak"] for p in rep["paths"]] == [pytest.approx(4 / 0.31 / 40), pytest.approx(4 / 0.21 / 40)]
+
+
 def test_the_base_preset_is_the_issues():
     from benchmarks.presets import get_bench_preset
 

@@ -9,16 +9,18 @@
 #     bash tools/gpu_items.sh parity    # (a) the parity suite, torch CUDA against JAX GPU, TF32 off
 #     bash tools/gpu_items.sh bench     # (b) the `large` preset in bfloat16, cuDNN attention
 #     bash tools/gpu_items.sh train     # (c) the main job in bfloat16
+#     bash tools/gpu_items.sh check     # `parity check --torch-device cuda` (the command) on the GPU
 # or all three in one call, each under its own time limit (the tool lends 15 minutes of device
 # time in all, the machine's start included, so one call of under 10 minutes is the safe plan):
 #     bash tools/gpu_items.sh all       # train, parity, bench (Flax and torch eager), torch.compile
+#     GPU_ITEMS="bench_scan bench bench_compile check" bash tools/gpu_items.sh all  # what (b) still needs
 #     GPU_ITEMS="parity bench" bash tools/gpu_items.sh all   # some of them
 # Everything each writes is under $OUT (or ./gpu_out where OUT is unset), logs included; `all`
 # puts each item's files in one archive there (the tool brings back at most 8 files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train|all}
-case "$item" in wheels | parity | bench | train | all) ;; *) echo "unknown item $item: wheels, parity, bench, train or all" >&2; exit 2 ;; esac
+item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train|check|all}
+case "$item" in wheels | parity | bench | train | check | all) ;; *) echo "unknown item $item: wheels, parity, bench, train, check or all" >&2; exit 2 ;; esac
 out=${OUT:-gpu_out}
 mkdir -p "$out"
 
@@ -73,8 +75,8 @@ if [ "$item" = all ]; then
         tar czf "$out/gpu_items.tar.gz" -C "$work" .
     }
     worst=0
-    declare -A logs=([train]=train.log [parity]=parity.log [bench]=large.log [bench_decode]=large.log
-        [bench_compile]=large.log)
+    declare -A logs=([train]=train.log [parity]=parity.log [bench]=large.log [bench_scan]=large.log
+        [bench_decode]=large.log [bench_compile]=large.log [check]=check.log)
     # GPU_ITEMS: which, in this order (default all); LIMIT_*: their seconds.
     for name in ${GPU_ITEMS:-train parity bench bench_decode bench_compile}; do
         case "$name" in
@@ -82,8 +84,13 @@ if [ "$item" = all ]; then
         parity) run_item parity "${LIMIT_PARITY:-185}" XLA_PYTHON_CLIENT_PREALLOCATE=false PARITY_WORKERS=12 PARITY_MAXFAIL=30 ;;
         # Decoding apart: a failure there must not lose the training step's figures.
         bench) run_item bench "${LIMIT_BENCH:-120}" BENCH_ARGS="--paths flax_jit torch_eager --ops forward train_step" ;;
+        # The same with the Flax layers scanned: XLA compiles one block, not 24 (on the H200 the
+        # unscanned train step's compile outlasted 80 s; scanned 24+24 compiles in 5.3 s against
+        # 60.1 s unscanned on a Zen 4 CPU, docs/benchmarks.md).
+        bench_scan) run_item bench_scan "${LIMIT_SCAN:-150}" BENCH_ARGS="--paths flax_jit torch_eager --scan-layers --ops train_step forward" ;;
         bench_decode) run_item bench_decode "${LIMIT_DECODE:-70}" BENCH_ARGS="--paths flax_jit torch_eager --ops decode_cached" ;;
         bench_compile) run_item bench_compile "${LIMIT_COMPILE:-85}" BENCH_ARGS="--paths torch_compile" ;;
+        check) run_item check "${LIMIT_CHECK:-90}" ;;
         *) echo "unknown GPU_ITEMS entry $name" >&2; exit 2 ;;
         esac
     done
@@ -103,6 +110,11 @@ bench)
     # BENCH_ARGS: more options, e.g. "--paths flax_jit torch_eager" (word-split on purpose).
     # shellcheck disable=SC2086
     python3 -m benchmarks --preset large --json "$out/large.json" ${BENCH_ARGS:-} 2>&1 | tee -i "$out/large.log"
+    ;;
+check)
+    # The command a porter runs: the seed preset, torch on CUDA, gradients and 16 decoded tokens
+    # compared too; float32 and TF32 off on both sides (parity_numerics), the default 1e-5.
+    python3 -m parity check --torch-device cuda --grads --decode 16 --json "$out/check.json" 2>&1 | tee -i "$out/check.log"
     ;;
 train)
     rm -rf /tmp/gpu_reverse
