@@ -82,9 +82,8 @@ def _train_for_result(args, stop):
         # Absolute paths in the run's config: evaluate and resume may run from another directory.
         data = DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=os.path.abspath(args.data),
                           valid_path=args.valid and os.path.abspath(args.valid), eval_pairs=args.valid_size,
-                          holdout=0 if args.valid else args.valid_size, tokenizer=args.tokenizer,
-                          tokenizer_vocab_size=args.vocab_size, shared_vocab=args.shared_vocab,
-                          eval_decode_lines=args.eval_decode_lines, columns=args.columns)
+                          holdout=0 if args.valid else args.valid_size,
+                          eval_decode_lines=args.eval_decode_lines, columns=args.columns, **_tokenizer_settings(args))
     echo = lambda m: print(m, file=sys.stderr) if distributed.is_main() else None  # noqa: E731
     batch_size = args.batch_size or DEFAULTS["batch_size"]
     if args.max_tokens is not None and args.batch_size is not None:
@@ -142,6 +141,17 @@ def _train_for_result(args, stop):
             raise
         raise lost from None
     return result
+
+
+def _tokenizer_settings(args):
+    """A text run's DataConfig tokenizer fields: from the options, or --tokenizer-from's run."""
+    if args.tokenizer_from is None:
+        return {"tokenizer": args.tokenizer or "word", "tokenizer_vocab_size": args.vocab_size,
+                "shared_vocab": args.shared_vocab}
+    from flaxformer_mini import distributed, tokenizer_from
+
+    echo = lambda m: print(m, file=sys.stderr) if distributed.is_main() else None  # noqa: E731
+    return tokenizer_from.settings(args.tokenizer_from, args.out, echo)
 
 
 def _split_sizes(args):
@@ -333,10 +343,14 @@ def build_parser():
                         f"tokenizer's vocabulary size, 4 special tokens included (needed for bpe/unigram; for "
                         f"word it keeps the most frequent words; char keeps every character, so it must be at least "
                         f"their number + 4; default: all)")
-    t.add_argument("--tokenizer", choices=("word", "char", "bpe", "unigram"), default="word",
-                   help="text: whitespace words (today's vocabularies), characters, or BPE/Unigram subwords "
-                        "trained on the training file (Hugging Face tokenizers)")
+    t.add_argument("--tokenizer", choices=("word", "char", "bpe", "unigram"), default=None,
+                   help="text: whitespace words (today's vocabularies; the default), characters, or BPE/Unigram "
+                        "subwords trained on the training file (Hugging Face tokenizers)")
     t.add_argument("--shared-vocab", action="store_true", help="text: one tokenizer for source and target")
+    t.add_argument("--tokenizer-from", metavar="RUN", default=None,
+                   help="text: number tokens as the text run RUN did, with its tokenizers (copied into --out), "
+                        "instead of training new ones on --data: for fine-tuning --init-from weights trained with "
+                        "them. Its tokenizer kind, size and sharing come with it")
     t.add_argument("--eval-decode-lines", type=int, default=256, metavar="N",
                    help="evaluation during training scores BLEU, chrF, WER and CER on this many held-out lines")
     t.add_argument("--min-len", type=int, default=1, help="synthetic: shortest sequence")
@@ -429,10 +443,16 @@ def main(argv=None):
     if getattr(args, "valid", None) and not getattr(args, "data", None):
         parser.error("--valid goes with --data")
     if getattr(args, "task", None):
-        for option, value, default in (("--tokenizer", args.tokenizer, "word"), ("--shared-vocab", args.shared_vocab, False),
-                                       ("--max-tokens", args.max_tokens, None)):
+        for option, value, default in (("--tokenizer", args.tokenizer, None), ("--shared-vocab", args.shared_vocab, False),
+                                       ("--tokenizer-from", args.tokenizer_from, None), ("--max-tokens", args.max_tokens, None)):
             if value != default:
                 parser.error(f"{option} goes with --data (synthetic tasks have integer tokens and fixed-size batches)")
+    if getattr(args, "tokenizer_from", None) is not None:
+        given = [option for option, value in (("--tokenizer", args.tokenizer), ("--vocab-size", args.vocab_size),
+                                              ("--shared-vocab", args.shared_vocab or None)) if value is not None]
+        if given:
+            parser.error(f"{' and '.join(given)} cannot go with --tokenizer-from: the tokenizers, their kind, size and "
+                         f"sharing are those of the run it names")
     if getattr(args, "columns", None) is not None and not getattr(args, "data", None):
         parser.error("--columns goes with --data: it says which columns of that file to read"
                      + (" (a synthetic task reads no file)" if getattr(args, "task", None) else ""))

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 from flax import nnx
 
-from flaxformer_mini import checkpoint, distributed, tokenizers
+from flaxformer_mini import checkpoint, distributed, tokenizer_from, tokenizers
 from flaxformer_mini.data import Batch, DataError, SyntheticTask, TextPairs, Vocab, read_tsv
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
 from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes, data_file_checksums
@@ -70,6 +70,8 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         pairs = [p for i, p in enumerate(pairs) if i not in chosen]
     if run_dir.has_vocabularies(config) or not rebuild:  # evaluate: a missing file is an error naming it
         vocabs = run_dir.load_vocabularies(config)
+    elif config.tokenizer_from is not None:  # a new run numbering its tokens as an earlier run did
+        vocabs = tokenizer_from.load(config)
     else:
         vocabs = build_tokenizers(config, pairs)
     train = _text_pairs(config.train_path, pairs, vocabs, config)
@@ -186,6 +188,10 @@ class Run:
                 params, notes = init_from.read_params(config.init_from.path, config, preset=options.preset)
                 for note in notes:
                     echo(note)
+                if data_config.kind == "tsv" and data_config.tokenizer_from is None:
+                    echo(f"warning: this run's tokenizers are trained on {data_config.train_path}: unless they number "
+                         f"tokens as the vocabulary the --init-from weights were trained with did, each embedding "
+                         f"row now stands for another token; --tokenizer-from RUN takes a text run's tokenizers")
         run = cls.create(out, config, data, echo=echo)
         run._init_params = params
         return run

@@ -55,6 +55,10 @@ class DataConfig:
     tokenizer: str = "word"
     tokenizer_vocab_size: int | None = None
     shared_vocab: bool = False
+    # Text runs: the absolute path of the run whose tokenizers this one took (--tokenizer-from,
+    # tokenizer_from.py; the three fields above are then that run's), or None: trained on the
+    # training file, as every run before this field.
+    tokenizer_from: str | None = None
     # Held-out lines whose decoded text is scored (BLEU, chrF, WER, CER) at each evaluation
     # during training; `evaluate` scores them all.
     eval_decode_lines: int = 256

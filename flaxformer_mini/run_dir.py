@@ -396,6 +396,7 @@ _SET_BY = {
     "train.schedule": "--schedule",
     "train.warmup_steps": "--warmup",
     "data.columns": "--columns",
+    "data.tokenizer_from": "--tokenizer-from",
     "data.max_len": "--max-len minus one for a text run (its EOS)",
 }
 

@@ -283,9 +283,18 @@ def test_a_hand_edited_tokenizer_file_is_refused_naming_it(bpe_run, tmp_path):
         assert proc.returncode == 2 and "tokenizer_target.json differs from the file this run wrote" in proc.stderr
 
 
-def test_a_missing_tokenizer_file_is_named(corpus, tmp_path):
-    out = tmp_path / "r"
+@pytest.fixture(scope="module")
+def char_run(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("char") / "run"
     assert cli(*text_args(corpus, out, "--tokenizer", "char", "--shared-vocab", "--steps", "2")).returncode == 0
+    return out
+
+
+def test_a_missing_tokenizer_file_is_named(char_run, tmp_path):
+    import shutil
+
+    out = tmp_path / "r"
+    shutil.copytree(char_run, out)
     assert not (out / "tokenizer_source.json").exists()
     (out / "tokenizer_shared.json").unlink()
     proc = cli("evaluate", "--checkpoint", str(out))
@@ -307,3 +316,83 @@ def test_a_missing_tokenizer_says_whether_resuming_rebuilds_it(tmp_path, kind, r
 def test_accumulate_zero_is_refused_by_name(corpus, tmp_path):
     proc = cli(*text_args(corpus, tmp_path / "r", "--accumulate", "0"))
     assert proc.returncode == 2 and "--accumulate must be >= 1" in proc.stderr
+
+
+# --- fine-tuning on a new corpus with an earlier run's tokenizers: --tokenizer-from RUN ---------
+
+
+def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens_as_that_run(bpe_run, char_run, tmp_path,
+                                                                                               monkeypatch):
+    """The new corpus alone would train other subwords, so other ids for the embedding rows the
+    weights hold; --tokenizer-from takes the earlier run's files (and kind, size, sharing), and a
+    resume checks RUN where it is now: moved with the same files (a note), gone (a note), or
+    another run's (refused, nothing written)."""
+    import shutil
+
+    from parity.cli import main as parity_main
+
+    source, source_args = bpe_run
+    weights = tmp_path / "weights.safetensors"
+    assert parity_main(["convert", str(source), str(weights)]) == 0
+    new = write_corpus(tmp_path / "new.tsv", 30, reverse_words=False), write_corpus(tmp_path / "new_valid.tsv", 5)
+    out = tmp_path / "tuned"
+    args = text_args(new, out, "--max-tokens", "96", "--init-from", str(weights))
+    proc = cli(*args, "--tokenizer-from", str(source), "--steps", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr
+    for side in ("source", "target"):
+        name = f"tokenizer_{side}.json"
+        assert (out / name).read_bytes() == (source / name).read_bytes()
+        assert RunDir(out).recorded_checksums()[name] == RunDir(source).recorded_checksums()[name]
+    data = json.loads((out / "config.json").read_text())["data"]
+    assert (data["tokenizer"], data["tokenizer_vocab_size"], data["shared_vocab"], data["tokenizer_from"]) == \
+        ("bpe", 40, False, str(source))
+    # Trained on the new corpus alone, the same options number the tokens otherwise.
+    retrained = tokenizers.train("bpe", [s for s, _ in (line.split("\t") for line in new[0].read_text().splitlines())], 40)
+    assert retrained.hf.get_vocab() != tokenizers.load(out, "bpe", "source").hf.get_vocab()
+
+    moved = tmp_path / "moved_source"
+    shutil.copytree(source, moved)
+    proc = cli(*args, "--tokenizer-from", str(moved), "--steps", "2")
+    assert proc.returncode == 0 and f"--tokenizer-from {moved} holds the tokenizers the run started from" in proc.stderr
+    shutil.rmtree(moved)
+    proc = cli(*args, "--tokenizer-from", str(moved), "--steps", "3")
+    assert proc.returncode == 0 and f"--tokenizer-from {moved} is gone; the run resumes with its own copies" in proc.stderr
+    before = (out / "config.json").read_bytes()
+    proc = cli(*args, "--tokenizer-from", str(char_run), "--steps", "4")
+    assert proc.returncode == 2 and "its tokenizers are not the ones the run in" in proc.stderr, proc.stderr
+    proc = cli(*args, "--steps", "4")  # without the option: the run's config differs
+    assert proc.returncode == 2 and "data.tokenizer_from (--tokenizer-from)" in proc.stderr, proc.stderr
+    assert (out / "config.json").read_bytes() == before
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+
+    # Without --tokenizer-from, the same fine-tuning is warned of (the sizes fit; the ids need
+    # not), before training (which is not what this checks, so it is left out).
+    monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)
+    proc = cli(*source_args, "--init-from", str(weights), "--out", str(tmp_path / "warned"), "--steps", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: this run's tokenizers are trained on" in proc.stderr and "--tokenizer-from RUN" in proc.stderr
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--tokenizer", "bpe"], "--tokenizer cannot go with --tokenizer-from"),
+    (["--vocab-size", "40", "--shared-vocab"], "--vocab-size and --shared-vocab cannot go with --tokenizer-from"),
+])
+def test_tokenizer_options_beside_tokenizer_from_are_refused_by_name(corpus, tmp_path, extra, named):
+    proc = cli(*text_args(corpus, tmp_path / "r", "--tokenizer-from", str(tmp_path), *extra))
+    assert proc.returncode == 2 and named in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_tokenizer_from_a_directory_without_a_text_runs_tokenizers_is_refused_by_name(corpus, tmp_path, monkeypatch):
+    synthetic = tmp_path / "synthetic"
+    monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)  # its config.json is all that is needed
+    assert cli("train", "--task", "copy", "--preset", "tiny", "--steps", "1", "--out", str(synthetic)).returncode == 0
+    (tmp_path / "empty").mkdir()
+    for run, named in ((tmp_path / "nowhere", "no such directory"), (tmp_path / "empty", "not a run directory"),
+                       (synthetic, "a synthetic run (--task copy) has no tokenizers")):
+        proc = cli(*text_args(corpus, tmp_path / "r", "--tokenizer-from", str(run), "--steps", "1"))
+        assert proc.returncode == 2 and f"--tokenizer-from {run}: {named}" in proc.stderr, proc.stderr
+        assert not (tmp_path / "r").exists()
+    proc = cli("train", "--task", "copy", "--tokenizer-from", str(synthetic), "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "--tokenizer-from goes with --data" in proc.stderr
