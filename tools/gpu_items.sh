@@ -13,7 +13,7 @@
 # or all three in one call, each under its own time limit (the tool lends 15 minutes of device
 # time in all, the machine's start included, so one call of under 10 minutes is the safe plan):
 #     bash tools/gpu_items.sh all       # train, parity, bench (Flax and torch eager), torch.compile
-#     GPU_ITEMS="bench_scan bench bench_compile check" bash tools/gpu_items.sh all  # what (b) still needs
+#     GPU_ITEMS="bench_scan check bench bench_compile" bash tools/gpu_items.sh all  # what is still open
 #     GPU_ITEMS="parity bench" bash tools/gpu_items.sh all   # some of them
 # Everything each writes is under $OUT (or ./gpu_out where OUT is unset), logs included; `all`
 # puts each item's files in one archive there (the tool brings back at most 8 files).
@@ -85,8 +85,8 @@ if [ "$item" = all ]; then
         # Decoding apart: a failure there must not lose the training step's figures.
         bench) run_item bench "${LIMIT_BENCH:-120}" BENCH_ARGS="--paths flax_jit torch_eager --ops forward train_step" ;;
         # The same with the Flax layers scanned: XLA compiles one block, not 24 (on the H200 the
-        # unscanned train step's compile outlasted 80 s; scanned 24+24 compiles in 5.3 s against
-        # 60.1 s unscanned on a Zen 4 CPU, docs/benchmarks.md).
+        # unscanned train step's compile outlasted 80 s; scanned 24+24 compiled in 5.3 s against
+        # 60.1 s unscanned on an Intel Xeon CPU, docs/benchmarks.md "Scaling").
         bench_scan) run_item bench_scan "${LIMIT_SCAN:-150}" BENCH_ARGS="--paths flax_jit torch_eager --scan-layers --ops train_step forward" ;;
         bench_decode) run_item bench_decode "${LIMIT_DECODE:-70}" BENCH_ARGS="--paths flax_jit torch_eager --ops decode_cached" ;;
         bench_compile) run_item bench_compile "${LIMIT_COMPILE:-85}" BENCH_ARGS="--paths torch_compile" ;;
