@@ -70,20 +70,10 @@ def _train_for_result(args, stop):
                               program=f"flaxformer-mini {args.command}")
     from flaxformer_mini.fit import fit
     from flaxformer_mini.run import Run
-    from flaxformer_mini.run_config import DataConfig, TrainOptions
+    from flaxformer_mini.run_config import TrainOptions
     from flaxformer_mini.partitioning import parse_mesh
     from flaxformer_mini.sharding import training_mesh
 
-    if args.task:
-        data = DataConfig(kind="synthetic", task=args.task, vocab_size=args.vocab_size or SYNTHETIC_VOCAB_SIZE,
-                          min_len=args.min_len, max_len=args.max_len or SYNTHETIC_MAX_LEN,
-                          eval_sequences=args.eval_sequences, eval_decode_lines=args.eval_decode_lines)
-    else:  # --max-len is the model's max_len for text: the longest side, with its EOS
-        # Absolute paths in the run's config: evaluate and resume may run from another directory.
-        data = DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=os.path.abspath(args.data),
-                          valid_path=args.valid and os.path.abspath(args.valid), eval_pairs=args.valid_size,
-                          holdout=0 if args.valid else args.valid_size,
-                          eval_decode_lines=args.eval_decode_lines, columns=args.columns, **_tokenizer_settings(args))
     echo = lambda m: print(m, file=sys.stderr) if distributed.is_main() else None  # noqa: E731
     batch_size = args.batch_size or DEFAULTS["batch_size"]
     if args.max_tokens is not None and args.batch_size is not None:
@@ -99,8 +89,9 @@ def _train_for_result(args, stop):
     # and data files every process must agree on. An error here on one process (its --data
     # missing on that host, another device count) stops every process at once: the others
     # would otherwise wait for it in agree_on until the timeout, then abort.
-    error = mesh = identity = None
+    error = mesh = identity = data = None
     try:
+        data = _data_config(args)  # --tokenizer-from's run may be missing on this host alone
         # With --max-tokens, --batch-size sets only the evaluation's batches, which every process
         # runs alone: nothing for the mesh to divide.
         mesh = training_mesh(args.devices, args.sharding, None if args.max_tokens is not None else batch_size,
@@ -141,6 +132,22 @@ def _train_for_result(args, stop):
             raise
         raise lost from None
     return result
+
+
+def _data_config(args):
+    """The run's DataConfig from the options: a synthetic task's, or a text run's."""
+    from flaxformer_mini.run_config import DataConfig
+
+    if args.task:
+        return DataConfig(kind="synthetic", task=args.task, vocab_size=args.vocab_size or SYNTHETIC_VOCAB_SIZE,
+                          min_len=args.min_len, max_len=args.max_len or SYNTHETIC_MAX_LEN,
+                          eval_sequences=args.eval_sequences, eval_decode_lines=args.eval_decode_lines)
+    # --max-len is the model's max_len for text: the longest side, with its EOS. Absolute paths
+    # in the run's config: evaluate and resume may run from another directory.
+    return DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=os.path.abspath(args.data),
+                      valid_path=args.valid and os.path.abspath(args.valid), eval_pairs=args.valid_size,
+                      holdout=0 if args.valid else args.valid_size,
+                      eval_decode_lines=args.eval_decode_lines, columns=args.columns, **_tokenizer_settings(args))
 
 
 def _tokenizer_settings(args):

@@ -181,23 +181,33 @@ def test_an_out_directory_not_shared_by_the_processes_is_refused_before_training
     assert not (homes[0] / "run" / SHARED_CHECK_NAME).exists()  # the probe is removed
 
 
-def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path):
-    # The same relative --data on two hosts, the file only on the first. Before, process 1 ended
-    # with its error while process 0 waited for it in the options check until the timeout, and
-    # both then aborted (exit -6).
+@pytest.mark.parametrize("missing", ["--data", "--tokenizer-from"])
+def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path, missing, monkeypatch):
+    # The same relative --data (or --tokenizer-from run) on two hosts, only on the first. Before,
+    # process 1 ended with its error while process 0 waited for it in the options check until the
+    # timeout, and both then aborted (exit -6).
     homes = [tmp_path / f"host{i}" for i in range(2)]
-    for home in homes:
-        home.mkdir()
-    (homes[0] / "train.tsv").write_text("".join(f"a{i} b\tx{i} y\n" for i in range(20)))
+    for home in homes[: 2 if missing == "--tokenizer-from" else 1]:
+        home.mkdir(exist_ok=True)
+        (home / "train.tsv").write_text("".join(f"a{i} b\tx{i} y\n" for i in range(20)))
+    homes[1].mkdir(exist_ok=True)
+    extra, named = [], "train.tsv"
+    if missing == "--tokenizer-from":  # a text run's directory (its tokenizers are written before training)
+        from tests.test_train_cli import cli
+
+        monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)
+        assert cli("train", "--data", str(homes[0] / "train.tsv"), "--preset", "tiny",
+                   "--out", str(homes[0] / "prev")).returncode == 0
+        extra, named = ["--tokenizer-from", "prev"], "--tokenizer-from prev: no such directory"
     port = free_port()
-    argv = [sys.executable, "-m", "flaxformer_mini", "train", "--data", "train.tsv", "--preset", "tiny",
+    argv = [sys.executable, "-m", "flaxformer_mini", "train", "--data", "train.tsv", "--preset", "tiny", *extra,
             "--out", str(tmp_path / "run"), "--steps", "2", "--no-progress", "--distributed-timeout", str(HEARTBEAT_S),
             "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
     t0 = time.time()
     procs = [subprocess.Popen(argv + ["--process-id", str(i)], env=env_with(), cwd=homes[i], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
     (code0, _, err0), (code1, _, err1) = finish(procs, timeout=120)
-    assert code1 == 2 and "train.tsv" in err1, err1[-2000:]
+    assert code1 == 2 and named in err1, err1[-2000:]
     assert code0 == 2 and "process(es) 1 could not start the run" in err0, err0[-2000:]
     assert time.time() - t0 < HEARTBEAT_S  # at once, not after the timeout
     assert not (tmp_path / "run").exists()
