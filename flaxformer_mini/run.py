@@ -230,7 +230,9 @@ class Run:
                 lock.release()
                 raise
             if resuming:
-                echo(f"note: the run's vocabularies were missing; rebuilt them from {config.data.train_path}"
+                source = (f"copied them again from --tokenizer-from {config.data.tokenizer_from}"
+                          if config.data.tokenizer_from else f"rebuilt them from {config.data.train_path}")
+                echo(f"note: the run's vocabularies were missing; {source}"
                      + (" (identical to the recorded ones)" if run_dir.recorded_checksums() else ""))
         # The run as written: an older run's own config where it lacks a newer setting.
         run = asked_run if config == asked and data is asked_run.data else cls(run_dir, config, data)

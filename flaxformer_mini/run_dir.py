@@ -218,7 +218,9 @@ class RunDir:
         loaded = []
         for side, path in self.tokenizer_files(data):
             if not path.exists():
-                rebuild = ("a unigram tokenizer is seldom rebuilt identically: Hugging Face's unigram trainer "
+                rebuild = (f"or resume training with the same --tokenizer-from {data.tokenizer_from}, which "
+                           f"copies it again" if getattr(data, "tokenizer_from", None) else
+                           "a unigram tokenizer is seldom rebuilt identically: Hugging Face's unigram trainer "
                            "gives other pieces from one process to the next, and resuming refuses a tokenizer "
                            "other than the recorded one" if kind == "unigram" else
                            "or resume training with the same --data, which rebuilds it")
@@ -276,7 +278,10 @@ class RunDir:
 
 def tokenizer_bytes(vocab):
     """The bytes of a saved vocabulary or tokenizer file: ``Vocab.to_bytes``, or what
-    ``tokenizers.Tokenizer.save`` (pretty JSON) writes for the Hugging Face kinds."""
+    ``tokenizers.Tokenizer.save`` (pretty JSON) writes for the Hugging Face kinds; for one
+    taken from another run (``tokenizer_from.load``), the bytes of that run's file."""
+    if getattr(vocab, "file_bytes", None) is not None:
+        return vocab.file_bytes
     if isinstance(vocab, Vocab):
         return vocab.to_bytes()
     return vocab.hf.to_str(pretty=True).encode("utf-8")

@@ -16,10 +16,11 @@ files: moved, a note. Other files: refused by name (the run would go on with a v
 other than the one asked for).
 """
 
+import json
 import os
 
 from flaxformer_mini.run_config import RunConfigError
-from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes
+from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes, run_holding, sha256
 
 OPTION = "--tokenizer-from"
 # The DataConfig fields --tokenizer-from sets, and the options that would set them otherwise.
@@ -36,15 +37,33 @@ def settings(path, out, echo):
     ``--tokenizer-from path``: RUN's tokenizer settings for a new run; for a resumed run that
     started from a RUN, its own (see the module docstring: RUN gone, moved or changed)."""
     absolute = os.path.abspath(path)
-    recorded = _recorded(out)
-    if recorded is None:  # a new run, or one that trained its own tokenizers (refused by the config check)
+    stored = _stored_data(out)
+    if stored is None:  # a new run
         return _settings_of(path, absolute)
-    if not os.path.exists(absolute):
+    if stored.get("tokenizer_from") is None:
+        # It trained its own tokenizers; a run written before this option has no such key,
+        # which the config check would pass over: refused here, for both.
+        raise TokenizerFromError(
+            f"{OPTION} {path}: the run in {out} trained its own tokenizers on its --data; a run's tokenizers are "
+            f"chosen when it starts: resume without {OPTION}, or train a new run with another --out. Nothing was "
+            f"overwritten.")
+    recorded = {name: getattr(RunDir(out).load_config().data, name) for name in (*FIELDS, "tokenizer_from")}
+    own = RunDir(out)
+    if not os.path.exists(absolute) and absolute == recorded["tokenizer_from"]:
+        if not own.has_vocabularies(_Data(recorded)):
+            raise TokenizerFromError(
+                f"{OPTION} {path} is gone and the run in {out} lacks its own copies of its tokenizers "
+                f"({', '.join(p.name for _, p in own.tokenizer_files(_Data(recorded)) if not p.exists())}): "
+                f"restore either")
         echo(f"note: {OPTION} {path} is gone; the run resumes with its own copies of its tokenizers")
         return recorded
-    found = _settings_of(path, absolute)
+    found = _settings_of(path, absolute)  # another path that is not there: no such directory
+    theirs = load(_Data(found))
+    # The run's own copies, where they are there: where not, load_data copies RUN's again, and
+    # saving them checks them against the sha256s the run recorded.
+    ours = own.load_vocabularies(_Data(recorded)) if own.has_vocabularies(_Data(recorded)) else theirs
     if (found["tokenizer"], found["shared_vocab"]) != (recorded["tokenizer"], recorded["shared_vocab"]) \
-            or _comparable(load(_Data(found))) != _comparable(RunDir(out).load_vocabularies(_Data(recorded))):
+            or _comparable(theirs) != _comparable(ours):
         raise TokenizerFromError(
             f"{OPTION} {path}: its tokenizers are not the ones the run in {out} started from (those of "
             f"{recorded['tokenizer_from']}); resume with that run's tokenizers, or train a new run with another "
@@ -58,23 +77,38 @@ def settings(path, out, echo):
 def load(data):
     """(source, target) tokenizers of run ``data.tokenizer_from`` for a new run of ``data``
     (a DataConfig with ``settings``'s fields), each file checked against RUN's recorded
-    checksums."""
-    try:
-        return RunDir(data.tokenizer_from).load_vocabularies(data)
-    except FileNotFoundError as e:
-        raise TokenizerFromError(f"{OPTION} {data.tokenizer_from}: {e}") from None
-    except RunConfigError as e:  # a file that differs from what RUN recorded
-        raise TokenizerFromError(f"{OPTION}: {e}") from None
+    sha256. Each carries the bytes it was read from (``file_bytes``), which the new run saves
+    (``run_dir.tokenizer_bytes``): its copies are RUN's files byte for byte (a unigram file
+    written again from memory may differ in a float's last digit)."""
+    run = RunDir(data.tokenizer_from)
+    recorded = run.recorded_checksums()
+    files = run.tokenizer_files(data)
+    raw = []
+    for _, file in files:
+        if not file.exists():
+            raise TokenizerFromError(f"{OPTION} {data.tokenizer_from}: that run's tokenizer file {file.name} is missing")
+        raw.append(file.read_bytes())
+        digest = sha256(raw[-1])
+        if recorded.get(file.name) not in (None, digest):
+            raise TokenizerFromError(
+                f"{OPTION} {data.tokenizer_from}: {file.name} differs from the file that run recorded (sha256 "
+                f"{digest[:12]}..., recorded {recorded[file.name][:12]}...): edited since it was written?")
+    vocabs = run.load_vocabularies(data)
+    for vocab, content in zip(vocabs[: len(files)], raw):  # one file, one object twice, when shared
+        vocab.file_bytes = content
+    return vocabs
 
 
 def _settings_of(path, absolute):
-    run_dir = RunDir(absolute)
+    run_dir, wanted = RunDir(absolute), "it takes the directory of a text run made by `flaxformer-mini train --data`"
+    if not os.path.exists(absolute):
+        raise TokenizerFromError(f"{OPTION} {path}: no such directory ({wanted})")
     if not os.path.isdir(absolute):
-        raise TokenizerFromError(f"{OPTION} {path}: no such directory (it takes the directory of a text run made by "
-                                 f"`flaxformer-mini train --data`)")
+        raise TokenizerFromError(f"{OPTION} {path}: a file, not a run's directory ({wanted})")
     if not run_dir.exists():
-        raise TokenizerFromError(f"{OPTION} {path}: not a run directory (no config.json); it takes the directory "
-                                 f"of a text run made by `flaxformer-mini train --data`")
+        holder = run_holding(path)
+        raise TokenizerFromError(f"{OPTION} {path}: not a run directory (no config.json); " + (
+            f"it is part of the run {holder}: give that" if holder is not None else wanted))
     data = run_dir.load_config().data  # a damaged config.json: an error naming it
     if data.kind != "tsv":
         raise TokenizerFromError(f"{OPTION} {path}: a synthetic run (--task {data.task}) has no tokenizers; it "
@@ -83,15 +117,13 @@ def _settings_of(path, absolute):
             "shared_vocab": data.shared_vocab, "tokenizer_from": absolute}
 
 
-def _recorded(out):
-    """The tokenizer settings of the run in ``out`` if it started with --tokenizer-from, else None."""
+def _stored_data(out):
+    """The "data" object of the config.json in ``out`` as stored (None: no run there)."""
     run_dir = RunDir(out)
     if not run_dir.exists():
         return None
-    data = run_dir.load_config().data
-    if data.tokenizer_from is None:
-        return None
-    return {name: getattr(data, name) for name in (*FIELDS, "tokenizer_from")}
+    run_dir.load_config()  # first: a damaged config.json is an error naming it
+    return dict(json.loads(run_dir.config_path.read_text()).get("data") or {})
 
 
 class _Data:

@@ -77,10 +77,8 @@ def read_params(path, config: RunConfig, preset=None):
     if bad:
         raise InitFromError(f"{OPTION} {path}: weights hold NaN or Inf: {_listed(map(repr, bad))}; "
                             f"training from them would stop at the first step")
-    if config.data.kind != "synthetic":
-        notes.append(f"note: {OPTION}: the file's embedding rows are used as this run's token ids, which come "
-                     f"from the vocabularies built from --data; its model must have numbered tokens the same way "
-                     f"(equal sizes do not show it)")
+    # A text run's token ids: flaxformer_mini's Run.start warns where they may not be the file's
+    # (tokenizers trained on --data rather than taken with --tokenizer-from).
     return engine.to_flax(plan, arrays), notes
 
 
@@ -203,6 +201,9 @@ def _does_not_fit(path, error, config: RunConfig, preset, sizes):
                            f"{m.num_layers} in the run's model")
     if data.kind == "synthetic":
         vocab = f"--vocab-size {data.vocab_size}"
+    elif data.tokenizer_from:
+        vocab = (f"the tokenizers of --tokenizer-from {data.tokenizer_from} ({m.source_vocab_size} source, "
+                 f"{m.target_vocab_size} target tokens)")
     else:
         vocab = (f"the vocabularies built from --data ({m.source_vocab_size} source, {m.target_vocab_size} target "
                  f"tokens; --tokenizer {data.tokenizer}, --vocab-size, --shared-vocab)")
@@ -222,7 +223,10 @@ def _does_not_fit(path, error, config: RunConfig, preset, sizes):
             wanted += f" --vocab-size {src}" if src == tgt else f" (vocabularies {src}/{tgt}: a task has one)"
         line += f". The file's weights are for {wanted}" + ("" if data.kind == "synthetic" else (
             f" with vocabularies of {src} source and {tgt} target tokens; a torch model's vocabulary is its own, "
-            f"and this run's are built from --data, so they must number the same tokens to share the weights"))
+            + ("and this run's come from --tokenizer-from, so that run's tokenizers are not the ones these weights "
+               "were trained with" if data.tokenizer_from else
+               "and this run's are built from --data, so they must number the same tokens to share the weights "
+               "(--tokenizer-from RUN takes a text run's)")))
         if not sizes["heads"]:
             line += " (heads: the weights do not say)"
     return line + ". Nothing was written."

@@ -321,17 +321,19 @@ def test_accumulate_zero_is_refused_by_name(corpus, tmp_path):
 # --- fine-tuning on a new corpus with an earlier run's tokenizers: --tokenizer-from RUN ---------
 
 
-def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens_as_that_run(bpe_run, char_run, tmp_path,
+def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens_as_that_run(bpe_run, tmp_path,
                                                                                                monkeypatch):
     """The new corpus alone would train other subwords, so other ids for the embedding rows the
     weights hold; --tokenizer-from takes the earlier run's files (and kind, size, sharing), and a
-    resume checks RUN where it is now: moved with the same files (a note), gone (a note), or
-    another run's (refused, nothing written)."""
+    resume checks RUN where it is now: moved with the same files (a note), another run's, a path
+    that is not there, or no option (refused, nothing written); its own copies missing (copied
+    again); RUN gone (a note)."""
     import shutil
 
     from parity.cli import main as parity_main
 
-    source, source_args = bpe_run
+    source = tmp_path / "source"
+    shutil.copytree(bpe_run[0], source)
     weights = tmp_path / "weights.safetensors"
     assert parity_main(["convert", str(source), str(weights)]) == 0
     new = write_corpus(tmp_path / "new.tsv", 30, reverse_words=False), write_corpus(tmp_path / "new_valid.tsv", 5)
@@ -340,38 +342,79 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
     proc = cli(*args, "--tokenizer-from", str(source), "--steps", "1")
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr
-    for side in ("source", "target"):
-        name = f"tokenizer_{side}.json"
+    names = ("tokenizer_source.json", "tokenizer_target.json")
+    for name in names:
         assert (out / name).read_bytes() == (source / name).read_bytes()
         assert RunDir(out).recorded_checksums()[name] == RunDir(source).recorded_checksums()[name]
     data = json.loads((out / "config.json").read_text())["data"]
     assert (data["tokenizer"], data["tokenizer_vocab_size"], data["shared_vocab"], data["tokenizer_from"]) == \
         ("bpe", 40, False, str(source))
-    # Trained on the new corpus alone, the same options number the tokens otherwise.
-    retrained = tokenizers.train("bpe", [s for s, _ in (line.split("\t") for line in new[0].read_text().splitlines())], 40)
-    assert retrained.hf.get_vocab() != tokenizers.load(out, "bpe", "source").hf.get_vocab()
-
     moved = tmp_path / "moved_source"
     shutil.copytree(source, moved)
     proc = cli(*args, "--tokenizer-from", str(moved), "--steps", "2")
     assert proc.returncode == 0 and f"--tokenizer-from {moved} holds the tokenizers the run started from" in proc.stderr
-    shutil.rmtree(moved)
-    proc = cli(*args, "--tokenizer-from", str(moved), "--steps", "3")
-    assert proc.returncode == 0 and f"--tokenizer-from {moved} is gone; the run resumes with its own copies" in proc.stderr
-    before = (out / "config.json").read_bytes()
-    proc = cli(*args, "--tokenizer-from", str(char_run), "--steps", "4")
-    assert proc.returncode == 2 and "its tokenizers are not the ones the run in" in proc.stderr, proc.stderr
-    proc = cli(*args, "--steps", "4")  # without the option: the run's config differs
-    assert proc.returncode == 2 and "data.tokenizer_from (--tokenizer-from)" in proc.stderr, proc.stderr
-    assert (out / "config.json").read_bytes() == before
-    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
 
-    # Without --tokenizer-from, the same fine-tuning is warned of (the sizes fit; the ids need
-    # not), before training (which is not what this checks, so it is left out).
+    # The rest starts runs (or refuses to) without training: what is checked is decided before.
     monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)
-    proc = cli(*source_args, "--init-from", str(weights), "--out", str(tmp_path / "warned"), "--steps", "1")
+    other = tmp_path / "other"  # the new corpus's own subwords, as many: the same kind and size
+    assert cli(*text_args(new, other, "--tokenizer", "bpe", "--vocab-size", "40", "--max-tokens", "96")).returncode == 0
+    assert (other / names[0]).read_bytes() != (source / names[0]).read_bytes()
+    before = (out / "config.json").read_bytes()
+    for given, named in ((other, "its tokenizers are not the ones the run in"), (None, "data.tokenizer_from (--tokenizer-from)"),
+                         (tmp_path / "typo", "typo: no such directory")):
+        proc = cli(*args, *(["--tokenizer-from", str(given)] if given else []), "--steps", "4")
+        assert proc.returncode == 2 and named in proc.stderr, proc.stderr
+    assert (out / "config.json").read_bytes() == before
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+
+    (out / names[0]).unlink()
+    proc = cli(*args, "--tokenizer-from", str(source), "--steps", "4")
+    assert proc.returncode == 0 and f"copied them again from --tokenizer-from {source}" in proc.stderr, proc.stderr
+    assert (out / names[0]).read_bytes() == (source / names[0]).read_bytes()
+    shutil.rmtree(source)
+    proc = cli(*args, "--tokenizer-from", str(source), "--steps", "4")
+    assert proc.returncode == 0 and f"--tokenizer-from {source} is gone; the run resumes with its own copies" in proc.stderr
+
+    # A run that trained its own tokenizers, written today (data.tokenizer_from: null) or before
+    # the option (no such key, which the config check passes over), is not resumed with RUN's.
+    older = tmp_path / "older"
+    shutil.copytree(other, older)
+    config = json.loads((older / "config.json").read_text())
+    del config["data"]["tokenizer_from"]
+    (older / "config.json").write_text(json.dumps(config))
+    for run in (other, older):
+        proc = cli(*text_args(new, run, "--max-tokens", "96", "--tokenizer-from", str(moved)))
+        assert proc.returncode == 2 and "trained its own tokenizers on its --data" in proc.stderr, proc.stderr
+
+    # Without --tokenizer-from, fine-tuning a text run is warned of (the sizes fit; the ids need not).
+    proc = cli(*bpe_run[1], "--init-from", str(weights), "--out", str(tmp_path / "warned"), "--steps", "1")
     assert proc.returncode == 0, proc.stderr
     assert "warning: this run's tokenizers are trained on" in proc.stderr and "--tokenizer-from RUN" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", [["--tokenizer", "unigram", "--vocab-size", "40", "--shared-vocab"], ["--tokenizer", "word"]])
+def test_tokenizer_from_copies_the_runs_files_byte_for_byte(corpus, tmp_path, monkeypatch, kind):
+    """A unigram file written again from memory may differ from the one read in a float's last
+    digit (run_dir.comparable_tokenizer_bytes): the copies are the files themselves."""
+    from flaxformer_mini.run_dir import tokenizer_bytes
+
+    monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)  # the files are written before training
+    run, new = tmp_path / "run", tmp_path / "new"
+    # 30 pairs: a unigram vocabulary whose scores do not all read back exactly (of 60, they do).
+    corpus = write_corpus(tmp_path / "train.tsv", 30), corpus[1]
+    assert cli(*text_args(corpus, run, *kind)).returncode == 0
+    proc = cli(*text_args(corpus, new, "--tokenizer-from", str(run)))
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(p.name for p in run.glob("*.json") if p.name != "config.json")
+    if "unigram" in kind:
+        assert files == ["tokenizer_shared.json"]
+        # The premise: written again from what was read, the file would differ.
+        assert tokenizer_bytes(tokenizers.load(run, "unigram", "shared")) != (run / files[0]).read_bytes()
+    else:
+        assert files == ["vocab_source.json", "vocab_target.json"]
+    for name in files:
+        assert (new / name).read_bytes() == (run / name).read_bytes()
+        assert RunDir(new).recorded_checksums()[name] == RunDir(run).recorded_checksums()[name]
 
 
 @pytest.mark.parametrize("extra, named", [
@@ -384,12 +427,16 @@ def test_tokenizer_options_beside_tokenizer_from_are_refused_by_name(corpus, tmp
     assert not (tmp_path / "r").exists()
 
 
-def test_tokenizer_from_a_directory_without_a_text_runs_tokenizers_is_refused_by_name(corpus, tmp_path, monkeypatch):
+def test_tokenizer_from_a_directory_without_a_text_runs_tokenizers_is_refused_by_name(corpus, bpe_run, tmp_path,
+                                                                                      monkeypatch):
     synthetic = tmp_path / "synthetic"
     monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)  # its config.json is all that is needed
     assert cli("train", "--task", "copy", "--preset", "tiny", "--steps", "1", "--out", str(synthetic)).returncode == 0
     (tmp_path / "empty").mkdir()
+    (tmp_path / "weights.pt").write_bytes(b"")
     for run, named in ((tmp_path / "nowhere", "no such directory"), (tmp_path / "empty", "not a run directory"),
+                       (tmp_path / "weights.pt", "a file, not a run's directory"),
+                       (bpe_run[0] / "checkpoints", f"not a run directory (no config.json); it is part of the run {bpe_run[0]}: give that"),
                        (synthetic, "a synthetic run (--task copy) has no tokenizers")):
         proc = cli(*text_args(corpus, tmp_path / "r", "--tokenizer-from", str(run), "--steps", "1"))
         assert proc.returncode == 2 and f"--tokenizer-from {run}: {named}" in proc.stderr, proc.stderr
