@@ -260,7 +260,7 @@ def equivalence_runs(tmp_path_factory):
     2x2 run's (each launch costs a JAX start-up and a compilation per process)."""
     import shutil
 
-    from tests.test_real_corpora import write_corpus
+    from test_real_corpora import write_corpus
 
     root = tmp_path_factory.mktemp("equivalence")
     t0 = time.time()
@@ -385,7 +385,7 @@ def test_only_process_0_checks_the_token_budget_before_the_tokenizers_are_agreed
     # 0's files; its lengths would then refuse or accept other pairs than the run trains on.
     from flaxformer_mini import distributed
     from flaxformer_mini.run import Run
-    from tests.test_real_corpora import write_corpus
+    from test_real_corpora import write_corpus
 
     files = {"train": str(write_corpus(tmp_path / "train.tsv", 20)), "valid": str(write_corpus(tmp_path / "valid.tsv", 3))}
     config = _worker_config(dict(files, max_tokens=4, accumulate=1))
@@ -456,7 +456,7 @@ def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two
 
 
 def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_two_process_run):
-    from tests.test_train_cli import cli
+    from test_train_cli import cli
 
     out = straight_two_process_run[0]
     result = cli("evaluate", "--checkpoint", str(out), "--json")
@@ -469,7 +469,7 @@ def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_t
 
 
 def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_ends_bit_identical(straight_two_process_run, tmp_path):
-    from tests.test_train_cli import saved_step_in
+    from test_train_cli import saved_step_in
 
     # Preemption, a lost host and a restart, as a scheduler would cause them; the same command
     # every time, as a user (or a job's restart policy) would run it.
@@ -507,7 +507,7 @@ def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_end
     #    (each process's manager rereads the directory; before, process 1 raised
     #    StepAlreadyExistsError there while process 0 waited) and ends bit-identical to the
     #    uninterrupted run.
-    from tests.test_run_lifecycle import damage
+    from test_run_lifecycle import damage
 
     damage(out / "checkpoints" / str(kept))
     previous = checkpoint_steps(out)[-2]

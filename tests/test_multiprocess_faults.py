@@ -86,7 +86,7 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
     from flaxformer_mini import run as run_module
     from flaxformer_mini.run import Run
     from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes
-    from tests.test_train_cli import cli
+    from test_train_cli import cli
     from tokenizers import Tokenizer as HFTokenizer
 
     lines = [f"{a} {b}\t{b} {a}" for a in ("red fox", "old tree", "blue sky") for b in ("ran far", "sat on")] * 4
@@ -130,7 +130,7 @@ def test_an_error_adopting_process_0s_files_stops_every_process_at_once(tmp_path
     # fit's first collective until --distributed-timeout, then both aborted (exit 134).
     from flaxformer_mini import distributed
     from flaxformer_mini.run import Run
-    from tests.test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
+    from test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
 
     gathered, all_started = [], distributed.all_started
 
@@ -193,7 +193,7 @@ def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path, m
     homes[1].mkdir(exist_ok=True)
     extra, named = [], "train.tsv"
     if missing == "--tokenizer-from":  # a text run's directory (its tokenizers are written before training)
-        from tests.test_train_cli import cli
+        from test_train_cli import cli
 
         monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)
         assert cli("train", "--data", str(homes[0] / "train.tsv"), "--preset", "tiny",
@@ -266,7 +266,7 @@ def test_a_checkpoint_only_one_process_could_read_is_skipped_by_every_process(tm
     # moves 6 aside. In this process, as process 0: process 1's report is made up, the rest real.
     from flaxformer_mini import distributed
     from flaxformer_mini.run import Run
-    from tests.test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
+    from test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
 
     out = tmp_path / "run"
     assert cli("train", *CLI_TINY_RUN, "--steps", "6", "--save-every", "3", "--out", str(out)).returncode == 0
@@ -286,7 +286,7 @@ def test_a_checkpoint_only_one_process_could_read_is_skipped_by_every_process(tm
 def test_processes_seeing_different_checkpoint_steps_are_refused_naming_them(tmp_path, monkeypatch):
     from flaxformer_mini import distributed
     from flaxformer_mini.run import Run
-    from tests.test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
+    from test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
 
     out = tmp_path / "run"
     assert cli("train", *CLI_TINY_RUN, "--steps", "3", "--save-every", "3", "--out", str(out)).returncode == 0
@@ -324,7 +324,7 @@ def test_processes_whose_peers_never_connect_stop_with_a_message_naming_the_coor
 
 
 def test_a_process_id_out_of_range_is_refused():
-    from tests.test_train_cli import cli
+    from test_train_cli import cli
 
     proc = cli("train", *TINY_RUN, "--out", "unused", "--coordinator", "127.0.0.1:1", "--num-processes", "2",
                "--process-id", "2")
