@@ -305,7 +305,9 @@ class Run:
             if isinstance(pairs, TextPairs) and pairs.dropped and (name == "training" or pairs is not self.data.train):
                 echo(f"note: {pairs.dropped} {name} pair(s) longer than --max-len {pairs.max_len} allows "
                      f"({pairs.max_len - 1} tokens plus EOS) were dropped (the longest had {pairs.longest_dropped} "
-                     f"tokens); --max-len raises the limit")
+                     f"tokens); " + ("--max-len raises the limit" if self.config.init_from is None else
+                                     "the --init-from weights fix --max-len (their position table): a subword "
+                                     "tokenizer that splits the new text into more pieces drops more pairs"))
 
     # --- model, state and checkpoints
 

@@ -145,7 +145,12 @@ class RunDir:
             stored = json.loads(self.config_path.read_text())
             old_data = _absolute_data_paths(old)["data"]
             new_data, _ = self._identify_data_files(old_data, dataclasses.asdict(data))
-            self._refuse_differences(_differences(old_data, new_data, "data.", present=stored.get("data", {})))
+            diffs = _differences(old_data, new_data, "data.", present=stored.get("data", {}))
+            if any(line.startswith("data.tokenizer_from") for line in diffs):
+                # The tokenizer settings come with --tokenizer-from's run (or its absence, the
+                # defaults no one typed): its own line says what differs.
+                diffs = [line for line in diffs if not line.startswith(_SET_WITH_TOKENIZER_FROM)]
+            self._refuse_differences(diffs)
 
     def _identify_data_files(self, old, new):
         """Data files are the same when their contents are: ``(new data dict, moves)``, where a
@@ -395,6 +400,8 @@ def _init_from_differences(was, now):
 _SCHEDULE_SETTINGS = ("train.lr_factor", "train.warmup_steps", "train.learning_rate")
 
 # Settings of the run's config that no option names directly: what sets them.
+_SET_WITH_TOKENIZER_FROM = ("data.tokenizer:", "data.tokenizer_vocab_size:", "data.shared_vocab:")
+
 _SET_BY = {
     "train.lr_factor": "set by --lr: --lr x sqrt(width x --warmup), the rsqrt schedule's factor",
     "train.learning_rate": "--lr",

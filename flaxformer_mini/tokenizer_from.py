@@ -59,6 +59,14 @@ def settings(path, out, echo):
         return recorded
     found = _settings_of(path, absolute)  # another path that is not there: no such directory
     theirs = load(_Data(found))
+    missing = [p.name for _, p in own.tokenizer_files(_Data(recorded)) if not p.exists()]
+    if missing and absolute != recorded["tokenizer_from"]:
+        # Copied again only from the recorded path, which the run's config names (the data a
+        # resumed run reads must be the config's): moved, the user copies them.
+        raise TokenizerFromError(
+            f"the run in {out} lacks its own copies of its tokenizers ({', '.join(missing)}), and {OPTION} {path} is "
+            f"not where the run recorded that run ({recorded['tokenizer_from']}): copy {', '.join(missing)} from "
+            f"{path} into {out}, or give {OPTION} at the recorded path. Nothing was written.")
     # The run's own copies, where they are there: where not, load_data copies RUN's again, and
     # saving them checks them against the sha256s the run recorded.
     ours = own.load_vocabularies(_Data(recorded)) if own.has_vocabularies(_Data(recorded)) else theirs

@@ -29,6 +29,7 @@ from flax import nnx
 
 from flaxformer_mini.init_from import OPTION, InitFromError
 from flaxformer_mini.run_config import RunConfig
+from flaxformer_mini.run_dir import run_holding
 from parity import engine, flax_io
 from parity.file_kinds import read_recorded_config
 
@@ -43,6 +44,11 @@ def read_params(path, config: RunConfig, preset=None):
         raise InitFromError(f"{OPTION} {path}: is a flaxformer-mini run directory, not a weights file: train with "
                             f"--out {path} to continue that run, or export its weights for a new run with "
                             f"`parity convert {path} model.safetensors` and give {OPTION} model.safetensors")
+    holder = run_holding(path)
+    if holder is not None:  # a step's orbax directory holds the whole training state, not parity's layout
+        raise InitFromError(f"{OPTION} {path}: is part of the flaxformer-mini run {holder}, not a weights file: "
+                            f"export its newest weights for a new run with `parity convert {holder} model.safetensors` "
+                            f"and give {OPTION} model.safetensors")
     try:
         kind = flax_io.checkpoint_kind(path)
     except ValueError as e:  # parity's CheckpointError: no such file, unknown suffix, unreadable header
@@ -221,12 +227,17 @@ def _does_not_fit(path, error, config: RunConfig, preset, sizes):
         src, tgt = sizes["vocabs"]
         if data.kind == "synthetic":
             wanted += f" --vocab-size {src}" if src == tgt else f" (vocabularies {src}/{tgt}: a task has one)"
-        line += f". The file's weights are for {wanted}" + ("" if data.kind == "synthetic" else (
-            f" with vocabularies of {src} source and {tgt} target tokens; a torch model's vocabulary is its own, "
-            + ("and this run's come from --tokenizer-from, so that run's tokenizers are not the ones these weights "
-               "were trained with" if data.tokenizer_from else
-               "and this run's are built from --data, so they must number the same tokens to share the weights "
-               "(--tokenizer-from RUN takes a text run's)")))
+            vocab_remark = ""
+        elif not data.tokenizer_from:
+            vocab_remark = (f" with vocabularies of {src} source and {tgt} target tokens; a torch model's vocabulary "
+                            f"is its own, and this run's are built from --data, so they must number the same tokens "
+                            f"to share the weights (--tokenizer-from RUN takes a text run's)")
+        elif (src, tgt) != (m.source_vocab_size, m.target_vocab_size):
+            vocab_remark = (f" with vocabularies of {src} source and {tgt} target tokens, so the --tokenizer-from "
+                            f"run's are not the ones these weights were trained with")
+        else:  # the vocabularies fit: the other sizes are the misfit
+            vocab_remark = ""
+        line += f". The file's weights are for {wanted}" + vocab_remark
         if not sizes["heads"]:
             line += " (heads: the weights do not say)"
     return line + ". Nothing was written."

@@ -364,10 +364,19 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
                          (tmp_path / "typo", "typo: no such directory")):
         proc = cli(*args, *(["--tokenizer-from", str(given)] if given else []), "--steps", "4")
         assert proc.returncode == 2 and named in proc.stderr, proc.stderr
+        assert "data.tokenizer:" not in proc.stderr  # the settings that come with RUN are not listed apart
+    # Only --max-len differs from the weights': the vocabularies, RUN's, are not blamed.
+    proc = cli(*text_args(new, tmp_path / "longer", "--max-tokens", "96", "--init-from", str(weights), "--max-len", "30",
+                          "--tokenizer-from", str(source)))
+    assert proc.returncode == 2 and "max_len 30" in proc.stderr and "--max-len 24" in proc.stderr, proc.stderr
+    assert "not the ones these weights were trained with" not in proc.stderr
     assert (out / "config.json").read_bytes() == before
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
 
     (out / names[0]).unlink()
+    proc = cli(*args, "--tokenizer-from", str(moved), "--steps", "4")  # copied again from the recorded place only
+    assert proc.returncode == 2 and f"lacks its own copies of its tokenizers ({names[0]}), and --tokenizer-from {moved} " \
+        f"is not where the run recorded that run" in proc.stderr, proc.stderr
     proc = cli(*args, "--tokenizer-from", str(source), "--steps", "4")
     assert proc.returncode == 0 and f"copied them again from --tokenizer-from {source}" in proc.stderr, proc.stderr
     assert (out / names[0]).read_bytes() == (source / names[0]).read_bytes()
