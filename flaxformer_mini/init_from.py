@@ -85,6 +85,40 @@ def read_params(path, config: RunConfig, preset=None):
     return weight_reader().read_params(path, config, preset)
 
 
+def recorded_tokenizers(path):
+    """{file name: sha256} of the tokenizer files the weights in ``path`` were trained with, as
+    the file records them (``parity convert`` of a text run), or None where it does not say (or
+    the installed reader cannot tell)."""
+    reader = weight_reader()
+    return reader.recorded_tokenizers(path) if callable(getattr(reader, "recorded_tokenizers", None)) else None
+
+
+def check_tokenizers(path, recorded, ours, tokenizer_from, train_path, echo):
+    """A text run's tokenizers (``ours``, {file name: sha256} as the run saves them) against
+    those the weights record (``recorded``, or None): another run's given with --tokenizer-from
+    is an InitFromError; tokenizers trained on --data get a warning unless they are the ones
+    recorded (the same corpus and settings train the same bpe, char and word files)."""
+    if recorded is not None and recorded == ours:
+        return
+    if recorded is not None and tokenizer_from is not None:
+        raise InitFromError(
+            f"{OPTION} {path}: its weights were trained with other tokenizers than those of --tokenizer-from "
+            f"{tokenizer_from} (the file records {_digests(recorded)}; that run's are {_digests(ours)}): give "
+            f"--tokenizer-from the run these weights were exported from. Nothing was written.")
+    if recorded is not None:
+        echo(f"warning: {OPTION} {path} records the tokenizers its weights were trained with ({_digests(recorded)}), "
+             f"and this run's, trained on {train_path}, are others: each embedding row now stands for another "
+             f"token; --tokenizer-from RUN takes the tokenizers of the run the weights were exported from")
+    elif tokenizer_from is None:
+        echo(f"warning: this run's tokenizers are trained on {train_path}: unless they number tokens as the "
+             f"vocabulary the {OPTION} weights were trained with did, each embedding row now stands for another "
+             f"token; --tokenizer-from RUN takes a text run's tokenizers")
+
+
+def _digests(checksums):
+    return ", ".join(f"{name} {digest[:12]}..." for name, digest in sorted(checksums.items()))
+
+
 def load_into_state(state, params):
     """``state`` (a fresh TrainState at step 0) with ``params`` (``read_params``) as its
     parameters, and a fresh optimizer state for them."""

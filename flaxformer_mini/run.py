@@ -188,10 +188,10 @@ class Run:
                 params, notes = init_from.read_params(config.init_from.path, config, preset=options.preset)
                 for note in notes:
                     echo(note)
-                if data_config.kind == "tsv" and data_config.tokenizer_from is None:
-                    echo(f"warning: this run's tokenizers are trained on {data_config.train_path}: unless they number "
-                         f"tokens as the vocabulary the --init-from weights were trained with did, each embedding "
-                         f"row now stands for another token; --tokenizer-from RUN takes a text run's tokenizers")
+                if data_config.kind == "tsv":  # which token each embedding row is: checked where the file says
+                    init_from.check_tokenizers(options.init_from, init_from.recorded_tokenizers(config.init_from.path),
+                                               run_dir.vocabulary_checksums(data.vocabs, data_config),
+                                               data_config.tokenizer_from, data_config.train_path, echo)
         run = cls.create(out, config, data, echo=echo)
         run._init_params = params
         return run

@@ -82,12 +82,13 @@ def load_state_dict(path):
     return dict(obj)
 
 
-def save_state_dict(state_dict, path, config=None, assumed=()):
+def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None):
     """Write {key: tensor} as ``.safetensors`` or ``.pt``, chosen by the suffix; atomically
     (``parity.output``), so a failed write never leaves a truncated file under the final name
     nor a temporary file beside it. ``config`` (a ModelConfig, the keyword arguments of
     ``torch_ref.Transformer``) goes into a ``.safetensors`` file's metadata, with ``assumed``
-    (the names of its fields that are a guess); a ``.pt`` file holds the tensors alone."""
+    (the names of its fields that are a guess) and ``tokenizers`` (the {file name: sha256} of
+    the text run the weights come from); a ``.pt`` file holds the tensors alone."""
     path = Path(path)
     suffix = path.suffix.lower()
     if not path.absolute().parent.is_dir():  # torch.save would say so as a RuntimeError
@@ -98,7 +99,8 @@ def save_state_dict(state_dict, path, config=None, assumed=()):
     if suffix == SAFETENSORS_SUFFIX:
         from safetensors.torch import save
 
-        data = save(tensors, metadata=None if config is None else config_metadata(TORCH_FORMAT, config, assumed))
+        data = save(tensors, metadata=None if config is None else config_metadata(TORCH_FORMAT, config, assumed,
+                                                                                   tokenizers))
     elif suffix in TORCH_SUFFIXES:
         buffer = io.BytesIO()
         torch.save(tensors, buffer)

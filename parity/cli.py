@@ -294,19 +294,24 @@ def _convert(args):
                              f"to a torch state dict, written as "
                              f"{', '.join((SAFETENSORS_SUFFIX, *TORCH_SUFFIXES))}, not "
                              f"{out_suffix or 'a directory'!r}")
+        tokenizers = None
         if kind == "run":
+            from parity.convert import run_tokenizer_checksums
+
             state_dict, config, step = _training_run_state_dict(args, source)
             what = f"training run, its newest checkpoint: step {step}"
+            tokenizers = run_tokenizer_checksums(source)  # which token each embedding row is
         else:
             params, config, assumed = read_flax_params(source)
             state_dict = state_dict_from_flax_params(params, config)
             what = f"Flax parameters, {len(params)} arrays"
-        save_state_dict(state_dict, out, config=config, assumed=assumed)
+        save_state_dict(state_dict, out, config=config, assumed=assumed, tokenizers=tokenizers)
         if assumed:
             warn(args.command, f"{source} records these settings as assumed, not known (the seed's defaults "
                                f"when it was converted from torch): {describe_assumed(config, assumed, options=False)}; "
                                f"OUT records them as assumed too")
-        carries = ("the config in its metadata" if out_suffix == SAFETENSORS_SUFFIX else
+        carries = ("the config" + (" and the sha256 of the run's tokenizer files" if tokenizers else "")
+                   + " in its metadata" if out_suffix == SAFETENSORS_SUFFIX else
                    f"the state dict alone, for strict loading; write {SAFETENSORS_SUFFIX} to carry the config in "
                    f"the file")
         print(f"{source} ({what}) -> {out} (torch state dict, {len(state_dict)} tensors, torch layout; {carries})")

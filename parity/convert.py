@@ -213,6 +213,19 @@ def is_training_run(path):
     return Path(path).is_dir() and RunDir(path).exists()
 
 
+def run_tokenizer_checksums(path):
+    """{file name: sha256} of a text run's tokenizer files (each checked against what the run
+    recorded), for the metadata of its exported weights; None for a synthetic run."""
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.run_dir import sha256
+
+    run = Run.open(path)
+    if run.config.data.kind != "tsv":
+        return None
+    run.codec  # reads (and checks) the run's tokenizer files: a missing or edited one is named
+    return {p.name: sha256(p.read_bytes()) for _, p in run.dir.tokenizer_files(run.config.data)}
+
+
 def state_dict_from_run(path):
     """(torch state dict, ModelConfig, step) of a training run's newest readable checkpoint
     (damaged newer ones are skipped with a warning, as ``evaluate`` does): the weights of the

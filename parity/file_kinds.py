@@ -6,6 +6,9 @@ its metadata (str -> str, ignored by every tensor loader):
     model_config    JSON of the ModelConfig: the keyword arguments of torch_ref.Transformer
     assumed_config  JSON list of the fields in it that were assumed (the seed's defaults: the
                     weights do not record them and no one gave them), absent when none was
+    tokenizers      JSON {file name: sha256} of the tokenizer files of the text run the weights
+                    were exported from (``parity convert RUN``), absent otherwise: which token
+                    each embedding row belongs to (``train --init-from`` checks a run's against it)
 """
 
 import json
@@ -17,6 +20,7 @@ FLAX_FORMAT = "flaxformer_mini.flax_params"
 TORCH_FORMAT = "flaxformer_mini.torch_state_dict"
 CONFIG_METADATA_KEY = "model_config"
 ASSUMED_METADATA_KEY = "assumed_config"
+TOKENIZERS_METADATA_KEY = "tokenizers"
 
 
 class CheckpointError(ValueError):
@@ -48,12 +52,33 @@ def safetensors_header(path):
         raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
 
 
-def config_metadata(file_format, config, assumed=()):
-    """The metadata recording ``config`` (a ModelConfig) in a ``.safetensors`` file of ``file_format``."""
+def config_metadata(file_format, config, assumed=(), tokenizers=None):
+    """The metadata recording ``config`` (a ModelConfig) in a ``.safetensors`` file of
+    ``file_format``, and ``tokenizers`` ({file name: sha256}) where given."""
     metadata = {"format": file_format, CONFIG_METADATA_KEY: json.dumps(config.to_dict())}
     if assumed:
         metadata[ASSUMED_METADATA_KEY] = json.dumps(sorted(assumed))
+    if tokenizers:
+        metadata[TOKENIZERS_METADATA_KEY] = json.dumps(dict(sorted(tokenizers.items())))
     return metadata
+
+
+def read_recorded_tokenizers(path):
+    """{file name: sha256} of the tokenizers a ``.safetensors`` file of this project records
+    (``config_metadata``), or None: not recorded (any other file, ``.pt`` included)."""
+    path = Path(path)
+    if path.suffix.lower() != SAFETENSORS_SUFFIX or not path.is_file():
+        return None
+    metadata, _ = safetensors_header(path)
+    if metadata.get("format") not in (TORCH_FORMAT, FLAX_FORMAT) or TOKENIZERS_METADATA_KEY not in metadata:
+        return None
+    try:
+        recorded = json.loads(metadata[TOKENIZERS_METADATA_KEY])
+    except json.JSONDecodeError:
+        recorded = None
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+        raise CheckpointError(f"{path}: unusable {TOKENIZERS_METADATA_KEY!r} in its metadata")
+    return recorded
 
 
 def recorded_config(metadata, path):

@@ -3,7 +3,8 @@
 ``flaxformer_mini.init_from`` finds this module through the packaging entry point
 ``flaxformer_mini.weight_readers`` (pyproject.toml), so the Flax package never imports parity
 (DESIGN.md's import rule). It provides ``read_params(path, config, preset)`` and
-``params_into_model(params, model)``, which any reader in that group must.
+``params_into_model(params, model)``, which any reader in that group must, and
+``recorded_tokenizers(path)``, which a reader may.
 
 FILE is one of
 - a torch state dict of ``torch_ref.Transformer`` (the seed's keys): ``.safetensors``, read
@@ -31,7 +32,7 @@ from flaxformer_mini.init_from import OPTION, InitFromError
 from flaxformer_mini.run_config import RunConfig
 from flaxformer_mini.run_dir import run_holding
 from parity import engine, flax_io
-from parity.file_kinds import read_recorded_config
+from parity.file_kinds import read_recorded_config, read_recorded_tokenizers
 
 _SHOWN = 4  # offending keys named in one error line; the rest are counted
 
@@ -86,6 +87,15 @@ def read_params(path, config: RunConfig, preset=None):
     # A text run's token ids: flaxformer_mini's Run.start warns where they may not be the file's
     # (tokenizers trained on --data rather than taken with --tokenizer-from).
     return engine.to_flax(plan, arrays), notes
+
+
+def recorded_tokenizers(path):
+    """{file name: sha256} of the tokenizers ``path`` records it was trained with (``parity
+    convert`` of a text run writes them into a ``.safetensors`` file's metadata), or None."""
+    try:
+        return read_recorded_tokenizers(path)
+    except ValueError as e:  # CheckpointError: unusable metadata
+        raise InitFromError(f"{OPTION} {_first_line(e)}") from None
 
 
 def params_into_model(params, model):

@@ -395,10 +395,32 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
         proc = cli(*text_args(new, run, "--max-tokens", "96", "--tokenizer-from", str(moved)))
         assert proc.returncode == 2 and "trained its own tokenizers on its --data" in proc.stderr, proc.stderr
 
-    # Without --tokenizer-from, fine-tuning a text run is warned of (the sizes fit; the ids need not).
-    proc = cli(*bpe_run[1], "--init-from", str(weights), "--out", str(tmp_path / "warned"), "--steps", "1")
+    # The exported weights record the run's tokenizers; a run's are checked against them. Trained
+    # again on RUN's corpus with RUN's options, they are RUN's: nothing to warn of.
+    from parity.file_kinds import read_recorded_tokenizers, safetensors_header
+    from safetensors.numpy import load_file, save_file
+
+    assert read_recorded_tokenizers(weights) == {name: RunDir(out).recorded_checksums()[name] for name in names}
+    proc = cli(*bpe_run[1], "--init-from", str(weights), "--out", str(tmp_path / "same"), "--steps", "1")
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    # Weights recording other tokenizers (a planted record): refused beside --tokenizer-from,
+    # warned of beside tokenizers trained on --data.
+    planted = tmp_path / "planted.safetensors"
+    metadata = safetensors_header(weights)[0]
+    save_file(load_file(weights), planted, metadata={**metadata, "tokenizers": json.dumps({n: "0" * 64 for n in names})})
+    proc = cli(*text_args(new, tmp_path / "refused", "--max-tokens", "96", "--init-from", str(planted),
+                          "--tokenizer-from", str(moved)))
+    assert proc.returncode == 2 and "its weights were trained with other tokenizers than those of --tokenizer-from" \
+        in proc.stderr, proc.stderr
+    assert not (tmp_path / "refused").exists()
+    proc = cli(*bpe_run[1], "--init-from", str(planted), "--out", str(tmp_path / "warned"), "--steps", "1")
     assert proc.returncode == 0, proc.stderr
-    assert "warning: this run's tokenizers are trained on" in proc.stderr and "--tokenizer-from RUN" in proc.stderr
+    assert f"warning: --init-from {planted} records the tokenizers its weights were trained with" in proc.stderr
+    # A file that records none (a .pt, or torch's own export): the warning says what cannot be checked.
+    torch_file = tmp_path / "unrecorded.safetensors"
+    save_file(load_file(weights), torch_file)
+    proc = cli(*bpe_run[1], "--init-from", str(torch_file), "--out", str(tmp_path / "unrecorded"), "--steps", "1")
+    assert proc.returncode == 0 and "warning: this run's tokenizers are trained on" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("kind", [["--tokenizer", "unigram", "--vocab-size", "40", "--shared-vocab"], ["--tokenizer", "word"]])
