@@ -300,7 +300,11 @@ def _convert(args):
 
             state_dict, config, step = _training_run_state_dict(args, source)
             what = f"training run, its newest checkpoint: step {step}"
-            tokenizers = run_tokenizer_checksums(source)  # which token each embedding row is
+            try:
+                tokenizers = run_tokenizer_checksums(source)  # which token each embedding row is
+            except (FileNotFoundError, ValueError) as e:  # a missing or edited tokenizer file: the weights still export
+                warn(args.command, f"{source}: its tokenizers cannot be read ({e}); OUT records none, so "
+                                   f"`train --init-from OUT` cannot check a run's tokenizers against them")
         else:
             params, config, assumed = read_flax_params(source)
             state_dict = state_dict_from_flax_params(params, config)

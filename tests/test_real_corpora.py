@@ -290,7 +290,7 @@ def char_run(corpus, tmp_path_factory):
     return out
 
 
-def test_a_missing_tokenizer_file_is_named(char_run, tmp_path):
+def test_a_missing_tokenizer_file_is_named(char_run, tmp_path, capsys):
     import shutil
 
     out = tmp_path / "r"
@@ -299,6 +299,14 @@ def test_a_missing_tokenizer_file_is_named(char_run, tmp_path):
     (out / "tokenizer_shared.json").unlink()
     proc = cli("evaluate", "--checkpoint", str(out))
     assert proc.returncode == 2 and "tokenizer_shared.json: the run's tokenizer is missing" in proc.stderr
+    # Its weights still export, recording no tokenizers (and saying why).
+    from parity.cli import main as parity_main
+    from parity.file_kinds import read_recorded_tokenizers
+
+    exported = tmp_path / "weights.safetensors"
+    assert parity_main(["convert", str(out), str(exported)]) == 0
+    assert "tokenizer_shared.json: the run's tokenizer is missing" in capsys.readouterr().err
+    assert exported.exists() and read_recorded_tokenizers(exported) is None
 
 
 @pytest.mark.parametrize("kind, remedy", [("bpe", "or resume training with the same --data, which rebuilds it"),
