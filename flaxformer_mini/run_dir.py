@@ -146,10 +146,10 @@ class RunDir:
             old_data = _absolute_data_paths(old)["data"]
             new_data, _ = self._identify_data_files(old_data, dataclasses.asdict(data))
             diffs = _differences(old_data, new_data, "data.", present=stored.get("data", {}))
-            if any(line.startswith("data.tokenizer_from") for line in diffs):
+            if any(_setting(line) == "data.tokenizer_from" for line in diffs):
                 # The tokenizer settings come with --tokenizer-from's run (or its absence, the
                 # defaults no one typed): its own line says what differs.
-                diffs = [line for line in diffs if not line.startswith(_SET_WITH_TOKENIZER_FROM)]
+                diffs = [line for line in diffs if _setting(line) not in _SET_WITH_TOKENIZER_FROM]
             self._refuse_differences(diffs)
 
     def _identify_data_files(self, old, new):
@@ -400,8 +400,6 @@ def _init_from_differences(was, now):
 _SCHEDULE_SETTINGS = ("train.lr_factor", "train.warmup_steps", "train.learning_rate")
 
 # Settings of the run's config that no option names directly: what sets them.
-_SET_WITH_TOKENIZER_FROM = ("data.tokenizer:", "data.tokenizer_vocab_size:", "data.shared_vocab:")
-
 _SET_BY = {
     "train.lr_factor": "set by --lr: --lr x sqrt(width x --warmup), the rsqrt schedule's factor",
     "train.learning_rate": "--lr",
@@ -412,15 +410,23 @@ _SET_BY = {
     "data.max_len": "--max-len minus one for a text run (its EOS)",
 }
 
+# The data settings --tokenizer-from's run sets; `_differences` lines start "KEY: " or "KEY (why): ".
+_SET_WITH_TOKENIZER_FROM = ("data.tokenizer", "data.tokenizer_vocab_size", "data.shared_vocab")
+
+
+def _setting(line):
+    return line.split(":", 1)[0].split(" (", 1)[0]
+
 
 def run_holding(path):
-    """The training run whose checkpoints ``path`` is (runs/r for runs/r/checkpoints/3, or for
-    runs/r/checkpoints itself), as the user wrote it; None for any other path. For the errors
-    that tell a user who gave a checkpoint to give its run (generate, evaluate, parity)."""
+    """The training run whose checkpoints ``path`` is (runs/r for runs/r/checkpoints/3, for
+    runs/r/checkpoints itself, or for an item of a checkpoint, runs/r/checkpoints/3/default),
+    as the user wrote it; None for any other path. For the errors that tell a user who gave a
+    checkpoint to give its run (generate, evaluate, parity)."""
     path = Path(path)
-    for run in (path.parent, path.parent.parent):
+    for run in (path.parent, path.parent.parent, path.parent.parent.parent):
         if RunDir(run).exists():
             checkpoints = RunDir(run).checkpoints.absolute()
-            if checkpoints in (path.absolute(), path.absolute().parent):
+            if checkpoints in (path.absolute(), path.absolute().parent, path.absolute().parent.parent):
                 return run
     return None

@@ -60,6 +60,13 @@ def settings(path, out, echo):
     found = _settings_of(path, absolute)  # another path that is not there: no such directory
     theirs = load(_Data(found))
     missing = [p.name for _, p in own.tokenizer_files(_Data(recorded)) if not p.exists()]
+    ours_recorded = own.recorded_checksums()
+    if missing and any(ours_recorded.get(file.name) not in (None, sha256(file.read_bytes()))
+                       for _, file in RunDir(absolute).tokenizer_files(_Data(recorded)) if file.name in missing):
+        raise TokenizerFromError(
+            f"{OPTION} {path}: its tokenizers are not the ones the run in {out} started from (those of "
+            f"{recorded['tokenizer_from']}), whose copies the run lacks ({', '.join(missing)}); restore them, or "
+            f"give {OPTION} a run that holds them. Nothing was written.")
     if missing and absolute != recorded["tokenizer_from"]:
         # Copied again only from the recorded path, which the run's config names (the data a
         # resumed run reads must be the config's): moved, the user copies them.

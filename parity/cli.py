@@ -249,7 +249,7 @@ def _convert(args):
     from flaxformer_mini.run_dir import run_holding
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
     from parity.convert import flax_params_from_state_dict, is_training_run, state_dict_from_flax_params
-    from parity.flax_io import checkpoint_kind, is_orbax_path, read_flax_params, save_flax_params
+    from parity.flax_io import checkpoint_kind, is_orbax_path, read_flax_params, recorded_tokenizers, save_flax_params
     from parity.infer import describe_assumed
     from parity.output import refuse_existing
 
@@ -278,7 +278,8 @@ def _convert(args):
         state_dict = _seed_keys(load_state_dict(source), source)
         config, sources, assumed, warnings = _torch_config(args, source, state_dict)
         params = flax_params_from_state_dict(state_dict, config)
-        written = save_flax_params(params, config, out, overwrite=args.force, assumed=assumed)
+        written = save_flax_params(params, config, out, overwrite=args.force, assumed=assumed,
+                                   tokenizers=recorded_tokenizers(source))  # carried on, as `assumed` is
         for message in warnings:
             warn(args.command, message)
         form = "an orbax directory" if out_suffix == "" else SAFETENSORS_SUFFIX
@@ -302,13 +303,14 @@ def _convert(args):
             what = f"training run, its newest checkpoint: step {step}"
             try:
                 tokenizers = run_tokenizer_checksums(source)  # which token each embedding row is
-            except (FileNotFoundError, ValueError) as e:  # a missing or edited tokenizer file: the weights still export
+            except (OSError, ValueError) as e:  # a missing, unreadable or edited tokenizer file: the weights still export
                 warn(args.command, f"{source}: its tokenizers cannot be read ({e}); OUT records none, so "
                                    f"`train --init-from OUT` cannot check a run's tokenizers against them")
         else:
             params, config, assumed = read_flax_params(source)
             state_dict = state_dict_from_flax_params(params, config)
             what = f"Flax parameters, {len(params)} arrays"
+            tokenizers = recorded_tokenizers(source)  # carried on, as `assumed` is
         save_state_dict(state_dict, out, config=config, assumed=assumed, tokenizers=tokenizers)
         if assumed:
             warn(args.command, f"{source} records these settings as assumed, not known (the seed's defaults "

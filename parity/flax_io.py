@@ -33,8 +33,8 @@ from flaxformer_mini.config import ModelConfig
 from parity import engine, output
 from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
 from parity.file_kinds import (  # noqa: F401 - FLAX_FORMAT and CONFIG_METADATA_KEY are public names here too
-    ASSUMED_METADATA_KEY, CONFIG_METADATA_KEY, FLAX_FORMAT, SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError,
-    assumed_from_json, config_metadata, readable_file, safetensors_header)
+    ASSUMED_METADATA_KEY, CONFIG_METADATA_KEY, FLAX_FORMAT, SAFETENSORS_SUFFIX, TOKENIZERS_METADATA_KEY, TORCH_SUFFIXES,
+    CheckpointError, assumed_from_json, config_metadata, read_recorded_tokenizers, readable_file, safetensors_header)
 
 _FLAX_SEP, _TORCH_SEP = "/", "."
 
@@ -109,23 +109,41 @@ def _describe(config):
 # ----------------------------------------------------------------------------- files
 
 
-def save_flax_params(params, config: ModelConfig, path, *, overwrite=False, assumed=()):
+def save_flax_params(params, config: ModelConfig, path, *, overwrite=False, assumed=(), tokenizers=None):
     """Write {Flax path: array} and ``config`` as ``.safetensors`` or an orbax directory, all at
     once or not at all (``parity.output``). ``overwrite``: replace an existing orbax directory
     written by ``parity convert`` (a file is always replaced, atomically). ``assumed``: names
-    of ``config``'s fields that are a guess (the seed's defaults), recorded as such."""
+    of ``config``'s fields that are a guess (the seed's defaults), recorded as such.
+    ``tokenizers``: {file name: sha256} of the text run the weights come from, carried on."""
     params = {k: np.ascontiguousarray(v) for k, v in params.items()}
     if is_orbax_path(path):
-        return _save_orbax(params, config, Path(path), overwrite, assumed)
+        return _save_orbax(params, config, Path(path), overwrite, assumed, tokenizers)
     path = Path(path)
     if path.suffix.lower() != SAFETENSORS_SUFFIX:
         raise CheckpointError(f"{path}: Flax parameters are written as {SAFETENSORS_SUFFIX} or an orbax directory "
                               f"(a path without a suffix, or ending in '/'), not {path.suffix!r}")
     from safetensors.numpy import save
 
-    metadata = config_metadata(FLAX_FORMAT, config, assumed)
+    metadata = config_metadata(FLAX_FORMAT, config, assumed, tokenizers)
     output.write_atomic(path, save(params, metadata=metadata))
     return path
+
+
+def recorded_tokenizers(path):
+    """{file name: sha256} of the text run's tokenizers that weights written by ``parity
+    convert`` record (``.safetensors`` of either layout, or an orbax directory), or None."""
+    if not (is_orbax_path(path) and Path(path).is_dir()):
+        return read_recorded_tokenizers(path)
+    ocp = _orbax()
+    try:
+        meta = _restore(Path(path), config=ocp.args.JsonRestore())["config"]
+    except Exception as e:  # noqa: BLE001 - orbax raises many types for a directory that is not its own
+        raise CheckpointError(f"{path}: not an orbax directory of Flax parameters written by `parity convert`: "
+                              f"{_failure(e)}") from None
+    recorded = meta.get(TOKENIZERS_METADATA_KEY) if isinstance(meta, dict) else None
+    if recorded is not None and not (isinstance(recorded, dict) and all(isinstance(v, str) for v in recorded.values())):
+        raise CheckpointError(f"{path}: unusable {TOKENIZERS_METADATA_KEY!r} in its 'config' item")
+    return recorded
 
 
 def load_flax_params(path):
@@ -191,11 +209,13 @@ def _flatten(tree, prefix=""):
             yield path, np.asarray(value)
 
 
-def _save_orbax(params, config, path, overwrite=False, assumed=()):
+def _save_orbax(params, config, path, overwrite=False, assumed=(), tokenizers=None):
     ocp = _orbax()
     meta = {"format": FLAX_FORMAT, CONFIG_METADATA_KEY: config.to_dict()}
     if assumed:
         meta[ASSUMED_METADATA_KEY] = sorted(assumed)
+    if tokenizers:
+        meta[TOKENIZERS_METADATA_KEY] = dict(sorted(tokenizers.items()))
 
     def write(directory):
         with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:

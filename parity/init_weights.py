@@ -32,7 +32,7 @@ from flaxformer_mini.init_from import OPTION, InitFromError
 from flaxformer_mini.run_config import RunConfig
 from flaxformer_mini.run_dir import run_holding
 from parity import engine, flax_io
-from parity.file_kinds import read_recorded_config, read_recorded_tokenizers
+from parity.file_kinds import read_recorded_config
 
 _SHOWN = 4  # offending keys named in one error line; the rest are counted
 
@@ -91,9 +91,10 @@ def read_params(path, config: RunConfig, preset=None):
 
 def recorded_tokenizers(path):
     """{file name: sha256} of the tokenizers ``path`` records it was trained with (``parity
-    convert`` of a text run writes them into a ``.safetensors`` file's metadata), or None."""
+    convert`` of a text run writes them into the file's metadata, and every later conversion
+    carries them on), or None."""
     try:
-        return read_recorded_tokenizers(path)
+        return flax_io.recorded_tokenizers(path)
     except ValueError as e:  # CheckpointError: unusable metadata
         raise InitFromError(f"{OPTION} {_first_line(e)}") from None
 

@@ -344,6 +344,9 @@ CASES = [
     ("init_from_a_runs_checkpoint", lambda d, f: train_option("--init-from", str(max(
         p for p in (f / "synthetic" / "checkpoints").iterdir() if p.name.isdigit())))(d, f), 2,
      r"is part of the flaxformer-mini run \S*synthetic, not a weights file: export .*parity convert"),
+    ("init_from_an_item_of_a_runs_checkpoint", lambda d, f: train_option("--init-from", str(max(
+        p for p in (f / "synthetic" / "checkpoints").iterdir() if p.name.isdigit()) / "default"))(d, f), 2,
+     r"is part of the flaxformer-mini run \S*synthetic, not a weights file"),
     ("init_from_on_a_run_started_without_it", init_from(init_weights(), run="synthetic"), 2,
      r"--init-from: the run started from a random init"),
 ]

@@ -382,6 +382,9 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
 
     (out / names[0]).unlink()
+    proc = cli(*args, "--tokenizer-from", str(other), "--steps", "4")  # not to be copied in: another run's
+    assert proc.returncode == 2 and "its tokenizers are not the ones the run in" in proc.stderr \
+        and f"whose copies the run lacks ({names[0]})" in proc.stderr, proc.stderr
     proc = cli(*args, "--tokenizer-from", str(moved), "--steps", "4")  # copied again from the recorded place only
     assert proc.returncode == 2 and f"lacks its own copies of its tokenizers ({names[0]}), and --tokenizer-from {moved} " \
         f"is not where the run recorded that run" in proc.stderr, proc.stderr
@@ -408,7 +411,15 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
     from parity.file_kinds import read_recorded_tokenizers, safetensors_header
     from safetensors.numpy import load_file, save_file
 
-    assert read_recorded_tokenizers(weights) == {name: RunDir(out).recorded_checksums()[name] for name in names}
+    recorded = {name: RunDir(out).recorded_checksums()[name] for name in names}
+    assert read_recorded_tokenizers(weights) == recorded
+    # Every later conversion carries the record on: to Flax (a file, an orbax directory), back to torch.
+    from parity.init_weights import recorded_tokenizers
+
+    for step, (source_file, target) in enumerate([(weights, tmp_path / "flax.safetensors"), (weights, tmp_path / "flax_dir"),
+                                                  (tmp_path / "flax.safetensors", tmp_path / "again.safetensors")]):
+        assert parity_main(["convert", str(source_file), str(target)]) == 0
+        assert recorded_tokenizers(target) == recorded, (step, target)
     proc = cli(*bpe_run[1], "--init-from", str(weights), "--out", str(tmp_path / "same"), "--steps", "1")
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
     # Weights recording other tokenizers (a planted record): refused beside --tokenizer-from,
