@@ -91,7 +91,7 @@ def _train_for_result(args, stop):
     # would otherwise wait for it in agree_on until the timeout, then abort.
     error = mesh = identity = data = None
     try:
-        data = _data_config(args)  # --tokenizer-from's run may be missing on this host alone
+        data = _data_config(args, echo)  # --tokenizer-from's run may be missing on this host alone
         # With --max-tokens, --batch-size sets only the evaluation's batches, which every process
         # runs alone: nothing for the mesh to divide.
         mesh = training_mesh(args.devices, args.sharding, None if args.max_tokens is not None else batch_size,
@@ -134,7 +134,7 @@ def _train_for_result(args, stop):
     return result
 
 
-def _data_config(args):
+def _data_config(args, echo):
     """The run's DataConfig from the options: a synthetic task's, or a text run's."""
     from flaxformer_mini.run_config import DataConfig
 
@@ -147,17 +147,16 @@ def _data_config(args):
     return DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=os.path.abspath(args.data),
                       valid_path=args.valid and os.path.abspath(args.valid), eval_pairs=args.valid_size,
                       holdout=0 if args.valid else args.valid_size,
-                      eval_decode_lines=args.eval_decode_lines, columns=args.columns, **_tokenizer_settings(args))
+                      eval_decode_lines=args.eval_decode_lines, columns=args.columns, **_tokenizer_settings(args, echo))
 
 
-def _tokenizer_settings(args):
+def _tokenizer_settings(args, echo):
     """A text run's DataConfig tokenizer fields: from the options, or --tokenizer-from's run."""
     if args.tokenizer_from is None:
         return {"tokenizer": args.tokenizer or "word", "tokenizer_vocab_size": args.vocab_size,
                 "shared_vocab": args.shared_vocab}
-    from flaxformer_mini import distributed, tokenizer_from
+    from flaxformer_mini import tokenizer_from
 
-    echo = lambda m: print(m, file=sys.stderr) if distributed.is_main() else None  # noqa: E731
     return tokenizer_from.settings(args.tokenizer_from, args.out, echo)
 
 

@@ -16,15 +16,14 @@ files: moved, a note. Other files: refused by name (the run would go on with a v
 other than the one asked for).
 """
 
-import json
 import os
 
-from flaxformer_mini.run_config import RunConfigError
+from flaxformer_mini.run_config import DataConfig, RunConfigError
 from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes, run_holding, sha256
 
 OPTION = "--tokenizer-from"
-# The DataConfig fields --tokenizer-from sets, and the options that would set them otherwise.
-FIELDS = {"tokenizer": "--tokenizer", "tokenizer_vocab_size": "--vocab-size", "shared_vocab": "--shared-vocab"}
+# The DataConfig fields --tokenizer-from sets: RUN's tokenizer settings and RUN's path.
+FIELDS = ("tokenizer", "tokenizer_vocab_size", "shared_vocab", "tokenizer_from")
 
 
 class TokenizerFromError(RunConfigError):
@@ -33,36 +32,35 @@ class TokenizerFromError(RunConfigError):
 
 
 def settings(path, out, echo):
-    """The DataConfig fields (``FIELDS`` and ``tokenizer_from``) of the run in ``out`` with
-    ``--tokenizer-from path``: RUN's tokenizer settings for a new run; for a resumed run that
-    started from a RUN, its own (see the module docstring: RUN gone, moved or changed)."""
+    """The DataConfig fields (``FIELDS``) of the run in ``out`` with ``--tokenizer-from path``:
+    RUN's tokenizer settings for a new run; for a resumed run that started from a RUN, its own
+    (see the module docstring: RUN gone, moved or changed)."""
     absolute = os.path.abspath(path)
-    stored = _stored_data(out)
-    if stored is None:  # a new run
+    own = RunDir(out)
+    if not own.exists():  # a new run
         return _settings_of(path, absolute)
-    if stored.get("tokenizer_from") is None:
-        # It trained its own tokenizers; a run written before this option has no such key,
-        # which the config check would pass over: refused here, for both.
+    recorded_data = own.load_config().data  # a damaged config.json: an error naming it
+    if recorded_data.tokenizer_from is None:
+        # It trained its own tokenizers; a run written before this option loads with None too,
+        # and its config.json lacks the key, which the config check would pass over: refused here.
         raise TokenizerFromError(
             f"{OPTION} {path}: the run in {out} trained its own tokenizers on its --data; a run's tokenizers are "
             f"chosen when it starts: resume without {OPTION}, or train a new run with another --out. Nothing was "
             f"overwritten.")
-    recorded = {name: getattr(RunDir(out).load_config().data, name) for name in (*FIELDS, "tokenizer_from")}
-    own = RunDir(out)
+    recorded = {name: getattr(recorded_data, name) for name in FIELDS}
+    missing = [p.name for _, p in own.tokenizer_files(recorded_data) if not p.exists()]
     if not os.path.exists(absolute) and absolute == recorded["tokenizer_from"]:
-        if not own.has_vocabularies(_Data(recorded)):
+        if missing:
             raise TokenizerFromError(
                 f"{OPTION} {path} is gone and the run in {out} lacks its own copies of its tokenizers "
-                f"({', '.join(p.name for _, p in own.tokenizer_files(_Data(recorded)) if not p.exists())}): "
-                f"restore either")
+                f"({', '.join(missing)}): restore either")
         echo(f"note: {OPTION} {path} is gone; the run resumes with its own copies of its tokenizers")
         return recorded
     found = _settings_of(path, absolute)  # another path that is not there: no such directory
-    theirs = load(_Data(found))
-    missing = [p.name for _, p in own.tokenizer_files(_Data(recorded)) if not p.exists()]
+    theirs = load(_data(found))
     ours_recorded = own.recorded_checksums()
     if missing and any(ours_recorded.get(file.name) not in (None, sha256(file.read_bytes()))
-                       for _, file in RunDir(absolute).tokenizer_files(_Data(recorded)) if file.name in missing):
+                       for _, file in RunDir(absolute).tokenizer_files(recorded_data) if file.name in missing):
         raise TokenizerFromError(
             f"{OPTION} {path}: its tokenizers are not the ones the run in {out} started from (those of "
             f"{recorded['tokenizer_from']}), whose copies the run lacks ({', '.join(missing)}); restore them, or "
@@ -76,7 +74,7 @@ def settings(path, out, echo):
             f"{path} into {out}, or give {OPTION} at the recorded path. Nothing was written.")
     # The run's own copies, where they are there: where not, load_data copies RUN's again, and
     # saving them checks them against the sha256s the run recorded.
-    ours = own.load_vocabularies(_Data(recorded)) if own.has_vocabularies(_Data(recorded)) else theirs
+    ours = theirs if missing else own.load_vocabularies(recorded_data)
     if (found["tokenizer"], found["shared_vocab"]) != (recorded["tokenizer"], recorded["shared_vocab"]) \
             or _comparable(theirs) != _comparable(ours):
         raise TokenizerFromError(
@@ -132,21 +130,10 @@ def _settings_of(path, absolute):
             "shared_vocab": data.shared_vocab, "tokenizer_from": absolute}
 
 
-def _stored_data(out):
-    """The "data" object of the config.json in ``out`` as stored (None: no run there)."""
-    run_dir = RunDir(out)
-    if not run_dir.exists():
-        return None
-    run_dir.load_config()  # first: a damaged config.json is an error naming it
-    return dict(json.loads(run_dir.config_path.read_text()).get("data") or {})
-
-
-class _Data:
-    """The fields RunDir.tokenizer_files and load_vocabularies read, and the RUN to read."""
-
-    def __init__(self, fields):
-        self.tokenizer, self.shared_vocab = fields["tokenizer"], fields["shared_vocab"]
-        self.tokenizer_from = fields["tokenizer_from"]
+def _data(fields):
+    """The DataConfig of a text run with ``fields`` (``FIELDS``): what RunDir.tokenizer_files
+    and load_vocabularies read."""
+    return DataConfig(kind="tsv", **fields)
 
 
 def _comparable(vocabs):

@@ -72,8 +72,14 @@ def read_recorded_tokenizers(path):
     metadata, _ = safetensors_header(path)
     if metadata.get("format") not in (TORCH_FORMAT, FLAX_FORMAT) or TOKENIZERS_METADATA_KEY not in metadata:
         return None
+    return tokenizers_from_json(metadata[TOKENIZERS_METADATA_KEY], path)
+
+
+def tokenizers_from_json(data, path):
+    """The {file name: sha256} a ``tokenizers`` entry holds (JSON text, or the dict an orbax
+    record holds)."""
     try:
-        recorded = json.loads(metadata[TOKENIZERS_METADATA_KEY])
+        recorded = json.loads(data) if isinstance(data, str) else data
     except json.JSONDecodeError:
         recorded = None
     if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):

@@ -34,7 +34,8 @@ from parity import engine, output
 from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
 from parity.file_kinds import (  # noqa: F401 - FLAX_FORMAT and CONFIG_METADATA_KEY are public names here too
     ASSUMED_METADATA_KEY, CONFIG_METADATA_KEY, FLAX_FORMAT, SAFETENSORS_SUFFIX, TOKENIZERS_METADATA_KEY, TORCH_SUFFIXES,
-    CheckpointError, assumed_from_json, config_metadata, read_recorded_tokenizers, readable_file, safetensors_header)
+    CheckpointError, assumed_from_json, config_metadata, read_recorded_tokenizers, readable_file, safetensors_header,
+    tokenizers_from_json)
 
 _FLAX_SEP, _TORCH_SEP = "/", "."
 
@@ -134,16 +135,8 @@ def recorded_tokenizers(path):
     convert`` record (``.safetensors`` of either layout, or an orbax directory), or None."""
     if not (is_orbax_path(path) and Path(path).is_dir()):
         return read_recorded_tokenizers(path)
-    ocp = _orbax()
-    try:
-        meta = _restore(Path(path), config=ocp.args.JsonRestore())["config"]
-    except Exception as e:  # noqa: BLE001 - orbax raises many types for a directory that is not its own
-        raise CheckpointError(f"{path}: not an orbax directory of Flax parameters written by `parity convert`: "
-                              f"{_failure(e)}") from None
-    recorded = meta.get(TOKENIZERS_METADATA_KEY) if isinstance(meta, dict) else None
-    if recorded is not None and not (isinstance(recorded, dict) and all(isinstance(v, str) for v in recorded.values())):
-        raise CheckpointError(f"{path}: unusable {TOKENIZERS_METADATA_KEY!r} in its 'config' item")
-    return recorded
+    recorded = _orbax_record(Path(path)).get(TOKENIZERS_METADATA_KEY)
+    return None if recorded is None else tokenizers_from_json(recorded, path)
 
 
 def load_flax_params(path):
@@ -252,7 +245,8 @@ def _failure(error):
     return f"{type(error).__name__}: {_summary(error)}"
 
 
-def _load_orbax(path):
+def _orbax_record(path):
+    """The 'config' item (a dict of FLAX_FORMAT) of an orbax directory ``save_flax_params`` wrote."""
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such orbax directory")
     ocp = _orbax()
@@ -263,6 +257,12 @@ def _load_orbax(path):
                               f"{_failure(e)}") from None
     if not isinstance(meta, dict) or meta.get("format") != FLAX_FORMAT:
         raise CheckpointError(f"{path}: its 'config' item is not a {FLAX_FORMAT} record")
+    return meta
+
+
+def _load_orbax(path):
+    ocp = _orbax()
+    meta = _orbax_record(path)
     config = _config_from_json(meta.get(CONFIG_METADATA_KEY), path)
     assumed = assumed_from_json(meta.get(ASSUMED_METADATA_KEY, []), path)
     try:
