@@ -376,37 +376,52 @@ def barrier(name: str):
         multihost_utils.sync_global_devices(name)
 
 
-def any_process(flag: bool) -> bool:
+def any_process(flag: bool, devices=None) -> bool:
     """True on every process when ``flag`` is True on any: the all-reduce before the first
     step that makes a SIGTERM seen by one process stop all of them (the step boundaries use
-    ``any_process_later``). Waits for the devices to finish the work queued before it."""
-    return _queued_vote(flag)()
+    ``any_process_later``). Waits for the devices to finish the work queued before it.
+    ``devices``: the run's (its mesh's), see ``any_process_later``."""
+    return _queued_vote(flag, devices)()
+
+
+def _run_devices(devices):
+    """The devices a vote runs on, as a (process, device) grid: ``devices`` (the run's mesh's,
+    any order), or every device. A vote over devices the run leaves out (``--devices N`` below
+    a host's count) queues collectives on them beside the train step's on the others; XLA:CPU's
+    gloo collectives then receive one program's data for another's and abort ("collective
+    mismatch"), so the votes use the run's devices and no other."""
+    devices = sorted(jax.devices() if devices is None else list(np.asarray(devices).flat),
+                     key=lambda d: (d.process_index, d.id))
+    return tuple(devices)
 
 
 @functools.cache
-def _vote_program():
-    """The layout of one int32 vote per process, and the compiled max over the votes."""
+def _vote_program(devices):
+    """The layout of one int32 vote per process over ``devices`` (``_run_devices``), and the
+    compiled max over the votes."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    mesh = Mesh(np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count()), ("processes", "local"))
+    grid = np.array(devices, dtype=object).reshape(jax.process_count(), -1)
+    mesh = Mesh(grid, ("processes", "local"))
     return NamedSharding(mesh, P("processes")), jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))
 
 
-def any_process_later(flag: bool):
+def any_process_later(flag: bool, devices=None):
     """``any_process`` without the wait: the all-reduce is queued now, behind the work already
     queued on the devices, and the function returned reads its result (True on every process
     when ``flag`` was True on any). ``any_process`` returns only when the devices have finished
     everything queued before it, so at every step boundary it kept the host from preparing the
-    next step while the devices ran this one. Every process must call it at the same points."""
-    return _queued_vote(flag)
+    next step while the devices ran this one. Every process must call it at the same points,
+    with the same ``devices`` (the run's mesh's; None: every device)."""
+    return _queued_vote(flag, devices)
 
 
-def _queued_vote(flag):
+def _queued_vote(flag, devices=None):
     """The all-reduce of ``flag`` over the processes, queued; returns its reader."""
     if not is_multiprocess():
         value = bool(flag)
         return lambda: value
-    votes, anyone = _vote_program()
+    votes, anyone = _vote_program(_run_devices(devices))
     result = anyone(jax.make_array_from_process_local_data(votes, np.array([int(flag)], np.int32)))
     return lambda: bool(np.asarray(result.addressable_data(0)))
 

@@ -72,8 +72,10 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     echo(f"model: {n_params:,} parameters, {run.config.dtype}, on {1 if mesh is None else mesh.size} "
          f"{jax.devices()[0].platform} device(s)"
          + (f", mesh {format_mesh(mesh)}, {sharding} sharding" if mesh is not None else ""))
+    run_devices = None if mesh is None else mesh.devices  # the votes' devices: the mesh's (distributed._run_devices)
     if not main:  # a host's own log says it joined; process 0's says the rest
-        print(f"process {distributed.process_index()} of {jax.process_count()}: {jax.local_device_count()} "
+        local = jax.local_device_count() if mesh is None else len(mesh.local_devices)
+        print(f"process {distributed.process_index()} of {jax.process_count()}: {local} "
               f"{jax.devices()[0].platform} device(s) of this host in the run, from step {start}; process 0 writes "
               f"the run's files and logs its metrics", file=sys.stderr, flush=True)
 
@@ -86,7 +88,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     last_eval = {}
     # A signal that came while the runtime started, the run was restored or (on another
     # process) anything before this point: every process agrees, and stops before its first step.
-    if distributed.any_process(stop.requested):
+    if distributed.any_process(stop.requested, run_devices):
         log.close()
         echo("interrupted before the first step: nothing new to save"
              + (f" (the run stays at step {start})" if start else "") + "; run the same command to resume")
@@ -124,7 +126,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
             # never written back: a signal handled after it was read would be erased (issue #12's
             # lost SIGTERM); it counts at the next boundary.
             stopping = vote is not None and vote()
-            vote = distributed.any_process_later(stop.requested)
+            vote = distributed.any_process_later(stop.requested, run_devices)
             if done % save_every == 0 or done == steps or stopping:
                 log.flush()  # never checkpoint a NaN state; the saved step's metrics are on disk first
                 checkpoint.save(manager, state)

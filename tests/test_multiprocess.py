@@ -230,6 +230,9 @@ LAYOUTS = {
     "2x2_fsdp": (2, 2, "fsdp"),
     "4x1_fsdp": (4, 1, "fsdp"),
 }
+# The devices each process of a launch has, by the launch's process count (one launch each):
+# a layout that uses fewer, uses the first of each process's (equivalence_runs says why).
+LAUNCH_DEVICES = {2: 2, 4: 1}
 # Tensor parallelism across processes (--mesh data=2,model=2 on 2 processes x 2 devices): each
 # process's two devices split the heads and feed-forward units (make_mesh_2d keeps a row of
 # the mesh inside a process), the data axis and FSDP span the processes.
@@ -254,10 +257,18 @@ CONTINUED = {
 
 @pytest.fixture(scope="module")
 def equivalence_runs(tmp_path_factory):
-    """Three launches (8 processes), each running its layout's runs one after another, and
-    the single-process runs in this process: the 2x2 FSDP, tensor-parallel and text runs first, so
-    that this process can train the reference and then continue both its checkpoint and the
-    2x2 run's (each launch costs a JAX start-up and a compilation per process)."""
+    """Two launches (6 processes), each running its runs one after another, and the
+    single-process runs in this process: the reference first (the 2-process runs continue its
+    checkpoint), then the 2-process launch, then the single-process runs that continue its 2x2
+    FSDP run or need none, then the 4-process launch (each launch costs a JAX start-up per
+    process, and every process but process 0 compiles every program: only process 0 writes the
+    persistent compilation cache, and on the CPU the others' keys differ from its keys).
+
+    The 2-process layouts share one launch of processes with two devices each: a 2x1 layout
+    uses one device of each, as ``--devices 1`` does on such a host. That once aborted every
+    process (the stop votes ran on all of each host's devices, the train step on the mesh's:
+    XLA:CPU's collectives took one program's data for the other's); the 2x1 runs here are its
+    test."""
     import shutil
 
     from test_real_corpora import write_corpus
@@ -266,29 +277,29 @@ def equivalence_runs(tmp_path_factory):
     t0 = time.time()
     run = lambda name, d, sharding, **kw: {"out": str(root / name), "devices": d, "sharding": sharding, **kw}  # noqa: E731
     assert CONTINUED["fsdp_4_devices_to_1_device"][0] == "2x2_fsdp"
+    assert all(source == "reference" for source, n, _, _ in CONTINUED.values() if n > 1)
     text = {"train": str(write_corpus(root / "train.tsv", 60)), "valid": str(write_corpus(root / "valid.tsv", 7)),
             "max_tokens": TEXT_MAX_TOKENS, "accumulate": 2}
-    results = launch_workers(2, [run("2x2_fsdp", 2, "fsdp"), run(TENSOR_PARALLEL, None, "fsdp", mesh={"data": 2, "model": 2}),
-                                 run(f"{TEXT_RUN}_2x2", 2, "fsdp", text=text, evaluate=False)], devices_per_process=2)
-    (root / "2x2_launch.stderr").write_text(results[0][2])  # what process 0 said of its runs
     # The text runs and the runs below but the reference leave fit's evaluations out (_evaluating says why).
-    one_process = [run("reference", 1, "replicated"), run(f"{TEXT_RUN}_reference", 1, "fsdp", text=text, evaluate=False)]
-    multi = {}
+    _worker({"n": 1, "runs": [run("reference", 1, "replicated")]})  # one process on one device: this one (no launch to pay)
+    launches = {2: [run("2x2_fsdp", 2, "fsdp"), run(TENSOR_PARALLEL, None, "fsdp", mesh={"data": 2, "model": 2}),
+                    run(f"{TEXT_RUN}_2x2", 2, "fsdp", text=text, evaluate=False)]}
+    one_process = [run(f"{TEXT_RUN}_reference", 1, "fsdp", text=text, evaluate=False)]
     for name, (n, d, sharding) in LAYOUTS.items():
         if name != "2x2_fsdp":
-            multi.setdefault((n, d), []).append(run(name, d, sharding, evaluate=False))
+            launches.setdefault(n, []).append(run(name, d, sharding, evaluate=False))
     for name, (source, n, d, sharding) in CONTINUED.items():
-        if (n, d) == (1, 1):  # continued in the single-process launch, once its source exists
+        if n == 1:  # continued in this process, once its source exists
             one_process.append(run(name, d, sharding, steps=2 * STEPS, copy_from=str(root / source), evaluate=False))
-        else:
-            multi.setdefault((n, d), []).append(run(name, d, sharding, steps=2 * STEPS, copy_from=source,
-                                                    evaluate=False))
-    _worker({"n": 1, "runs": one_process})  # one process on one device: this one (no launch to pay)
-    for (n, d), runs in multi.items():
-        for r in runs:  # copied here, once, not by each process of the launch
-            if "copy_from" in r:
-                shutil.copytree(root / r.pop("copy_from"), r["out"])
-        launch_workers(n, runs, devices_per_process=d)
+        else:  # copied here, once, not by each process of the launch
+            shutil.copytree(root / source, root / name)
+            launches[n].append(run(name, d, sharding, steps=2 * STEPS, evaluate=False))
+    assert all((r["devices"] or 0) <= LAUNCH_DEVICES[n] for n, runs in launches.items() for r in runs)
+    results = launch_workers(2, launches.pop(2), devices_per_process=LAUNCH_DEVICES[2])
+    (root / "2x2_launch.stderr").write_text(results[0][2])  # what process 0 said of its runs
+    _worker({"n": 1, "runs": one_process})
+    for n, runs in launches.items():
+        launch_workers(n, runs, devices_per_process=LAUNCH_DEVICES[n])
     print(f"equivalence launches: {time.time() - t0:.0f}s", file=sys.stderr)
     return root
 

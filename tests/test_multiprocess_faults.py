@@ -514,7 +514,7 @@ def test_a_sigterm_before_the_first_step_stops_every_process_with_130_and_saves_
 
 def vote_during_which_a_signal_arrives(stop, seen, at=2):
     """``distributed.any_process_later`` in one process, the signal landing during vote ``at``."""
-    def vote(flag):
+    def vote(flag, devices=None):  # devices: the run's (one process: none to agree with)
         seen.append(flag)
         if len(seen) == at:
             stop.requested = True  # what the handler does when the signal lands mid-call
