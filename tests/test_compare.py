@@ -1,8 +1,7 @@
 """The comparison harness reports every intermediate and names where two models first diverge."""
 
 import json
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -114,13 +113,24 @@ def test_report_json_is_strict_with_null_for_a_non_finite_number_and_the_note_sa
     assert report.rows[0].max_abs != report.rows[0].max_abs  # the Report itself keeps its NaN
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "parity", *args], capture_output=True, text=True, timeout=300)
+def run_cli(capsys, *args):
+    """``parity ARGS`` in this process: its exit code and what it printed. The end-to-end
+    runs in a subprocess are tests/test_parity_cli.py's; here a start of torch and JAX would
+    cost each test seconds of the suite's ten minutes (README)."""
+    from parity.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
-def test_parity_check_seed_preset_exits_0_with_every_intermediate_within_tolerance(tmp_path):
+def test_parity_check_seed_preset_exits_0_with_every_intermediate_within_tolerance(tmp_path, capsys):
     out = tmp_path / "report.json"
-    proc = run_cli("check", "--preset", "seed", "--json", str(out))
+    proc = run_cli(capsys, "check", "--preset", "seed", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "encoder.embeddings" in proc.stdout and "logits" in proc.stdout
     assert "intermediates within 1e-05" in proc.stdout
@@ -128,14 +138,14 @@ def test_parity_check_seed_preset_exits_0_with_every_intermediate_within_toleran
     assert data["ok"] and all(row["max_abs"] <= 1e-5 for row in data["rows"])
 
 
-def test_parity_check_exits_1_when_tolerance_is_impossible():
-    proc = run_cli("check", "--preset", "tiny", "--atol", "0")
+def test_parity_check_exits_1_when_tolerance_is_impossible(capsys):
+    proc = run_cli(capsys, "check", "--preset", "tiny", "--atol", "0")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "first divergence:" in proc.stdout
 
 
 @pytest.mark.parametrize("args, message", [(["--preset", "huge"], "unknown preset"), (["--batch", "0"], "--batch")])
-def test_parity_check_exits_2_on_unusable_options(args, message):
-    proc = run_cli("check", *args)
+def test_parity_check_exits_2_on_unusable_options(args, message, capsys):
+    proc = run_cli(capsys, "check", *args)
     assert proc.returncode == 2
     assert message in proc.stderr
