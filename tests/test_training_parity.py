@@ -117,7 +117,7 @@ def _loss_and_grads(label_smoothing):
         logits = model(batch.source, batch.target_in)
         return flax_token_cross_entropy(logits, batch.target_out, label_smoothing)[0]
 
-    flax_loss, grads = nnx.value_and_grad(loss_fn)(flax_model)
+    flax_loss, grads = nnx.jit(nnx.value_and_grad(loss_fn))(flax_model)  # one program, not op by op
     # Put the gradients where the parameters were, so the converter lays them out (transposes
     # kernels) and names them as torch does.
     grad_model = nnx.clone(flax_model)
