@@ -385,8 +385,8 @@ def any_process(flag: bool, devices=None) -> bool:
 
 
 def _run_devices(devices):
-    """The devices a vote runs on, as a (process, device) grid: ``devices`` (the run's mesh's,
-    any order), or every device. A vote over devices the run leaves out (``--devices N`` below
+    """The devices a vote runs on, in (process, id) order (``_vote_program`` lays them out one
+    row per process): ``devices`` (the run's mesh's, any shape), or every device. A vote over devices the run leaves out (``--devices N`` below
     a host's count) queues collectives on them beside the train step's on the others; XLA:CPU's
     gloo collectives then receive one program's data for another's and abort ("collective
     mismatch"), so the votes use the run's devices and no other."""
