@@ -380,29 +380,23 @@ def any_process(flag: bool, devices=None) -> bool:
     """True on every process when ``flag`` is True on any: the all-reduce before the first
     step that makes a SIGTERM seen by one process stop all of them (the step boundaries use
     ``any_process_later``). Waits for the devices to finish the work queued before it.
-    ``devices``: the run's (its mesh's), see ``any_process_later``."""
+    ``devices``: the run's, see ``any_process_later``."""
     return _queued_vote(flag, devices)()
-
-
-def _run_devices(devices):
-    """The devices a vote runs on, in (process, id) order (``_vote_program`` lays them out one
-    row per process): ``devices`` (the run's mesh's, any shape), or every device. A vote over devices the run leaves out (``--devices N`` below
-    a host's count) queues collectives on them beside the train step's on the others; XLA:CPU's
-    gloo collectives then receive one program's data for another's and abort ("collective
-    mismatch"), so the votes use the run's devices and no other."""
-    devices = sorted(jax.devices() if devices is None else list(np.asarray(devices).flat),
-                     key=lambda d: (d.process_index, d.id))
-    return tuple(devices)
 
 
 @functools.cache
 def _vote_program(devices):
-    """The layout of one int32 vote per process over ``devices`` (``_run_devices``), and the
-    compiled max over the votes."""
+    """The layout of one int32 vote per process over ``devices`` (a tuple, in any order; None:
+    every device), one row of the mesh per process, and the compiled max over the votes.
+
+    A vote over devices the run leaves out (``--devices N`` below a host's count) queues
+    collectives on them beside the train step's on the others; XLA:CPU's gloo collectives then
+    receive one program's data for another's and abort ("collective mismatch"): the votes run
+    on the run's devices and no other."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    grid = np.array(devices, dtype=object).reshape(jax.process_count(), -1)
-    mesh = Mesh(grid, ("processes", "local"))
+    ordered = sorted(jax.devices() if devices is None else devices, key=lambda d: (d.process_index, d.id))
+    mesh = Mesh(np.array(ordered, dtype=object).reshape(jax.process_count(), -1), ("processes", "local"))
     return NamedSharding(mesh, P("processes")), jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))
 
 
@@ -412,7 +406,8 @@ def any_process_later(flag: bool, devices=None):
     when ``flag`` was True on any). ``any_process`` returns only when the devices have finished
     everything queued before it, so at every step boundary it kept the host from preparing the
     next step while the devices ran this one. Every process must call it at the same points,
-    with the same ``devices`` (the run's mesh's; None: every device)."""
+    with the same ``devices``: the run's, as a tuple (``tuple(mesh.devices.flat)``, made once
+    per run: the vote's program is cached by it); None: every device."""
     return _queued_vote(flag, devices)
 
 
@@ -421,7 +416,7 @@ def _queued_vote(flag, devices=None):
     if not is_multiprocess():
         value = bool(flag)
         return lambda: value
-    votes, anyone = _vote_program(_run_devices(devices))
+    votes, anyone = _vote_program(devices)
     result = anyone(jax.make_array_from_process_local_data(votes, np.array([int(flag)], np.int32)))
     return lambda: bool(np.asarray(result.addressable_data(0)))
 

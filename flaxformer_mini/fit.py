@@ -72,7 +72,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     echo(f"model: {n_params:,} parameters, {run.config.dtype}, on {1 if mesh is None else mesh.size} "
          f"{jax.devices()[0].platform} device(s)"
          + (f", mesh {format_mesh(mesh)}, {sharding} sharding" if mesh is not None else ""))
-    run_devices = None if mesh is None else mesh.devices  # the votes' devices: the mesh's (distributed._run_devices)
+    run_devices = None if mesh is None else tuple(mesh.devices.flat)  # the stop votes' (any_process_later)
     if not main:  # a host's own log says it joined; process 0's says the rest
         local = jax.local_device_count() if mesh is None else len(mesh.local_devices)
         print(f"process {distributed.process_index()} of {jax.process_count()}: {local} "
