@@ -58,9 +58,9 @@ def settings(path, out, echo):
         return recorded
     found = _settings_of(path, absolute)  # another path that is not there: no such directory
     theirs = load(_data(found))
-    ours_recorded = own.recorded_checksums()
-    if missing and any(ours_recorded.get(file.name) not in (None, sha256(file.read_bytes()))
-                       for _, file in RunDir(absolute).tokenizer_files(recorded_data) if file.name in missing):
+    ours_recorded = own.recorded_checksums() if missing else {}  # what the run's missing copies held
+    if any(ours_recorded.get(file.name) not in (None, sha256(file.read_bytes()))
+           for _, file in RunDir(absolute).tokenizer_files(recorded_data) if file.name in missing):
         raise TokenizerFromError(
             f"{OPTION} {path}: its tokenizers are not the ones the run in {out} started from (those of "
             f"{recorded['tokenizer_from']}), whose copies the run lacks ({', '.join(missing)}); restore them, or "
