@@ -8,9 +8,10 @@ On a GPU, ``python -m pytest -m parity --torch-device cuda`` runs the files mark
 with torch's tensors and modules made on CUDA (``torch.set_default_device``) and JAX on its
 default device, the GPU: TF32 off and JAX's highest matmul precision, as everywhere here.
 
-Speed: XLA:CPU compiles at LLVM optimisation level 0 (below); the subprocesses the tests start
-(the CLI, multi-process runs) share one persistent compilation cache per pytest run, and the
-heaviest files are scheduled first (see below)."""
+Speed: XLA:CPU compiles at LLVM optimisation level 0 and runs its kernels on one thread,
+torch on one thread per worker (below); the subprocesses the tests start (the CLI,
+multi-process runs) share one persistent compilation cache per pytest run, and the heaviest
+files are scheduled first (see below)."""
 
 import os
 import shutil
@@ -21,9 +22,18 @@ import tempfile
 # Intel Xeon family 6 model 167: 2.6 s -> 1.8 s; two test files 91 s -> 66 s) and the suite is
 # mostly compilation. LLVM keeps float semantics at any level (XLA:CPU leaves fast-math off),
 # and both sides of every comparison here are compiled the same way. Set before JAX starts.
-OPT_LEVEL_FLAG = "--xla_backend_optimization_level=0"
-if OPT_LEVEL_FLAG not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit it
-    os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), OPT_LEVEL_FLAG]))
+#
+# One thread for XLA:CPU's Eigen kernels (here, in every process) and for torch (below, in
+# each pytest worker): the suite runs as `-n 2` on 2 cores, so each worker has a core of its
+# own already, and a second thread in each only made the workers (and their subprocesses) take
+# turns on the cores (Eigen's and OpenMP's waiting threads spin before they sleep). Measured,
+# the whole suite (AMD EPYC family 25 model 17, 2 cores, `python -m pytest -n 2`): 1084 s of
+# user CPU and 615 s with two threads, 1055 s and 594 s with one (one run each, the same day;
+# three more runs with two threads, each with a measuring hook or another cache setting, took
+# 604-639 s).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit them
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), TEST_XLA_FLAGS]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -40,7 +50,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 # The compilation cache below is for the subprocesses; this process compiles each function once.
 jax.config.update("jax_enable_compilation_cache", False)
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # one thread per worker: see TEST_XLA_FLAGS above
 
 # The tolerance of DESIGN.md's parity policy (Hugging Face's PT/Flax standard): parity's own.
 ATOL = DEFAULT_ATOL
