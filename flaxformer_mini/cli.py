@@ -125,7 +125,7 @@ def _train_for_result(args, stop):
     try:
         result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every,
                      save_every=args.save_every, max_to_keep=args.keep, progress=not args.no_progress, mesh=mesh,
-                     sharding=args.sharding, echo=echo, stop=stop)
+                     sharding=args.sharding, echo=echo, stop=stop, plot=not args.no_plot)
     except (RuntimeError, ValueError) as e:
         lost = distributed.as_lost_process(e)
         if lost is None:
@@ -178,7 +178,8 @@ def _identity(args):
     from flaxformer_mini.distributed import file_digest
 
     # Options that act on one process only may differ (--debug on the host being watched).
-    own = {"process_id", "coordinator", "distributed_timeout", "no_progress", "run", "debug", "keep_freed_memory"}
+    own = {"process_id", "coordinator", "distributed_timeout", "no_progress", "no_plot", "run", "debug",
+           "keep_freed_memory"}
     identity = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in own}
     for option in ("data", "valid"):
         if getattr(args, option, None):
@@ -372,6 +373,8 @@ def build_parser():
     t.add_argument("--save-every", type=int, default=500)
     t.add_argument("--keep", type=int, default=3, help="checkpoints kept")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--no-plot", action="store_true",
+                   help="do not draw loss.png at the end (sweeps, CI; metrics.jsonl and TensorBoard hold the curves)")
     t.add_argument("--keep-freed-memory", action="store_true",
                    help="CPU, large models: keep freed host memory in the process (one glibc arena, no mmap), so "
                         "each step stops page-faulting its temporaries in; slower for small models "

@@ -33,7 +33,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to_keep=3, progress=True,
-        mesh=None, sharding="replicated", echo=print, stop=None):
+        mesh=None, sharding="replicated", echo=print, stop=None, plot=True):
     """Train ``run`` up to ``steps`` updates, resuming from its latest checkpoint if it has
     one. With a ``mesh`` (``sharding.training_mesh``) each batch is split over its 'data'
     axis and the state laid out by ``sharding`` ('replicated' or 'fsdp'; tensor parallel too
@@ -44,16 +44,19 @@ def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to
     ``stop``: a ``StopRequests`` installed by the caller (``train`` installs it before the
     runtime starts, so an early SIGTERM is remembered); without one, fit installs its own.
     A stop request raises KeyboardInterrupt once the current step is saved (before the first
-    step: at once, nothing new to save), on every process at the same step."""
+    step: at once, nothing new to save), on every process at the same step.
+
+    ``plot``: draw ``loss.png`` from the metrics at the end (process 0); False leaves it out
+    (sweeps, CI: matplotlib's import and a first drawing cost about a second of CPU)."""
     try:
         with contextlib.nullcontext(stop) if stop is not None else StopRequests() as stop:
             return _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo,
-                        stop)
+                        stop, plot)
     finally:
         run.close()
 
 
-def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo, stop):
+def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo, stop, plot):
     manager = run.checkpoints(max_to_keep)
     # Restored straight into the mesh's layout (whatever mesh the checkpoint was saved under).
     state = run.restore_or_init(manager, echo=echo, place=None if mesh is None else lambda s: shard_state(s, mesh, sharding))
@@ -147,7 +150,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     if not last_eval and start >= steps:
         echo(f"{run.path} has already reached step {start} (asked for {steps}); evaluating")
         last_eval, evaluated_at = evaluate(trainer, evaluation_state(state), eval_batches, **scoring), start
-    if main:
+    if main and plot:
         plot_metrics(run.dir)
     return {"step": evaluated_at, **last_eval}
 

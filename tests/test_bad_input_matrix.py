@@ -29,7 +29,7 @@ def finished(tmp_path_factory):
     assert cli("train", *TINY_RUN, "--steps", "5", "--save-every", "5", "--out", str(root / "synthetic")).returncode == 0
     (root / "train.tsv").write_text(GOOD_TSV)
     text = cli("train", "--data", str(root / "train.tsv"), "--out", str(root / "text"), "--preset", "tiny",
-               "--steps", "3", "--batch-size", "4", "--max-len", "8", "--save-every", "3", "--no-progress")
+               "--steps", "3", "--batch-size", "4", "--max-len", "8", "--save-every", "3", "--no-progress", "--no-plot")
     assert text.returncode == 0, text.stderr
     return root
 
@@ -42,7 +42,7 @@ def tsv(content: bytes | str):
     def setup(d, finished):
         (d / "train.tsv").write_bytes(content if isinstance(content, bytes) else content.encode())
         return ["train", "--data", str(d / "train.tsv"), "--out", str(d / "out"), "--preset", "tiny", "--steps", "2",
-                "--no-progress"]
+                "--no-progress", "--no-plot"]
     return setup
 
 
@@ -84,7 +84,7 @@ def training_file_changed(d, finished):
     with open(d / "train.tsv", "a") as f:
         f.write("a\tx\n")
     return ["train", "--data", str(d / "train.tsv"), "--out", str(run), "--preset", "tiny", "--steps", "5",
-            "--batch-size", "4", "--max-len", "8", "--save-every", "3", "--no-progress"]
+            "--batch-size", "4", "--max-len", "8", "--save-every", "3", "--no-progress", "--no-plot"]
 
 
 def edit_json(name, change):
@@ -144,7 +144,7 @@ def valid_bad_line(d, finished):
 def max_tokens_below_the_longest_example(d, finished):
     (d / "train.tsv").write_text(GOOD_TSV)  # the longest pair: 3 words + EOS, padded to 8 (the length multiple)
     return ["train", "--data", str(d / "train.tsv"), "--out", str(d / "out"), "--preset", "tiny", "--steps", "2",
-            "--max-tokens", "3", "--no-progress"]
+            "--max-tokens", "3", "--no-progress", "--no-plot"]
 
 
 def evaluate_output_into(where):

@@ -42,9 +42,11 @@ ADAM_EPS = 1e-4
 LEARNING_RATE = 1e-2
 EQUIV_ATOL = 1e-6  # the bar for losses and parameters; reached, no looser tolerance needed
 
-# The CLI's tiny run: tests/test_train_cli.py's (one layer on each side), logging every step.
+# The CLI's tiny run: tests/test_train_cli.py's (one layer on each side, no loss.png unless a
+# test looks at it: PLOTTED_TINY_RUN there says why), logging every step.
 TINY_RUN = ["--task", "copy", "--preset", "tiny", "--layers", "1", "--vocab-size", "11", "--max-len", "5", "--batch-size", "8",
-            "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every", "1", "--no-progress"]
+            "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every", "1", "--no-progress",
+            "--no-plot"]
 
 
 def free_port():
@@ -94,12 +96,13 @@ def finish(procs, timeout=LAUNCH_TIMEOUT_S):
     return [(p.returncode, *out) for p, out in zip(procs, outputs)]
 
 
-def train_cli(out, n, *extra, port=None, timeout_s=HEARTBEAT_S):
+def train_cli(out, n, *extra, port=None, timeout_s=HEARTBEAT_S, plot=False):
     port = port or free_port()
+    run = TINY_RUN if not plot else [a for a in TINY_RUN if a != "--no-plot"]
 
     def argv(i):
         dist = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)] if n > 1 else []
-        return [sys.executable, "-m", "flaxformer_mini", "train", *TINY_RUN, "--out", str(out), *dist,
+        return [sys.executable, "-m", "flaxformer_mini", "train", *run, "--out", str(out), *dist,
                 "--distributed-timeout", str(timeout_s), *extra]
 
     return argv
@@ -167,7 +170,7 @@ def _worker(spec):
                 step(state, sums, batch))[1]
         with _evaluating(r.get("evaluate", True)):
             fit(run, r.get("steps", STEPS), log_every=1, eval_every=STEPS, save_every=STEPS, progress=False, mesh=mesh,
-                sharding=r["sharding"], echo=lambda m: print(f"{r['out']}: {m}", file=sys.stderr))
+                sharding=r["sharding"], echo=lambda m: print(f"{r['out']}: {m}", file=sys.stderr), plot=False)
 
 
 @contextlib.contextmanager
@@ -437,15 +440,15 @@ def assert_bit_identical(a, b):
     chex.assert_trees_all_equal((a.params, a.opt_state), (b.params, b.opt_state))  # structure and every bit
 
 
-def two_process_command(out, port=None):
-    argv = train_cli(out, 2, port=port)
+def two_process_command(out, port=None, plot=False):
+    argv = train_cli(out, 2, port=port, plot=plot)
     return lambda i: argv(i) + ["--steps", str(CLI_STEPS), "--save-every", str(SAVE_EVERY)]
 
 
 @pytest.fixture(scope="module")
 def straight_two_process_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight2") / "run"
-    results = finish(start_processes(two_process_command(out), 2))
+    results = finish(start_processes(two_process_command(out, plot=True), 2))  # its loss.png is looked at
     assert_all_ok(results)
     return out, results
 

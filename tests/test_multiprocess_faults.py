@@ -93,7 +93,8 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"
     assert cli("train", "--data", str(tmp_path / "train.tsv"), "--tokenizer", "unigram", "--vocab-size", "30",
-               "--shared-vocab", "--preset", "tiny", "--layers", "1", "--steps", "1", "--no-progress", "--out", str(out)).returncode == 0
+               "--shared-vocab", "--preset", "tiny", "--layers", "1", "--steps", "1", "--no-progress", "--no-plot",
+               "--out", str(out)).returncode == 0
     main = Run.open(out)
     (saved,) = [path for _, path in main.dir.tokenizer_files(main.config.data)]
     spec = json.loads(saved.read_text())
@@ -201,7 +202,7 @@ def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path, m
         extra, named = ["--tokenizer-from", "prev"], "--tokenizer-from prev: no such directory"
     port = free_port()
     argv = [sys.executable, "-m", "flaxformer_mini", "train", "--data", "train.tsv", "--preset", "tiny", *extra,
-            "--out", str(tmp_path / "run"), "--steps", "2", "--no-progress", "--distributed-timeout", str(HEARTBEAT_S),
+            "--out", str(tmp_path / "run"), "--steps", "2", "--no-progress", "--no-plot", "--distributed-timeout", str(HEARTBEAT_S),
             "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
     t0 = time.time()
     procs = [subprocess.Popen(argv + ["--process-id", str(i)], env=env_with(), cwd=homes[i], stdout=subprocess.PIPE,
@@ -538,7 +539,7 @@ def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary
     monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))
     run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
     with pytest.raises(KeyboardInterrupt):
-        fit(run, 10, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop)
+        fit(run, 10, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop, plot=False)
     assert seen == [False, False, True, True]  # steps 1-4's votes; step 3's is read at step 4
     assert int(final_state(tmp_path / "run").step) == 4
 
@@ -553,7 +554,7 @@ def test_evaluation_during_training_gathers_the_parameters_not_the_optimizer_sta
     monkeypatch.setattr(fit_module, "evaluate", lambda trainer, state, batches, **kw: evaluated.append(state) or {
         "loss": 0.0, "token_accuracy": 0.0, "exact_match": 0.0})
     run = _new_run(tmp_path / "run")
-    fit_module.fit(run, 1, log_every=1, eval_every=1, save_every=100, progress=False, echo=lambda m: None)
+    fit_module.fit(run, 1, log_every=1, eval_every=1, save_every=100, progress=False, echo=lambda m: None, plot=False)
     assert len(gathered) == 1 and gathered[0].opt_state is None and evaluated == gathered
     assert jax.tree.leaves(gathered[0].params) and int(gathered[0].step) == 1
 
@@ -594,7 +595,7 @@ def test_a_stop_read_at_the_last_step_ends_the_run_as_finished(tmp_path, monkeyp
     stop, seen = StopRequests(), []
     monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))
     run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
-    result = fit(run, 4, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop)
+    result = fit(run, 4, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop, plot=False)
     assert seen == [False, False, True, True] and result["step"] == 4 and "loss" in result
     assert int(final_state(tmp_path / "run").step) == 4
 

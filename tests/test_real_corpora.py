@@ -41,11 +41,11 @@ def corpus(tmp_path_factory):
 
 
 def text_args(corpus, out, *extra):
-    # One layer on each side, as tests/test_train_cli.py's TINY_RUN (which says why).
+    # One layer on each side and no loss.png, as tests/test_train_cli.py's TINY_RUN (which says why).
     train, valid = corpus
     return ["train", "--data", str(train), "--valid", str(valid), "--out", str(out), "--preset", "tiny",
             "--layers", "1", "--max-len", "24", "--warmup", "5", "--log-every", "2", "--eval-every", "4", "--save-every", "4",
-            "--no-progress", *extra]
+            "--no-progress", "--no-plot", *extra]
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,12 @@ def tiny_run(tmp_path_factory):
     return out
 
 
+def test_a_run_trained_with_no_plot_has_its_metrics_and_no_loss_png(tiny_run):
+    assert "--no-plot" in TINY_RUN
+    assert [r["step"] for r in RunDir(tiny_run).read_metrics() if "loss" in r] == [5, 10, 15, 20]
+    assert not (tiny_run / "loss.png").exists()
+
+
 def test_evaluate_scores_the_same_sequences_at_any_batch_size(tiny_run):
     # None: the run's batch size, 8 (23 = 2 x 8 + 7); 5: a short last batch of 3; 5000: one batch.
     results = [evaluate_run(tiny_run, batch_size=b) for b in (None, 1, 5, 5000)]
@@ -225,10 +231,9 @@ TEXT_PAIRS = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2
 
 
 def text_args(train, out, *extra):
-    # One layer on each side, as tests/test_train_cli.py's TINY_RUN (which says why).
+    # One layer on each side and no loss.png, as tests/test_train_cli.py's TINY_RUN (which says why).
     return ["train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--layers", "1", "--batch-size", "4",
-            "--max-len", "8",
-            "--save-every", "3", "--eval-every", "3", "--no-progress", *extra]
+            "--max-len", "8", "--save-every", "3", "--eval-every", "3", "--no-progress", "--no-plot", *extra]
 
 
 def text_run(tmp_path, steps=3):

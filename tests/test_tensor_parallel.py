@@ -203,7 +203,8 @@ def _worker(tmp):
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = main(["train", "--task", "copy", "--preset", "tiny", "--layers", "1", "--embed-size", "40", "--heads", "4",
                      "--vocab-size", "11", "--max-len", "5", "--batch-size", "8", "--steps", "2", "--eval-sequences", "8",
-                     "--no-progress", "--mesh", "data=2,model=4", "--sharding", "fsdp", "--out", str(Path(tmp) / "cli")])
+                     "--no-progress", "--no-plot", "--mesh", "data=2,model=4", "--sharding", "fsdp",
+                     "--out", str(Path(tmp) / "cli")])
     out["cli"] = {"code": code, "stderr": err.getvalue()[-3000:]}
     print(json.dumps(out))
 

@@ -22,8 +22,13 @@ from simulated_devices import worker_env
 # each side. These tests are about a run's life (its files, signals, resuming), not depth, and
 # the suite is mostly XLA compilation: the tiny preset's second layer doubles it (the train
 # step 1.2 s -> 2.3 s, AMD EPYC family 25). The model tests and parity keep two layers and more.
-TINY_RUN = ["--task", "copy", "--preset", "tiny", "--layers", "1", "--vocab-size", "11", "--max-len", "5", "--batch-size", "8",
-            "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every", "5", "--no-progress"]
+# Drawing loss.png costs about a second of CPU in a fresh process (matplotlib's import and first
+# drawing; 0.3-0.7 s more in a warm one, AMD EPYC family 25 model 1): the runs that look at it
+# draw it (PLOTTED_TINY_RUN), the others leave it out with --no-plot.
+PLOTTED_TINY_RUN = ["--task", "copy", "--preset", "tiny", "--layers", "1", "--vocab-size", "11", "--max-len", "5",
+                    "--batch-size", "8", "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every",
+                    "5", "--no-progress"]
+TINY_RUN = [*PLOTTED_TINY_RUN, "--no-plot"]
 
 
 def run_process(*args, env=None, stdin=None):
@@ -82,7 +87,7 @@ def wait_for_checkpoint(out, at_least, proc, timeout=240):
 # signals mid-run (a tiny step takes milliseconds; each signal follows a checkpoint within one
 # 50 ms poll, 10 steps before the next checkpoint at the earliest).
 STRAIGHT_STEPS, SAVE_EVERY = 80, 10
-STRAIGHT = ["train", *TINY_RUN, "--steps", str(STRAIGHT_STEPS), "--save-every", str(SAVE_EVERY)]
+STRAIGHT = ["train", *PLOTTED_TINY_RUN, "--steps", str(STRAIGHT_STEPS), "--save-every", str(SAVE_EVERY)]
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +180,7 @@ def test_text_run_builds_its_vocabulary_and_trains(tmp_path):
     vocab = json.loads((out / "vocab_source.json").read_text())["tokens"]
     assert vocab[:4] == ["<pad>", "<bos>", "<eos>", "<unk>"] and set(vocab[4:]) == {"a", "b", "c"}
     assert RunDir(out).load_config().model.source_vocab_size == 7
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # a text run's plot: its text-metric panel too
     gen = cli("generate", "--checkpoint", str(out), "a zebra c")
     assert gen.returncode == 0, gen.stderr
     assert "1 unknown word(s) mapped to <unk>: zebra" in gen.stderr
@@ -188,7 +194,7 @@ def test_columns_train_the_other_direction_of_a_three_column_file_and_evaluate_r
     train.write_text("".join(f"{s}\t{t}\tCC-BY #{i}\n" for i, (s, t) in enumerate(pairs)))
     out = tmp_path / "mt"
     proc = cli("train", "--data", str(train), "--columns", "2,1", "--out", str(out), "--preset", "tiny", "--steps", "2",
-               "--batch-size", "4", "--max-len", "8", "--eval-every", "2", "--save-every", "2", "--no-progress")
+               "--batch-size", "4", "--max-len", "8", "--eval-every", "2", "--save-every", "2", "--no-progress", "--no-plot")
     assert proc.returncode == 0, proc.stderr
     tokens = lambda side: set(json.loads((out / f"vocab_{side}.json").read_text())["tokens"][4:])  # noqa: E731
     assert tokens("source") == {"x", "y", "z"} and tokens("target") == {"a", "b", "c"}

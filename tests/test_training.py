@@ -126,9 +126,10 @@ def run_config(dropout=0.1, embed=30, lr_factor=1.0, task="copy"):
     return RunConfig(model=model, train=TrainConfig(warmup_steps=5, lr_factor=lr_factor), data=data, batch_size=8)
 
 
-def fit(config, out, steps, echo=print, **kw):
-    """Train ``config`` into ``out`` as the CLI does: create (or resume) the run, then fit."""
-    return fit_run(Run.create(out, config, echo=echo), steps, echo=echo, **kw)
+def fit(config, out, steps, echo=print, plot=False, **kw):
+    """Train ``config`` into ``out`` as the CLI does: create (or resume) the run, then fit (drawing
+    loss.png only where a test looks at it: tests/test_train_cli.py's PLOTTED_TINY_RUN says why)."""
+    return fit_run(Run.create(out, config, echo=echo), steps, echo=echo, plot=plot, **kw)
 
 
 def final_params(out):
@@ -217,7 +218,8 @@ def test_config_dict_leaves_out_the_other_schedules_defaults_and_round_trips(tra
 def test_run_writes_config_metrics_checkpoints_and_plot(tmp_path):
     out = tmp_path / "run"
     # 12 steps, logged every 5: the last step is logged too, though 12 is no multiple of 5.
-    result = fit(run_config(), out, 12, log_every=5, eval_every=10, save_every=5, progress=False, echo=lambda m: None)
+    result = fit(run_config(), out, 12, log_every=5, eval_every=10, save_every=5, progress=False, echo=lambda m: None,
+                 plot=True)
     # The step evaluated, teacher-forced loss and accuracy, exact match, and the corpus metrics
     # of the decoded text.
     assert set(result) == {"step", "loss", "token_accuracy", "exact_match", "bleu", "chrf", "wer", "cer"}
