@@ -21,7 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from flaxformer_mini.partitioning import path_name
-from flaxformer_mini.training import TrainState
+from flaxformer_mini.training import TrainState, fresh_streams
 
 # orbax logs every save at INFO through absl; the progress bar already says what happens.
 logging.getLogger("absl").setLevel(logging.WARNING)
@@ -132,8 +132,22 @@ def _layout_hint(have, want):
     return ""
 
 
+def _target(leaf):
+    """What orbax restores ``leaf`` as: its shape, dtype and sharding. Shapes without one go
+    to this process's default device: left to orbax, they would get the shardings recorded
+    at the save, which name the saving run's devices (refused on any other mesh)."""
+    target = ocp.utils.to_shape_dtype_struct(leaf)
+    if getattr(target, "sharding", None) is None:
+        device = jax.config.jax_default_device or jax.local_devices()[0]  # where jnp would put a new array
+        device = jax.local_devices(backend=device)[0] if isinstance(device, str) else device  # a platform's name
+        target = jax.ShapeDtypeStruct(target.shape, target.dtype, sharding=jax.sharding.SingleDeviceSharding(device))
+    return target
+
+
 def restore(manager, template: TrainState, step=None) -> TrainState:
-    """Restore checkpoint ``step`` (default: the latest) into the structure of ``template``.
+    """Restore checkpoint ``step`` (default: the latest) into the structure of ``template``:
+    a state, or its shapes alone (``Trainer.state_template()``), laid out as its arrays are
+    (sharded where they are) or, for shapes, on the default device.
 
     Raises CheckpointMismatchError naming the parameters whose shapes differ when the
     checkpoint comes from a model of another size.
@@ -155,9 +169,12 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
                 f"checkpoint {step} in {manager.directory} is from a different model: "
                 + _layout_hint(have, want) + "; ".join(details) + (f"; and {more} more" if more > 0 else "")
             )
-    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, wanted)
+    target = jax.tree.map(_target, wanted)
     restored = manager.restore(step, args=ocp.args.StandardRestore(target))
-    return template.replace(step=restored["step"], params=restored["params"], opt_state=restored["opt_state"])
+    # A template of shapes (Trainer.state_template()) has shapes for dropout streams too: not
+    # saved, their values carry nothing (the module's docstring), made here.
+    return template.replace(step=restored["step"], params=restored["params"], opt_state=restored["opt_state"],
+                            other=fresh_streams(template.other, template.config.seed))
 
 
 

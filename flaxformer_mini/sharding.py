@@ -50,7 +50,7 @@ from flaxformer_mini import distributed
 from flaxformer_mini.data import pad_rows
 from flaxformer_mini.partitioning import (DATA_AXIS, MESH_AXES, MODEL_AXIS, STRATEGIES, check_divisible, format_mesh,
                                           named_shardings)
-from flaxformer_mini.training import train_step
+from flaxformer_mini.training import is_abstract, train_step
 
 
 def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
@@ -328,7 +328,9 @@ def _from_host(leaf, value, sharding):
 
 
 def shard_state(state, mesh, strategy="replicated"):
-    """``state`` laid out by ``state_shardings(state, mesh, strategy)``, in one process or many.
+    """``state`` laid out by ``state_shardings(state, mesh, strategy)``, in one process or many;
+    an abstract ``state`` (``jax.ShapeDtypeStruct``s) becomes the same shapes with those
+    shardings, the template orbax restores each process's shards into.
 
     Across processes the values come from the host: every process holds the same state (same
     seed), checked once with one digest per leaf (``distributed.agree_on_values``), and places
@@ -336,6 +338,8 @@ def shard_state(state, mesh, strategy="replicated"):
     for host values it runs a cross-process equality check per leaf: a collective for each of a
     state's hundreds of arrays and a compilation per shape (docs/scale-out.md has the counts)."""
     shardings = state_shardings(state, mesh, strategy)
+    if is_abstract(state):  # shapes (a template to restore into): the same shapes, laid out
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
     if jax.process_count() == 1:
         return jax.device_put(state, shardings)
     host = jax.tree.map(_host_value, state)

@@ -135,7 +135,11 @@ class TrainState:
     @classmethod
     def create(cls, model, config: TrainConfig):
         """A state at step 0 holding ``model``'s parameters. The arrays are copies: the
-        compiled step donates its input state, which would otherwise delete ``model``'s."""
+        compiled step donates its input state, which would otherwise delete ``model``'s.
+
+        An abstract model (``nnx.eval_shape``: ``jax.ShapeDtypeStruct``s for arrays) gives an
+        abstract state, its shapes and dtypes alone: a template that ``checkpoint.restore``
+        reads a checkpoint into, without the random init the checkpoint would overwrite."""
         was_training = _is_training(model)
         model.train()
         graphdef, params, other = nnx.split(model, nnx.Param, ...)
@@ -143,14 +147,44 @@ class TrainState:
         eval_graphdef = nnx.graphdef(model)
         if was_training:
             model.train()
-        params, other = jax.tree.map(jnp.copy, (params, other))
         tx = make_optimizer(config, model.config.embed_size)
-        return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), other=other,
+        if is_abstract(params):
+            step, opt_state = jax.ShapeDtypeStruct((), jnp.int32), jax.eval_shape(tx.init, params)
+        else:
+            params, other = jax.tree.map(jnp.copy, (params, other))
+            step, opt_state = jnp.zeros((), jnp.int32), tx.init(params)
+        return cls(step=step, params=params, opt_state=opt_state, other=other,
                    graphdef=graphdef, eval_graphdef=eval_graphdef, tx=tx, config=config)
 
     def model(self, train=False):
         """A live model holding this state's parameters (for decoding, saving, inspection)."""
         return nnx.merge(self.graphdef if train else self.eval_graphdef, self.params, self.other)
+
+
+def is_abstract(tree):
+    """Whether ``tree`` holds shapes (``jax.ShapeDtypeStruct``, as ``jax.eval_shape`` and
+    ``nnx.eval_shape`` give) rather than arrays."""
+    return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
+
+
+def fresh_streams(other, seed):
+    """``other`` (a state's dropout streams) with each abstract key and counter made
+    concrete: keys from ``seed``, counters 0. Their values carry nothing: every train step
+    reseeds every stream from (seed, step) (``reseed_dropout``) and eval mode draws none,
+    which is also why checkpoints leave them out."""
+    key = jax.random.key(seed)
+
+    def concrete(x):
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            # A stacked (scanned) stream gets one key per layer. An array of its own for every
+            # stream, even a scalar one: the train step donates the state, and XLA refuses to
+            # donate one buffer twice.
+            return jax.random.split(key, x.shape)
+        return jnp.zeros(x.shape, x.dtype)
+
+    return jax.tree.map(concrete, other)
 
 
 def _is_training(model):
@@ -238,7 +272,10 @@ class Trainer:
     ``train_step`` and ``eval_step`` are ``train_step``/``eval_step`` under ``jax.jit`` (the
     train step donates its state, so XLA updates the buffers in place); ``step`` and
     ``evaluate`` check each batch on the host first. ``accumulate`` makes one update from K
-    micro-batches, each compiled in its own shape (``--accumulate``).
+    micro-batches, each compiled in its own shape (``--accumulate``). From an abstract model
+    (``nnx.eval_shape(lambda: Transformer(...))``) it compiles the same steps and makes no
+    arrays: ``state_template()`` is what a checkpoint is restored into (``Run`` reads runs so),
+    and ``init_state()`` is refused.
     """
 
     def __init__(self, model, config: TrainConfig):
@@ -259,7 +296,16 @@ class Trainer:
 
     def init_state(self):
         """A fresh state at step 0 (copies of the model's initial arrays)."""
+        if is_abstract(self._template):
+            raise ValueError("this Trainer was built from an abstract model (nnx.eval_shape): it has the state's "
+                             "shapes (state_template(), to restore a checkpoint into) and no initial arrays; "
+                             "build it from a model made with real arrays for a fresh state")
         return jax.tree.map(jnp.copy, self._template)
+
+    def state_template(self):
+        """The state's shapes and dtypes (``jax.ShapeDtypeStruct`` leaves, no arrays made):
+        what ``checkpoint.restore`` reads a checkpoint into."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._template)
 
     def step(self, state, batch):
         """Check ``batch`` on the host, then run the compiled train step."""

@@ -311,7 +311,7 @@ def test_the_reference_run_moves_the_parameters_well_beyond_the_tolerance(equiva
     from flaxformer_mini.run import Run
 
     run = Run.open(equivalence_runs / "reference")
-    moved, _ = max_param_diff(final_state(equivalence_runs / "reference"), run.trainer.init_state())
+    moved, _ = max_param_diff(final_state(equivalence_runs / "reference"), run.initial_state())
     assert moved > 1000 * EQUIV_ATOL
     assert sorted(losses(equivalence_runs / "reference")) == list(range(1, STEPS + 1))
 
@@ -390,7 +390,7 @@ def test_max_tokens_and_accumulate_on_two_processes_of_two_devices_train_as_one_
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
     worst = max(abs(ref[s] - got[s]) for s in ref)
     assert worst <= EQUIV_ATOL, f"losses differ by {worst:.2e}"
-    assert max_param_diff(final_state(one), reference.trainer.init_state())[0] > 1000 * EQUIV_ATOL
+    assert max_param_diff(final_state(one), reference.initial_state())[0] > 1000 * EQUIV_ATOL
     chex.assert_trees_all_close(final_state(two).params, final_state(one).params, atol=EQUIV_ATOL, rtol=0)
 
 

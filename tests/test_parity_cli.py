@@ -566,7 +566,7 @@ def training_run(tmp_path_factory):
     data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
     model = model_config_for("tiny", 11, 11, data.model_max_len).replace(num_layers=1)
     run = Run.create(out, RunConfig(model=model, train=TrainConfig(), data=data, batch_size=8), echo=lambda m: None)
-    checkpoint.save(run.checkpoints(), run.trainer.init_state())
+    checkpoint.save(run.checkpoints(), run.initial_state())
     run.close()
     return out, model
 

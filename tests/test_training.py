@@ -177,7 +177,63 @@ def test_checkpoint_from_a_different_model_size_is_refused_by_name(tmp_path):
     trainer = Run(RunDir(tmp_path / "narrow"), run_config(embed=30)).trainer
     manager = checkpoint.open_manager((tmp_path / "wide" / "checkpoints").absolute())
     with pytest.raises(checkpoint.CheckpointMismatchError, match=r"different model: .*W_k/kernel: checkpoint \(35, 35\), model \(30, 30\).*and \d+ more"):
-        checkpoint.restore(manager, trainer.init_state())
+        checkpoint.restore(manager, trainer.state_template())
+
+
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["per-layer", "scanned"])
+def test_a_checkpoint_restored_into_shapes_alone_trains_on_bit_for_bit_as_one_restored_into_arrays(tmp_path,
+                                                                                                   scan_layers):
+    # Run reads checkpoints into Trainer.state_template() (a Trainer of an nnx.eval_shape model:
+    # no random init). The dropout streams, never saved, are then made up (fresh_streams): one
+    # key per layer where the layers are scanned. They differ from the init's, and must carry
+    # nothing: with dropout on, the next step from either restore is the same, bit for bit.
+    task = small_task()
+    config = fm.ModelConfig(0, 11, 11, task.model_max_len, 30, 5, 2, 0.3)
+    build = lambda: fm.Transformer.from_config(config, scan_layers=scan_layers, rngs=nnx.Rngs(0))  # noqa: E731
+    trainer, from_shapes_only = Trainer(build(), TrainConfig(warmup_steps=5)), Trainer(nnx.eval_shape(build), TrainConfig(warmup_steps=5))
+    with pytest.raises(ValueError, match=r"built from an abstract model \(nnx.eval_shape\).*no initial arrays"):
+        from_shapes_only.init_state()
+    state = trainer.init_state()
+    for step in range(2):
+        state, _ = trainer.step(state, task.batch(0, step, 8))
+    manager = checkpoint.open_manager(tmp_path / "ckpt")
+    checkpoint.save(manager, state)
+
+    template = from_shapes_only.state_template()
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(template))
+    a, b = checkpoint.restore(manager, template), checkpoint.restore(manager, trainer.init_state())
+    chex.assert_trees_all_equal((a.step, a.params, a.opt_state), (b.step, b.params, b.opt_state))
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), a.other) == jax.tree.map(lambda x: (x.shape, x.dtype), b.other)
+    keys = lambda s: [np.asarray(jax.random.key_data(k)) for k in jax.tree.leaves(s.other)  # noqa: E731
+                      if jax.dtypes.issubdtype(k.dtype, jax.dtypes.prng_key)]
+    assert any(x.tobytes() != y.tobytes() for x, y in zip(keys(a), keys(b)))  # made-up streams: not the init's
+    if scan_layers:
+        assert {x.shape[0] for x in keys(a) if x.ndim == 2} == {config.num_layers}  # one key per stacked layer
+    (a, ma), (b, mb) = trainer.step(a, task.batch(0, 2, 8)), trainer.step(b, task.batch(0, 2, 8))
+    assert float(ma["loss"]) == float(mb["loss"])
+    chex.assert_trees_all_equal((a.params, a.opt_state), (b.params, b.opt_state))
+
+
+def test_reading_or_resuming_a_run_makes_no_random_init(tmp_path, monkeypatch):
+    # evaluate, generate and a resumed train read a checkpoint into the state's shapes: the
+    # random init (eager, op by op: seconds) would be overwritten, so it is never made.
+    out, quiet = tmp_path / "run", dict(eval_every=100, progress=False, echo=lambda m: None)
+    fit(run_config(), out, 2, save_every=2, **quiet)
+    built = Run._new_model
+
+    def traced_only(self):  # the Trainer traces the model's construction (nnx.eval_shape) for its shapes
+        model = built(self)
+        if not all(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(nnx.state(model, nnx.Param))):
+            pytest.fail("a random init was made to read a checkpoint")
+        return model
+
+    monkeypatch.setattr(Run, "_new_model", traced_only)
+    run = Run.open(out)
+    state = run.latest_state()
+    assert int(state.step) == 2
+    assert 0 < run.trainer.evaluate(state, run.eval_batches())["loss"] < math.log(11)  # 2 steps: below uniform
+    fit(run_config(), out, 3, save_every=1, **quiet)
+    assert int(Run.open(out).latest_state().step) == 3
 
 
 def test_run_config_with_an_unknown_dtype_is_refused_by_name(tmp_path):
