@@ -120,14 +120,24 @@ def _digests(checksums):
 
 
 def load_into_state(state, params):
-    """``state`` (a fresh TrainState at step 0) with ``params`` (``read_params``) as its
-    parameters, and a fresh optimizer state for them."""
+    """``state`` (a fresh TrainState, or its shapes: ``Trainer.state_template()``) at step 0
+    with ``params`` (``read_params``) as its parameters, a fresh optimizer state for them, and
+    dropout streams (``training.fresh_streams``: made where ``state`` has shapes for them)."""
+    import jax.numpy as jnp
     from flax import nnx
 
+    from flaxformer_mini.training import fresh_streams, is_abstract
+
     model = state.model(train=True)
-    weight_reader().params_into_model(params, model)
+    reader = weight_reader()
+    reader.params_into_model(params, model)
     new = nnx.state(model, nnx.Param)
-    return state.replace(params=new, opt_state=state.tx.init(new))
+    left = [path for path, v in nnx.to_flat_state(new) if is_abstract(v.get_value())]
+    if left:  # a reader that skips parameters instead of refusing the file
+        raise InitFromError(f"{OPTION}: the weight reader {getattr(reader, '__name__', reader)} left {len(left)} parameter(s) without "
+                            f"values, e.g. {'/'.join(map(str, left[0]))}")
+    return state.replace(step=jnp.zeros((), jnp.int32), params=new, opt_state=state.tx.init(new),
+                         other=fresh_streams(state.other, state.config.seed))
 
 
 def weight_reader():

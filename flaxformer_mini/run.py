@@ -375,17 +375,17 @@ class Run:
     def initial_state(self, echo=warn):
         """Step 0's state: a random init, or with ``--init-from`` the file's parameters (read
         again, checked against its recorded sha256 by ``start``, when the run was resumed
-        before its first checkpoint) and a fresh optimizer."""
-        state = self._fresh_state()
+        before its first checkpoint) and a fresh optimizer: loaded into the state's shapes,
+        with no random init for the file to overwrite."""
         if self.config.init_from is None:
-            return state
+            return self._fresh_state()
         from flaxformer_mini import init_from
 
         params, self._init_params = self._init_params, None  # host memory back once loaded
         if params is None:
             params, _ = init_from.read_params(self.config.init_from.path, self.config)
         echo(f"starting from the weights of {self.config.init_from.path}")
-        return init_from.load_into_state(state, params)
+        return init_from.load_into_state(self.trainer.state_template(), params)
 
     @staticmethod
     def _agree_on_restored_step(manager, template, state, skipped):

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+import flaxformer_mini as fm
 import torch_ref
 from flaxformer_mini.run import Run
 from flaxformer_mini.run_config import DataConfig, TrainOptions
@@ -202,6 +203,27 @@ def test_without_a_weight_reader_init_from_says_how_to_install_one(monkeypatch, 
         monkeypatch.setattr(init_from, "entry_points", lambda group, broken=broken: broken)
         with pytest.raises(init_from.InitFromError, match=f"the weight reader parity = {value} {problem}"):
             init_from.weight_reader()
+
+
+def test_a_reader_that_leaves_parameters_without_values_is_refused_by_name(monkeypatch):
+    # The run loads the file into the state's shapes (no random init): a reader that skipped
+    # parameters instead of refusing the file would leave shapes where values belong.
+    import types
+
+    import jax
+    from flax import nnx
+
+    from flaxformer_mini import init_from
+    from flaxformer_mini.training import TrainConfig, Trainer
+
+    lazy = types.SimpleNamespace(__name__="lazy_reader", read_params=None, params_into_model=lambda params, model: model)
+    monkeypatch.setattr(init_from, "weight_reader", lambda: lazy)
+    template = Trainer(nnx.eval_shape(lambda: fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(0))),
+                       TrainConfig()).state_template()
+    n = len(jax.tree.leaves(template.params))
+    with pytest.raises(init_from.InitFromError, match=rf"--init-from: the weight reader lazy_reader left {n} "
+                                                      r"parameter\(s\) without values, e\.g\. decoder/"):
+        init_from.load_into_state(template, {})
 
 
 def test_a_directory_is_read_once_per_process_and_its_digest_follows_its_contents(tmp_path, monkeypatch):
