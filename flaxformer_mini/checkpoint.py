@@ -147,7 +147,9 @@ def _target(leaf):
 def restore(manager, template: TrainState, step=None) -> TrainState:
     """Restore checkpoint ``step`` (default: the latest) into the structure of ``template``:
     a state, or its shapes alone (``Trainer.state_template()``), laid out as its arrays are
-    (sharded where they are) or, for shapes, on the default device.
+    (sharded where they are) or, for shapes, on the default device. The dropout streams that
+    a template of shapes lacks are made on the default device (``training.fresh_streams``):
+    on a mesh, lay them out as the rest (``Run.restore_or_init``: ``place(state.other)``).
 
     Raises CheckpointMismatchError naming the parameters whose shapes differ when the
     checkpoint comes from a model of another size.

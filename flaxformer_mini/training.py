@@ -22,6 +22,7 @@ import optax
 from flax import nnx
 
 from flaxformer_mini.data import PAD, pad_rows
+from flaxformer_mini.partitioning import path_name
 from flaxformer_mini.validation import check_same_batch, check_tokens
 
 
@@ -169,22 +170,30 @@ def is_abstract(tree):
 
 def fresh_streams(other, seed):
     """``other`` (a state's dropout streams) with each abstract key and counter made
-    concrete: keys from ``seed``, counters 0. Their values carry nothing: every train step
-    reseeds every stream from (seed, step) (``reseed_dropout``) and eval mode draws none,
-    which is also why checkpoints leave them out."""
+    concrete, on the default device: each stream a key of its own from ``seed``, counters 0.
+    Their values carry nothing: every train step reseeds every stream from (seed, step)
+    (``reseed_dropout``) and eval mode draws none, which is also why checkpoints leave them
+    out. Another kind of variable left abstract is a ValueError naming it: zeros would be
+    wrong for it, and no checkpoint holds it."""
     key = jax.random.key(seed)
+    index = iter(range(1 << 30))
 
-    def concrete(x):
-        if not isinstance(x, jax.ShapeDtypeStruct):
-            return x
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            # A stacked (scanned) stream gets one key per layer. An array of its own for every
-            # stream, even a scalar one: the train step donates the state, and XLA refuses to
-            # donate one buffer twice.
-            return jax.random.split(key, x.shape)
-        return jnp.zeros(x.shape, x.dtype)
+    def concrete(path, v):
+        if not isinstance(v.get_value(), jax.ShapeDtypeStruct):
+            return v
+        x = v.get_value()
+        if isinstance(v, nnx.RngKey):
+            # A key of its own for every stream, as the init forks them: one mask per layer in
+            # a train-mode call that does not reseed (parity's twins); one per layer again in a
+            # stacked (scanned) stream. And an array of its own: the train step donates the
+            # state, and XLA refuses to donate one buffer twice.
+            return v.replace(jax.random.split(jax.random.fold_in(key, next(index)), x.shape))
+        if isinstance(v, nnx.RngCount):
+            return v.replace(jnp.zeros(x.shape, x.dtype))
+        raise ValueError(f"{path_name(path)}: a {type(v).__name__} with shapes only: neither a dropout stream, made "
+                         f"fresh, nor in a checkpoint")
 
-    return jax.tree.map(concrete, other)
+    return jax.tree_util.tree_map_with_path(concrete, other, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def _is_training(model):

@@ -209,9 +209,28 @@ def test_a_checkpoint_restored_into_shapes_alone_trains_on_bit_for_bit_as_one_re
     assert any(x.tobytes() != y.tobytes() for x, y in zip(keys(a), keys(b)))  # made-up streams: not the init's
     if scan_layers:
         assert {x.shape[0] for x in keys(a) if x.ndim == 2} == {config.num_layers}  # one key per stacked layer
+    rows = [row.tobytes() for x in keys(a) for row in x.reshape(-1, x.shape[-1])]
+    assert len(set(rows)) == len(rows) > 4  # every stream (every stacked layer) a key of its own, as the init's
     (a, ma), (b, mb) = trainer.step(a, task.batch(0, 2, 8)), trainer.step(b, task.batch(0, 2, 8))
     assert float(ma["loss"]) == float(mb["loss"])
     chex.assert_trees_all_equal((a.params, a.opt_state), (b.params, b.opt_state))
+
+
+def test_fresh_streams_refuses_a_variable_that_is_no_dropout_stream_by_name():
+    # Zeros are right for a stream's counter only: a buffer or statistic left as shapes
+    # (a model with state that no checkpoint holds) is named, not zero-filled.
+    from flaxformer_mini.training import fresh_streams
+
+    class Normalised(nnx.Module):
+        def __init__(self, rngs):
+            self.mean = nnx.BatchStat(jnp.zeros(3))
+            self.dropout = nnx.Dropout(0.1, rngs=rngs)
+
+    abstract = nnx.state(nnx.eval_shape(lambda: Normalised(nnx.Rngs(0))), nnx.Not(nnx.Param))
+    with pytest.raises(ValueError, match=r"^mean: a BatchStat with shapes only: neither a dropout stream"):
+        fresh_streams(abstract, 0)
+    streams = fresh_streams(nnx.state(nnx.eval_shape(lambda: Normalised(nnx.Rngs(0))), nnx.RngState), 0)
+    assert int(streams["dropout"]["rngs"]["count"].get_value()) == 0
 
 
 def test_reading_or_resuming_a_run_makes_no_random_init(tmp_path, monkeypatch):
