@@ -134,8 +134,9 @@ def load_into_state(state, params):
     new = nnx.state(model, nnx.Param)
     left = [path for path, v in nnx.to_flat_state(new) if is_abstract(v.get_value())]
     if left:  # a reader that skips parameters instead of refusing the file
-        raise InitFromError(f"{OPTION}: the weight reader {getattr(reader, '__name__', reader)} left {len(left)} parameter(s) without "
-                            f"values, e.g. {'/'.join(map(str, left[0]))}")
+        name = getattr(reader, "__name__", reader)
+        raise InitFromError(f"{OPTION}: the weight reader {name} left {len(left)} parameter(s) without values, "
+                            f"e.g. {'/'.join(map(str, left[0]))}")
     return state.replace(step=jnp.zeros((), jnp.int32), params=new, opt_state=state.tx.init(new),
                          other=fresh_streams(state.other, state.config.seed))
 

@@ -13,6 +13,7 @@ what makes a resumed run bit-identical to an uninterrupted one.
 
 import dataclasses
 import functools
+import itertools
 import math
 
 import flax.struct
@@ -176,7 +177,7 @@ def fresh_streams(other, seed):
     out. Another kind of variable left abstract is a ValueError naming it: zeros would be
     wrong for it, and no checkpoint holds it."""
     key = jax.random.key(seed)
-    index = iter(range(1 << 30))
+    index = itertools.count()
 
     def concrete(path, v):
         if not isinstance(v.get_value(), jax.ShapeDtypeStruct):

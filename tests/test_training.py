@@ -190,7 +190,8 @@ def test_a_checkpoint_restored_into_shapes_alone_trains_on_bit_for_bit_as_one_re
     task = small_task()
     config = fm.ModelConfig(0, 11, 11, task.model_max_len, 30, 5, 2, 0.3)
     build = lambda: fm.Transformer.from_config(config, scan_layers=scan_layers, rngs=nnx.Rngs(0))  # noqa: E731
-    trainer, from_shapes_only = Trainer(build(), TrainConfig(warmup_steps=5)), Trainer(nnx.eval_shape(build), TrainConfig(warmup_steps=5))
+    trainer = Trainer(build(), TrainConfig(warmup_steps=5))
+    from_shapes_only = Trainer(nnx.eval_shape(build), trainer.config)
     with pytest.raises(ValueError, match=r"built from an abstract model \(nnx.eval_shape\).*no initial arrays"):
         from_shapes_only.init_state()
     state = trainer.init_state()
