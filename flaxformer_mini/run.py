@@ -324,10 +324,6 @@ class Run:
     def _new_model(self):
         return self.config.build_model(nnx.Rngs(self.config.train.seed))
 
-    def _fresh_state(self):
-        """Step 0's state of a random init (the seed's)."""
-        return TrainState.create(self._new_model(), self.config.train)
-
     def checkpoints(self, max_to_keep=3):
         return checkpoint.open_manager(self.dir.checkpoints.absolute(), max_to_keep=max_to_keep)
 
@@ -377,8 +373,8 @@ class Run:
         again, checked against its recorded sha256 by ``start``, when the run was resumed
         before its first checkpoint) and a fresh optimizer: loaded into the state's shapes,
         with no random init for the file to overwrite."""
-        if self.config.init_from is None:
-            return self._fresh_state()
+        if self.config.init_from is None:  # the seed's random init
+            return TrainState.create(self._new_model(), self.config.train)
         from flaxformer_mini import init_from
 
         params, self._init_params = self._init_params, None  # host memory back once loaded
