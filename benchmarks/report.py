@@ -144,7 +144,8 @@ def format_table(rep):
         machine.one_line(env["machine"]) + f"; {env['date_utc']}",
         f"load average (1/5/15 min): start {rep['load_average']['start']}, end {rep['load_average']['end']}",
     ]
-    tuned = [f"{k}={env[k]}" for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "JAX_DEFAULT_PRNG_IMPL") if env.get(k)]
+    tuned = [f"{k}={env[k]}" for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "JAX_DEFAULT_PRNG_IMPL",
+                                       "XLA_PYTHON_CLIENT_PREALLOCATE") if env.get(k)]
     tuned.append("host malloc: " + ("freed memory kept (GLIBC_TUNABLES, flaxformer_mini.malloc_tunables)"
                                     if env.get("keep_freed_memory") else "glibc defaults"))
     lines.append("environment: " + "; ".join(tuned))
