@@ -1,6 +1,7 @@
 """What the Flax train step's time depends on: variants timed side by side in one process.
 
-``python -m tools.ablations [--preset base] [--reps 7]``
+``python -m tools.ablations [--preset base] [--reps 7] [--variants default no_dropout ...]``
+(``--preset large --scan-layers`` on a GPU, where each variant compiles for most of a minute)
 
 Timings of the same path differ by 10-20% from one process to the next on this machine
 (the train step allocates ~650 MB of fresh temporaries per call, see docs/benchmarks.md),
@@ -37,7 +38,9 @@ from benchmarks import flax_bench, flops
 from benchmarks.inputs import make_batch
 from benchmarks.measure import Path, measure
 from benchmarks.presets import PRESETS, get_bench_preset
+from benchmarks.runner import check_device
 from flaxformer_mini import primitives
+from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.data import Batch
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 from flaxformer_mini.training import Trainer, TrainConfig, train_step
@@ -121,24 +124,40 @@ def _forward_x3(preset, jbatch):
     return Path("train_step", "eval_forward_x3", "jax", run, path.flops * 3, prepare=path.prepare)
 
 
+VARIANTS = ("default", "no_dropout", "rbg_dropout", "no_clipping", "nnx_linear", "scan_x4", "eval_forward_x3")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tools.ablations", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="which variants, timed in this order (default: all; 'default' is the one the others "
+                             "are compared with, and always runs first)")
+    parser.add_argument("--scan-layers", action="store_true", help="every variant with its layers scanned, as "
+                        "python -m benchmarks --scan-layers")
+    parser.add_argument("--attention", choices=ATTENTION_IMPLS, help="the Flax attention (default: the preset's)")
+    parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
     args = parser.parse_args(argv)
-    restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
     preset = get_bench_preset(args.preset)
+    check_device(preset, args.force)  # before the large preset's model is built on a CPU for minutes
+    restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
+    if args.scan_layers:
+        preset = preset.replace(scan_layers=True)
+    if args.attention is not None:
+        preset = preset.replace(attention_impl=args.attention)
     jbatch = Batch(*(jax.numpy.asarray(x) for x in make_batch(preset)))
     no_dropout = preset.replace(model=preset.model.replace(dropout=0.0))
-    paths = [
-        _train_variant("default", preset, jbatch),
-        _train_variant("no_dropout", no_dropout, jbatch),
-        _train_variant("rbg_dropout", preset, jbatch, impl="rbg"),
-        _train_variant("no_clipping", preset, jbatch, clip_norm=None),
-        _train_variant("nnx_linear", preset, jbatch, linear=plain_nnx_linear),
-        _scan_variant(preset, jbatch),
-        _forward_x3(preset, jbatch),
-    ]
+    make = {
+        "default": lambda: _train_variant("default", preset, jbatch),
+        "no_dropout": lambda: _train_variant("no_dropout", no_dropout, jbatch),
+        "rbg_dropout": lambda: _train_variant("rbg_dropout", preset, jbatch, impl="rbg"),
+        "no_clipping": lambda: _train_variant("no_clipping", preset, jbatch, clip_norm=None),
+        "nnx_linear": lambda: _train_variant("nnx_linear", preset, jbatch, linear=plain_nnx_linear),
+        "scan_x4": lambda: _scan_variant(preset, jbatch),
+        "eval_forward_x3": lambda: _forward_x3(preset, jbatch),
+    }
+    paths = [make[v]() for v in ["default"] + [v for v in args.variants if v != "default"]]
     results = measure(paths, reps=args.reps, warmup=1)
     base = statistics.median(results[0].times_s)
     print(f"{preset.summary()}; {args.reps} interleaved repetitions, one process")

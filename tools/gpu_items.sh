@@ -10,17 +10,23 @@
 #     bash tools/gpu_items.sh bench     # (b) the `large` preset in bfloat16, cuDNN attention
 #     bash tools/gpu_items.sh train     # (c) the main job in bfloat16
 #     bash tools/gpu_items.sh check     # `parity check --torch-device cuda` (the command) on the GPU
+#     bash tools/gpu_items.sh profile   # where the large train step's time goes (tools.xla_profile)
+#     bash tools/gpu_items.sh ablations # what each part of it costs (tools.ablations)
 # or all three in one call, each under its own time limit (the tool lends 15 minutes of device
 # time in all, the machine's start included, so one call of under 10 minutes is the safe plan):
 #     bash tools/gpu_items.sh all       # train, parity, bench (Flax and torch eager), torch.compile
-#     GPU_ITEMS="bench_scan check bench bench_compile" bash tools/gpu_items.sh all  # what is still open
+#     GPU_ITEMS="profile ablations" bash tools/gpu_items.sh all     # what is still open, then
+#     GPU_ITEMS="bench_train" bash tools/gpu_items.sh all            # (a second call, the machine warm)
 #     GPU_ITEMS="parity bench" bash tools/gpu_items.sh all   # some of them
 # Everything each writes is under $OUT (or ./gpu_out where OUT is unset), logs included; `all`
 # puts each item's files in one archive there (the tool brings back at most 8 files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train|check|all}
-case "$item" in wheels | parity | bench | train | check | all) ;; *) echo "unknown item $item: wheels, parity, bench, train, check or all" >&2; exit 2 ;; esac
+item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train|check|profile|ablations|all}
+case "$item" in
+wheels | parity | bench | train | check | profile | ablations | all) ;;
+*) echo "unknown item $item: wheels, parity, bench, train, check, profile, ablations or all" >&2; exit 2 ;;
+esac
 out=${OUT:-gpu_out}
 mkdir -p "$out"
 
@@ -76,7 +82,8 @@ if [ "$item" = all ]; then
     }
     worst=0
     declare -A logs=([train]=train.log [parity]=parity.log [bench]=large.log [bench_scan]=large.log
-        [bench_decode]=large.log [bench_compile]=large.log [check]=check.log)
+        [bench_decode]=large.log [bench_compile]=large.log [bench_train]=large.log [check]=check.log
+        [profile]=profile.log [ablations]=ablations.log)
     # GPU_ITEMS: which, in this order (default all); LIMIT_*: their seconds.
     for name in ${GPU_ITEMS:-train parity bench bench_decode bench_compile}; do
         case "$name" in
@@ -92,7 +99,12 @@ if [ "$item" = all ]; then
         # The train step alone: inductor's compile of its backward is the slow part (the forward's
         # compile, 35.8 s on the H200, and its time are in docs/benchmarks.md already).
         bench_compile) run_item bench_compile "${LIMIT_COMPILE:-85}" BENCH_ARGS="--paths torch_compile --ops train_step" ;;
+        # Flax (scanned), torch eager and torch.compile's train steps in one process: the figures
+        # of 2026-11-26 had torch.compile's from another process.
+        bench_train) run_item bench_train "${LIMIT_TRAIN_STEP:-220}" BENCH_ARGS="--scan-layers --ops train_step" ;;
         check) run_item check "${LIMIT_CHECK:-90}" ;;
+        profile) run_item profile "${LIMIT_PROFILE:-150}" ;;
+        ablations) run_item ablations "${LIMIT_ABLATIONS:-300}" ;;
         *) echo "unknown GPU_ITEMS entry $name" >&2; exit 2 ;;
         esac
     done
@@ -124,5 +136,19 @@ train)
     { time python3 -m flaxformer_mini train --task reverse --dtype bfloat16 --out /tmp/gpu_reverse; } \
         2>&1 | tee -i "$out/train.log"
     cp /tmp/gpu_reverse/metrics.jsonl /tmp/gpu_reverse/config.json /tmp/gpu_reverse/loss.png "$out/"
+    ;;
+profile | ablations)
+    # The scanned large train step (its unscanned compile outlasted 80 s on the H200; scanned
+    # it took 50 s on the H100). A compilation cache shared by the two items: JAX keeps XLA's
+    # GEMM autotuning results in it too (jax_persistent_cache_enable_xla_caches), so the
+    # ablations' variants, whose GEMMs are all the same, autotune them once.
+    export JAX_COMPILATION_CACHE_DIR=/tmp/gpu_items_jax_cache
+    if [ "$item" = profile ]; then
+        python3 -m tools.xla_profile --preset large --scan-layers --top 25 --json "$out/profile.json" \
+            2>&1 | tee -i "$out/profile.log"
+    else
+        python3 -m tools.ablations --preset large --scan-layers --reps 10 \
+            --variants default no_dropout rbg_dropout no_clipping eval_forward_x3 2>&1 | tee -i "$out/ablations.log"
+    fi
     ;;
 esac

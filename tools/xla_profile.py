@@ -1,15 +1,21 @@
 """Where the compiled Flax train step (or forward) spends its time, by kind of HLO operation.
 
 ``python -m tools.xla_profile [--preset base] [--op train_step] [--steps 3] [--top 15]``
+(``--preset large --scan-layers`` on a GPU)
 
 Runs the same Flax path as the benchmark under ``jax.profiler.trace``, reads the trace back
 with ``jax.profiler.ProfileData`` and adds up, per HLO instruction of the compiled program,
-the time XLA's CPU runtime spent executing it (each executed instruction, a "thunk", is a
-trace event carrying an ``hlo_op`` stat; the instructions of a while loop's body are
-thunks of their own, and the loop's own event covers only its control). Each instruction
-is put in one category from the optimised HLO text:
+the time spent executing it. On a CPU, XLA's runtime makes each executed instruction (a
+"thunk") a trace event carrying an ``hlo_op`` stat; the instructions of a while loop's body
+are thunks of their own, and the loop's own event covers only its control. On a GPU the
+events are the kernels on the device's plane (``/device:GPU:N``), each with the ``hlo_op``
+that launched it; the host's events for the same instructions (launches) are left out, and
+the wall time not covered by kernels is reported as the GPU's idle time (launches, host
+work, synchronisation). Each instruction is put in one category from the optimised HLO text:
 
-    matmul        dot / convolution, or a fusion around one (or a library GEMM call)
+    matmul        dot / convolution, or a fusion around one (or a library GEMM call:
+                  cuBLAS custom calls, Triton GEMM fusions)
+    attention     a fused attention library call (cuDNN's flash attention, its backward)
     rng           a fusion doing threefry arithmetic (dropout's random bits), rng ops
     reduction     fusions with a reduce: softmax, LayerNorm, the loss, norms, sums
     elementwise   other fusions: adds, scaling, masks, ReLU, Adam's update, ...
@@ -21,9 +27,9 @@ and in one phase from the JAX op name in its metadata: ``forward`` (for a gradie
 ops traced under ``jvp``), ``backward`` (``transpose(jvp)``), ``update`` (clipping, Adam,
 metrics: outside the gradient).
 
-Times are summed over the instructions' events: two instructions running side by side on
-the two cores both count, so the total can exceed the wall time, while a GEMM's helper
-threads do not appear (they carry no event). The op-level view says where the time goes;
+Times are summed over the instructions' events: on a CPU, two instructions running side by
+side on the two cores both count, so the total can exceed the wall time, while a GEMM's
+helper threads do not appear (they carry no event). The op-level view says where the time goes;
 benchmarks.flops says how much of it is useful.
 
 The decode ops are profiled through ``flaxformer_mini.decoding``'s jitted loops, whose HLO
@@ -45,6 +51,8 @@ import jax
 from benchmarks import flax_bench
 from benchmarks.inputs import make_batch
 from benchmarks.presets import PRESETS, get_bench_preset
+from benchmarks.runner import check_device
+from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*? ([a-z][a-z0-9\-]*)\(")
@@ -52,6 +60,7 @@ _COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
 _SHAPE = re.compile(r" = (\S+) ")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 
 MATMUL_OPS = {"dot", "convolution"}
 RNG_OPS = {"rng", "rng-bit-generator", "rng-get-and-update-state"}
@@ -61,10 +70,12 @@ _RNG_HINT = {"shift-left", "shift-right-logical", "xor"}
 
 def parse_hlo(text):
     """{instruction name: (opcode, shape, opcodes it reaches through called computations,
-    whether those use uint32, the JAX op_name of its metadata)}."""
+    whether those use uint32, the JAX op_name of its metadata, the custom-call targets it
+    is or reaches)}."""
     computations = collections.defaultdict(set)  # computation -> opcodes inside it
     computation_calls = collections.defaultdict(set)
     computation_has_u32 = collections.defaultdict(bool)
+    computation_targets = collections.defaultdict(set)
     instructions = {}
     op_names = {}
     current = None
@@ -75,7 +86,9 @@ def parse_hlo(text):
             shape = (_SHAPE.search(line) or [None, ""])[1]
             calls = _CALLS.findall(line)
             op_names[name] = (_OP_NAME.search(line) or [None, ""])[1]
-            instructions[name] = (opcode, shape, calls, current)
+            targets = set(_TARGET.findall(line))
+            instructions[name] = (opcode, shape, calls, current, targets)
+            computation_targets[current] |= targets
             computations[current].add(opcode)
             computation_calls[current].update(calls)
             if "u32[" in line:
@@ -88,29 +101,41 @@ def parse_hlo(text):
     def reach(comp, seen=None):
         seen = seen if seen is not None else set()
         if comp in seen:
-            return set(), False
+            return set(), False, set()
         seen.add(comp)
-        ops, u32 = set(computations[comp]), computation_has_u32[comp]
+        ops, u32, targets = set(computations[comp]), computation_has_u32[comp], set(computation_targets[comp])
         for c in computation_calls[comp]:
-            o, u = reach(c, seen)
+            o, u, t = reach(c, seen)
             ops |= o
             u32 = u32 or u
-        return ops, u32
+            targets |= t
+        return ops, u32, targets
 
     out = {}
-    for name, (opcode, shape, calls, _) in instructions.items():
-        inner, u32 = set(), False
+    for name, (opcode, shape, calls, _, targets) in instructions.items():
+        inner, u32, reached = set(), False, set(targets)
         for c in calls:
-            o, u = reach(c)
+            o, u, t = reach(c)
             inner |= o
             u32 = u32 or u
-        out[name] = (opcode, shape, inner, u32, op_names[name])
+            reached |= t
+        out[name] = (opcode, shape, inner, u32, op_names[name], reached)
     return out
 
 
-def category(opcode, inner, u32, name=""):
+# Custom-call targets by library: cuDNN's fused attention ("__cudnn$fmha..."), cuBLAS's and
+# cuBLASLt's GEMMs ("__cublas$gemm", "__cublas$lt$matmul").
+_ATTENTION_TARGETS = ("fmha", "flash", "attention")
+_MATMUL_TARGETS = ("gemm", "matmul", "dot")
+
+
+def category(opcode, inner, u32, name="", targets=()):
     ops = inner | {opcode}
-    if ops & MATMUL_OPS or (opcode == "custom-call" and any(k in name for k in ("matmul", "gemm", "dot"))):
+    called = " ".join(targets).lower()
+    if any(k in called for k in _ATTENTION_TARGETS):
+        return "attention"
+    if (ops & MATMUL_OPS or any(k in called for k in _MATMUL_TARGETS)
+            or (opcode == "custom-call" and any(k in name for k in _MATMUL_TARGETS))):
         return "matmul"
     if ops & RNG_OPS or (u32 and len(_RNG_HINT & ops) >= 2):
         return "rng"
@@ -141,8 +166,8 @@ def phase(op_name, differentiated=True):
 
 
 def profile(run, compiled_text, steps, module_hint):
-    """One row per executed instruction (time per call, averaged over ``steps`` traced calls)
-    and the calls' wall times."""
+    """One row per executed instruction (time per call, averaged over ``steps`` traced calls),
+    the calls' wall times, and whether the times are a device's kernels (a GPU's)."""
     hlo = parse_hlo(compiled_text)
     differentiated = "jvp(" in compiled_text
     walls = []
@@ -157,10 +182,38 @@ def profile(run, compiled_text, steps, module_hint):
             jax.profiler.stop_trace()
         files = sorted(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True))
         data = jax.profiler.ProfileData.from_file(files[-1])
-    per_op = collections.Counter()
-    count = collections.Counter()
-    for plane in data.planes:
+    per_op, count, planes, on_device = _events_per_op(data.planes, module_hint)
+    if not per_op:
+        raise SystemExit(f"the trace holds no event of an HLO instruction of a module named like {module_hint!r}; "
+                         f"its planes: {planes}")
+    rows = []
+    for op, ns in per_op.items():
+        opcode, shape, inner, u32, op_name, targets = hlo.get(op, ("?", "", set(), False, "", set()))
+        if opcode == "while":
+            inner = set()  # its body's instructions are counted on their own
+        cat = category(opcode, inner, u32, op, targets)
+        if any(k in op_name for k in _RANDOM_NAMES):
+            cat = "rng"  # dropout's random bits and mask, wherever XLA fused them
+        rows.append({"op": op, "opcode": opcode, "shape": shape, "category": cat, "phase": phase(op_name, differentiated),
+                     "op_name": op_name, "ms_per_step": ns / 1e6 / steps, "calls_per_step": count[op] / steps})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    return rows, walls, on_device
+
+
+def _events_per_op(planes, module_hint):
+    """Nanoseconds and events per HLO instruction; the planes' names, for the error when
+    nothing matches; and whether the times are a device's.
+
+    Where the trace has a device plane with such events (a GPU's ``/device:GPU:0``), only its
+    kernels count, read from its ``Stream`` lines where it has any: the host's events for the
+    same instructions are their launches, and lines a profiler derives from the streams
+    (modules, ops) would count every kernel twice. Otherwise (a CPU's thunks) every plane
+    counts."""
+    seen, found = [], []
+    for plane in planes:
+        seen.append(plane.name)
         for line in plane.lines:
+            per_op, count = collections.Counter(), collections.Counter()
             for event in line.events:
                 stats = dict(event.stats)
                 op = stats.get("hlo_op")
@@ -168,18 +221,16 @@ def profile(run, compiled_text, steps, module_hint):
                     continue
                 per_op[op] += event.duration_ns
                 count[op] += 1
-    rows = []
-    for op, ns in per_op.items():
-        opcode, shape, inner, u32, op_name = hlo.get(op, ("?", "", set(), False, ""))
-        if opcode == "while":
-            inner = set()  # its body's instructions are counted on their own
-        cat = category(opcode, inner, u32, op)
-        if any(k in op_name for k in _RANDOM_NAMES):
-            cat = "rng"  # dropout's random bits and mask, wherever XLA fused them
-        rows.append({"op": op, "opcode": opcode, "shape": shape, "category": cat, "phase": phase(op_name, differentiated),
-                     "op_name": op_name, "ms_per_step": ns / 1e6 / steps, "calls_per_step": count[op] / steps})
-    rows.sort(key=lambda r: -r["ms_per_step"])
-    return rows, walls
+            if per_op:
+                found.append((plane.name, line.name, per_op, count))
+    device = [f for f in found if f[0].startswith("/device:")]
+    streams = [f for f in device if f[1].startswith("Stream")]
+    chosen = streams or device or found
+    total_ns, total_count = collections.Counter(), collections.Counter()
+    for *_, per_op, count in chosen:
+        total_ns.update(per_op)
+        total_count.update(count)
+    return total_ns, total_count, seen, bool(device)
 
 
 def summarize(rows, key="category"):
@@ -219,12 +270,16 @@ def main(argv=None):
     parser.add_argument("--dropout", type=float, help="override the model's dropout rate")
     parser.add_argument("--seq-len", type=int, help="override the preset's S = T (max_len grows to fit)")
     parser.add_argument("--batch", type=int, help="override the preset's batch size")
+    parser.add_argument("--scan-layers", action="store_true", help="the layers stacked and run by nnx.scan, as "
+                        "python -m benchmarks --scan-layers (one block compiled: minutes less for the large preset)")
+    parser.add_argument("--attention", choices=ATTENTION_IMPLS, help="the Flax attention (default: the preset's)")
     parser.add_argument("--json", metavar="OUT", help="write every instruction's row as JSON")
     parser.add_argument("--hlo", metavar="OUT", help="write the optimised HLO text")
+    parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
     args = parser.parse_args(argv)
-    restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
-
     preset = get_bench_preset(args.preset)
+    check_device(preset, args.force)  # before the large preset's model is built on a CPU for minutes
+    restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
     if args.dropout is not None:
         preset = preset.replace(model=preset.model.replace(dropout=args.dropout))
     if args.seq_len is not None:
@@ -232,6 +287,10 @@ def main(argv=None):
             max_len=max(preset.model.max_len, args.seq_len)))
     if args.batch is not None:
         preset = preset.replace(batch=args.batch)
+    if args.scan_layers:
+        preset = preset.replace(scan_layers=True)
+    if args.attention is not None:
+        preset = preset.replace(attention_impl=args.attention)
     batch = make_batch(preset)
     (path,) = flax_bench.make_paths(preset, batch, [args.op])
     if path.prepare is not None:
@@ -239,18 +298,24 @@ def main(argv=None):
     for _ in range(2):
         path.run()
     text = path.aot.compiled.as_text() if hasattr(path, "aot") else _decode_hlo(preset, batch, args.op)
-    rows, walls = profile(path.run, text, args.steps, module_hint="jit_")
+    rows, walls, on_device = profile(path.run, text, args.steps, module_hint="jit_")
     cats, total = summarize(rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"preset": preset.name, "op": args.op, "wall_ms": [w * 1e3 for w in walls],
+            json.dump({"preset": preset.name, "summary": preset.summary(), "op": args.op,
+                       "wall_ms": [w * 1e3 for w in walls], "device_kernels": on_device, "devices": str(jax.devices()),
                        "categories": cats, "instructions": rows}, f, indent=1)
     if args.hlo:
         with open(args.hlo, "w") as f:
             f.write(text)
 
-    print(f"{preset.summary()}; {args.op}, {args.steps} traced calls, wall median "
-          f"{statistics.median(walls) * 1e3:.1f} ms; busy thread time {total:.1f} ms per call")
+    wall = statistics.median(walls) * 1e3
+    if on_device:
+        busy = (f"GPU kernels {total:.1f} ms per call, the GPU idle for the other {max(wall - total, 0):.1f} ms "
+                "(launches, host work, synchronisation)")
+    else:
+        busy = f"busy thread time {total:.1f} ms per call"
+    print(f"{preset.summary()}; {args.op}, {args.steps} traced calls, wall median {wall:.1f} ms; {busy}")
     print(f"\n{'category':<14} {'ms/call':>9} {'share':>7}")
     counts = collections.Counter(r["category"] for r in rows)
     for k, v in cats.items():
