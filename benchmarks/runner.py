@@ -59,7 +59,7 @@ def share_gpu_with_torch(preset, torch_variants):
         return
     from jax._src import xla_bridge  # no public API says whether the backends have started
 
-    if xla_bridge.backends_are_initialized():
+    if getattr(xla_bridge, "backends_are_initialized", lambda: False)():
         log("warning: JAX's backend started before the benchmark and may hold 75% of the GPU's memory; "
             "set XLA_PYTHON_CLIENT_PREALLOCATE=false to leave the torch paths theirs")
         return

@@ -92,9 +92,10 @@ def test_a_cpu_trace_counts_every_thunk_it_holds():
 
 
 @pytest.mark.parametrize("tool", [xla_profile, ablations])
-def test_the_profile_tools_refuse_a_gpu_preset_before_building_it_without_a_gpu(tool):
+def test_the_profile_tools_refuse_a_gpu_preset_before_building_it_without_a_gpu(tool, monkeypatch):
     # Building the large preset's 207 M parameters on a CPU took a minute before the cuDNN
-    # attention refused; the check comes first now (and before the tools' restart of the
-    # process with GLIBC_TUNABLES, so it runs here in-process).
+    # attention refused; the check comes before that now. The tools' restart of the process
+    # with GLIBC_TUNABLES is turned off: it would replace this pytest process.
+    monkeypatch.setenv("FLAXFORMER_MINI_KEEP_FREED_MEMORY", "0")
     with pytest.raises(SystemExit, match="'large' is for a GPU and JAX sees none"):
         tool.main(["--preset", "large", "--scan-layers"])

@@ -139,9 +139,11 @@ def main(argv=None):
     parser.add_argument("--attention", choices=ATTENTION_IMPLS, help="the Flax attention (default: the preset's)")
     parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
     args = parser.parse_args(argv)
-    preset = get_bench_preset(args.preset)
-    check_device(preset, args.force)  # before the large preset's model is built on a CPU for minutes
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
+    preset = get_bench_preset(args.preset)
+    # Before the large preset's model is built on a CPU for minutes (and after the restart:
+    # on a GPU this starts the backend, which would start again in the restarted process).
+    check_device(preset, args.force)
     if args.scan_layers:
         preset = preset.replace(scan_layers=True)
     if args.attention is not None:

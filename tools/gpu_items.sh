@@ -148,7 +148,7 @@ profile | ablations)
             2>&1 | tee -i "$out/profile.log"
     else
         python3 -m tools.ablations --preset large --scan-layers --reps 10 \
-            --variants default no_dropout rbg_dropout no_clipping eval_forward_x3 2>&1 | tee -i "$out/ablations.log"
+            --variants default no_dropout rbg_dropout eval_forward_x3 2>&1 | tee -i "$out/ablations.log"
     fi
     ;;
 esac

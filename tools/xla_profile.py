@@ -190,7 +190,7 @@ def profile(run, compiled_text, steps, module_hint):
     for op, ns in per_op.items():
         opcode, shape, inner, u32, op_name, targets = hlo.get(op, ("?", "", set(), False, "", set()))
         if opcode == "while":
-            inner = set()  # its body's instructions are counted on their own
+            inner, targets = set(), set()  # its body's instructions are counted on their own
         cat = category(opcode, inner, u32, op, targets)
         if any(k in op_name for k in _RANDOM_NAMES):
             cat = "rng"  # dropout's random bits and mask, wherever XLA fused them
@@ -277,9 +277,11 @@ def main(argv=None):
     parser.add_argument("--hlo", metavar="OUT", help="write the optimised HLO text")
     parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
     args = parser.parse_args(argv)
-    preset = get_bench_preset(args.preset)
-    check_device(preset, args.force)  # before the large preset's model is built on a CPU for minutes
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
+    preset = get_bench_preset(args.preset)
+    # Before the large preset's model is built on a CPU for minutes (and after the restart:
+    # on a GPU this starts the backend, which would start again in the restarted process).
+    check_device(preset, args.force)
     if args.dropout is not None:
         preset = preset.replace(model=preset.model.replace(dropout=args.dropout))
     if args.seq_len is not None:
