@@ -39,11 +39,14 @@ def parse_args(argv=None):
 
 
 def preset_from_args(args):
+    """``args.preset`` with the options given (those left None keep the preset's). The tools'
+    commands (tools/xla_profile.py, tools/ablations.py) use it too, with those options of
+    these names that they have."""
     preset = get_bench_preset(args.preset)
-    changes = {k: getattr(args, k) for k in ("reps", "decode_reps", "warmup", "torch_compile_backend", "attention_impl",
-                                                 "scan_layers", "remat")
-               if getattr(args, k) is not None}
-    if args.dropout is not None:
+    changes = {k: getattr(args, k, None) for k in ("reps", "decode_reps", "warmup", "torch_compile_backend",
+                                                       "attention_impl", "scan_layers", "remat")}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if getattr(args, "dropout", None) is not None:
         changes["model"] = preset.model.replace(dropout=args.dropout)
     return preset.replace(**changes) if changes else preset
 

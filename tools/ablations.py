@@ -35,9 +35,10 @@ import jax
 from flax import nnx
 
 from benchmarks import flax_bench, flops
+from benchmarks.__main__ import preset_from_args
 from benchmarks.inputs import make_batch
 from benchmarks.measure import Path, measure
-from benchmarks.presets import PRESETS, get_bench_preset
+from benchmarks.presets import PRESETS
 from benchmarks.runner import check_device
 from flaxformer_mini import primitives
 from flaxformer_mini.attention import ATTENTION_IMPLS
@@ -134,20 +135,17 @@ def main(argv=None):
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="which variants, timed in this order (default: all; 'default' is the one the others "
                              "are compared with, and always runs first)")
-    parser.add_argument("--scan-layers", action="store_true", help="every variant with its layers scanned, as "
-                        "python -m benchmarks --scan-layers")
-    parser.add_argument("--attention", choices=ATTENTION_IMPLS, help="the Flax attention (default: the preset's)")
+    parser.add_argument("--scan-layers", action="store_true", default=None, help="every variant with its layers "
+                        "scanned, as python -m benchmarks --scan-layers")
+    parser.add_argument("--attention", dest="attention_impl", choices=ATTENTION_IMPLS,
+                        help="the Flax attention (default: the preset's)")
     parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
     args = parser.parse_args(argv)
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
-    preset = get_bench_preset(args.preset)
+    preset = preset_from_args(args)  # the preset with --scan-layers and --attention, as python -m benchmarks
     # Before the large preset's model is built on a CPU for minutes (and after the restart:
     # on a GPU this starts the backend, which would start again in the restarted process).
     check_device(preset, args.force)
-    if args.scan_layers:
-        preset = preset.replace(scan_layers=True)
-    if args.attention is not None:
-        preset = preset.replace(attention_impl=args.attention)
     jbatch = Batch(*(jax.numpy.asarray(x) for x in make_batch(preset)))
     no_dropout = preset.replace(model=preset.model.replace(dropout=0.0))
     make = {

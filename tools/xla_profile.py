@@ -49,8 +49,9 @@ import time
 import jax
 
 from benchmarks import flax_bench
+from benchmarks.__main__ import preset_from_args
 from benchmarks.inputs import make_batch
-from benchmarks.presets import PRESETS, get_bench_preset
+from benchmarks.presets import PRESETS
 from benchmarks.runner import check_device
 from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
@@ -270,29 +271,25 @@ def main(argv=None):
     parser.add_argument("--dropout", type=float, help="override the model's dropout rate")
     parser.add_argument("--seq-len", type=int, help="override the preset's S = T (max_len grows to fit)")
     parser.add_argument("--batch", type=int, help="override the preset's batch size")
-    parser.add_argument("--scan-layers", action="store_true", help="the layers stacked and run by nnx.scan, as "
-                        "python -m benchmarks --scan-layers (one block compiled: minutes less for the large preset)")
-    parser.add_argument("--attention", choices=ATTENTION_IMPLS, help="the Flax attention (default: the preset's)")
+    parser.add_argument("--scan-layers", action="store_true", default=None, help="the layers stacked and run by "
+                        "nnx.scan, as python -m benchmarks --scan-layers (one block compiled: minutes less for the "
+                        "large preset)")
+    parser.add_argument("--attention", dest="attention_impl", choices=ATTENTION_IMPLS,
+                        help="the Flax attention (default: the preset's)")
     parser.add_argument("--json", metavar="OUT", help="write every instruction's row as JSON")
     parser.add_argument("--hlo", metavar="OUT", help="write the optimised HLO text")
     parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
     args = parser.parse_args(argv)
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
-    preset = get_bench_preset(args.preset)
+    preset = preset_from_args(args)  # --dropout, --scan-layers and --attention, as python -m benchmarks
     # Before the large preset's model is built on a CPU for minutes (and after the restart:
     # on a GPU this starts the backend, which would start again in the restarted process).
     check_device(preset, args.force)
-    if args.dropout is not None:
-        preset = preset.replace(model=preset.model.replace(dropout=args.dropout))
     if args.seq_len is not None:
         preset = preset.replace(seq_len=args.seq_len, model=preset.model.replace(
             max_len=max(preset.model.max_len, args.seq_len)))
     if args.batch is not None:
         preset = preset.replace(batch=args.batch)
-    if args.scan_layers:
-        preset = preset.replace(scan_layers=True)
-    if args.attention is not None:
-        preset = preset.replace(attention_impl=args.attention)
     batch = make_batch(preset)
     (path,) = flax_bench.make_paths(preset, batch, [args.op])
     if path.prepare is not None:
