@@ -18,6 +18,9 @@ or, on a GPU, ``torch.cuda.synchronize()``.
 4. one untimed call with memory measurement (``probe``); for calls of seconds, the last
    timed repetition is measured instead (see ``LONG_CALL_S``).
 
+After every round but the last, the medians so far go to the log (stderr): a run stopped by
+a time limit (a lent GPU's minutes) leaves what it had measured.
+
 The median of the timed calls is the reported time; the fastest one is reported too (on a
 machine shared with other work it is the least disturbed call).
 """
@@ -137,6 +140,9 @@ def measure(paths, reps, warmup, pause_s=PAUSE_S):
                 memory[id(p)] = (p.probe or rss_probe)(timed)
             else:
                 timed()
+        if r < reps - 1:
+            log(f"round {r + 1}/{reps}, medians so far: "
+                + ", ".join(f"{p.op} {p.variant} {statistics.median(times[id(p)]) * 1e3:.1f} ms" for p in paths))
     for p in paths:
         log(f"{p.op}: {p.variant}: median {statistics.median(times[id(p)]) * 1e3:.1f} ms over {reps}")
 

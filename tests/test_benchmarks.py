@@ -238,6 +238,30 @@ def test_a_ratio_is_within_noise_when_the_paths_timed_rounds_overlap():
     assert not ranges_overlap([1010, 1025], [880, 895])
 
 
+def test_every_round_but_the_last_logs_the_medians_so_far(monkeypatch, capsys):
+    """A benchmark stopped by a time limit (a lent GPU's minutes) keeps in its log what it
+    had measured. Timed on a clock of its own: path a takes 10 ms a call, path b 30 ms, then
+    50 ms from its third call on."""
+    from benchmarks import measure
+
+    clock = [0.0]
+    calls = {"a": 0, "b": 0}
+
+    def run(name):
+        calls[name] += 1
+        clock[0] += 0.010 if name == "a" else (0.030 if calls[name] <= 3 else 0.050)
+
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+    paths = [measure.Path("train_step", name, "jax", lambda name=name: run(name), flops=1.0,
+                          probe=lambda run: {}) for name in ("a", "b")]
+    results = measure.measure(paths, reps=3, warmup=0, pause_s=0)
+    rounds = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines() if "medians so far" in line]
+    # b's timed calls are its 2nd, 3rd and 4th: 30, 30, then 50 ms.
+    assert rounds == ["round 1/3, medians so far: train_step a 10.0 ms, train_step b 30.0 ms",
+                      "round 2/3, medians so far: train_step a 10.0 ms, train_step b 30.0 ms"]
+    assert [r.times_s for r in results] == [pytest.approx([0.01] * 3), pytest.approx([0.03, 0.03, 0.05])]
+
+
 def test_a_scanned_flax_path_is_the_one_the_ratios_are_against():
     """``--scan-layers``: the run's one Flax path is ``flax_jit_scan``; its times fill
     ``flax_jit_ms`` (the ratios are against it) and ``flax_path`` and ``config`` name it."""

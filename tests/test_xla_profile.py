@@ -91,6 +91,16 @@ def test_a_cpu_trace_counts_every_thunk_it_holds():
     assert dict(ns) == {"dot.3": 150, "add.1": 5} and dict(count) == {"dot.3": 2, "add.1": 1}
 
 
+
+def test_a_gpu_trace_without_a_device_plane_is_said_to_give_the_hosts_times():
+    # The host's launch events stand in for the kernels then (the fallback above): the
+    # profile says so instead of printing them as the GPU's.
+    planes = [_plane("/host:CPU", XLA_thunks=[_event("gemm_fusion_dot.7", 5)])]
+    *_, on_device = xla_profile._events_per_op(planes, "jit_train")
+    assert "no gpu device plane" in xla_profile.host_times_note("gpu", on_device)
+    assert xla_profile.host_times_note("gpu", True) is None  # a device's kernels: nothing to say
+    assert xla_profile.host_times_note("cpu", on_device) is None  # a CPU's thunks are its work
+
 @pytest.mark.parametrize("tool", [xla_profile, ablations])
 def test_the_profile_tools_refuse_a_gpu_preset_before_building_it_without_a_gpu(tool, monkeypatch):
     # Building the large preset's 207 M parameters on a CPU took a minute before the cuDNN

@@ -234,6 +234,16 @@ def _events_per_op(planes, module_hint):
     return total_ns, total_count, seen, bool(device)
 
 
+def host_times_note(backend, on_device):
+    """What to say when an accelerator's trace gave no device plane with the program's
+    kernels and the times are the host's events (``_events_per_op``'s fallback); None when the
+    times are what they claim to be (a device's kernels, or a CPU's thunks)."""
+    if on_device or backend == "cpu":
+        return None
+    return (f"note: the trace holds no {backend} device plane with this program's kernels; the times below are "
+            "the host's events (launches and waits), not the device's")
+
+
 def summarize(rows, key="category"):
     by_cat = collections.defaultdict(float)
     for r in rows:
@@ -309,6 +319,8 @@ def main(argv=None):
             f.write(text)
 
     wall = statistics.median(walls) * 1e3
+    if note := host_times_note(jax.default_backend(), on_device):
+        print(note, file=sys.stderr)
     if on_device:
         busy = (f"GPU kernels {total:.1f} ms per call, the GPU idle for the other {max(wall - total, 0):.1f} ms "
                 "(launches, host work, synchronisation)")
