@@ -91,7 +91,6 @@ def test_a_cpu_trace_counts_every_thunk_it_holds():
     assert dict(ns) == {"dot.3": 150, "add.1": 5} and dict(count) == {"dot.3": 2, "add.1": 1}
 
 
-
 def test_a_gpu_trace_without_a_device_plane_is_said_to_give_the_hosts_times():
     # The host's launch events stand in for the kernels then (the fallback above): the
     # profile says so instead of printing them as the GPU's.
@@ -100,6 +99,7 @@ def test_a_gpu_trace_without_a_device_plane_is_said_to_give_the_hosts_times():
     assert "no gpu device plane" in xla_profile.host_times_note("gpu", on_device)
     assert xla_profile.host_times_note("gpu", True) is None  # a device's kernels: nothing to say
     assert xla_profile.host_times_note("cpu", on_device) is None  # a CPU's thunks are its work
+
 
 @pytest.mark.parametrize("tool", [xla_profile, ablations])
 def test_the_profile_tools_refuse_a_gpu_preset_before_building_it_without_a_gpu(tool, monkeypatch):
