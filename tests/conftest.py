@@ -21,15 +21,16 @@ decoding loop 21 times, 1.2 s; the eval step 18 times, 0.66 s; the rest mostly e
 random inits), tracing took 43 s and lowering 16 s, orbax 25 s writing 53 checkpoints and 18 s
 reading 42 (the process used 329 s of CPU, its threads included). A ``perf`` profile of one
 train step's start is flat: 42% in XLA's, MLIR's and LLVM's code with no function above 1%, 39%
-in Python (tracing, lowering, imports). Tried for the compile, and not adopted: XLA:CPU flags, timed on
-the tiny train step's compile in 3 fresh processes each against 2.9-3.3 s with none (parallel
-codegen split counts 1 and 8, LLVM's expensive passes off, XNNPACK off: within that spread; the
-concurrency-optimised scheduler off: 3.5-4.1 s; fusion emitters off: 2.6-2.9 s, a candidate
-that changes every test's generated code and needs a whole-suite run of its own), the random init under one ``jit`` (12-19 s to compile
-against 3-5 s eager, and other bits), an in-process compilation cache (1-3%: tests rarely
-compile one program twice), and ``jax_share_binary_between_hosts`` for the multi-process tests
-(XLA:CPU's cache key holds each process's topology fingerprint, so process 1 waited for a key
-that process 0 never wrote, until the timeout)."""
+in Python (tracing, lowering, imports). Tried for the compile, and not adopted: XLA:CPU flags,
+timed on the tiny train step's compile in 3 fresh processes each against 2.9-3.3 s with none
+(parallel codegen split counts 1 and 8, LLVM's expensive passes off, XNNPACK off: within that
+spread; the concurrency-optimised scheduler off: 3.5-4.1 s; fusion emitters off: 2.6-2.9 s, a
+candidate that changes every test's generated code and needs a whole-suite run of its own), the
+random init under one ``jit`` (12-19 s to compile against 3-5 s eager, and other bits), an
+in-process compilation cache (1-3%: tests rarely compile one program twice), and
+``jax_share_binary_between_hosts`` for the multi-process tests (XLA:CPU's cache key holds each
+process's topology fingerprint, so process 1 waited for a key that process 0 never wrote, until
+the timeout)."""
 
 import os
 import shutil
