@@ -114,6 +114,10 @@ def measure(paths, reps, warmup, pause_s=PAUSE_S):
     cpu = {id(p): [] for p in paths}
     faults = {id(p): [] for p in paths}  # (minor page faults, system CPU seconds) per call
     memory = {}
+
+    def median_ms(p):
+        return statistics.median(times[id(p)]) * 1e3
+
     # A long call's memory is read during its last timed repetition instead of an extra call
     # (the probe's gc and malloc_trim run before the timer starts; what remains is the page
     # faults of memory handed back, well under 1% of a call of seconds).
@@ -142,9 +146,9 @@ def measure(paths, reps, warmup, pause_s=PAUSE_S):
                 timed()
         if r < reps - 1:
             log(f"round {r + 1}/{reps}, medians so far: "
-                + ", ".join(f"{p.op} {p.variant} {statistics.median(times[id(p)]) * 1e3:.1f} ms" for p in paths))
+                + ", ".join(f"{p.op} {p.variant} {median_ms(p):.1f} ms" for p in paths))
     for p in paths:
-        log(f"{p.op}: {p.variant}: median {statistics.median(times[id(p)]) * 1e3:.1f} ms over {reps}")
+        log(f"{p.op}: {p.variant}: median {median_ms(p):.1f} ms over {reps}")
 
     results = []
     for p in paths:
