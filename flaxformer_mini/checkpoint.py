@@ -21,7 +21,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from flaxformer_mini.partitioning import path_name
-from flaxformer_mini.training import TrainState, fresh_streams
+from flaxformer_mini.training import TrainState, default_device, fresh_streams, on_default_device
 
 # orbax logs every save at INFO through absl; the progress bar already says what happens.
 logging.getLogger("absl").setLevel(logging.WARNING)
@@ -138,10 +138,14 @@ def _target(leaf):
     at the save, which name the saving run's devices (refused on any other mesh)."""
     target = ocp.utils.to_shape_dtype_struct(leaf)
     if getattr(target, "sharding", None) is None:
-        device = jax.config.jax_default_device or jax.local_devices()[0]  # where jnp would put a new array
-        device = jax.local_devices(backend=device)[0] if isinstance(device, str) else device  # a platform's name
-        target = jax.ShapeDtypeStruct(target.shape, target.dtype, sharding=jax.sharding.SingleDeviceSharding(device))
+        target = jax.ShapeDtypeStruct(target.shape, target.dtype,
+                                      sharding=jax.sharding.SingleDeviceSharding(default_device()))
     return target
+
+
+def _unplaced(tree):
+    """Whether ``tree`` is shapes without a sharding (``Trainer.state_template()``)."""
+    return all(getattr(x, "sharding", None) is None for x in jax.tree.leaves(tree))
 
 
 def restore(manager, template: TrainState, step=None) -> TrainState:
@@ -174,9 +178,13 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     target = jax.tree.map(_target, wanted)
     restored = manager.restore(step, args=ocp.args.StandardRestore(target))
     # A template of shapes (Trainer.state_template()) has shapes for dropout streams too: not
-    # saved, their values carry nothing (the module's docstring), made here.
+    # saved, their values carry nothing (the module's docstring), made here; for shapes with no
+    # sharding, committed to the default device as the rest is (_target): laid out as a fresh
+    # state (training.on_default_device says why).
+    other = fresh_streams(template.other, template.config.seed)
+    other = on_default_device(other) if _unplaced(template.params) else other
     return template.replace(step=restored["step"], params=restored["params"], opt_state=restored["opt_state"],
-                            other=fresh_streams(template.other, template.config.seed))
+                            other=other)
 
 
 

@@ -28,7 +28,7 @@ from flaxformer_mini import checkpoint, distributed, tokenizer_from, tokenizers
 from flaxformer_mini.data import Batch, DataError, SyntheticTask, TextPairs, Vocab, read_tsv
 from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
 from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes, data_file_checksums
-from flaxformer_mini.training import Trainer, TrainState
+from flaxformer_mini.training import Trainer, TrainState, on_default_device
 
 
 def warn(message):
@@ -381,7 +381,8 @@ class Run:
         if params is None:
             params, _ = init_from.read_params(self.config.init_from.path, self.config)
         echo(f"starting from the weights of {self.config.init_from.path}")
-        return init_from.load_into_state(self.trainer.state_template(), params)
+        # Laid out as a fresh or restored state (training.on_default_device says why).
+        return on_default_device(init_from.load_into_state(self.trainer.state_template(), params))
 
     @staticmethod
     def _agree_on_restored_step(manager, template, state, skipped):

@@ -155,12 +155,32 @@ class TrainState:
         else:
             params, other = jax.tree.map(jnp.copy, (params, other))
             step, opt_state = jnp.zeros((), jnp.int32), tx.init(params)
+            # Laid out as a restored state is (on_default_device says why).
+            step, params, opt_state, other = on_default_device((step, params, opt_state, other))
         return cls(step=step, params=params, opt_state=opt_state, other=other,
                    graphdef=graphdef, eval_graphdef=eval_graphdef, tx=tx, config=config)
 
     def model(self, train=False):
         """A live model holding this state's parameters (for decoding, saving, inspection)."""
         return nnx.merge(self.graphdef if train else self.eval_graphdef, self.params, self.other)
+
+
+def default_device():
+    """Where ``jnp`` puts a new array: ``jax_default_device`` (a device, or a platform's name)
+    or else this process's first device."""
+    device = jax.config.jax_default_device or jax.local_devices()[0]
+    return jax.local_devices(backend=device)[0] if isinstance(device, str) else device
+
+
+def on_default_device(tree):
+    """``tree``'s arrays committed to the default device, where orbax restores a checkpoint's
+    (``checkpoint.restore``). A fresh state is so laid out as a restored one: jit keys its
+    compiled programs on whether each argument is committed to a device (``jnp`` makes arrays
+    uncommitted, a restore commits them), and each step compiled for a fresh state compiled
+    again for a restored one in the same process (a resume, ``evaluate`` after ``train``, a
+    notebook): 3-5 s each time for the tiny preset's train step (AMD EPYC family 25 model 1,
+    the tests' XLA flags). The arrays keep their buffers: nothing is copied."""
+    return jax.device_put(tree, default_device())
 
 
 def is_abstract(tree):
@@ -340,15 +360,16 @@ class Trainer:
     def _zeros_for(self, state):
         """``zero_gradient_sums`` compiled to lay the sums out as ``state``'s parameters are.
 
-        On a mesh (``sharding.shard_state``: NamedShardings) the layout is pinned: zeros depend
-        on no input, so XLA would choose their layout, and ``add_micro_batch`` would compile
-        again for the one it returns. On one device it is not: pinned outputs are committed
-        to the device, the state they update would be too, and jit, which keys its cache on
-        that, would compile every step a second time for the state ``init_state`` gives."""
+        The layout is pinned where the state's is committed (a mesh's NamedShardings, or one
+        device: ``on_default_device``): zeros depend on no input, so they would come out
+        uncommitted, and ``add_micro_batch``, whose output follows the committed state, would
+        compile again for the sums it returns (jit keys its cache on the layout and on being
+        committed). A state of uncommitted arrays (made by hand) gets unpinned zeros, so that
+        its update does not commit it either."""
         from flaxformer_mini.accumulation import GradientSums, zero_gradient_sums
 
         leaves, treedef = jax.tree.flatten(jax.tree.map(lambda p: p.sharding, state.params))
-        if not any(isinstance(s, jax.sharding.NamedSharding) for s in leaves):
+        if not any(p.committed for p in jax.tree.leaves(state.params)):
             leaves, treedef = (), None
         key = (treedef, tuple(leaves), state.step.sharding if leaves else None)
         if key not in self._zero_sums:

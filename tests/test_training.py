@@ -151,6 +151,36 @@ def test_stopping_and_resuming_gives_the_uninterrupted_parameters_bit_for_bit(tm
     assert steps(tmp_path / "resumed") == steps(tmp_path / "straight") == [5, 10, 15, 20, 24]  # the last step too
 
 
+STEPS_OF_A_RUN = ("jit(train_step)", "jit(eval_step)", "jit(_token_by_token)")  # the decoding loop of fit's evaluation
+
+
+def test_a_restored_state_is_laid_out_as_a_fresh_one_so_a_resume_compiles_no_step_again(tmp_path):
+    # jit keys its compiled programs on each argument's sharding and on whether it is committed
+    # to a device; orbax's restore commits arrays and jnp does not, so every step once compiled
+    # twice in one process (a resume, evaluate after train). A dropout rate no other test
+    # trains with: programs another test compiled in this process would hide a second compile.
+    config = run_config(dropout=0.25)
+    kw = dict(log_every=5, eval_every=100, save_every=3, progress=False, echo=lambda m: None)
+    compiled = []
+
+    def listener(event, duration, fun_name=None, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        fit(config, tmp_path / "run", 3, **kw)
+        assert set(STEPS_OF_A_RUN) <= set(compiled), compiled  # the listener sees compilations
+        compiled.clear()
+        fit(config, tmp_path / "run", 6, **kw)  # the same run, resumed at step 3
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert not set(STEPS_OF_A_RUN) & set(compiled), compiled
+    layout = lambda state: jax.tree.map(lambda x: (x.sharding, x.committed), state)  # noqa: E731
+    fresh = Run.create(tmp_path / "fresh", config, echo=lambda m: None).initial_state()
+    assert layout(Run.open(tmp_path / "run").latest_state()) == layout(fresh)  # dropout streams included
+
+
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     # A learning rate of ~1e20 blows the weights up within a few steps.
     config = run_config(lr_factor=1e22, dropout=0.0)
