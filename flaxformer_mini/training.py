@@ -137,7 +137,8 @@ class TrainState:
     @classmethod
     def create(cls, model, config: TrainConfig):
         """A state at step 0 holding ``model``'s parameters. The arrays are copies: the
-        compiled step donates its input state, which would otherwise delete ``model``'s.
+        compiled step donates its input state, which would otherwise delete ``model``'s. They
+        are committed to the default device, as a restored state's are (``on_default_device``).
 
         An abstract model (``nnx.eval_shape``: ``jax.ShapeDtypeStruct``s for arrays) gives an
         abstract state, its shapes and dtypes alone: a template that ``checkpoint.restore``
