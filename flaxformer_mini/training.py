@@ -369,9 +369,9 @@ class Trainer:
         its update does not commit it either."""
         from flaxformer_mini.accumulation import GradientSums, zero_gradient_sums
 
-        leaves, treedef = jax.tree.flatten(jax.tree.map(lambda p: p.sharding, state.params))
-        if not any(p.committed for p in jax.tree.leaves(state.params)):
-            leaves, treedef = (), None
+        params, treedef = jax.tree.flatten(state.params)
+        leaves = [p.sharding for p in params] if any(p.committed for p in params) else ()
+        treedef = treedef if leaves else None
         key = (treedef, tuple(leaves), state.step.sharding if leaves else None)
         if key not in self._zero_sums:
             if not leaves:
