@@ -283,6 +283,7 @@ class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser():
     parser = argparse.ArgumentParser(prog="flaxformer-mini", description="Train and evaluate the Flax seq2seq Transformer.")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = sub.choices  # {name: its parser}: main's checks speak with the command's parser
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")
 
@@ -447,8 +448,10 @@ def build_parser():
 
 
 def main(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    top = build_parser()
+    args = top.parse_args(argv)
+    # The command's own parser says what is wrong: its usage line and "flaxformer-mini train: error:".
+    parser = top.commands[args.command]
     if getattr(args, "valid", None) and not getattr(args, "data", None):
         parser.error("--valid goes with --data")
     if getattr(args, "task", None):

@@ -90,6 +90,11 @@ class RunDir:
 
     def load_config(self) -> RunConfig:
         if not self.exists():
+            give = "give a run's directory (the --out of `train`)"
+            if not self.path.exists():  # most often a mistyped run name
+                raise RunConfigError(f"{self.path}: no such directory; {give}")
+            if not self.path.is_dir():
+                raise RunConfigError(f"{self.path}: is a file; {give}")
             raise RunConfigError(f"{self.path}: no run here (config.json is missing)")
         try:
             d = json.loads(self.config_path.read_text())
@@ -104,6 +109,9 @@ class RunDir:
         ``checksums`` ({file name: sha256}) of the run's vocabulary or tokenizer files go into a
         new run's config.json, so a file changed later is caught. Nothing is written (and no
         lock kept) when the directory cannot be used."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunConfigError(f"--out {self.path}: is a file; give a directory for the run (a new or empty one, "
+                                 f"or a run's to resume it)")
         if not self.exists() and self.path.exists() and any(p.name != LOCK_NAME for p in self.path.iterdir()):
             raise RunConfigError(f"--out {self.path} exists and is not a flaxformer-mini run; choose an empty or new directory")
         self.path.mkdir(parents=True, exist_ok=True)

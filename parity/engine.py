@@ -207,7 +207,7 @@ def plan(model, rules=None, stacks=None):
     out = Plan()
     for _, key, link in sorted(entries, key=lambda e: e[0]):
         out.setdefault(key, []).append(link)
-    for key, links in out.items():
+    for links in out.values():
         links.sort(key=lambda link: link.rule.part or (0, 1))
     uncovered = []
     by_kind = defaultdict(list)  # {variable type name: [Flax path]}, of the uncovered ones

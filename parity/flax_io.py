@@ -53,8 +53,11 @@ def checkpoint_kind(path):
     """'flax' or 'torch' for an existing checkpoint ``path``; CheckpointError if it is neither."""
     path = Path(path)
     if is_orbax_path(path):
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: no such orbax directory")
+        if path.exists() and not path.is_dir():  # a file without a suffix
+            raise CheckpointError(f"{path}: a file of unknown type; expected {', '.join((SAFETENSORS_SUFFIX, *TORCH_SUFFIXES))}"
+                                  f" or a directory (a training run, or Flax parameters written by `parity convert`)")
+        if not path.is_dir():  # most often a mistyped run directory
+            raise CheckpointError(f"{path}: no such file or directory")
         return "flax"
     readable_file(path)
     suffix = path.suffix.lower()
@@ -248,7 +251,10 @@ def _failure(error):
 def _orbax_record(path):
     """The 'config' item (a dict of FLAX_FORMAT) of an orbax directory ``save_flax_params`` wrote."""
     if not path.is_dir():
-        raise CheckpointError(f"{path}: no such orbax directory")
+        raise CheckpointError(f"{path}: no such directory")
+    if not (path / "config").is_dir():  # orbax would say KeyError: 'Item "config" was not found'
+        raise CheckpointError(f"{path}: neither a training run (it has no config.json) nor Flax parameters written "
+                              f"by `parity convert` (it has no 'config' item)")
     ocp = _orbax()
     try:
         meta = _restore(path, config=ocp.args.JsonRestore())["config"]

@@ -239,12 +239,13 @@ CASES = [
     ("max_tokens_below_the_longest_example", max_tokens_below_the_longest_example, 2,
      r"--max-tokens 3 is smaller than the longest example \(.*train\.tsv: pair 'a b c'.*8 padded.*at least 8"),
     # --- train options
-    ("valid_without_data", train_option("--valid", "v.tsv"), 2, r"--valid goes with --data"),
+    # The checks after parsing speak as the command they refuse: its usage, "flaxformer-mini train: error:".
+    ("valid_without_data", train_option("--valid", "v.tsv"), 2, r"flaxformer-mini train: error: --valid goes with --data"),
     ("columns_without_data", train_option("--columns", "2,1"), 2,
      r"--columns goes with --data: it says which columns of that file to read \(a synthetic task reads no file\)"),
     ("evaluate_columns_without_data", on_run("evaluate", "--columns", "2,1"), 2, r"--columns goes with --data"),
     ("task_and_data", train_option("--data", "t.tsv"), 2, r"not allowed with"),
-    ("steps_zero", train_option("--steps", "0"), 2, r"--steps must be >= 1, got 0"),
+    ("steps_zero", train_option("--steps", "0"), 2, r"(?s)usage: flaxformer-mini train .*flaxformer-mini train: error: --steps must be >= 1, got 0"),
     ("batch_size_zero", train_option("--batch-size", "0"), 2, r"--batch-size must be >= 1"),
     ("lr_nan", train_option("--lr", "nan"), 2, r"--lr must be a finite number > 0, got nan"),
     ("lr_negative", train_option("--lr", "-1"), 2, r"--lr must be a finite number > 0"),
@@ -265,7 +266,7 @@ CASES = [
     ("more_devices_than_exist", train_option("--devices", "3"), 2, r"asked for 3 devices"),
     ("clip_norm_not_a_number", train_option("--clip-norm", "lots"), 2, r"--clip-norm"),
     # --- run directories
-    ("out_is_a_file", out_is_a_file, 2, r"out"),
+    ("out_is_a_file", out_is_a_file, 2, r"--out .*out: is a file; give a directory for the run"),
     ("out_holds_something_else", out_not_a_run, 2, r"exists and is not a flaxformer-mini run"),
     ("out_holds_another_run", on_run("train", "--seed", "3"), 2, r"train\.seed: 0 in the run, 3 now"),
     # The run records the schedule's factor (--lr x sqrt(width x --warmup)); the error says the --lr typed.
@@ -281,7 +282,12 @@ CASES = [
      r"config\.json: not a flaxformer-mini run config"),
     ("config_unknown_dtype", on_run("evaluate", edit=edit_json("config.json", lambda c: c.update(dtype="float16"))), 2,
      r"config\.json: malformed run config: unknown dtype 'float16'"),
-    ("evaluate_no_run", lambda d, f: ["evaluate", "--checkpoint", str(d / "nothing")], 2, r"nothing: no run here"),
+    ("evaluate_no_run", lambda d, f: ["evaluate", "--checkpoint", str(d / "nothing")], 2,
+     r"nothing: no such directory; give a run's directory \(the --out of `train`\)"),
+    ("evaluate_empty_directory", lambda d, f: (d / "empty").mkdir() or ["evaluate", "--checkpoint", str(d / "empty")], 2,
+     r"empty: no run here \(config\.json is missing\)"),
+    ("generate_checkpoint_is_a_file", lambda d, f: (d / "t.tsv").write_text("a\tb\n") and ["generate", "--checkpoint", str(d / "t.tsv"), "a"],
+     2, r"t\.tsv: is a file; give a run's directory"),
     ("evaluate_no_checkpoint", no_checkpoint_yet, 2, r"the run has no checkpoint yet"),
     ("evaluate_output_is_a_directory", evaluate_output_into("a_directory"), 2,
      r"--output .*a_directory: is a directory; give a file name"),
@@ -314,7 +320,7 @@ CASES = [
     # --- generate and evaluate options
     ("generate_max_new_tokens_zero", on_run("generate", "--max-new-tokens", "0", "1 2"), 2, r"--max-new-tokens must be >= 1"),
     ("generate_max_new_tokens_too_many", on_run("generate", "--max-new-tokens", "99", "1 2"), 2, r"--max-new-tokens=99 exceeds max_len=6"),
-    ("generate_beam_size_zero", on_run("generate", "--beam-size", "0", "1 2"), 2, r"--beam-size must be >= 1"),
+    ("generate_beam_size_zero", on_run("generate", "--beam-size", "0", "1 2"), 2, r"flaxformer-mini generate: error: --beam-size must be >= 1"),
     ("generate_temperature_zero", on_run("generate", "--temperature", "0", "1 2"), 2, r"--temperature must be > 0"),
     ("generate_temperature_nan", on_run("generate", "--temperature", "nan", "1 2"), 2, r"--temperature must be > 0"),
     ("generate_top_k_zero", on_run("generate", "--top-k", "0", "1 2"), 2, r"--top-k must be >= 1"),

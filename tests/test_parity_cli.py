@@ -415,10 +415,13 @@ def test_converted_flax_parameters_compute_what_the_torch_checkpoint_computes(ch
     (lambda d, ckpt: [ckpt, d / "flax.npz"], "not '.npz'"),
     (lambda d, ckpt: [ckpt, d / "back.pt"], "a torch checkpoint converts to Flax parameters"),
     (lambda d, ckpt: [d / "missing.pt", d / "flax.safetensors"], "no such file"),
-    (lambda d, ckpt: [d / "missing_dir", d / "back.pt"], "no such orbax directory"),
+    (lambda d, ckpt: [d / "missing_dir", d / "back.pt"], "missing_dir: no such file or directory"),
+    (lambda d, ckpt: [d / "empty", d / "back.pt"], "empty: neither a training run (it has no config.json) nor Flax "
+                                                   "parameters written by `parity convert` (it has no 'config' item)"),
 ])
 def test_convert_with_an_unusable_path_exits_2(checkpoint, tmp_path, make_args, message, capsys):
     (tmp_path / "model.npz").write_bytes(b"not a checkpoint")
+    (tmp_path / "empty").mkdir()
     assert main(["convert", *map(str, make_args(tmp_path, checkpoint))]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
@@ -487,7 +490,7 @@ def test_an_export_to_safetensors_records_its_config_which_torch_ref_loads_stric
     config = json.loads(metadata["model_config"])
     assert config == want.to_dict()
     torch_ref.Transformer(**config).load_state_dict(load_file(back), strict=True)  # the metadata is invisible to torch
-    assert f"load it with: torch_ref.Transformer(src_pad_idx=2, source_vocab_size=23" in out
+    assert "load it with: torch_ref.Transformer(src_pad_idx=2, source_vocab_size=23" in out
 
     # Read back without a single option: heads, padding and dropout come from the metadata.
     assert main(["convert", str(back), str(again)]) == 0
