@@ -24,7 +24,7 @@ from flaxformer_mini.partitioning import format_mesh
 from flaxformer_mini.plot import plot_metrics
 from flaxformer_mini.run import Run
 from flaxformer_mini.sharding import pad_to_data_groups, process_local_rows, shard_batch, shard_state, to_local
-from flaxformer_mini.stop import StopRequests
+from flaxformer_mini.stop import StopRequests, Stopped
 from flaxformer_mini.training import check_batch
 
 
@@ -43,8 +43,8 @@ def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to
 
     ``stop``: a ``StopRequests`` installed by the caller (``train`` installs it before the
     runtime starts, so an early SIGTERM is remembered); without one, fit installs its own.
-    A stop request raises KeyboardInterrupt once the current step is saved (before the first
-    step: at once, nothing new to save), on every process at the same step.
+    A stop request raises ``Stopped`` (a KeyboardInterrupt) once the current step is saved
+    (before the first step: at once, nothing new to save), on every process at the same step.
 
     ``plot``: draw ``loss.png`` from the metrics at the end (process 0); False leaves it out
     (sweeps, CI: matplotlib's import and a first drawing cost about a second of CPU)."""
@@ -93,9 +93,10 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     # process) anything before this point: every process agrees, and stops before its first step.
     if distributed.any_process(stop.requested, run_devices):
         log.close()
-        echo("interrupted before the first step: nothing new to save"
-             + (f" (the run stays at step {start})" if start else "") + "; run the same command to resume")
-        raise KeyboardInterrupt
+        message = ("interrupted before the first step: nothing new to save"
+                   + (f" (the run stays at step {start})" if start else "") + "; run the same command to resume")
+        echo(message)
+        raise Stopped(message)
     vote = None  # the previous step boundary's all-reduce of the stop flag
     try:
         for step in range(start, steps):
@@ -135,8 +136,9 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                 checkpoint.save(manager, state)
             if stopping and done < steps:  # a signal at the last step: the run is finished anyway
                 log.close()
-                echo(f"interrupted: saved step {done}; run the same command to resume")
-                raise KeyboardInterrupt
+                message = f"interrupted: saved step {done}; run the same command to resume"
+                echo(message)
+                raise Stopped(message)
         log.flush()
     except NonFiniteLossError as e:
         log.close()

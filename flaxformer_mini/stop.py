@@ -20,6 +20,11 @@ class StopNow(KeyboardInterrupt):
     """The second Ctrl-C: stop at once, without saving (not the coordinated stop)."""
 
 
+class Stopped(KeyboardInterrupt):
+    """The coordinated stop, done: every process saved the same step, or had nothing new to
+    save. ``str()`` says which and how to resume; the CLI exits 130, as for any Ctrl-C."""
+
+
 class StopRequests:
     """A flag set by SIGINT/SIGTERM while installed (a context manager); the previous handlers
     come back on exit."""

@@ -500,6 +500,7 @@ def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_end
     for code, _, err in results:
         assert code == 130, err[-2000:]
     saved = saved_step_in(results[0][2])
+    assert saved_step_in(results[1][2]) == saved  # each process's log says what was saved, not only process 0's
     assert checkpoint_steps(out)[-1] == saved < CLI_STEPS
 
     # 2. Resume; kill -9 process 1 mid-run: process 0 stops with an error within the heartbeat

@@ -115,6 +115,7 @@ def saved_step(proc):
     """The step a run stopped by a signal saved: exit code 130 and the step it names."""
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
+    assert err.rstrip().endswith("; run the same command to resume"), err[-2000:]  # its last word, said once
     return saved_step_in(err)
 
 
@@ -233,7 +234,7 @@ def test_out_holding_another_runs_config_is_refused_and_no_checkpoint_is_overwri
 def test_evaluate_without_a_run_names_the_directory(tmp_path):
     proc = cli("evaluate", "--checkpoint", str(tmp_path / "nothing"))
     assert proc.returncode == 2
-    assert "nothing" in proc.stderr and "config.json is missing" in proc.stderr
+    assert "nothing: no such directory; give a run's directory" in proc.stderr
 
 
 def test_unusable_options_exit_2():
