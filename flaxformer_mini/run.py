@@ -74,7 +74,7 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         vocabs = tokenizer_from.load(config)
     else:
         vocabs = build_tokenizers(config, pairs)
-    train = _text_pairs(config.train_path, pairs, vocabs, config)
+    train = _text_pairs(config.train_path, pairs, vocabs, config, held_out=len(held_out))
     if config.valid_path:
         valid = _text_pairs(config.valid_path, read_tsv(config.valid_path, config.columns), vocabs, config)
     else:
@@ -82,13 +82,15 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     return RunData(train, valid, vocabs)
 
 
-def _text_pairs(path, pairs, vocabs, config):
+def _text_pairs(path, pairs, vocabs, config, held_out=0):
     """TextPairs of ``pairs`` read from ``path``; every pair too long is an error naming the
-    file and the option that raises the limit."""
+    file and the option that raises the limit (and the ``held_out`` pairs of the file that
+    the count leaves out, so that it adds up to the file's)."""
     try:
         return TextPairs(pairs, *vocabs, config.model_max_len)
     except DataError as e:
-        raise DataError(f"{path}: {e} (--max-len {config.model_max_len}: a side's tokens plus its EOS); "
+        aside = f"; the file's other {held_out} pairs are held out for validation (no --valid)" if held_out else ""
+        raise DataError(f"{path}: {e} (--max-len {config.model_max_len}: a side's tokens plus its EOS){aside}; "
                         f"--max-len raises the limit") from None
 
 

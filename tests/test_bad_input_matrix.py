@@ -232,6 +232,9 @@ CASES = [
     ("tsv_empty_file", tsv(""), 2, r"train\.tsv: no source<TAB>target pairs"),
     ("tsv_only_blank_lines", tsv("\n \n\n"), 2, r"train\.tsv: no source<TAB>target pairs"),
     ("tsv_every_pair_too_long", tsv(("w " * 70 + "\tx\n") * 3), 2, r"no pairs: all 3 are longer than max_len"),
+    # 20 pairs and no --valid: a tenth is held out first, and the count says where the rest went.
+    ("tsv_every_pair_too_long_with_a_hold_out", tsv(("w " * 70 + "\tx\n") * 20), 2,
+     r"no pairs: all 18 are longer than max_len.*; the file's other 2 pairs are held out for validation \(no --valid\)"),
     ("data_missing", data_missing, 2, r"nope\.tsv: No such file"),
     ("data_is_a_directory", data_is_a_directory, 2, r"data: Is a directory \(give a file"),
     ("valid_missing", valid_missing, 2, r"nope\.tsv: No such file"),
