@@ -478,8 +478,11 @@ def main(argv=None):
 
         if not isinstance(e, Stopped):  # a second Ctrl-C, or one before the stop handler was in
             print("\nstopped", file=sys.stderr)
-        elif not _echoes():  # process 0 said it already (train's echo); the others say it too
-            print(e, file=sys.stderr)
+        else:  # fit raises it, so jax is up; process 0 said it already (train's echo), the others say it too
+            from flaxformer_mini import distributed
+
+            if not distributed.is_main():
+                print(e, file=sys.stderr)
         if _stops_alone(e):  # jax's exit barrier would wait for peers still in the run, then abort
             sys.stdout.flush(), sys.stderr.flush(), os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
@@ -491,13 +494,6 @@ def main(argv=None):
         if type(e).__name__ == "ProcessLostError":  # jax's exit barrier would wait for the lost process
             sys.stdout.flush(), sys.stderr.flush(), os._exit(EXIT_FAILED)
         return code
-
-
-def _echoes():
-    """Whether this process prints train's messages (``echo``): process 0 of a run, or the only one."""
-    from flaxformer_mini import distributed
-
-    return distributed.is_main()
 
 
 def _stops_alone(interrupt):

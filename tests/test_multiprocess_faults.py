@@ -506,9 +506,8 @@ def test_a_sigterm_before_the_first_step_stops_every_process_with_130_and_saves_
                           stderr=subprocess.PIPE, text=True)
     t0 = time.time()
     results = finish([p0, p1], timeout=120)
-    for code, _, err in results:
+    for code, _, err in results:  # process 0's log and process 1's (the one signalled) alike
         assert code == 130, err[-2000:]
-    for _, _, err in results:  # process 0's log and process 1's (the one signalled) alike
         assert "interrupted before the first step: nothing new to save" in err, err[-2000:]
     assert checkpoint_steps(out) == []
     assert time.time() - t0 < 120
