@@ -231,12 +231,6 @@ def test_out_holding_another_runs_config_is_refused_and_no_checkpoint_is_overwri
     assert {p: p.stat().st_mtime_ns for p in (out / "checkpoints").rglob("*") if p.is_file()} == before
 
 
-def test_evaluate_without_a_run_names_the_directory(tmp_path):
-    proc = cli("evaluate", "--checkpoint", str(tmp_path / "nothing"))
-    assert proc.returncode == 2
-    assert "nothing: no such directory; give a run's directory" in proc.stderr
-
-
 def test_unusable_options_exit_2():
     proc = cli("train", "--task", "reverse", "--out", "x", "--batch-size", "0")
     assert proc.returncode == 2 and "--batch-size" in proc.stderr
