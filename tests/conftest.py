@@ -46,7 +46,9 @@ are committed to their device, fresh ones were not; training.on_default_device).
 test_train_cli.py, test_evaluate_cli.py, test_exported_run_in_torch.py and test_init_from.py in
 one process (``-n 0``) compiled 40 steps and decoding loops instead of 45, in 263 s of CPU
 instead of 279. The whole suite's time did not move beyond its spread: fresh clones the same
-day took 20 min 36 s before and 21 min 25 s after."""
+day took 20 min 36 s before and 21 min 25 s after. That spread is the machine's: one commit
+(699a4e2) took 13 min 38 s on 2026-11-26 and 21 min 37 s on 2026-11-27 on the same Zen 3
+machine, so compare timings only within one run, or runs minutes apart."""
 
 import os
 import shutil
