@@ -127,7 +127,7 @@ def check_state_dict(state_dict, model, rules=None, rename=None, tied=None):
         state_dict, untied = tie.forward(state_dict, read=tensor_to_numpy)
     try:
         arrays = engine.check_torch(the_plan, _renamed(state_dict, rename), type(model).__name__, read=tensor_to_numpy,
-                                    invalid=untied)
+                                    invalid=untied, user_name=None if rename is None else Rename(rename).user_name)
     except ConversionError as e:
         if rename is None or not (e.missing or e.mismatched):
             raise

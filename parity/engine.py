@@ -98,6 +98,11 @@ def _inverse_shape(op, shape):
     if isinstance(op, _rules.Unflatten):
         a = op.axis
         return (*shape[:a], int(np.prod(shape[a:a + op.n])), *shape[a + op.n:])
+    if isinstance(op, _rules.Reshape):
+        if int(np.prod(op.torch_shape)) != int(np.prod(shape)):
+            raise ConversionError(f"Reshape({op.torch_shape}) cannot stand for a Flax variable of shape {tuple(shape)}: "
+                                  f"they hold {int(np.prod(op.torch_shape))} and {int(np.prod(shape))} values")
+        return op.torch_shape
     raise TypeError(f"unknown layout operation {op!r}")
 
 
@@ -220,9 +225,14 @@ def plan(model, rules=None, stacks=None):
     if uncovered:
         # The variable types, so a buffer ported as its own nnx.Variable type is seen as one.
         kinds = ", ".join(f"{kind} ({', '.join(paths)})" for kind, paths in by_kind.items())
+        # A table of one's own (register_rule(..., table=T)) reaches only the calls given rules=T:
+        # forgetting one of them reads as a rule never registered, so the message says so.
+        where = ("parity.register_rule adds a layer type to parity.RULES, the default; one registered with "
+                 "table=T is used only by calls given rules=T" if rules is _rules.RULES else
+                 "parity.register_rule(..., table=rules) adds a layer type to this table")
         raise ConversionError(
             f"no conversion rule covers these variables of {type(model).__name__}: {', '.join(uncovered)}; "
-            f"the rules handle {', '.join(_type_names(rules))} (parity.register_rule adds a layer type); "
+            f"the rules handle {', '.join(_type_names(rules))} ({where}); "
             f"their variable types: {kinds}"
         )
     return out
@@ -324,9 +334,38 @@ def _depth_hints(expected, got):
     ]
 
 
-def _closest(key, candidates):
+def _closest(key, candidates, shape=None, shapes=None):
+    """A "did you mean" among ``candidates`` whose shape (``shapes``: {candidate: shape}) is
+    ``key``'s ``shape``, where both are known: a name alone pairs an LSTM's weight_hh with a
+    kernel of another size as readily as with the right one."""
+    if shape is not None and shapes is not None:
+        candidates = [c for c in candidates if shapes.get(c) in (None, shape)]
     match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _shape_of(value):
+    """A value's shape without reading it (torch, numpy, jax and lazy arrays have one), or None."""
+    shape = getattr(value, "shape", None)
+    try:
+        return None if shape is None else tuple(int(n) for n in shape)
+    except TypeError:
+        return None
+
+
+def _tie_hint(key, arrays, read, loaded, user_name):
+    """An unexpected key equal, bit for bit, to a key that loaded: a weight tied in torch
+    (``lm_head.weight = embed.weight`` writes both keys) that the call was not told of. Named
+    as ``tied=`` takes them, in the user's names (``user_name``: before a rename map)."""
+    try:
+        value = np.asarray(read(arrays[key]))
+    except Exception:  # noqa: BLE001 - only a hint: the key is reported unexpected either way
+        return ""
+    for source, array in loaded.items():
+        if array.shape == value.shape and array.dtype == value.dtype and np.array_equal(array, value, equal_nan=True):
+            copy, kept = user_name(key), user_name(source)
+            return f" (equal to {kept!r} bit for bit: a tied weight? pass tied={{{copy!r}: {kept!r}}})"
+    return ""
 
 
 def _is_float_dtype(dtype):
@@ -363,10 +402,11 @@ def dtype_refusal(array, want):
     return None
 
 
-def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None):
+def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None, user_name=None):
     """Raise one ConversionError naming everything wrong with {torch key: value} for the plan,
     or return {torch key: numpy array}. ``read`` turns a value into a numpy array; ``invalid``:
-    {key: why} found before (a tied copy that differs from its source), reported with the rest."""
+    {key: why} found before (a tied copy that differs from its source), reported with the rest;
+    ``user_name``: a key's name in the user's state dict (under a rename map), for hints."""
     if not hasattr(arrays, "keys"):
         raise ConversionError(f"expected a mapping of torch key -> tensor, got {type(arrays).__name__}")
     given = list(arrays.keys())
@@ -382,7 +422,15 @@ def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None):
             invalid[key] = f"cannot read as an array ({e})"
             continue
         if the_plan[key][0].flax_path is None:
-            continue  # a torch-only buffer (num_batches_tracked): read, and dropped by its rule
+            # A torch-only buffer (num_batches_tracked): read, and dropped by its rule. Only a
+            # scalar, as the torch_default written back in its place: a tensor dropped so would
+            # be lost without a word (and saved back as a scalar torch refuses to load).
+            if np.shape(value) != ():
+                rule = the_plan[key][0].rule
+                invalid[key] = (f"a tensor of shape {tuple(np.shape(value))}, but its rule Rule({rule.torch_name!r}, None, "
+                                f"torch_default={rule.torch_default!r}) drops a torch-only scalar buffer and would lose "
+                                f"these values: give the tensor a variable in the Flax layer and the rule its name")
+            continue
         why = dtype_refusal(value, the_plan[key][0].flax_dtype)
         if why:
             invalid[key] = why
@@ -395,12 +443,15 @@ def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None):
     if missing or unexpected or mismatched or invalid:
         lines = [f"state dict does not fit {what}:"]
         lines += _depth_hints(list(the_plan), given)
+        given_shapes = {k: _shape_of(arrays[k]) for k in unexpected}
+        wanted_shapes = {k: the_plan.torch_shape(k) for k in missing}
         for key in missing:
-            lines.append(f"  missing key {key!r}{_closest(key, unexpected)}")
+            lines.append(f"  missing key {key!r}{_closest(key, unexpected, wanted_shapes[key], given_shapes)}")
         for key in unexpected:
             # Suggest only keys that are missing: a key the checkpoint already supplies is never
             # what an extra key was meant to be (an extra layer would "mean" the layer before it).
-            lines.append(f"  unexpected key {key!r}{_closest(key, missing)}")
+            hint = _closest(key, missing, given_shapes[key], wanted_shapes) or _tie_hint(key, arrays, read, out, user_name or str)
+            lines.append(f"  unexpected key {key!r}{hint}")
         for key, (got, want) in mismatched.items():
             lines.append(f"  shape mismatch for {key!r}: checkpoint {got}, model expects {want}"
                          f"{_layout_hint(the_plan[key][0], got, want)}")

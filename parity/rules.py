@@ -9,6 +9,8 @@ the torch shape a Flax variable expects by running them backward on the Flax sha
 - ``ChannelsLast()``: a convolution kernel, torch (O, I, *spatial) -> Flax (*spatial, I, O).
 - ``Unflatten(axis, n)``: split ``axis`` into ``n`` axes, sizes read from the Flax shape
   (attention: torch's (H*K) -> Flax's (H, K)).
+- ``Reshape(torch_shape)``: the same values in another shape (torch's ``nn.PReLU`` weight (1,)
+  -> ``nnx.PReLU``'s scalar ``negative_slope``).
 - ``Rule.part = (i, n)``: this Flax variable is chunk ``i`` of ``n`` along axis 0 of the torch
   tensor (``nn.MultiheadAttention.in_proj_weight`` = [q; k; v]); Flax -> torch concatenates.
 
@@ -43,6 +45,17 @@ class ChannelsLast:
 class Unflatten:
     axis: int
     n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Reshape:
+    """torch's ``torch_shape`` <-> the Flax variable's shape, the same values in C order."""
+
+    torch_shape: tuple
+
+    def __post_init__(self):
+        # A list would make the frozen dataclass unhashable and compare unequal to a tuple.
+        object.__setattr__(self, "torch_shape", tuple(int(n) for n in self.torch_shape))
 
 
 COPY = ()
@@ -115,6 +128,9 @@ RULES = {
     nnx.BatchNorm: (*_NORM_RULES, Rule("running_mean", "mean"), Rule("running_var", "var"),
                     Rule("num_batches_tracked", None, torch_default=0)),
     nnx.MultiHeadAttention: _attention_rules(),
+    # torch's nn.PReLU() holds its slope as a (1,) weight, nnx.PReLU as a scalar. A per-channel
+    # nn.PReLU(num_parameters=C) has no nnx.PReLU counterpart and is refused by its shape.
+    nnx.PReLU: (Rule("weight", "negative_slope", (Reshape((1,)),)),),
 }
 
 

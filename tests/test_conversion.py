@@ -340,6 +340,24 @@ def test_renamed_key_suggests_the_expected_name(model_and_state):
     assert f"missing key {right!r} (did you mean {wrong!r}?)" in str(err)
 
 
+def test_a_suggested_name_has_the_shape_the_key_needs(model_and_state):
+    # A name alone would pair W_q.weight with the nearest-spelt key whatever its size; the
+    # suggestion is taken among the keys of the expected shape.
+    import difflib
+
+    flax_model, before, state = model_and_state
+    right = "encoder.transformer_layers.0.attention.W_q.weight"
+    spelt_close = "encoder.transformer_layers.0.attention.W_qq.weight"  # the wrong size
+    renamed = "encoder.transformer_layers.0.attention.query.weight"  # the right tensor, another name
+    state[renamed] = state.pop(right)
+    state[spelt_close] = torch.zeros(3, 4)
+    assert difflib.get_close_matches(right, [spelt_close, renamed], n=1)[0] == spelt_close  # names alone mislead
+    err = refused(state, flax_model, before)
+    assert f"missing key {right!r} (did you mean {renamed!r}?)" in str(err)
+    assert f"unexpected key {renamed!r} (did you mean {right!r}?)" in str(err)
+    assert f"unexpected key {spelt_close!r}\n" in str(err) + "\n"  # no key of its shape is missing
+
+
 def test_several_problems_are_reported_together(model_and_state):
     flax_model, before, state = model_and_state
     del state["decoder.decoder_layers.1.attention.W_v.bias"]

@@ -211,6 +211,43 @@ def test_a_rule_that_drops_a_key_needs_a_torch_default_and_writes_it_in_torchs_d
     assert back["temperature"].dtype == torch.float32 and back["temperature"].item() == 0.5  # not truncated to 0
 
 
+def test_a_tensor_given_for_a_dropped_scalar_buffer_is_refused_not_lost():
+    # Rule(name, None) stands for a torch-only scalar (num_batches_tracked); a tensor under
+    # such a rule (an LSTM's second bias) would be dropped without a word and saved back as a
+    # scalar. A scalar of any value still loads: a trained BatchNorm's count is no default.
+    rules = dict(parity.RULES)
+    parity.register_rule(_Tempered, Rule("temperature", None, torch_default=0.5), table=rules)
+    torch_proj = torch.nn.Linear(3, 5)
+    state = {"proj.weight": torch_proj.weight, "proj.bias": torch_proj.bias, "temperature": torch.full((5,), 0.7)}
+    model = _Tempered(nnx.Rngs(0))
+    before = flax_state(model)
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax(state, model, rules=rules)
+    assert list(info.value.invalid) == ["temperature"]
+    assert ("invalid value for 'temperature': a tensor of shape (5,), but its rule Rule('temperature', None, "
+            "torch_default=0.5) drops a torch-only scalar buffer and would lose these values") in str(info.value)
+    after = flax_state(model)
+    assert all(np.array_equal(after[k], v) for k, v in before.items())  # nothing half-loaded
+    state["temperature"] = torch.tensor(0.7)
+    torch_to_flax(state, model, rules=rules)
+    np.testing.assert_array_equal(model.proj.kernel.get_value(), torch_proj.weight.detach().numpy().T)
+
+
+def test_a_tie_left_out_is_named_by_the_key_its_copy_equals(torch_model):
+    # torch writes both names of a tied weight; a call not told of the tie meets lm_head.weight
+    # as an unexpected key, and the refusal says which loaded key it equals bit for bit.
+    with pytest.raises(ConversionError) as info:
+        convert_in(torch_model.state_dict())
+    assert info.value.unexpected == ["lm_head.weight"]
+    assert ("unexpected key 'lm_head.weight' (equal to 'tok.weight' bit for bit: a tied weight? "
+            "pass tied={'lm_head.weight': 'tok.weight'})") in str(info.value)
+    state = dict(torch_model.state_dict())
+    state["lm_head.weight"] = state["lm_head.weight"].clone() + 1.0  # no copy of anything: no such hint
+    with pytest.raises(ConversionError) as info:
+        convert_in(state)
+    assert "bit for bit" not in str(info.value)
+
+
 class _Stateful(nnx.Module):
     """Variables no torch state dict holds, beside one Linear: RNG state, a decoding cache, a value kept from a call."""
 

@@ -70,6 +70,8 @@ CASES = {
                 lambda r: nnx.RMSNorm(7, epsilon=float(np.finfo(np.float32).eps), rngs=r), (3, 4, 7), None, None),
     "LayerNorm-no-affine-bias": (lambda: torch.nn.LayerNorm(7, bias=False),
                                  lambda r: nnx.LayerNorm(7, epsilon=1e-5, use_bias=False, rngs=r), (3, 7), None, None),
+    # torch's slope starts at 0.25, Flax's at 0.01: the outputs agree only if it was carried.
+    "PReLU": (lambda: torch.nn.PReLU(), lambda r: nnx.PReLU(), (3, 7), None, None),
 }
 
 
@@ -211,6 +213,19 @@ def test_register_rule_teaches_a_new_layer_type_without_editing_the_package():
     f = torch_to_flax({"gain": torch.arange(3.0)}, Scale(3, nnx.Rngs(0)), rules=table)
     np.testing.assert_array_equal(np.asarray(f.w.get_value()), [0.0, 1.0, 2.0])
     assert Scale not in parity.RULES  # the package's table is untouched
+
+
+def test_a_per_channel_prelu_is_refused_by_shape_since_nnx_prelu_has_one_slope():
+    with pytest.raises(ConversionError, match=r"shape mismatch for 'weight': checkpoint \(4,\), model expects \(1,\)"):
+        torch_to_flax(torch.nn.PReLU(4).state_dict(), nnx.PReLU())
+
+
+def test_a_reshape_that_changes_the_number_of_values_is_refused_naming_both_shapes():
+    rules = dict(parity.RULES)
+    parity.register_rule(nnx.PReLU, parity.Rule("weight", "negative_slope", (parity.rules.Reshape((2,)),)), table=rules)
+    with pytest.raises(ConversionError, match=r"Reshape\(\(2,\)\) cannot stand for a Flax variable of shape \(\): "
+                                              r"they hold 2 and 1 values"):
+        parity.torch_key_shapes(nnx.PReLU(), rules=rules)
 
 
 def test_torch_only_buffer_without_a_rule_is_reported_not_dropped():
