@@ -13,6 +13,7 @@ every pattern that matches nothing, key matched twice, or two keys onto one name
 at once. Needs no torch: it moves values it does not look inside (except to chunk them).
 """
 
+import difflib
 import re
 
 import numpy as np
@@ -47,8 +48,11 @@ class Rename:
 
     @staticmethod
     def _report(direction, unused, twice, collide):
+        """``unused``: [(the pattern the user wrote, the side of it that matched no key, a
+        did-you-mean or "")]."""
         lines = [f"rename map does not fit the {direction} keys:"]
-        lines += [f"  pattern {p!r} matches no key" for p in unused]
+        lines += [f"  pattern {src!r} matches no key{hint}" if side == src else
+                  f"  pattern {src!r}: its target {side!r} matches no key{hint}" for src, side, hint in unused]
         lines += [f"  key {k!r} matches {len(ps)} patterns: {', '.join(map(repr, ps))}" for k, ps in twice.items()]
         lines += [f"  keys {', '.join(map(repr, ks))} all rename to {t!r}" for t, ks in collide.items()]
         raise ConversionError("\n".join(lines), unexpected=list(twice), mismatched={})
@@ -72,7 +76,7 @@ class Rename:
             for target, v in zip(targets, values):
                 sources.setdefault(target, []).append(key)
                 out[target] = v
-        unused = [src for src in self.table if src not in used]
+        unused = [(src, src, _closest(src, state_dict)) for src in self.table if src not in used]
         collide = {t: ks for t, ks in sources.items() if len(ks) > 1}
         if unused or twice or collide:
             self._report("torch", unused, twice, collide)
@@ -103,7 +107,10 @@ class Rename:
                 if len(pending[name]) == len(tgts):
                     sources.setdefault(name, []).append(key)
                     out[name] = concat([pending[name][j] for j in range(len(tgts))])
-        unused = [src for src in self.table if src not in used]
+        # Here the targets are what met the keys: a pattern unused is a target misspelt (or a
+        # source the model has no layer for), so the message names the target.
+        unused = [(src, ", ".join(tgts), _closest(tgts[0], state_dict)) for src, tgts, _ in self._backward
+                  if src not in used]
         collide = {t: ks for t, ks in sources.items() if len(ks) > 1}
         if unused or twice or collide:
             self._report("Flax model's", unused, twice, collide)
@@ -131,6 +138,19 @@ class Rename:
                 if m:
                     return _fill(target, m.groups())
         return torch_path
+
+
+def _closest(pattern, keys):
+    """' (did you mean ...?)' with the key nearest ``pattern`` written as a pattern (its
+    segments where ``pattern`` has ``{}`` put back as ``{}``), or "". Only for patterns whose
+    ``{}`` are whole dotted segments, as the map's layer indices are."""
+    segments = pattern.split(".")
+    if any("{}" in s and s != "{}" for s in segments):
+        return ""
+    shapes = {".".join("{}" if s == "{}" else k for s, k in zip(segments, parts))
+              for parts in (str(key).split(".") for key in keys) if len(parts) == len(segments)}
+    match = difflib.get_close_matches(pattern, sorted(shapes - {pattern}), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def _prefix_pairs(src, tgt):

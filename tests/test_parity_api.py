@@ -142,6 +142,22 @@ def test_rename_patterns_matching_nothing_or_twice_are_all_reported_at_once(pair
     assert "key 'layers.0.wq.weight' matches 2 patterns" in message and "key 'layers.1.wq.bias' matches 2" in message
 
 
+def test_a_misspelt_pattern_is_named_by_the_side_that_matched_nothing_with_the_pattern_it_resembles(pair):
+    # torch -> Flax meets the user's keys with the left side; Flax -> torch meets the plan's
+    # keys with the right side: a typo on the right is that side's, not the left's.
+    t, f = pair
+    typo_left = {**RENAME, "layers.{}.wqq.bias": "blocks.{}.up.bias"}
+    del typo_left["layers.{}.wq.bias"]
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax(t.state_dict(), FlaxNet(nnx.Rngs(0)), rename=typo_left)
+    assert "pattern 'layers.{}.wqq.bias' matches no key (did you mean 'layers.{}.wq.bias'?)" in str(info.value)
+    typo_right = {**RENAME, "layers.{}.wq.bias": "blocks.{}.pu.bias"}
+    with pytest.raises(ConversionError) as info:
+        flax_to_torch(f, rename=typo_right)
+    assert ("pattern 'layers.{}.wq.bias': its target 'blocks.{}.pu.bias' matches no key "
+            "(did you mean 'blocks.{}.up.bias'?)") in str(info.value)
+
+
 def test_two_keys_renamed_onto_one_name_are_reported(pair):
     t, _ = pair
     bad = {**RENAME, "layers.{}.wq.bias": "blocks.{}.up.weight"}
