@@ -3,8 +3,9 @@
 Both sides record the output of every submodule, named by its path:
 
 - torch: a forward hook on each of ``model.named_modules()``;
-- Flax: ``nnx.capture(model, method_outputs=nnx.Intermediate)``, which records each
-  submodule's ``__call__`` output under the same path.
+- Flax: a wrapper around each module class's ``__call__`` for the run
+  (``parity/flax_calls.py``), which records each submodule's output under the same path,
+  outside JAX transforms.
 
 Rows come in the order torch finished computing them, so the first row beyond tolerance is
 where the two implementations first diverge: the place to look for the bug.
@@ -14,6 +15,7 @@ import itertools
 import re
 import sys
 import types
+import warnings
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -23,6 +25,7 @@ import torch
 from flax import nnx
 
 from parity.convert import tensor_to_numpy
+from parity.flax_calls import record_flax_calls
 from parity.policy import DEFAULT_ATOL
 from parity.report import (  # noqa: F401 - names parity.compare has always given
     ALIASES,
@@ -98,18 +101,19 @@ def torch_intermediates(model, *inputs, sequential=False):
     return output, {k: tensor_to_numpy(v) for k, v in named.items()}
 
 
-def flax_intermediates(model, *inputs):
-    """Run ``model(*inputs)``; return (output, {name: numpy array}) for every submodule call."""
-    output, captured = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)(*inputs)
-    records = []
-    for path, var in nnx.to_flat_state(captured):
-        if path[-1] != "__call__":
-            continue
-        name = ".".join(str(p) for p in path[:-1])
-        for value in var.get_value():  # one entry per call of that module
-            records.append((name, value))
+def _flax_calls(model, *inputs):
+    """(output, {name: numpy array}, [paths of the modules run only under a JAX transform])."""
+    output, records, traced = record_flax_calls(model, *inputs)
     named = _number_calls(records)
-    return output, {k: np.asarray(jax.device_get(v)) for k, v in named.items()}
+    return output, {k: np.asarray(jax.device_get(v)) for k, v in named.items()}, list(traced)
+
+
+def flax_intermediates(model, *inputs):
+    """Run ``model(*inputs)``; return (output, {name: numpy array}) for every submodule call
+    (the whole model's output under ""). Modules called only inside a JAX transform
+    (``nnx.scan``, ``nnx.RNN``'s cell, ``nnx.vmap``) have no values there and no entry."""
+    output, named, _ = _flax_calls(model, *inputs)
+    return output, named
 
 
 def _match_tuple_outputs(torch_named, flax_named):
@@ -175,14 +179,14 @@ def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFA
     return report
 
 
-def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
+def _check_inputs(torch_inputs, flax_inputs, channels_last=False, who="compare"):
     """Both sides must get the same inputs: same count, shapes and dtype kinds (``channels_last``
     True: Flax's rank >= 3 inputs are torch's with the channel axis moved last; a selection of
     rows: each rank >= 3 input may be in either layout, since a model mixing both may take
-    either)."""
+    either). ``who``: the function the error message names."""
     torch_inputs, flax_inputs = tuple(torch_inputs), tuple(flax_inputs)
     if len(torch_inputs) != len(flax_inputs):
-        raise ValueError(f"compare: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")
+        raise ValueError(f"{who}: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")
     either = channels_last is not True and channels_last not in (False, None)
     problems = []
     for i, (t, f) in enumerate(zip(torch_inputs, flax_inputs)):
@@ -193,13 +197,19 @@ def _check_inputs(torch_inputs, flax_inputs, channels_last=False):
         if t.shape != f.shape:
             how = " (nor with its last axis moved to 1)" if either and f.ndim >= 3 else ""
             how = " (its last axis moved to 1: channels_last)" if channels_last is True and f.ndim >= 3 else how
+            if not channels_last and t.ndim >= 3 and np.moveaxis(t, 1, -1).shape == given:
+                # The usual cause: a channels-last port (nnx.Conv) given its input as it should
+                # be, and the comparison not told so.
+                how = (" (torch's with its channel axis 1 moved last: pass channels_last=True if the Flax model "
+                       "is channels-last" + (", or channels_last=[module-path prefixes] if only those layers are"
+                                            if who == "compare" else "") + ")")
             problems.append(f"input {i}: torch shape {t.shape}, Flax shape {given if either else f.shape}{how}")
         # int64 (torch's default) against int32 (JAX's without x64) is the same integers;
         # float32 against float64 or bfloat16 is not the same input.
         elif t.dtype.kind != f.dtype.kind or (t.dtype.kind == "f" and t.dtype != f.dtype):
             problems.append(f"input {i}: torch dtype {t.dtype}, Flax dtype {f.dtype}")
     if problems:
-        raise ValueError("compare: the two sides get different inputs: " + "; ".join(problems))
+        raise ValueError(f"{who}: the two sides get different inputs: " + "; ".join(problems))
 
 
 def _channels_first(named, selected=lambda name: True):
@@ -259,6 +269,48 @@ def _inside(name, layers):
     return next((p for p in layers if base.startswith(p + ".") or (p == "" and base != "")), None)
 
 
+def _names(paths, shown=4):
+    paths = [p or "the whole model" for p in paths]
+    return ", ".join(paths[:shown]) + (f", ... ({len(paths)} in all)" if len(paths) > shown else "")
+
+
+def random_layer_notes(torch_model, flax_model):
+    """[(note, certain)] for a Report where a side's dropout may be active: each side draws its
+    own random masks, which no port can reproduce, so the rows differ from the first dropout
+    on and the first divergence names a dropout, not a porting error. Said, not refused: a
+    porter may mean it (a dropout-free model compares as well in training mode, BatchNorm on
+    batch statistics). ``certain``: a dropout module is active, not only a torch model in
+    training mode that might call ``F.dropout`` itself."""
+    consequence = ("each side draws its own random masks, so the rows differ from the first dropout on whatever "
+                   "the port; put both models in eval mode (torch_model.eval(), flax_model.eval()) to compare them")
+    notes = []
+    dropouts = [name for name, m in torch_model.named_modules()
+                if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
+    if dropouts:
+        notes.append((f"the torch model is in training mode, with dropout active in {_names(dropouts)}: "
+                      f"{consequence}", True))
+    elif any(m.training for m in torch_model.modules()):
+        notes.append(("the torch model is in training mode (model.train(), a torch module's default): if it calls "
+                      f"dropout as a function (F.dropout(x, p, self.training)), {consequence}", False))
+    active = [".".join(map(str, path)) for path, m in nnx.iter_modules(flax_model)
+              if isinstance(m, nnx.Dropout) and m.rate > 0 and not m.deterministic]
+    if active:
+        notes.append((f"nnx.Dropout is active (deterministic=False) in the Flax model at {_names(active)}: "
+                      f"{consequence}", True))
+    return notes
+
+
+def _say(report, notes):
+    """``notes`` ([(note, certain)]) in ``report`` (its table and JSON), and the certain ones
+    as a warning too, for a caller who only reads ``report.ok`` or ``first_divergence`` (a
+    hedged one would warn every deliberate train-mode comparison)."""
+    report.notes += [note for note, _ in notes]
+    for note, certain in notes:
+        if certain:
+            warnings.warn(f"parity: {note}", stacklevel=3)
+    return report
+
+
 def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL, rename=None, channels_last=False,
             ignore_missing=False, rules=None):
     """Run any torch module and any NNX module on the same inputs and compare every submodule's
@@ -266,8 +318,13 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     torch's execution order; ``Report.first_divergence`` is the first row beyond ``atol``.
 
     Torch inputs are moved to the torch model's device (``on_device_of``), so a twin on a GPU
-    takes the same CPU tensors. Put both models in eval mode first (dropout off; BatchNorm on running statistics) or both
-    in train mode. ``channels_last``: the Flax model computes (N, *spatial, C) where torch
+    takes the same CPU tensors. Put both models in eval mode first (dropout off; BatchNorm on
+    running statistics): in train mode each side draws its own dropout masks, which no port
+    reproduces, so the rows differ from the first dropout on. A torch model in training mode
+    or an active ``nnx.Dropout`` (rate > 0, not deterministic) is said in ``Report.notes`` (the
+    table's ``note:`` lines) and as a warning; it is not refused, since a model without dropout
+    compares as well in train mode (BatchNorm on batch statistics on both sides).
+    ``channels_last``: the Flax model computes (N, *spatial, C) where torch
     computes (N, C, *spatial), as ported CNNs do:
 
     - ``True``: everywhere; its rank >= 3 inputs and outputs are moved to compare;
@@ -288,13 +345,19 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     ``key``, ``value`` and ``out`` of an ``nnx.MultiHeadAttention``, whose ``rules`` entry,
     default ``parity.RULES``, reaches into them) are always left out that way: the layer's own
     output is compared.
+
+    Every NNX module's ``__call__`` output is recorded, inherited or its own. A module run
+    inside a JAX transform (``nnx.scan``, ``nnx.vmap``, ``nnx.jit``; ``nnx.RNN`` scans its
+    cell) has traced outputs, not values: it is listed in ``Report.left_out`` with torch's rows
+    at or inside it, while the modules around it and the model's output are compared as usual.
     """
     from parity.rename import Rename
 
     _check_inputs(torch_inputs, flax_inputs, channels_last)
+    notes = random_layer_notes(torch_model, flax_model)
     _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
-    _, f = flax_intermediates(flax_model, *flax_inputs)
-    selected = _channels_last_rows(channels_last, f)
+    _, f, traced = _flax_calls(flax_model, *flax_inputs)
+    selected = _channels_last_rows(channels_last, [*f, *traced])
     if selected is not None:
         f = _channels_first(f, selected)
     sequential = _sequential_paths(torch_model)
@@ -311,13 +374,26 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
         if layer is not None:
             del f[name]
             left_out.append((name, f"inside {layer}, a {one_call[layer]} that torch computes in one call"))
+    # Modules run under a JAX transform have traced outputs, not values: the outermost of them
+    # are said, and torch's rows at or inside them (a scanned layer stack's per-layer rows) are
+    # left out with them rather than failed as missing.
+    outermost = [p for p in traced if _inside(p, traced) is None]
+    for name in [k for k in t if k not in f]:
+        layer = next((p for p in outermost if _row_base(name) == p or _inside(name, [p]) is not None), None)
+        if layer is not None:
+            del t[name]
+            left_out.append((name, f"at or inside {layer or 'the whole model'}, which the Flax model runs under a JAX "
+                                   f"transform (nnx.scan, nnx.vmap, ...) where outputs are traced, not recorded"))
+    left_out += [(p, "run under a JAX transform inside the Flax model (nnx.scan, nnx.RNN's cell, nnx.vmap, ...): "
+                     "outputs there are traced, not recorded; to compare them, compare a version of the model that "
+                     "calls them in a Python loop") for p in outermost]
     if ignore_missing:  # after renaming and matching: a row is missing only if no name matches it
         left_out += [(k, "only torch has them, by ignore_missing") for k in t if k not in f]
         left_out += [(k, "only Flax has them, by ignore_missing") for k in f if k not in t]
         t, f = {k: v for k, v in t.items() if k in f}, {k: v for k, v in f.items() if k in t}
     report = compare_intermediates(t, f, atol)
     report.left_out = left_out
-    return report
+    return _say(report, notes)
 
 
 def _rename_row(table, name):

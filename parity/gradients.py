@@ -94,10 +94,11 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     with each ``param.grad`` in torch's parameter order. A torch parameter frozen with
     ``requires_grad=False`` has no gradient to compare (torch's is zero by construction, not
     by computation): it is listed in ``Report.left_out`` instead."""
-    from parity.compare import _check_inputs
+    from parity.compare import _check_inputs, _say, random_layer_notes
     from parity.report import Report
 
-    _check_inputs(torch_inputs, flax_inputs, channels_last)
+    _check_inputs(torch_inputs, flax_inputs, channels_last, who="compare_gradients")
+    notes = random_layer_notes(torch_model, flax_model)
     params = dict(torch_model.named_parameters())
     for p in params.values():
         p.grad = None
@@ -117,9 +118,10 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     frozen = [k for k, p in params.items() if not p.requires_grad]
     for k in frozen:
         torch_grads.pop(k), flax_grads.pop(k, None)
-    return Report([compared_row(LOSS_ROW, (), float(flax_value), float(loss.item()), atol),
-                   *_grad_rows(torch_grads, flax_grads, atol)], atol,
-                  left_out=[(GRAD_PREFIX + k, "frozen in torch by requires_grad=False") for k in frozen])
+    report = Report([compared_row(LOSS_ROW, (), float(flax_value), float(loss.item()), atol),
+                     *_grad_rows(torch_grads, flax_grads, atol)], atol,
+                    left_out=[(GRAD_PREFIX + k, "frozen in torch by requires_grad=False") for k in frozen])
+    return _say(report, notes)
 
 
 def _grad_rows(torch_grads, flax_grads, atol):

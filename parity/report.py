@@ -75,6 +75,9 @@ class Report:
     # Set by parity/float64_reference.py: a row beyond ``atol`` agrees when Flax's error against
     # float64 is at most this many times torch's own. None: ``atol`` alone judges.
     float64_factor: float | None = None
+    # What the reader must know to trust the rows, said above the verdict: dropout drawing
+    # masks on either side (``parity.compare``), which no port can reproduce.
+    notes: list = dataclasses.field(default_factory=list)
 
     @property
     def ok(self):
@@ -109,15 +112,18 @@ class Report:
         shown_ids = {id(r) for r in shown}
         hidden = [r for r in self.rows if id(r) not in shown_ids]
         hidden_outputs = sum(r.kind == "intermediate" for r in hidden)
-        hidden_grads = sum(r.kind == "gradient" for r in hidden)
+        hidden_grads = [r for r in hidden if r.kind == "gradient"]
         if hidden_outputs:
             lines.append(f"({hidden_outputs} more submodule outputs compared, all within tolerance; {all_hint} shows them)")
         grads = [r for r in self.rows if r.kind == "gradient"]
         if hidden_grads:
-            largest = max(grads, key=lambda r: r.max_abs)
-            lines.append(f"({hidden_grads} parameter gradients compared, all within tolerance, largest difference "
-                         f"{largest.max_abs:.3e} in {largest.label}; {all_hint} shows them)")
+            # Of the hidden rows only (all within tolerance): a shown failure is not theirs to name.
+            largest = max(hidden_grads, key=lambda r: r.max_abs)
+            more = " more" if len(hidden_grads) < len(grads) else ""
+            lines.append(f"({len(hidden_grads)}{more} parameter gradients compared, all within tolerance, largest "
+                         f"difference {largest.max_abs:.3e} in {largest.label}; {all_hint} shows them)")
         lines += _left_out_lines(self.left_out)
+        lines += [f"note: {note}" for note in self.notes]
         first = self.first_divergence
         if first is None:
             n = sum(r.kind == "intermediate" for r in self.rows)
@@ -149,6 +155,7 @@ class Report:
             "first_divergence": first.label if first else None,
             "rows": [_row_dict(r, self.atol) for r in self.rows],
             "left_out": [{"name": name, "why": why} for name, why in self.left_out],
+            **({"notes": list(self.notes)} if self.notes else {}),
         }
 
     def to_json(self, **kw):

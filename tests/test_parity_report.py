@@ -177,3 +177,21 @@ def test_the_table_says_how_to_show_every_row_in_the_callers_words():
     table = compare_intermediates(rows, dict(rows), atol=1e-5)
     assert "show_all=True shows them" in table.format_table()
     assert "--all shows them" in table.format_table(all_hint="--all")
+
+
+def test_the_summary_of_hidden_rows_speaks_only_of_them_not_of_a_failure_shown_above():
+    # Before: "(8 parameter gradients compared, all within tolerance, largest difference inf in
+    # grad:lstm.bias_ih_l0; ...)" while that gradient was the failure shown above the line.
+    inf = float("inf")
+    rows = [Row("", (2,), 1e-7, 1e-7, True), Row("enc.a", (2,), 2e-7, 1e-7, True),
+            Row("enc.b", (2,), 0.5, 0.1, False), Row("loss", (), 0.0, 0.0, True),
+            Row("grad:w", (20,), inf, inf, False, "shape differs: Flax (1,)"),
+            Row("grad:u", (3,), 4e-8, 1e-7, True), Row("grad:v", (3,), 6e-8, 1e-7, True)]
+    table = parity.Report(rows, 1e-5).format_table()
+    assert "grad:w  " in table and "enc.b  " in table  # the failures, shown as rows
+    assert "(1 more submodule outputs compared, all within tolerance; show_all=True shows them)" in table
+    assert ("(2 more parameter gradients compared, all within tolerance, largest difference 6.000e-08 in grad:v; "
+            "show_all=True shows them)") in table
+    # With every gradient hidden, they are all of them, and the largest is the largest of all.
+    passing = parity.Report([rows[3], rows[5], rows[6]], 1e-5).format_table()
+    assert "(2 parameter gradients compared, all within tolerance, largest difference 6.000e-08 in grad:v;" in passing
