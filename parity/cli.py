@@ -369,7 +369,10 @@ def _config_options(parser, what):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="parity", description="Prove the torch and Flax twins compute the same numbers.")
+    parser = argparse.ArgumentParser(
+        prog="parity", description="Prove the torch and Flax twins of this project's Transformer (torch_ref and "
+        "flaxformer_mini) compute the same numbers, and convert its weights. A model of your own converts and "
+        "compares through the library: parity.torch_to_flax, parity.compare (docs/porting.md).")
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help=f"show the full traceback of an error (or set {DEBUG_ENV}=1)")

@@ -83,8 +83,15 @@ def torch_intermediates(model, *inputs, sequential=False):
     call an ``nnx.Sequential`` (which records one). ``compare`` records them and keeps the
     rows the Flax side has too (``_drop_unmatched_sequential``)."""
     records, handles = [], []
+    # torch.nn.utils.parametrize (weight_norm, orthogonal, ...) keeps its parametrizations as
+    # modules under "<layer>.parametrizations": they run when the weight is read, and their
+    # outputs are weights, not activations, which no port computes as modules of its own.
+    weights = tuple(f"{name}.parametrizations".lstrip(".") for name, module in model.named_modules()
+                    if torch.nn.utils.parametrize.is_parametrized(module))
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Sequential) and not sequential:
+            continue
+        if any(name == w or name.startswith(w + ".") for w in weights):
             continue
 
         def hook(_module, _args, output, name=name):
@@ -358,7 +365,9 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
     _, f, traced = _flax_calls(flax_model, *flax_inputs)
     selected = _channels_last_rows(channels_last, [*f, *traced])
+    own_shapes = {}  # the port's own shape of each row channels_last moved
     if selected is not None:
+        own_shapes = {k: tuple(v.shape) for k, v in f.items() if v.ndim >= 3 and selected(k)}
         f = _channels_first(f, selected)
     sequential = _sequential_paths(torch_model)
     if rename is not None:
@@ -393,6 +402,14 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
         t, f = {k: v for k, v in t.items() if k in f}, {k: v for k, v in f.items() if k in t}
     report = compare_intermediates(t, f, atol)
     report.left_out = left_out
+    for row in report.rows:
+        # A row the port computes in torch's own layout (a sequence (B, S, D) after a
+        # channels-last convolution), moved by channels_last=True all the same: its note says
+        # so, rather than show a shape the port never had.
+        own = own_shapes.get(row.name, own_shapes.get(row.name.removesuffix("[0]")))
+        if own is not None and row.note.startswith("shape differs") and own == row.shape:
+            row.note = (f"shape differs only as channels_last moved it: the port's own is torch's {own}; "
+                        f"channels_last=[module-path prefixes] moves the channels-last layers' rows alone")
     return _say(report, notes)
 
 

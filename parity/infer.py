@@ -46,17 +46,23 @@ DEFAULTS = {"heads": _SEED.heads, "src_pad_idx": _SEED.src_pad_idx, "dropout": _
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 
 
+_OUR_LAYER_LISTS = ("encoder.transformer_layers.", "decoder.decoder_layers.")
+
+
 def _shape(state_dict, key, ndim=2):
     if key not in state_dict:
-        near = difflib.get_close_matches(key, [str(k) for k in state_dict], n=1, cutoff=0.6)
+        # A near key helps only in this project's Transformer with a key renamed or dropped (its
+        # layer lists are there); in another model any "encoder.*" key is near and means nothing.
+        ours = any(str(k).startswith(_OUR_LAYER_LISTS) for k in state_dict)
+        near = difflib.get_close_matches(key, [str(k) for k in state_dict], n=1, cutoff=0.6) if ours else []
         hint = f" (did you mean {near[0]!r}?)" if near else ""
-        # Nothing like the seed's key: most likely a porter's own model, which the command
-        # line cannot build; the library can (docs/porting.md).
-        own = "" if near else (" `parity check` and `parity convert` build that architecture only; a model of your own "
+        # Most likely a porter's own model, which the command line cannot build; the library can.
+        own = "" if ours else (" `parity check` and `parity convert` build that architecture only; a model of your own "
                                "converts and compares through the library (parity.torch_to_flax, parity.compare: "
                                "docs/porting.md)")
         raise ConversionError(
-            f"cannot infer the model config: missing key {key!r}{hint}; is this a seed 001 Transformer state dict?{own}",
+            f"cannot infer the model config: missing key {key!r}{hint}; is this a state dict of this project's "
+            f"Transformer (torch_ref.Transformer, the seed tutorials' model)?{own}",
             missing=[key],
         )
     shape = tuple(getattr(state_dict[key], "shape", ()))

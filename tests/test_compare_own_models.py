@@ -302,3 +302,76 @@ def test_inputs_differing_by_the_channel_axis_suggest_channels_last(who):
     with pytest.raises(ValueError, match=re.escape("Flax shape (2, 6, 5)")) as info:
         getattr(parity, who)(t, f, *args, (torch.as_tensor(x),), (_rand(N, L, 5),))
     assert "channels_last" not in str(info.value)
+
+
+# --------------------------------------------------------------------- torch's parametrizations
+
+
+class _TorchWeightNormed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(D, OUT))
+
+    def forward(self, x):
+        return torch.tanh(self.proj(x))
+
+
+class _FlaxPlain(nnx.Module):  # the weight g * v / ||v|| as one kernel: the same activations
+    def __init__(self, rngs):
+        self.proj = nnx.Linear(D, OUT, rngs=rngs)
+
+    def __call__(self, x):
+        return jnp.tanh(self.proj(x))
+
+
+def test_a_weight_normed_layers_parametrization_modules_are_weights_not_rows():
+    # Before: "proj.parametrizations.weight.0 (missing on the Flax side)" was the first
+    # divergence, the output of torch's _WeightNorm module (the weight itself) read as an activation.
+    torch.manual_seed(0)
+    t, f = _TorchWeightNormed().eval(), _FlaxPlain(nnx.Rngs(0))
+    assert any(".parametrizations." in name for name, _ in t.named_modules())
+    f.proj.kernel.set_value(jnp.asarray(t.proj.weight.detach().numpy().T))  # weight_norm's computed weight
+    f.proj.bias.set_value(jnp.asarray(t.proj.bias.detach().numpy()))
+    x = _rand(N, D)
+    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5)
+    assert report.ok, report.format_table(show_all=True)
+    assert [r.name for r in report.rows] == ["proj", ""] and report.left_out == []
+
+
+# --------------------------------------------------------------- channels_last=True on a sequence
+
+
+class _TorchPatches(torch.nn.Module):  # a ViT's stem: a strided conv to patches, then (N, P, C) rows
+    def __init__(self):
+        super().__init__()
+        self.patch = torch.nn.Conv1d(D, HID, 2, stride=2)
+        self.norm = torch.nn.LayerNorm(HID)
+
+    def forward(self, x):  # (N, D, L)
+        return self.norm(self.patch(x).transpose(1, 2))
+
+
+class _FlaxPatches(nnx.Module):
+    def __init__(self, rngs):
+        self.patch = nnx.Conv(D, HID, (2,), strides=2, padding="VALID", rngs=rngs)
+        self.norm = nnx.LayerNorm(HID, epsilon=1e-5, rngs=rngs)
+
+    def __call__(self, x):  # (N, L, D)
+        return self.norm(self.patch(x))
+
+
+def test_a_row_in_torchs_own_layout_moved_by_channels_last_true_says_so_and_the_list_form_compares_it():
+    torch.manual_seed(0)
+    t, f = _TorchPatches().eval(), _FlaxPatches(nnx.Rngs(0))
+    parity.torch_to_flax({"patch." + k: v for k, v in t.patch.state_dict().items()} |
+                         {"norm." + k: v for k, v in t.norm.state_dict().items()}, f)
+    x = _rand(N, D, L)
+    inputs = ((torch.as_tensor(x),), (x.transpose(0, 2, 1),))
+    report = parity.compare(t, f, *inputs, atol=1e-5, channels_last=True)
+    norm = {r.name: r for r in report.rows}["norm"]
+    assert not norm.ok and norm.shape == (N, L // 2, HID)
+    assert norm.note == (f"shape differs only as channels_last moved it: the port's own is torch's {(N, L // 2, HID)}; "
+                         "channels_last=[module-path prefixes] moves the channels-last layers' rows alone")
+    report = parity.compare(t, f, *inputs, atol=1e-5, channels_last=["patch"])
+    assert report.ok, report.format_table(show_all=True)
+    assert [r.name for r in report.rows] == ["patch", "norm", ""]

@@ -131,11 +131,18 @@ def test_options_override_the_config_file_which_overrides_the_defaults(seed_stat
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda sd: sd.pop("encoder.embedding_layer.weight"), "missing key 'encoder.embedding_layer.weight'"),
+    (lambda sd: sd.update({"encoder.embedding_layer.wieght": sd.pop("encoder.embedding_layer.weight")}),
+     "missing key 'encoder.embedding_layer.weight' (did you mean 'encoder.embedding_layer.wieght'?)"),
     # Another architecture altogether (a porter's own model): the library is the way.
     (lambda sd: (sd.clear(), sd.update({"embed.weight": torch.zeros(3, 4)})),
      "`parity check` and `parity convert` build that architecture only; a model of your own converts and "
      "compares through the library (parity.torch_to_flax, parity.compare: docs/porting.md)"),
+    # Another Transformer (nn.TransformerEncoder's names): an "encoder.*" key is near in name
+    # only, so no "did you mean", and the same way out.
+    (lambda sd: (sd.clear(), sd.update({"encoder.layers.1.norm2.weight": torch.zeros(4)})),
+     "missing key 'encoder.embedding_layer.weight'; is this a state dict of this project's Transformer "
+     "(torch_ref.Transformer, the seed tutorials' model)? `parity check` and `parity convert` build that "
+     "architecture only"),
     (lambda sd: [sd.pop(k) for k in list(sd) if k.startswith("decoder.decoder_layers.1.")],
      "encoder and decoder depths disagree: encoder.transformer_layers has 2 blocks, decoder.decoder_layers has 1"),
     (lambda sd: sd.update({"decoder.positional_embedding.weight": torch.zeros(16, 30)}),
