@@ -79,6 +79,8 @@ class Link:
     @property
     def torch_shape(self):
         """This variable's shape in torch's layout (a chunk's, for a ``part``)."""
+        if self.flax_path is None:  # a torch-only buffer: its rule's torch_default is what torch holds
+            return tuple(np.shape(self.rule.torch_default))
         shape = self.flax_shape
         for op in reversed(self.rule.ops):
             shape = _inverse_shape(op, shape)
@@ -290,6 +292,9 @@ def to_torch(the_plan, arrays):
     for key, links in the_plan.items():
         if links[0].flax_path is None:
             default = links[0].rule.torch_default
+            if isinstance(default, np.ndarray):  # a constant the port recomputes: as the rule holds it
+                out[key] = np.array(default, copy=True)
+                continue
             # torch's own dtypes for a Python number: int64 (num_batches_tracked), else float32.
             out[key] = np.array(default, dtype=np.int64 if isinstance(default, (int, np.integer)) else np.float32)
             continue
@@ -425,11 +430,16 @@ def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None, user_name
             # A torch-only buffer (num_batches_tracked): read, and dropped by its rule. Only a
             # scalar, as the torch_default written back in its place: a tensor dropped so would
             # be lost without a word (and saved back as a scalar torch refuses to load).
-            if np.shape(value) != ():
-                rule = the_plan[key][0].rule
+            rule = the_plan[key][0].rule
+            if isinstance(rule.torch_default, np.ndarray):
+                why = _constant_refusal(value, rule.torch_default)
+                if why:
+                    invalid[key] = f"{why} the constant its rule Rule({rule.torch_name!r}, None, torch_default=...) holds"
+            elif np.shape(value) != ():
                 invalid[key] = (f"a tensor of shape {tuple(np.shape(value))}, but its rule Rule({rule.torch_name!r}, None, "
                                 f"torch_default={rule.torch_default!r}) drops a torch-only scalar buffer and would lose "
-                                f"these values: give the tensor a variable in the Flax layer and the rule its name")
+                                f"these values: give the tensor a variable in the Flax layer and the rule its name "
+                                f"(or, for a constant the port recomputes, the rule that constant as torch_default)")
             continue
         why = dtype_refusal(value, the_plan[key][0].flax_dtype)
         if why:
@@ -461,6 +471,16 @@ def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None, user_name
             "\n".join(lines), missing=missing, unexpected=unexpected, mismatched=mismatched, invalid=invalid
         )
     return out
+
+
+def _constant_refusal(value, constant):
+    """Why a checkpoint's buffer is not the constant a port recomputes in its place, or None."""
+    if np.shape(value) != constant.shape:
+        return f"shape {tuple(np.shape(value))}, not the shape {constant.shape} of"
+    if _kind(_dtype_of(value)) != _kind(constant.dtype):
+        return f"dtype {_dtype_of(value)}, not the {_kind(constant.dtype)} dtype of"
+    differ = int(np.sum(np.asarray(value) != constant))
+    return f"{differ} of {constant.size} values differ from" if differ else None
 
 
 def _layout_hint(link, got, want):

@@ -26,6 +26,7 @@ paths already and needs nothing. ``parity.register_stack`` adds a container type
 
 import dataclasses
 
+import numpy as np
 from flax import nnx
 
 from flaxformer_mini import model, primitives
@@ -68,8 +69,11 @@ class Rule:
 
     ``torch_name``: the tensor's name inside the torch module (dots allowed: ``"out_proj.weight"``).
     ``flax_name``: the variable's path inside the Flax module (slashes allowed: ``"query/kernel"``);
-    ``None`` for a torch buffer with no Flax counterpart (``num_batches_tracked``), which is read
-    and dropped on load, and written back as ``torch_default`` (a scalar) on save.
+    ``None`` for a torch buffer with no Flax counterpart, which is read and dropped on load,
+    and written back as ``torch_default`` on save: a scalar for a counter whose value the port
+    has no use for (``num_batches_tracked``: any scalar loads), or an array for a constant the
+    port recomputes (a persistent causal mask: the checkpoint's must equal it, shape, dtype kind
+    and values, or the load is refused, since the port would compute with another).
     ``ops``: layout operations, torch -> Flax. ``part``: (i, n), chunk i of n along torch axis 0.
     """
 
@@ -77,9 +81,14 @@ class Rule:
     flax_name: str | None
     ops: tuple = COPY
     part: tuple | None = None
-    torch_default: int | float | None = None
+    # Left out of ==: an array's == is elementwise, and a Rule's is a dataclass's.
+    torch_default: int | float | np.ndarray | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
+        if self.torch_default is not None and not isinstance(self.torch_default, (int, float)):
+            constant = np.array(self.torch_default, copy=True)  # the caller's array may change later
+            constant.flags.writeable = False
+            object.__setattr__(self, "torch_default", constant)
         # Checked here, not when flax_to_torch would write None as a tensor: a dropped key
         # needs a value to write back, and a weight tied to another is no torch-only buffer.
         if self.flax_name is None and self.torch_default is None:

@@ -233,6 +233,39 @@ def test_a_tensor_given_for_a_dropped_scalar_buffer_is_refused_not_lost():
     np.testing.assert_array_equal(model.proj.kernel.get_value(), torch_proj.weight.detach().numpy().T)
 
 
+class _TorchMasked(torch.nn.Module):  # a persistent causal mask: in the state dict
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 5)
+        self.register_buffer("causal", torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+class _FlaxMasked(nnx.Module):  # the port recomputes the mask where it needs it
+    def __init__(self, rngs):
+        self.proj = nnx.Linear(3, 5, rngs=rngs)
+
+
+def test_a_constant_the_port_recomputes_loads_when_equal_and_comes_back_as_torch_held_it():
+    rules = dict(parity.RULES)
+    parity.register_rule(_FlaxMasked, Rule("causal", None, torch_default=np.tril(np.ones((4, 4), bool))), table=rules)
+    torch_model = _TorchMasked()
+    model = torch_to_flax(torch_model.state_dict(), _FlaxMasked(nnx.Rngs(0)), rules=rules)
+    back = flax_to_torch(model, rules=rules)
+    assert back["causal"].dtype == torch.bool and torch.equal(back["causal"], torch_model.causal)
+    _TorchMasked().load_state_dict(back, strict=True)
+    # A checkpoint whose mask is not the port's: the port would attend otherwise, so refused.
+    state = dict(torch_model.state_dict())
+    state["causal"] = state["causal"].clone()
+    state["causal"][0, 3] = True
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax(state, _FlaxMasked(nnx.Rngs(0)), rules=rules)
+    assert info.value.invalid == {"causal": "1 of 16 values differ from the constant its rule "
+                                            "Rule('causal', None, torch_default=...) holds"}
+    state["causal"] = torch.ones(4, 4)  # a float mask for a boolean one
+    with pytest.raises(ConversionError, match=re.escape("dtype float32, not the boolean dtype of the constant")):
+        torch_to_flax(state, _FlaxMasked(nnx.Rngs(0)), rules=rules)
+
+
 def test_a_tie_left_out_is_named_by_the_key_its_copy_equals(torch_model):
     # torch writes both names of a tied weight; a call not told of the tie meets lm_head.weight
     # as an unexpected key, and the refusal says which loaded key it equals bit for bit.
