@@ -427,9 +427,10 @@ def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None, user_name
             invalid[key] = f"cannot read as an array ({e})"
             continue
         if the_plan[key][0].flax_path is None:
-            # A torch-only buffer (num_batches_tracked): read, and dropped by its rule. Only a
-            # scalar, as the torch_default written back in its place: a tensor dropped so would
-            # be lost without a word (and saved back as a scalar torch refuses to load).
+            # A torch-only buffer: read, and dropped by its rule. Under a scalar torch_default (a
+            # counter: num_batches_tracked) only a scalar: a tensor dropped so would be lost
+            # without a word (and saved back as a scalar torch refuses to load). Under an array
+            # (a constant the port recomputes) only that constant.
             rule = the_plan[key][0].rule
             if isinstance(rule.torch_default, np.ndarray):
                 why = _constant_refusal(value, rule.torch_default)

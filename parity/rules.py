@@ -85,7 +85,7 @@ class Rule:
     torch_default: int | float | np.ndarray | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
-        if self.torch_default is not None and not isinstance(self.torch_default, (int, float)):
+        if np.ndim(self.torch_default) > 0:  # a constant; a scalar (numpy's too) stays a counter's default
             constant = np.array(self.torch_default, copy=True)  # the caller's array may change later
             constant.flags.writeable = False
             object.__setattr__(self, "torch_default", constant)
