@@ -25,7 +25,7 @@ import torch
 from flax import nnx
 
 from parity.convert import tensor_to_numpy
-from parity.flax_calls import record_flax_calls
+from parity.flax_calls import record_flax_calls, within
 from parity.policy import DEFAULT_ATOL
 from parity.report import (  # noqa: F401 - names parity.compare has always given
     ALIASES,
@@ -112,7 +112,7 @@ def _flax_calls(model, *inputs):
     """(output, {name: numpy array}, [paths of the modules run only under a JAX transform])."""
     output, records, traced = record_flax_calls(model, *inputs)
     named = _number_calls(records)
-    return output, {k: np.asarray(jax.device_get(v)) for k, v in named.items()}, list(traced)
+    return output, {k: np.asarray(jax.device_get(v)) for k, v in named.items()}, traced
 
 
 def flax_intermediates(model, *inputs):
@@ -273,7 +273,7 @@ def _one_call_layers(flax_model, rules):
 def _inside(name, layers):
     """The layer of ``layers`` (paths) strictly inside which the row ``name`` lies, or None."""
     base = _row_base(name)
-    return next((p for p in layers if base.startswith(p + ".") or (p == "" and base != "")), None)
+    return next((p for p in layers if within(base, p)), None)
 
 
 def _names(paths, shown=4):

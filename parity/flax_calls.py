@@ -26,8 +26,8 @@ def _is_traced(value):
 
 
 def record_flax_calls(model, *inputs):
-    """Run ``model(*inputs)``; return (output, [(path, output)] in completion order, {path:
-    None} of the modules run only under a JAX transform).
+    """Run ``model(*inputs)``; return (output, [(path, output)] in completion order, [paths of
+    the modules run only under a JAX transform]).
 
     Each module class in the tree gets a ``__call__`` wrapper for the run, installed on the
     class itself (Python looks ``__call__`` up on the type) around the ``__call__`` its
@@ -92,11 +92,11 @@ def record_flax_calls(model, *inputs):
     recorded = {name for name, _ in records}
     for path, module in modules:
         name = ".".join(map(str, path))
-        if any(type(module) is cls and _within(name, outer) for outer, cls in copies):
+        if any(type(module) is cls and within(name, outer) for outer, cls in copies):
             traced.setdefault(name)
-    return output, records, {name: None for name in traced if name not in recorded}
+    return output, records, [name for name in traced if name not in recorded]
 
 
-def _within(name, outer):
+def within(name, outer):
     """Whether the module path ``name`` lies strictly inside ``outer`` ("" is the whole model)."""
     return name != outer and (outer == "" or name.startswith(outer + "."))

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from flaxformer_mini.config import PRESETS, ModelConfig
 from parity.convert import ConversionError, layer_depths
+from parity.engine import _closest
 
 SOURCE_EMBEDDING = "encoder.embedding_layer.weight"
 TARGET_EMBEDDING = "decoder.embedding_layer.weight"
@@ -54,8 +55,7 @@ def _shape(state_dict, key, ndim=2):
         # A near key helps only in this project's Transformer with a key renamed or dropped (its
         # layer lists are there); in another model any "encoder.*" key is near and means nothing.
         ours = any(str(k).startswith(_OUR_LAYER_LISTS) for k in state_dict)
-        near = difflib.get_close_matches(key, [str(k) for k in state_dict], n=1, cutoff=0.6) if ours else []
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        hint = _closest(key, [str(k) for k in state_dict]) if ours else ""
         # Most likely a porter's own model, which the command line cannot build; the library can.
         own = "" if ours else (" `parity check` and `parity convert` build that architecture only; a model of your own "
                                "converts and compares through the library (parity.torch_to_flax, parity.compare: "

@@ -13,12 +13,11 @@ every pattern that matches nothing, key matched twice, or two keys onto one name
 at once. Needs no torch: it moves values it does not look inside (except to chunk them).
 """
 
-import difflib
 import re
 
 import numpy as np
 
-from parity.engine import ConversionError
+from parity.engine import ConversionError, _closest
 
 
 def _compile(pattern):
@@ -76,7 +75,7 @@ class Rename:
             for target, v in zip(targets, values):
                 sources.setdefault(target, []).append(key)
                 out[target] = v
-        unused = [(src, src, _closest(src, state_dict)) for src in self.table if src not in used]
+        unused = [(src, src, _closest_pattern(src, state_dict)) for src in self.table if src not in used]
         collide = {t: ks for t, ks in sources.items() if len(ks) > 1}
         if unused or twice or collide:
             self._report("torch", unused, twice, collide)
@@ -109,7 +108,7 @@ class Rename:
                     out[name] = concat([pending[name][j] for j in range(len(tgts))])
         # Here the targets are what met the keys: a pattern unused is a target misspelt (or a
         # source the model has no layer for), so the message names the target.
-        unused = [(src, ", ".join(tgts), _closest(tgts[0], state_dict)) for src, tgts, _ in self._backward
+        unused = [(src, ", ".join(tgts), _closest_pattern(tgts[0], state_dict)) for src, tgts, _ in self._backward
                   if src not in used]
         collide = {t: ks for t, ks in sources.items() if len(ks) > 1}
         if unused or twice or collide:
@@ -140,7 +139,7 @@ class Rename:
         return torch_path
 
 
-def _closest(pattern, keys):
+def _closest_pattern(pattern, keys):
     """' (did you mean ...?)' with the key nearest ``pattern`` written as a pattern (its
     segments where ``pattern`` has ``{}`` put back as ``{}``), or "". Only for patterns whose
     ``{}`` are whole dotted segments, as the map's layer indices are."""
@@ -149,8 +148,7 @@ def _closest(pattern, keys):
         return ""
     shapes = {".".join("{}" if s == "{}" else k for s, k in zip(segments, parts))
               for parts in (str(key).split(".") for key in keys) if len(parts) == len(segments)}
-    match = difflib.get_close_matches(pattern, sorted(shapes - {pattern}), n=1, cutoff=0.6)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+    return _closest(pattern, sorted(shapes - {pattern}))
 
 
 def _prefix_pairs(src, tgt):
