@@ -25,8 +25,7 @@ import os
 import sys
 
 from flaxformer_mini import decode_commands
-from flaxformer_mini.config import PRESETS
-from flaxformer_mini.run_config import DTYPES
+from flaxformer_mini.config import DTYPES, PRESETS
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
 DEBUG_ENV = "FLAXFORMER_MINI_DEBUG"  # set (to anything) for full tracebacks, as --debug

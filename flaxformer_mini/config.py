@@ -8,6 +8,10 @@ build the two twins of the same model.
 
 import dataclasses
 
+# A run's compute dtypes, by name (run_config.COMPUTE_DTYPES maps them to JAX's): here, where
+# the CLI's parser reads them without starting JAX.
+DTYPES = ("float32", "bfloat16")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:

@@ -11,15 +11,15 @@ import math
 
 import jax.numpy as jnp
 
-from flaxformer_mini.config import ModelConfig, get_preset
+from flaxformer_mini.config import DTYPES, ModelConfig, get_preset
 from flaxformer_mini.data.parallel_text import check_columns
 from flaxformer_mini.training import TrainConfig
 
 FORMAT, VERSION = "flaxformer-mini-run", 2
 
-# Compute dtypes by name, defined once: parameters always stay float32 (DESIGN.md, Numerics).
+# The compute dtype of each name in config.DTYPES: parameters always stay float32 (DESIGN.md, Numerics).
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
-DTYPES = tuple(COMPUTE_DTYPES)
+assert tuple(COMPUTE_DTYPES) == DTYPES
 
 
 class RunConfigError(ValueError):

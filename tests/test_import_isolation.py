@@ -117,6 +117,39 @@ def test_block_fails_the_subprocess_when_a_blocked_package_is_needed():
         _run_blocking({"jax"}, FLAX_ALONE)
 
 
+# Both command lines parse before they start a framework: `--help` and an option's error answer
+# in a fraction of a second (flaxformer_mini's and parity's names are imported on first use).
+CLI_ALONE = textwrap.dedent(
+    """
+    import contextlib
+    import io
+
+    from {package}.cli import main
+
+    for argv, code, says in {cases!r}:
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(err):
+            try:
+                got = main(argv)  # parity's returns its exit code, as console scripts expect
+            except SystemExit as e:  # flaxformer-mini's leaves argparse's exit as it is
+                got = e.code
+        assert got == code, (argv, got, err.getvalue())
+        assert says in out.getvalue() + err.getvalue(), (argv, out.getvalue(), err.getvalue())
+    """
+)
+FRAMEWORKS = {"jax", "jaxlib", "flax", "optax", "orbax", "torch", "numpy"}
+
+
+@pytest.mark.parametrize("package, cases", [
+    ("flaxformer_mini", [(["--help"], 0, "generate"), (["train", "--help"], 0, "--max-tokens"),
+                         (["train", "--task", "copy", "--out", "o", "--steps", "-1"], 2, "--steps must be >= 1, got -1"),
+                         (["generate", "--help"], 0, "--beam-size")]),
+    ("parity", [(["--help"], 0, "convert"), (["convert", "--help"], 0, "--heads H"), (["check", "--batch", "0"], 2, "--batch must be >= 1, got 0")]),
+])
+def test_command_line_help_and_option_errors_answer_without_importing_a_framework(package, cases):
+    _run_blocking(FRAMEWORKS, CLI_ALONE.format(package=package, cases=cases))
+
+
 # --- static check over the source ----------------------------------------------------------
 
 
