@@ -11,6 +11,8 @@ Shape legend, used in comments and einsum strings across the project:
     S  source (key) length   H  attention heads
     T  target (query) length K  head width (D // H)
     V  vocabulary            F  feed-forward width
+    L  layers (a stacked axis: decoding caches, scanned blocks)
+    N  decoded positions (a decoding cache's length, max new tokens)
 
 This package never imports torch, torch_ref or parity: a TPU user needs no PyTorch.
 """

@@ -7,7 +7,7 @@ goes: a Q/K/V kernel is ``('embed', 'heads')``, the attention output projection
 (logical, mesh axis) pairs of t5x's ``logical_axis_rules`` (flaxformer/t5x
 ``docs/usage/partitioning.md``). A layout is rows of it; the mesh has the axes
 ``('data', 'model')`` (sharding.py). Shape legend: D width, H heads, K head width, F
-feed-forward width, V vocabulary, L max_len.
+feed-forward width, V vocabulary, P max_len (the position table's rows).
 
 | logical name | axis of                                            | size   |
 | ------------ | -------------------------------------------------- | ------ |
@@ -16,7 +16,7 @@ feed-forward width, V vocabulary, L max_len.
 | ``heads``    | the joined heads: Q/K/V outputs, the attention output's input | H*K |
 | ``kv``       | one head (seed 003's per-head K x K projections)         | K  |
 | ``mlp``      | the feed-forward hidden units                            | F  |
-| ``length``   | the learned position table's rows                        | L  |
+| ``length``   | the learned position table's rows                        | P  |
 
 Tensor parallelism (Megatron-LM): Q/K/V and the first feed-forward layer are split by their
 output columns over ``model`` (each device computes its own heads / hidden units, no
