@@ -404,8 +404,8 @@ def build_parser():
     e.add_argument("--json", action="store_true",
                    help="print one JSON object: loss, token_accuracy, exact_match, bleu, chrf, wer, cer")
     e.add_argument("--output", metavar="FILE",
-                   help="write the decoded hypotheses, one per line: with --data, one per input pair in its order "
-                        "(an empty line for a pair longer than the run's max length); else in held-out order. "
+                   help="write the decoded hypotheses, one per line: with --data, one per line of the file (an empty line "
+                        "for a blank line and for a pair longer than the run's max length); else in held-out order. "
                         "An existing FILE is refused unless --force")
     e.add_argument("--force", action="store_true", help="replace an existing --output file")
     e.add_argument("--batch-size", type=int, default=None,

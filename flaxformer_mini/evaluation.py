@@ -16,7 +16,7 @@ far as the references' padded length would cut a long hypothesis at its referenc
 
 import numpy as np
 
-from flaxformer_mini.data import DataError, SyntheticTask, TextPairs, iter_tsv, pad_rows
+from flaxformer_mini.data import DataError, SyntheticTask, TextPairs, iter_lines, iter_tsv, pad_rows
 from flaxformer_mini.decoding import DEFAULT_LENGTH_PENALTY, check_options, decode, exact_match
 from flaxformer_mini.files import write_atomic
 from flaxformer_mini.metrics import corpus_metrics
@@ -72,13 +72,17 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     that appeared meanwhile).
 
     Pairs longer than the run's --max-len cannot be decoded: ``echo`` (stderr by default)
-    says how many were left out of the metrics. ``output`` holds one line per ``data`` pair,
-    in the file's order, an empty one for each pair left out, so it lines up with ``data``;
-    without ``data``, one line per evaluated held-out pair, in order. ``beam_size`` > 1:
+    says how many were left out of the metrics. ``output`` holds one line per line of
+    ``data``, its pair's hypothesis, empty for a blank line and for a pair left out, so it
+    lines up with ``data`` (``paste data output``), as ``generate``'s output lines up with
+    its input; without ``data``, one line per evaluated held-out pair, in order. ``beam_size`` > 1:
     the best beam's hypotheses, ranked with length penalty ``alpha`` (``decoding``)."""
     run = open_run(out)
     check_options(run.config.model, beam_size=beam_size, alpha=alpha)
-    held_out = read_pairs(run, data, columns) if data is not None else run.data.eval  # before the checkpoint: fail fast
+    if data is not None:  # before the checkpoint: fail fast
+        held_out, line_numbers, file_lines = read_pairs(run, data, columns)
+    else:
+        held_out = run.data.eval
     state = run.latest_state()
     if isinstance(held_out, TextPairs) and held_out.dropped:
         where = f"pairs in {data}" if data is not None else "held-out pairs"
@@ -96,9 +100,9 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
                                                   codec=run.codec if with_exact_match else None, alpha=alpha)
     if output is not None:
         if data is not None:
-            lines = [""] * (held_out.dropped + len(held_out))
+            lines = [""] * file_lines  # blank lines and pairs too long stay empty
             for i, hypothesis in zip(held_out.kept, hypotheses):
-                lines[i] = hypothesis
+                lines[line_numbers[i] - 1] = hypothesis
             hypotheses = lines
         write_atomic(output, "".join(h + "\n" for h in hypotheses), replace=force)
     return {"step": int(state.step), **result}
@@ -116,13 +120,14 @@ def read_pairs(run, path, columns=None):
     (``iter_tsv``'s rules and errors, the run's ``--columns`` unless ``columns`` is given)
     and encoded with the run's saved tokenizers (a text run) or as its integer values (a
     synthetic run); a value a synthetic run cannot read is an error naming ``path`` and the
-    line."""
+    line. Returned with the file's line number of each pair and the file's number of lines
+    (blank lines are not pairs, and an output that lines up with the file keeps them)."""
     d = run.config.data
     columns = d.columns if columns is None else columns
     if d.kind == "synthetic":
         task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
         vocabs = (_Values(task),) * 2
-        pairs = []
+        pairs, line_numbers = [], []
         for lineno, source, target in iter_tsv(path, columns):
             for side, text in (("source", source), ("target", target)):
                 try:
@@ -130,10 +135,15 @@ def read_pairs(run, path, columns=None):
                 except ValueError as e:
                     raise DataError(f"{path}:{lineno}: {side}: {e}") from None
             pairs.append((source, target))
+            line_numbers.append(lineno)
     else:
         vocabs = run.dir.load_vocabularies(d)
-        pairs = [(source, target) for _, source, target in iter_tsv(path, columns)]
+        numbered = list(iter_tsv(path, columns))
+        pairs, line_numbers = [(source, target) for _, source, target in numbered], [n for n, _, _ in numbered]
     try:
-        return TextPairs(pairs, *vocabs, run.config.model.max_len)
+        held_out = TextPairs(pairs, *vocabs, run.config.model.max_len)
     except DataError as e:
         raise DataError(f"{path}: {e} (the run's --max-len: a side's tokens plus its EOS)") from None
+    with open(path, "rb") as f:  # numbered as iter_tsv numbers them: blank lines at the end count too
+        file_lines = sum(1 for _ in iter_lines(f, path))
+    return held_out, line_numbers, file_lines

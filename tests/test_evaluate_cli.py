@@ -105,6 +105,23 @@ def test_evaluate_output_has_one_line_per_data_line_and_an_empty_one_for_an_over
             f"{hypotheses} holds an empty line for each, so its lines match {path}'s") in stderr
 
 
+def test_evaluate_output_lines_up_with_a_data_file_that_has_blank_lines(char_run, test_file, tmp_path):
+    # paste test.tsv hyp.txt: blank lines (at the start, in the middle, whitespace only, at the
+    # end) keep their places as empty lines, as generate keeps a blank input line's place.
+    out, _ = char_run
+    _, pairs = test_file
+    lines = ["", *(f"{s}\t{t}" for s, t in pairs[:3]), "  ", *(f"{s}\t{t}" for s, t in pairs[3:]), "", ""]
+    path = tmp_path / "blanks.tsv"
+    path.write_bytes("\r\n".join(lines).encode() + b"\r\n")
+    hypotheses = tmp_path / "hyp.txt"
+    evaluate(out, "--data", path, "--output", hypotheses)
+    written = hypotheses.read_text().split("\n")
+    assert written[-1] == "" and len(written[:-1]) == len(lines) == 11
+    decoded = iter(generated(out, [s for s, _ in pairs if (s, _) != OVER_LONG]))
+    expected = ["" if not line.strip() or tuple(line.split("\t")) == OVER_LONG else next(decoded) for line in lines]
+    assert written[:-1] == expected
+
+
 def test_evaluate_data_scores_that_file_even_when_the_runs_data_files_moved(char_run, tmp_path):
     out, (train, valid) = char_run
     # The run's own held-out file through --data: the same pairs, the same scores.
