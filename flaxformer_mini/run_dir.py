@@ -100,7 +100,16 @@ class RunDir:
             d = json.loads(self.config_path.read_text())
         except json.JSONDecodeError as e:
             raise RunConfigError(f"{self.config_path}: not valid JSON: {e}") from None
-        return RunConfig.from_dict(d, source=str(self.config_path))
+        config = RunConfig.from_dict(d, source=str(self.config_path))  # first: a malformed setting by name
+        recorded = (d.get("checksums") or {}).get(CONFIG_CHECKSUM)
+        if recorded is not None and config_sha256(d) != recorded:
+            raise RunConfigError(
+                f"{self.config_path}: edited since the run wrote it (sha256 of its settings {config_sha256(d)[:12]}..., "
+                f"recorded {recorded[:12]}...): the checkpoints belong to the settings it held, and an edited one "
+                f"(heads, for one) would load them into another model without an error. Put the file back as it "
+                f"was; for other settings, train a new run, from these weights with --init-from (parity convert "
+                f"{self.path} weights.safetensors).")
+        return config
 
     def start_or_resume(self, config: RunConfig, checksums=None):
         """Write ``config`` for a new run, or check that it matches the run already here, and
@@ -138,7 +147,9 @@ class RunDir:
                     _write_json(self.config_path, stored)
                 self.moved_data = moved
             else:
-                _write_json(self.config_path, {**config.to_dict(), "checksums": dict(checksums or {})})
+                stored = {**config.to_dict(), "checksums": dict(checksums or {})}
+                stored["checksums"][CONFIG_CHECKSUM] = config_sha256(stored)
+                _write_json(self.config_path, stored)
         except BaseException:
             lock.release()
             raise
@@ -321,6 +332,21 @@ def sha256(data: bytes):
 # under "data.<name>" in its checksums.
 DATA_FILES = ("train_path", "valid_path")
 _DATA_SHA256 = {}  # (path, size, mtime_ns) -> sha256: one read of a corpus per process, not one per check
+
+
+# config.json's own checksum, checksums["config"]: the sha256 of the settings as written, the
+# data files' paths left out (a data file found elsewhere with its recorded contents is
+# written back with its new path). The model is rebuilt from this file, and with `heads`
+# edited a checkpoint loads into arrays of the same shapes and runs as another model,
+# silently. Files written before it carry none and are read as they were.
+CONFIG_CHECKSUM = "config"
+
+
+def config_sha256(stored):
+    """The sha256 of a config.json's settings (its parsed JSON ``stored``), as recorded in it."""
+    settings = {key: value for key, value in stored.items() if key != "checksums"}
+    settings["data"] = {key: value for key, value in (settings.get("data") or {}).items() if key not in DATA_FILES}
+    return sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode())
 
 
 def data_file_sha256(path):

@@ -318,7 +318,14 @@ CASES = [
     # --- checkpoints
     ("every_checkpoint_damaged", on_run("evaluate", edit=damage_every_checkpoint), 2,
      r"no checkpoint in .* can be read \(step 5: "),
-    ("checkpoint_of_another_size", on_run("evaluate", edit=edit_json("config.json", lambda c: c["model"].update(embed_size=35, heads=5))),
+    # A config.json edited by hand is refused by its recorded checksum; with no checksum (a file
+    # written before it was recorded), a model of other shapes is refused by the checkpoint's.
+    ("config_edited_heads", on_run("evaluate", edit=edit_json("config.json", lambda c: c["model"].update(heads=3))), 2,
+     r"config\.json: edited since the run wrote it \(sha256 of its settings [0-9a-f]{12}\.\.\., recorded [0-9a-f]{12}\.\.\.\)"),
+    ("config_edited_learning_rate", on_run("train", edit=edit_json("config.json", lambda c: c["train"].update(peak_learning_rate=1e-3))),
+     2, r"config\.json: edited since the run wrote it"),
+    ("checkpoint_of_another_size", on_run("evaluate", edit=edit_json("config.json", lambda c: (
+        c["model"].update(embed_size=35, heads=5), c["checksums"].pop("config")))),
      2, r"checkpoint 5 in .* is from a different model: .*\(30, 30\), model \(35, 35\)"),
     # --- generate and evaluate options
     ("generate_max_new_tokens_zero", on_run("generate", "--max-new-tokens", "0", "1 2"), 2, r"--max-new-tokens must be >= 1"),

@@ -612,8 +612,11 @@ def test_exporting_a_bfloat16_run_notes_that_float32_torch_may_decode_otherwise(
 
     run = tmp_path / "bf16"
     shutil.copytree(training_run[0], run)
-    config = json.loads((run / "config.json").read_text())
-    (run / "config.json").write_text(json.dumps(dict(config, dtype="bfloat16")))
+    from flaxformer_mini.run_dir import CONFIG_CHECKSUM, config_sha256
+
+    config = dict(json.loads((run / "config.json").read_text()), dtype="bfloat16")
+    config["checksums"][CONFIG_CHECKSUM] = config_sha256(config)  # as a bfloat16 run writes it
+    (run / "config.json").write_text(json.dumps(config))
     assert main(["convert", str(run), str(tmp_path / "bf16.safetensors")]) == 0
     assert f"note: {run} computes in bfloat16; the exported parameters are float32" in capsys.readouterr().out
     assert main(["convert", str(training_run[0]), str(tmp_path / "f32.safetensors")]) == 0
