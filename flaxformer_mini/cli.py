@@ -320,7 +320,8 @@ def build_parser():
     t.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.0, help="> 0 uses AdamW")
     t.add_argument("--clip-norm", type=_clip_norm, default=1.0, help="global gradient-norm clipping ('none': off)")
-    t.add_argument("--label-smoothing", type=float, default=0.0)
+    t.add_argument("--label-smoothing", type=float, default=0.0,
+                   help="in [0, 1): the target distribution's mass spread over the vocabulary (default 0: none)")
     t.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     t.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="compute dtype (parameters stay float32)")
@@ -368,9 +369,12 @@ def build_parser():
     t.add_argument("--valid-size", type=int, default=512,
                    help="text: evaluation during training reads this many held-out pairs; without --valid, this many "
                         "training pairs (at most a tenth) are held out for it")
-    t.add_argument("--log-every", type=int, default=50)
-    t.add_argument("--eval-every", type=int, default=500)
-    t.add_argument("--save-every", type=int, default=500)
+    t.add_argument("--log-every", type=int, default=50, help="steps between metrics.jsonl lines (default 50; the "
+                   "last step is always logged)")
+    t.add_argument("--eval-every", type=int, default=500, help="steps between evaluations (default 500; and at the "
+                   "last step)")
+    t.add_argument("--save-every", type=int, default=500, help="steps between checkpoints (default 500; also at the "
+                   "last step and on Ctrl-C/SIGTERM; a process killed with -9 resumes from the last one saved)")
     t.add_argument("--keep", type=int, default=3, help="checkpoints kept")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--no-plot", action="store_true",
@@ -437,8 +441,10 @@ def build_parser():
     g.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="at most N tokens per output, EOS included (default: the model's max_len); a warning on "
                         "standard error counts the outputs cut there before their EOS")
-    g.add_argument("--temperature", type=float, default=None, metavar="T")
-    g.add_argument("--top-k", type=int, default=None, metavar="K")
+    g.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="sample instead of decoding greedily: logits divided by T > 0 (1 when only --top-k is given)")
+    g.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sample from the K most likely tokens only (with --temperature, or at temperature 1)")
     g.add_argument("--seed", type=int, default=0, help="seed for sampling")
     g.add_argument("--batch-size", type=int, default=64, help="inputs decoded together (memory is bounded by it)")
     g.add_argument("text", nargs="*", help="the input; if absent, one input per line of standard input")

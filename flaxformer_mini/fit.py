@@ -69,12 +69,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
         run.dir.truncate_metrics(start, echo=echo)  # a killed run may have logged steps past its last checkpoint
     if start:
         echo(f"resuming {run.path} from step {start}")
-    n_params = sum(x.size for x in jax.tree.leaves(state.params))
-    # The mesh is said here, not stored in config.json: a run may resume under another mesh
-    # (checkpoints hold whole arrays; orbax restores them into the new mesh's layout).
-    echo(f"model: {n_params:,} parameters, {run.config.dtype}, on {1 if mesh is None else mesh.size} "
-         f"{jax.devices()[0].platform} device(s)"
-         + (f", mesh {format_mesh(mesh)}, {sharding} sharding" if mesh is not None else ""))
+    echo(describe_model(state.params, run.config.dtype, mesh, sharding))
     run_devices = None if mesh is None else tuple(mesh.devices.flat)  # the stop votes' (any_process_later)
     if not main:  # a host's own log says it joined; process 0's says the rest
         local = jax.local_device_count() if mesh is None else len(mesh.local_devices)
@@ -155,6 +150,18 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     if main and plot:
         plot_metrics(run.dir)
     return {"step": evaluated_at, **last_eval}
+
+
+def describe_model(params, dtype, mesh=None, sharding="replicated"):
+    """The run's start line: its parameters' count and dtype, the compute dtype (parameters
+    stay float32 whatever --dtype computes in: DESIGN.md, Numerics), and the devices. The mesh
+    is said here, not stored in config.json: a run may resume under another mesh (checkpoints
+    hold whole arrays; orbax restores them into the new mesh's layout)."""
+    leaves = jax.tree.leaves(params)
+    n_params, param_dtypes = sum(x.size for x in leaves), "/".join(sorted({str(x.dtype) for x in leaves}))
+    return (f"model: {n_params:,} {param_dtypes} parameters, {dtype} compute, on {1 if mesh is None else mesh.size} "
+            f"{jax.devices()[0].platform} device(s)"
+            + (f", mesh {format_mesh(mesh)}, {sharding} sharding" if mesh is not None else ""))
 
 
 def evaluation_state(state):

@@ -379,7 +379,7 @@ def test_max_tokens_and_accumulate_on_two_processes_of_two_devices_train_as_one_
     assert any(r % 4 for r in rows), f"every batch already divisible by 4 ({rows}): nothing padded"
     assert reference.config.model.dropout > 0  # the dropout masks too must be the single device's
     said = (equivalence_runs / "2x2_launch.stderr").read_text()
-    assert f"{two}: model: 31,101 parameters, float32, on 4 cpu device(s), mesh data=4, fsdp" in said, said[-2000:]
+    assert f"{two}: model: 31,101 float32 parameters, float32 compute, on 4 cpu device(s), mesh data=4, fsdp" in said, said[-2000:]
     # Every micro-batch's rows split over 'data' (filled up to a multiple of 4), not handed whole to
     # every device, each in the shape one device trains it in (not padded to its update's largest).
     shapes = re.findall(rf"{re.escape(str(two))}: micro-batch \((\d+), (\d+)\) laid out P\('data',\)", said)

@@ -118,6 +118,11 @@ def test_bfloat16_loss_tracks_float32():
     # And the compute really is bf16: the logits come out in bf16.
     model = bf16.model(s16)
     assert model(jnp.asarray(batch.source), jnp.asarray(batch.target_in)).dtype == jnp.bfloat16
+    # The run's start line says both, not "bfloat16" alone, which read as bfloat16 parameters.
+    from flaxformer_mini.fit import describe_model
+
+    n = sum(x.size for x in jax.tree.leaves(s16.params))
+    assert describe_model(s16.params, "bfloat16").startswith(f"model: {n:,} float32 parameters, bfloat16 compute, on 1 ")
 
 
 def run_config(dropout=0.1, embed=30, lr_factor=1.0, task="copy"):
