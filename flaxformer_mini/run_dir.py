@@ -107,8 +107,8 @@ class RunDir:
                 f"{self.config_path}: edited since the run wrote it (sha256 of its settings {config_sha256(d)[:12]}..., "
                 f"recorded {recorded[:12]}...): the checkpoints belong to the settings it held, and an edited one "
                 f"(heads, for one) would load them into another model without an error. Put the file back as it "
-                f"was; for other settings, train a new run, from these weights with --init-from (parity convert "
-                f"{self.path} weights.safetensors).")
+                f"was; then, for other settings, train a new run from these weights (parity convert {self.path} "
+                f"weights.safetensors, then train --init-from weights.safetensors).")
         return config
 
     def start_or_resume(self, config: RunConfig, checksums=None):
