@@ -136,8 +136,9 @@ class TextPairs:
     lines its hypotheses up with the input file's lines by it).
 
     ``length_multiple`` rounds each batch's S and T up to a multiple (capped at
-    ``max_len``), so the jitted train step compiles for a handful of shapes, not one per
-    length. Pass 1 for the tightest padding.
+    ``max_len``), so the jitted train step compiles for at most ceil(max_len / 8)^2 shapes, not
+    one per pair of lengths (13 on a character-level corpus at max_len 64: docs/data.md,
+    "Compiled shapes"). Pass 1 for the tightest padding.
     """
 
     def __init__(self, pairs, source_vocab, target_vocab, max_len, length_multiple=8):
