@@ -17,9 +17,9 @@ Shape legend, used in comments and einsum strings across the project:
 This package never imports torch, torch_ref or parity: a TPU user needs no PyTorch.
 """
 
-import importlib
+from flaxformer_mini.lazy_exports import lazy_exports
 
-# Names are imported on first use (PEP 562), as in parity: `flaxformer-mini --help` and an
+# Names are imported on first use (lazy_exports.py): `flaxformer-mini --help` and an
 # option's error answer without importing JAX and Flax, while `from flaxformer_mini import
 # Transformer` works as usual. One machine's times (AMD EPYC family 25 model 1, 2026-11-27):
 # `flaxformer-mini --help` took 3.6 s wall with the eager imports and 0.2 s without them.
@@ -52,13 +52,4 @@ __version__ = "0.1.0"
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'flaxformer_mini' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -18,9 +18,9 @@
 This is the only package that imports both torch and JAX.
 """
 
-import importlib
+from flaxformer_mini.lazy_exports import lazy_exports
 
-# Names are imported on first use (PEP 562), so `parity --help` and `parity.cli` answer
+# Names are imported on first use (flaxformer_mini/lazy_exports.py), so `parity --help` and `parity.cli` answer
 # without loading torch and JAX (several seconds); `from parity import X` works as usual.
 _EXPORTS = {
     "CheckpointError": "parity.checkpoint_io",
@@ -68,13 +68,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'parity' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
