@@ -124,26 +124,29 @@ def read_pairs(run, path, columns=None):
     (blank lines are not pairs, and an output that lines up with the file keeps them)."""
     d = run.config.data
     columns = d.columns if columns is None else columns
+    read = [0]  # the file's lines, counted as they are read (blank lines at the end too), once: a pipe
+
+    def counted(f):
+        for lineno, line in iter_lines(f, path):
+            read[0] = lineno
+            yield lineno, line
+
+    with open(path, "rb") as f:
+        numbered = list(iter_tsv(path, columns, lines=counted(f)))
+    pairs, line_numbers = [(source, target) for _, source, target in numbered], [n for n, _, _ in numbered]
     if d.kind == "synthetic":
         task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
         vocabs = (_Values(task),) * 2
-        pairs, line_numbers = [], []
-        for lineno, source, target in iter_tsv(path, columns):
+        for lineno, source, target in numbered:
             for side, text in (("source", source), ("target", target)):
                 try:
                     task.encode_text(text)
                 except ValueError as e:
                     raise DataError(f"{path}:{lineno}: {side}: {e}") from None
-            pairs.append((source, target))
-            line_numbers.append(lineno)
     else:
         vocabs = run.dir.load_vocabularies(d)
-        numbered = list(iter_tsv(path, columns))
-        pairs, line_numbers = [(source, target) for _, source, target in numbered], [n for n, _, _ in numbered]
     try:
         held_out = TextPairs(pairs, *vocabs, run.config.model.max_len)
     except DataError as e:
         raise DataError(f"{path}: {e} (the run's --max-len: a side's tokens plus its EOS)") from None
-    with open(path, "rb") as f:  # numbered as iter_tsv numbers them: blank lines at the end count too
-        file_lines = sum(1 for _ in iter_lines(f, path))
-    return held_out, line_numbers, file_lines
+    return held_out, line_numbers, read[0]

@@ -101,14 +101,7 @@ class RunDir:
         except json.JSONDecodeError as e:
             raise RunConfigError(f"{self.config_path}: not valid JSON: {e}") from None
         config = RunConfig.from_dict(d, source=str(self.config_path))  # first: a malformed setting by name
-        recorded = (d.get("checksums") or {}).get(CONFIG_CHECKSUM)
-        if recorded is not None and config_sha256(d) != recorded:
-            raise RunConfigError(
-                f"{self.config_path}: edited since the run wrote it (sha256 of its settings {config_sha256(d)[:12]}..., "
-                f"recorded {recorded[:12]}...): the checkpoints belong to the settings it held, and an edited one "
-                f"(heads, for one) would load them into another model without an error. Put the file back as it "
-                f"was; then, for other settings, train a new run from these weights (parity convert {self.path} "
-                f"weights.safetensors, then train --init-from weights.safetensors).")
+        check_config_sha256(d, self.config_path)
         return config
 
     def start_or_resume(self, config: RunConfig, checksums=None):
@@ -343,10 +336,40 @@ CONFIG_CHECKSUM = "config"
 
 
 def config_sha256(stored):
-    """The sha256 of a config.json's settings (its parsed JSON ``stored``), as recorded in it."""
+    """The sha256 of a config.json's settings (its parsed JSON ``stored``), as recorded in it:
+    of their values, not of how the file spells them (key order, spaces, and a float with an
+    integer's value, which `jq` writes as `0` where Python wrote `0.0`, count for nothing)."""
     settings = {key: value for key, value in stored.items() if key != "checksums"}
     settings["data"] = {key: value for key, value in (settings.get("data") or {}).items() if key not in DATA_FILES}
-    return sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode())
+    return sha256(json.dumps(_canonical(settings), sort_keys=True, separators=(",", ":")).encode())
+
+
+def _canonical(value):
+    if isinstance(value, dict):
+        return {key: _canonical(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def check_config_sha256(stored, path):
+    """Refuse the parsed config.json ``stored`` (read from ``path``) if its settings differ from
+    the checksum it recorded; a file without one (written before it was recorded) passes."""
+    recorded = (stored.get("checksums") or {}).get(CONFIG_CHECKSUM) if isinstance(stored.get("checksums"), dict) else ""
+    if recorded is None:
+        return
+    found = config_sha256(stored)
+    if not isinstance(recorded, str):
+        recorded = repr(recorded)
+    if found != recorded:
+        raise RunConfigError(
+            f"{path}: edited since the run wrote it (sha256 of its settings {found[:12]}..., recorded "
+            f"{recorded[:12]}...): the checkpoints belong to the settings it held, and an edited one (heads, for "
+            f"one) would load them into another model without an error. Put the file back as it was; then, for "
+            f"other settings, train a new run from these weights (parity convert {Path(path).parent} "
+            f"weights.safetensors, then train --init-from weights.safetensors).")
 
 
 def data_file_sha256(path):

@@ -260,9 +260,12 @@ def read_config_file(path):
         raise ConversionError(f"config file {path}: expected a JSON object of ModelConfig fields, got {type(data).__name__}")
     if data.get("format") == RUN_FORMAT:  # a training run's config.json: its model, as the run built it
         from flaxformer_mini.run_config import RunConfig
+        from flaxformer_mini.run_dir import check_config_sha256
 
         try:
-            return RunConfig.from_dict(data, source=str(path)).model.to_dict()
+            model = RunConfig.from_dict(data, source=str(path)).model.to_dict()
+            check_config_sha256(data, path)  # a heads edited by hand would check another model
+            return model
         except (TypeError, ValueError) as e:
             raise ConversionError(f"config file {path}: a flaxformer-mini run's config.json that cannot be read: "
                                   f"{e}") from None

@@ -122,6 +122,26 @@ def test_evaluate_output_lines_up_with_a_data_file_that_has_blank_lines(char_run
     assert written[:-1] == expected
 
 
+def test_evaluate_data_read_from_a_pipe_counts_its_lines_in_the_one_pass_it_gets(char_run, test_file):
+    # `--data <(...)` is a pipe's /dev/fd/N: a second open of it reads nothing (the writer is
+    # done), so the lines are counted as the pairs are read, in the one pass there is.
+    import os
+
+    from flaxformer_mini.evaluation import read_pairs
+
+    out, _ = char_run
+    _, pairs = test_file
+    text = "\n" + "".join(f"{s}\t{t}\n\n" for s, t in pairs[:3]) + "\n"
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, text.encode())  # well under a pipe's buffer: no writer thread needed
+        os.close(write_end)
+        held_out, line_numbers, file_lines = read_pairs(Run.open(out), f"/proc/self/fd/{read_end}")
+    finally:
+        os.close(read_end)
+    assert (len(held_out), line_numbers, file_lines) == (3, [2, 4, 6], 8)
+
+
 def test_evaluate_data_scores_that_file_even_when_the_runs_data_files_moved(char_run, tmp_path):
     out, (train, valid) = char_run
     # The run's own held-out file through --data: the same pairs, the same scores.

@@ -607,6 +607,21 @@ def test_a_training_runs_directory_or_config_json_gives_check_and_convert_the_ru
             f"({run}) to check its newest checkpoint") in capsys.readouterr().err
 
 
+def test_a_runs_config_json_edited_by_hand_is_refused_as_a_config_file_too(training_run, tmp_path, capsys):
+    import shutil
+
+    edited = tmp_path / "edited"
+    shutil.copytree(training_run[0], edited)
+    config = json.loads((edited / "config.json").read_text())
+    config["model"]["heads"] = 3  # 30 = 3 x 10: the same shapes as the run's 5 heads
+    (edited / "config.json").write_text(json.dumps(config))
+    exported = tmp_path / "run.pt"
+    assert main(["convert", str(training_run[0]), str(exported)]) == 0
+    capsys.readouterr()
+    assert main(["check", "--torch-checkpoint", str(exported), "--config", str(edited), "--batch", "1"]) == 2
+    assert f"{edited / 'config.json'}: edited since the run wrote it" in capsys.readouterr().err
+
+
 def test_exporting_a_bfloat16_run_notes_that_float32_torch_may_decode_otherwise(training_run, tmp_path, capsys):
     import shutil
 

@@ -290,6 +290,27 @@ def test_reading_or_resuming_a_run_makes_no_random_init(tmp_path, monkeypatch):
     assert int(Run.open(out).latest_state().step) == 3
 
 
+def test_config_json_respelt_loads_and_a_changed_value_is_refused_by_its_checksum(tmp_path):
+    out = tmp_path / "run"
+    Run.create(out, run_config(), echo=lambda m: None).close()
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["model"]["dropout"] == 0.1 and stored["train"]["weight_decay"] == 0.0
+
+    def as_jq_writes(value):  # `jq .` spells 0.0 as 0; keys in another order, other spaces
+        if isinstance(value, dict):
+            return {k: as_jq_writes(v) for k, v in reversed(value.items())}
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    (out / "config.json").write_text(json.dumps(as_jq_writes(stored), indent=4))
+    assert RunDir(out).load_config() == run_config()
+    for section, key, value in (("model", "heads", 1), ("train", "weight_decay", 1e-4), ("data", "task", "reverse")):
+        edited = json.loads(json.dumps(stored))
+        edited[section][key] = value
+        (out / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(RunConfigError, match=r"config\.json: edited since the run wrote it"):
+            RunDir(out).load_config()
+
+
 def test_run_config_with_an_unknown_dtype_is_refused_by_name(tmp_path):
     out = tmp_path / "run"
     fit(run_config(), out, 2, save_every=2, eval_every=100, progress=False, echo=lambda m: None)

@@ -65,29 +65,33 @@ def iter_lines(f, name):
             yield lineno, line
 
 
-def iter_tsv(path, columns=None):
+def iter_tsv(path, columns=None, lines=None):
     """``(line_number, source, target)`` for each pair of a ``source<TAB>target`` file (or of
     ``columns``), streamed: the rules and errors of ``read_tsv`` (lines read by ``iter_lines``: BOM
     skipped, the same numbering; blank lines skipped, ``DataError`` naming ``file:line``),
     without reading the whole file. With several bad lines, the error names the first one's
     reason and how many more (with the next line numbers), so a messy file is fixed in one
-    go, not one line per run.
+    go, not one line per run. ``lines``: the file's ``iter_lines``, from a caller that reads
+    it itself (to count its lines in the same pass: a pipe can be read once).
     """
     path, columns = Path(path), check_columns(columns)
+    if lines is None:
+        with path.open("rb") as f:
+            yield from iter_tsv(path, columns, iter_lines(f, path))
+        return
     found, bad = False, []  # bad: (line number, why) of every bad line
     try:
-        with path.open("rb") as f:
-            for lineno, line in iter_lines(f, path):
-                why, pair = _split_line(line, columns)
-                if why is None:
-                    continue  # blank
-                if why:
-                    bad.append((lineno, why))
-                    continue
-                if bad:
-                    continue  # the file fails: read on only to count its bad lines
-                found = True
-                yield lineno, *pair
+        for lineno, line in lines:
+            why, pair = _split_line(line, columns)
+            if why is None:
+                continue  # blank
+            if why:
+                bad.append((lineno, why))
+                continue
+            if bad:
+                continue  # the file fails: read on only to count its bad lines
+            found = True
+            yield lineno, *pair
     except DataError as e:  # not valid UTF-8: reading cannot go on
         if not bad:
             raise
@@ -136,9 +140,10 @@ class TextPairs:
     lines its hypotheses up with the input file's lines by it).
 
     ``length_multiple`` rounds each batch's S and T up to a multiple (capped at
-    ``max_len``), so the jitted train step compiles for at most ceil(max_len / 8)^2 shapes, not
-    one per pair of lengths (13 on a character-level corpus at max_len 64: docs/data.md,
-    "Compiled shapes"). Pass 1 for the tightest padding.
+    ``max_len``), so the jitted train step of a fixed batch size compiles for at most
+    ceil(max_len / length_multiple)^2 shapes, not one per pair of lengths (13 on a
+    character-level corpus at max_len 64: docs/data.md, "Compiled shapes"). Pass 1 for the
+    tightest padding.
     """
 
     def __init__(self, pairs, source_vocab, target_vocab, max_len, length_multiple=8):
