@@ -23,7 +23,6 @@ Every error is a ``ConversionError`` naming the key (or the option) at fault.
 """
 
 import dataclasses
-import difflib
 import json
 from pathlib import Path
 
@@ -122,8 +121,7 @@ def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> Mo
     overrides = dict(overrides or {})
     unknown = [k for k in overrides if k not in CONFIG_KEYS]
     if unknown:
-        hints = [f"{k!r}" + "".join(f" (did you mean {m!r}?)" for m in difflib.get_close_matches(str(k), CONFIG_KEYS, n=1))
-                 for k in unknown]
+        hints = [f"{k!r}{_closest(str(k), CONFIG_KEYS)}" for k in unknown]
         raise ConversionError(f"unknown config key {', '.join(hints)}; the keys are those of ModelConfig: "
                               f"{', '.join(CONFIG_KEYS)}")
 
