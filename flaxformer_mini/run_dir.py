@@ -357,16 +357,15 @@ def _canonical(value):
 def check_config_sha256(stored, path):
     """Refuse the parsed config.json ``stored`` (read from ``path``) if its settings differ from
     the checksum it recorded; a file without one (written before it was recorded) passes."""
-    recorded = (stored.get("checksums") or {}).get(CONFIG_CHECKSUM) if isinstance(stored.get("checksums"), dict) else ""
+    checksums = stored.get("checksums")
+    recorded = checksums.get(CONFIG_CHECKSUM) if isinstance(checksums, dict) else checksums  # mangled: refused
     if recorded is None:
         return
     found = config_sha256(stored)
-    if not isinstance(recorded, str):
-        recorded = repr(recorded)
     if found != recorded:
         raise RunConfigError(
             f"{path}: edited since the run wrote it (sha256 of its settings {found[:12]}..., recorded "
-            f"{recorded[:12]}...): the checkpoints belong to the settings it held, and an edited one (heads, for "
+            f"{str(recorded)[:12]}...): the checkpoints belong to the settings it held, and an edited one (heads, for "
             f"one) would load them into another model without an error. Put the file back as it was; then, for "
             f"other settings, train a new run from these weights (parity convert {Path(path).parent} "
             f"weights.safetensors, then train --init-from weights.safetensors).")
