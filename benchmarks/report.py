@@ -25,7 +25,7 @@ they are held to, and the machines they were measured on, are in docs/benchmarks
 ratio holds for the CPU it was measured on.
 """
 
-from benchmarks import machine
+from benchmarks import code_version, machine
 
 # results group of each op
 _GROUPS = {"forward": "forward", "train_step": "train_step", "decode_cached": "decode",
@@ -142,6 +142,7 @@ def format_table(rep):
         f"train-step dropout {cfg['dropout']}; median of {cfg['reps']} calls after {cfg['warmup']} warm-up "
         f"(decoding: {cfg['decode_reps']} after {cfg['decode_warmup']})",
         machine.one_line(env["machine"]) + f"; {env['date_utc']}",
+        *([f"code: {code_version.describe(env['code'])}"] if "code" in env else []),  # reports before 2026-11-27 lack it
         f"load average (1/5/15 min): start {rep['load_average']['start']}, end {rep['load_average']['end']}",
     ]
     tuned = [f"{k}={env[k]}" for k in ("XLA_FLAGS", "GLIBC_TUNABLES", "JAX_DEFAULT_PRNG_IMPL",

@@ -17,6 +17,7 @@ import time
 import jax
 
 from benchmarks import flax_bench, machine, matmul_peak, report
+from benchmarks.code_version import code_version
 from benchmarks.inputs import make_batch
 from benchmarks.measure import log, measure
 from flaxformer_mini import malloc_tunables
@@ -30,10 +31,12 @@ TORCH_VARIANTS = ("torch_eager", "torch_compile")
 
 
 def environment():
-    """The machine (benchmarks.machine) plus the settings that change the numbers."""
+    """The machine (benchmarks.machine), the code (``code_version``) and the settings that
+    change the numbers."""
     env = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine.describe(),
+        "code": code_version(),
         # glibc's allocator: without the tunables the Flax train step page-faults its
         # temporaries in on every call (flaxformer_mini/malloc_tunables.py).
         "keep_freed_memory": malloc_tunables.keeping_freed_memory(),

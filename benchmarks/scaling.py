@@ -31,7 +31,7 @@ import argparse
 import json
 import sys
 
-from benchmarks import machine
+from benchmarks import code_version, machine
 from benchmarks.inputs import make_batch
 from benchmarks.measure import log, measure
 from benchmarks.presets import get_bench_preset
@@ -105,7 +105,7 @@ def run(sweeps, quick=False, width=None, variants=DEFAULT_PATHS, reps=3, values=
     table = QUICK if quick else SWEEPS
     if values:
         table = {name: dict(table[name], values=tuple(values)) for name in sweeps}
-    out = {"machine": machine.describe(), "quick": quick, "points": [],
+    out = {"machine": machine.describe(), "code": code_version.code_version(), "quick": quick, "points": [],
            "sweeps": {name: table[name] for name in sweeps}}
     for name in sweeps:
         sweep = table[name]
@@ -191,6 +191,7 @@ def main(argv=None):
         restart_keeping_freed_memory()
     rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps, values=args.values)
     print(machine.one_line(rep["machine"]))
+    print(f"code: {code_version.describe(rep['code'])}")
     print(markdown(rep))
     if args.json:
         with open(args.json, "w") as f:

@@ -122,6 +122,9 @@ def test_tiny_run_times_every_path_and_reports_the_machine(tmp_path, capsys, mon
     printed = capsys.readouterr().out
     assert "train step" in printed and "ratios" in printed
     assert rep["environment"]["machine"]["cpu"]["model_name"] in printed
+    from benchmarks.code_version import code_version, describe
+
+    assert rep["environment"]["code"] == code_version() and f"code: {describe(code_version())}" in printed
 
 
 @pytest.mark.usefixtures("earlier_objects_out_of_the_collectors_reach")
@@ -346,3 +349,44 @@ def test_cpuinfo_names_family_and_the_gemm_isa_extensions():
     assert (info["family"], info["model"], info["stepping"]) == (25, 17, 1)
     assert info["isa"] == ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"]
     assert info["microarchitecture"] == "Zen 3 / Zen 4"
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+                   check=True, capture_output=True)
+
+
+def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_a_tracked_file_is_marked():
+    """A report says which code it measured: two runs of one machine differing by 14 points
+    of peak (docs/benchmarks.md, the Zen 4 on 2026-11-25 and 27) could not be told apart by
+    code without it."""
+    import tempfile
+    from importlib import metadata
+
+    from benchmarks.code_version import code_version, describe
+
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = os.path.join(tmp, "checkout")
+        os.makedirs(os.path.join(repo, "sub"))
+        _git(repo, "init", "-q")
+        with open(os.path.join(repo, "a.py"), "w") as f:
+            f.write("x = 1\n")
+        _git(repo, "add", "a.py")
+        _git(repo, "commit", "-q", "-m", "a")
+        head = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        assert code_version(repo) == {"commit": head, "modified": False}
+        assert describe(code_version(repo)) == f"commit {head[:7]}"
+        with open(os.path.join(repo, "new.py"), "w") as f:  # untracked: not the measured code's
+            f.write("y = 2\n")
+        assert code_version(repo) == {"commit": head, "modified": False}
+        with open(os.path.join(repo, "a.py"), "w") as f:
+            f.write("x = 2\n")
+        assert code_version(repo) == {"commit": head, "modified": True}
+        assert describe(code_version(repo)) == f"commit {head[:7]} (with uncommitted changes)"
+        # A copy inside another repository (a virtual environment in a clone), and no repository
+        # at all: the installed package's version, not some other repository's commit.
+        installed = {"package": metadata.version("flaxformer-mini")}
+        assert code_version(os.path.join(repo, "sub")) == installed
+        assert code_version(tmp) == installed
+        assert describe(installed) == f"flaxformer-mini {installed['package']}"

@@ -1,0 +1,45 @@
+"""Which code took a benchmark's measurements: the git commit of the checkout it ran from.
+
+Without it two reports of one machine cannot be told apart by code: the Zen 4's Flax train
+step was at 60% of its matmul peak on 2026-11-25 and at 74% on 2026-11-27, and only a rerun of
+the older commit beside today's showed that the spread was the machine's (docs/benchmarks.md).
+"""
+
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(root, *args):
+    out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def code_version(root=PROJECT_ROOT):
+    """Which code took the measurements: ``{"commit": sha, "modified": bool}`` in a git
+    checkout of the project (``modified``: tracked files differ from the commit, so the
+    numbers are of an uncommitted change), else ``{"package": version}`` of the installed
+    flaxformer-mini. A checkout counts only at its top: an installed copy inside some other repository (a
+    virtual environment in a clone) is not that repository's commit."""
+    try:
+        top = _git(root, "rev-parse", "--show-toplevel")
+        if top is not None and Path(top).resolve() == Path(root).resolve():
+            commit = _git(root, "rev-parse", "HEAD")
+            status = _git(root, "status", "--porcelain", "--untracked-files=no")
+            if commit is not None and status is not None:
+                return {"commit": commit, "modified": bool(status)}
+    except (OSError, subprocess.TimeoutExpired):  # no git on this machine: the package's version
+        pass
+    try:
+        return {"package": metadata.version("flaxformer-mini")}
+    except metadata.PackageNotFoundError:
+        return {"package": None}
+
+
+def describe(code):
+    """'commit 4f1cec1 (with uncommitted changes)' or 'flaxformer-mini 0.1.0' for a header."""
+    if "commit" in code:
+        return f"commit {code['commit'][:7]}" + (" (with uncommitted changes)" if code["modified"] else "")
+    return f"flaxformer-mini {code['package'] or '(version unknown)'}"
