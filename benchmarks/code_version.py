@@ -10,6 +10,9 @@ from importlib import metadata
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# What a benchmark runs: a change elsewhere (docs, tests) changes no number, and a report
+# written while its own docs are being edited is not marked as measuring changed code.
+MEASURED = ("benchmarks", "flaxformer_mini", "torch_ref", "pyproject.toml")
 
 
 def _git(root, *args):
@@ -19,15 +22,15 @@ def _git(root, *args):
 
 def code_version(root=PROJECT_ROOT):
     """Which code took the measurements: ``{"commit": sha, "modified": bool}`` in a git
-    checkout of the project (``modified``: tracked files differ from the commit, so the
-    numbers are of an uncommitted change), else ``{"package": version}`` of the installed
+    checkout of the project (``modified``: tracked files of the measured code, ``MEASURED``,
+    differ from the commit, so the numbers are of an uncommitted change), else ``{"package": version}`` of the installed
     flaxformer-mini. A checkout counts only at its top: an installed copy inside some other repository (a
     virtual environment in a clone) is not that repository's commit."""
     try:
         top = _git(root, "rev-parse", "--show-toplevel")
         if top is not None and Path(top).resolve() == Path(root).resolve():
             commit = _git(root, "rev-parse", "HEAD")
-            status = _git(root, "status", "--porcelain", "--untracked-files=no")
+            status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *MEASURED)
             if commit is not None and status is not None:
                 return {"commit": commit, "modified": bool(status)}
     except (OSError, subprocess.TimeoutExpired):  # no git on this machine: the package's version

@@ -356,7 +356,7 @@ def _git(repo, *args):
                    check=True, capture_output=True)
 
 
-def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_a_tracked_file_is_marked():
+def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_the_measured_code_is_marked():
     """A report says which code it measured: two runs of one machine differing by 14 points
     of peak (docs/benchmarks.md, the Zen 4 on 2026-11-25 and 27) could not be told apart by
     code without it."""
@@ -368,19 +368,24 @@ def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_a_tracked_fil
     with tempfile.TemporaryDirectory() as tmp:
         repo = os.path.join(tmp, "checkout")
         os.makedirs(os.path.join(repo, "sub"))
+        os.makedirs(os.path.join(repo, "flaxformer_mini"))
         _git(repo, "init", "-q")
-        with open(os.path.join(repo, "a.py"), "w") as f:
-            f.write("x = 1\n")
-        _git(repo, "add", "a.py")
+        code, doc = os.path.join(repo, "flaxformer_mini", "a.py"), os.path.join(repo, "notes.md")
+        for path in (code, doc):
+            with open(path, "w") as f:
+                f.write("x = 1\n")
+        _git(repo, "add", ".")
         _git(repo, "commit", "-q", "-m", "a")
         head = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
         assert code_version(repo) == {"commit": head, "modified": False}
         assert describe(code_version(repo)) == f"commit {head[:7]}"
-        with open(os.path.join(repo, "new.py"), "w") as f:  # untracked: not the measured code's
+        with open(os.path.join(repo, "flaxformer_mini", "new.py"), "w") as f:  # untracked: nothing imports it
             f.write("y = 2\n")
+        with open(doc, "w") as f:  # a document edited: no number changes
+            f.write("x = 2\n")
         assert code_version(repo) == {"commit": head, "modified": False}
-        with open(os.path.join(repo, "a.py"), "w") as f:
+        with open(code, "w") as f:
             f.write("x = 2\n")
         assert code_version(repo) == {"commit": head, "modified": True}
         assert describe(code_version(repo)) == f"commit {head[:7]} (with uncommitted changes)"
