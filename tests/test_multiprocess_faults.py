@@ -565,12 +565,13 @@ def _new_run(out):
     return Run.create(out, _worker_config(), echo=lambda m: None)
 
 
-def test_a_second_ctrl_c_stops_now_and_in_a_multiprocess_run_leaves_without_the_exit_barrier(monkeypatch):
-    # The first Ctrl-C asks for the coordinated stop; the second raises StopNow at once. In a
-    # multi-process run that process leaves its peers mid-run: returning normally would run
-    # jax's exit barrier, which waits for them, and every process aborted after the timeout.
-    from flaxformer_mini import cli, distributed
-    from flaxformer_mini.stop import StopNow, StopRequests
+def test_a_second_ctrl_c_stops_now_and_the_process_exits_without_pythons_shutdown():
+    # The first Ctrl-C asks for the coordinated stop; the second raises StopNow at once, and
+    # the CLI then ends the process without Python's shutdown: in a multi-process run that
+    # shutdown runs jax's exit barrier, which waited for the peers (every process aborted after
+    # the timeout), and in any run it waits for an XLA compilation still going on.
+    from flaxformer_mini import cli
+    from flaxformer_mini.stop import StopNow, Stopped, StopRequests
 
     with StopRequests() as stop:
         signal.raise_signal(signal.SIGINT)
@@ -578,10 +579,8 @@ def test_a_second_ctrl_c_stops_now_and_in_a_multiprocess_run_leaves_without_the_
         with pytest.raises(StopNow):
             signal.raise_signal(signal.SIGINT)
     assert issubclass(StopNow, KeyboardInterrupt)  # caught where any Ctrl-C is: exit code 130
-    monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
-    assert cli._stops_alone(StopNow()) and not cli._stops_alone(KeyboardInterrupt())  # the coordinated stop
-    monkeypatch.setattr(distributed, "is_multiprocess", lambda: False)
-    assert not cli._stops_alone(StopNow())  # one process: no peers, a normal exit
+    assert cli._exits_at_once(StopNow()) and not cli._exits_at_once(KeyboardInterrupt())
+    assert not cli._exits_at_once(Stopped("saved step 4"))  # the coordinated stop exits normally
 
 
 def test_a_stop_read_at_the_last_step_ends_the_run_as_finished(tmp_path, monkeypatch):
