@@ -28,6 +28,7 @@ Sweeps (the base model's width, D=512, 8 heads, unless ``--width``):
 """
 
 import argparse
+import datetime
 import json
 import sys
 
@@ -88,7 +89,8 @@ def measure_point(preset, variants, reps):
         m = r.memory
         xla_memory = r.info.get("xla_memory_mb")
         rows.append({
-            "variant": r.variant, "median_ms": r.median_s * 1e3, "gflops_per_s": r.gflops_per_s,
+            "variant": r.variant, "median_ms": r.median_s * 1e3, "times_ms": [t * 1e3 for t in r.times_s],
+            "gflops_per_s": r.gflops_per_s,
             "peak_mb": m.get("peak_rss_delta_mb", m.get("peak_device_delta_mb")),
             "first_call_overhead_s": r.first_call_overhead_s, "xla_compile_s": r.info.get("xla_compile_s"),
             "trace_lower_s": r.info.get("trace_lower_s"),
@@ -105,7 +107,10 @@ def run(sweeps, quick=False, width=None, variants=DEFAULT_PATHS, reps=3, values=
     table = QUICK if quick else SWEEPS
     if values:
         table = {name: dict(table[name], values=tuple(values)) for name in sweeps}
-    out = {"machine": machine.describe(), "code": code_version.code_version(), "quick": quick, "points": [],
+    # When, on what and with which code: a report read later says where its numbers hold.
+    out = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "machine": machine.describe(), "code": code_version.code_version(), "quick": quick,
+           "reps": 1 if quick else reps, "points": [],
            "sweeps": {name: table[name] for name in sweeps}}
     for name in sweeps:
         sweep = table[name]

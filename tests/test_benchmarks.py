@@ -323,6 +323,8 @@ def test_scaling_quick_reports_every_path_at_every_point(tmp_path, capsys):
     finally:
         torch.set_num_threads(threads)
     rep = json.loads(out.read_text())
+    assert rep["date_utc"].endswith(" UTC") and rep["reps"] == 1 and "code" in rep  # where and when it held
+    assert all(len(p["times_ms"]) == 1 and p["times_ms"][0] == pytest.approx(p["median_ms"]) for p in rep["points"])
     depths = (2,)
     assert sorted((p["num_layers"], p["variant"]) for p in rep["points"]) == \
         sorted((d, v) for d in depths for v in scaling.DEFAULT_PATHS)
