@@ -5,6 +5,7 @@ step was at 60% of its matmul peak on 2026-11-25 and at 74% on 2026-11-27, and o
 the older commit beside today's showed that the spread was the machine's (docs/benchmarks.md).
 """
 
+import os
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -13,6 +14,9 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # What a benchmark runs: a change elsewhere (docs, tests) changes no number, and a report
 # written while its own docs are being edited is not marked as measuring changed code.
 MEASURED = ("benchmarks", "flaxformer_mini", "torch_ref", "pyproject.toml")
+# A copy without .git (the `device` tool's GPU machine gets the working tree alone): the
+# caller names the commit it copied, `FLAXFORMER_MINI_COMMIT=$(git rev-parse HEAD)` here.
+COMMIT_ENV = "FLAXFORMER_MINI_COMMIT"
 
 
 def _git(root, *args):
@@ -23,9 +27,11 @@ def _git(root, *args):
 def code_version(root=PROJECT_ROOT):
     """Which code took the measurements: ``{"commit": sha, "modified": bool}`` in a git
     checkout of the project (``modified``: tracked files of the measured code, ``MEASURED``,
-    differ from the commit, so the numbers are of an uncommitted change), else ``{"package": version}`` of the installed
-    flaxformer-mini. A checkout counts only at its top: an installed copy inside some other repository (a
-    virtual environment in a clone) is not that repository's commit."""
+    differ from the commit, so the numbers are of an uncommitted change); else the commit that
+    ``FLAXFORMER_MINI_COMMIT`` names (``modified`` None: unknown); else ``{"package": version}``
+    of the installed flaxformer-mini. A checkout counts only at its top: an installed copy
+    inside some other repository (a virtual environment in a clone) is not that repository's
+    commit."""
     try:
         top = _git(root, "rev-parse", "--show-toplevel")
         if top is not None and Path(top).resolve() == Path(root).resolve():
@@ -33,8 +39,10 @@ def code_version(root=PROJECT_ROOT):
             status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *MEASURED)
             if commit is not None and status is not None:
                 return {"commit": commit, "modified": bool(status)}
-    except (OSError, subprocess.TimeoutExpired):  # no git on this machine: the package's version
+    except (OSError, subprocess.TimeoutExpired):  # no git on this machine: what the caller says, or the package
         pass
+    if os.environ.get(COMMIT_ENV):
+        return {"commit": os.environ[COMMIT_ENV], "modified": None}  # None: a copy's changes are unknown
     try:
         return {"package": metadata.version("flaxformer-mini")}
     except metadata.PackageNotFoundError:
@@ -44,5 +52,6 @@ def code_version(root=PROJECT_ROOT):
 def describe(code):
     """'commit 4f1cec1 (with uncommitted changes)' or 'flaxformer-mini 0.1.0' for a header."""
     if "commit" in code:
-        return f"commit {code['commit'][:7]}" + (" (with uncommitted changes)" if code["modified"] else "")
+        said = {True: " (with uncommitted changes)", None: f" (as {COMMIT_ENV} says; no checkout to check it)"}
+        return f"commit {code['commit'][:7]}" + said.get(code["modified"], "")
     return f"flaxformer-mini {code['package'] or '(version unknown)'}"

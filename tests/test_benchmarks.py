@@ -365,7 +365,7 @@ def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_the_measured_
     import tempfile
     from importlib import metadata
 
-    from benchmarks.code_version import code_version, describe
+    from benchmarks.code_version import COMMIT_ENV, code_version, describe
 
     with tempfile.TemporaryDirectory() as tmp:
         repo = os.path.join(tmp, "checkout")
@@ -397,3 +397,11 @@ def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_the_measured_
         assert code_version(os.path.join(repo, "sub")) == installed
         assert code_version(tmp) == installed
         assert describe(installed) == f"flaxformer-mini {installed['package']}"
+        # A copy without .git (the GPU machine's): the commit its caller names, its changes unknown.
+        os.environ[COMMIT_ENV] = head
+        try:
+            assert code_version(tmp) == {"commit": head, "modified": None}
+            assert describe(code_version(tmp)) == f"commit {head[:7]} (as {COMMIT_ENV} says; no checkout to check it)"
+            assert code_version(repo) == {"commit": head, "modified": True}  # a checkout reads its own
+        finally:
+            del os.environ[COMMIT_ENV]

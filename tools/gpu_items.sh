@@ -55,6 +55,7 @@ if [ -z "${SKIP_MACHINE:-}" ]; then  # once: an `all` call's items inherit the e
 fi
 if [ -z "${SKIP_MACHINE:-}" ]; then {
     date -u
+    echo "code: commit ${FLAXFORMER_MINI_COMMIT:-not given (set FLAXFORMER_MINI_COMMIT to the commit copied here)}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     python3 -c 'import jax, flax, optax, torch; print("jax", jax.__version__, jax.devices(), "| flax", flax.__version__,
 "| optax", optax.__version__, "| torch", torch.__version__, "cuda", torch.version.cuda)'
