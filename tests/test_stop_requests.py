@@ -7,6 +7,9 @@ not let it run at all. Either way the stop watcher answers: it says the first si
 heard, and a second Ctrl-C ends the process at once.
 """
 
+import contextlib
+import os
+import select
 import signal
 import subprocess
 import sys
@@ -28,24 +31,47 @@ with StopRequests():
 TIMEOUT_S = 60
 
 
-def _wait_for_line(stream, text, proc):
-    deadline = time.monotonic() + TIMEOUT_S
-    line = ""
-    while text not in line:
-        assert time.monotonic() < deadline and proc.poll() is None, f"no {text!r}; exit {proc.poll()}"
-        line = stream.readline()
-    return line
+class Lines:
+    """A child's output stream read line by line, failing after TIMEOUT_S: a line that never
+    comes fails the test rather than hanging it. It reads the raw descriptor after select, so
+    no line waits in a buffer that select cannot see."""
+
+    def __init__(self, stream, proc):
+        self.fd, self.proc, self.rest = stream.fileno(), proc, ""
+
+    def wait_for(self, text):
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            *lines, self.rest = self.rest.split("\n")
+            for i, line in enumerate(lines):
+                if text in line:
+                    self.rest = "\n".join(lines[i + 1:] + [self.rest])
+                    return line
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([self.fd], [], [], left)[0], f"no {text!r} within {TIMEOUT_S} s"
+            chunk = os.read(self.fd, 4096).decode()
+            assert chunk, f"no {text!r}; the child exited {self.proc.wait()}"
+            self.rest += chunk
 
 
-def test_a_signal_in_native_code_is_answered_and_a_second_ctrl_c_ends_the_process_at_once():
+@contextlib.contextmanager
+def child_in_native_code():
     proc = subprocess.Popen([sys.executable, "-c", NATIVE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        _wait_for_line(proc.stdout, "in native code", proc)
+        Lines(proc.stdout, proc).wait_for("in native code")
+        yield proc, Lines(proc.stderr, proc)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_signal_in_native_code_is_answered_and_a_second_ctrl_c_ends_the_process_at_once():
+    with child_in_native_code() as (proc, stderr):
         # SIGTERM first (a scheduler's), then Ctrl-C: a stop was requested already, so the
         # Ctrl-C is the second one, which stops at once whatever the first signal was.
         proc.send_signal(signal.SIGTERM)
-        heard = _wait_for_line(proc.stderr, "stopping", proc)
+        heard = stderr.wait_for("stopping")
         assert heard.startswith("SIGTERM: stopping: the run saves when the step or compilation in progress ends")
         assert "Ctrl-C again" not in heard  # a scheduler's signal gets no keyboard hint
         assert proc.poll() is None  # still in native code: the stop waits for it
@@ -53,8 +79,6 @@ def test_a_signal_in_native_code_is_answered_and_a_second_ctrl_c_ends_the_proces
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=TIMEOUT_S)
         took = time.monotonic() - sent
-    finally:
-        proc.kill()
     assert proc.returncode == cli.EXIT_INTERRUPTED == stop.EXIT_INTERRUPTED == 130
     assert "stopped at once, without saving: the last complete checkpoint is kept" in err
     assert "returned" not in out and "Traceback" not in err
@@ -63,17 +87,11 @@ def test_a_signal_in_native_code_is_answered_and_a_second_ctrl_c_ends_the_proces
 
 
 def test_a_first_ctrl_c_in_native_code_is_answered_with_the_keyboard_hint():
-    proc = subprocess.Popen([sys.executable, "-c", NATIVE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        _wait_for_line(proc.stdout, "in native code", proc)
+    with child_in_native_code() as (proc, stderr):
         proc.send_signal(signal.SIGINT)
-        heard = _wait_for_line(proc.stderr, "stopping", proc)
+        heard = stderr.wait_for("stopping")
         assert heard.startswith("Ctrl-C: stopping:") and "Ctrl-C again stops at once, without saving" in heard
         assert proc.poll() is None
-    finally:
-        proc.kill()
-        proc.communicate()
 
 
 def test_a_stop_that_ends_within_the_grace_period_prints_nothing_more(capfd):
