@@ -29,7 +29,8 @@ def code_version(root=PROJECT_ROOT):
     checkout of the project (``modified``: tracked files of the measured code, ``MEASURED``,
     differ from the commit, so the numbers are of an uncommitted change); else the commit that
     ``FLAXFORMER_MINI_COMMIT`` names (``modified`` None: unknown); else ``{"package": version}``
-    of the installed flaxformer-mini. A checkout counts only at its top: an installed copy
+    of the installed flaxformer-mini; for a checkout git refuses to read, the commit None and
+    git's ``error``. A checkout counts only at its top: an installed copy
     inside some other repository (a virtual environment in a clone) is not that repository's
     commit."""
     try:
@@ -39,6 +40,12 @@ def code_version(root=PROJECT_ROOT):
             status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *MEASURED)
             if commit is not None and status is not None:
                 return {"commit": commit, "modified": bool(status)}
+        elif (Path(root) / ".git").exists():
+            # A checkout git will not read (another user's, as root: "dubious ownership"): say
+            # so, rather than the package's version, which is the same for every commit.
+            error = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                   timeout=30).stderr.strip().splitlines()
+            return {"commit": None, "modified": None, "error": error[0] if error else "git could not read it"}
     except (OSError, subprocess.TimeoutExpired):  # no git on this machine: what the caller says, or the package
         pass
     if os.environ.get(COMMIT_ENV):
@@ -51,6 +58,8 @@ def code_version(root=PROJECT_ROOT):
 
 def describe(code):
     """'commit 4f1cec1 (with uncommitted changes)' or 'flaxformer-mini 0.1.0' for a header."""
+    if "error" in code:
+        return f"commit unknown (git: {code['error']})"
     if "commit" in code:
         said = {True: " (with uncommitted changes)", None: f" (as {COMMIT_ENV} says; no checkout to check it)"}
         return f"commit {code['commit'][:7]}" + said.get(code["modified"], "")

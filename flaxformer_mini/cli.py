@@ -46,7 +46,7 @@ def _train(args):
     # Ctrl-C and SIGTERM are ours from here on, before the runtime starts and anything compiles:
     # a signal at any moment stops every process at the same step (fit.py), never the default
     # action (which would end this process at once and abort its peers).
-    with StopRequests() as stop:
+    with StopRequests(force_exit=True) as stop:  # a second Ctrl-C ends the process, even inside a compilation
         return _train_until_stopped(args, stop)
 
 
@@ -479,9 +479,11 @@ def main(argv=None):
     try:
         return args.run(args) or EXIT_OK  # evaluate and generate return None when done
     except KeyboardInterrupt as e:
-        from flaxformer_mini.stop import Stopped
+        from flaxformer_mini.stop import STOPPED_AT_ONCE, StopNow, Stopped
 
-        if not isinstance(e, Stopped):  # a second Ctrl-C, or one before the stop handler was in
+        if isinstance(e, StopNow):  # a second Ctrl-C: in the watcher's words (stop.py), had it come first
+            print(f"\n{STOPPED_AT_ONCE}", file=sys.stderr)
+        elif not isinstance(e, Stopped):  # a Ctrl-C before the stop handler was in
             print("\nstopped", file=sys.stderr)
         else:  # fit raises it, so jax is up; process 0 said it already (train's echo), the others say it too
             from flaxformer_mini import distributed

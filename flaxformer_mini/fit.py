@@ -24,7 +24,7 @@ from flaxformer_mini.partitioning import format_mesh
 from flaxformer_mini.plot import plot_metrics
 from flaxformer_mini.run import Run
 from flaxformer_mini.sharding import pad_to_data_groups, process_local_rows, shard_batch, shard_state, to_local
-from flaxformer_mini.stop import StopRequests, Stopped
+from flaxformer_mini.stop import StopNow, StopRequests, Stopped
 from flaxformer_mini.training import check_batch
 
 
@@ -135,6 +135,11 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                 echo(message)
                 raise Stopped(message)
         log.flush()
+    except StopNow:
+        # A second Ctrl-C: the CLI then ends the process without Python's shutdown, which would
+        # have flushed the TensorBoard events (tensorboardX writes them every 30 s otherwise).
+        log.close()
+        raise
     except NonFiniteLossError as e:
         log.close()
         kept = manager.latest_step()

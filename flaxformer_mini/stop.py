@@ -18,14 +18,18 @@ StopNow it raises there surfaces only when the compilation returns. So a second 
 stop at once, and the first went unanswered until the run stopped. A watcher thread reads each
 signal from ``signal``'s wakeup file descriptor (written by the interpreter's C-level handler
 as the signal arrives) and acts when the run has not stopped within ``GRACE_S``: after the
-first, it says the stop was heard; after a second Ctrl-C, it ends the process as ``kill -9``
-would (the last complete checkpoint is kept, and the same command resumes from it).
+first, it says the stop was heard; after a second Ctrl-C (``force_exit``, which ``train``
+asks for), it ends the process as ``kill -9`` would (the last complete checkpoint is kept, and
+the same command resumes from it). A forked child shares the wakeup descriptor; nothing here
+forks.
 """
 
 import os
+import select
 import signal
 import sys
 import threading
+import time
 
 GRACE_S = 1.0  # how long a stop may take before the watcher speaks (first signal) or ends the process (second)
 EXIT_INTERRUPTED = 130  # as cli.py's: the exit code of any Ctrl-C
@@ -40,20 +44,38 @@ class Stopped(KeyboardInterrupt):
     save. ``str()`` says which and how to resume; the CLI exits 130, as for any Ctrl-C."""
 
 
+STOPPED_AT_ONCE = ("stopped at once, without saving: the last complete checkpoint is kept; run the same command "
+                   "to resume from it")
+
+
 class StopRequests:
     """A flag set by SIGINT/SIGTERM while installed (a context manager); the previous handlers
-    come back on exit."""
+    come back on exit. ``force_exit``: a second Ctrl-C that the run has not acted on within
+    GRACE_S ends the process (``train`` asks for it; a library caller's process is never ended
+    from here, it gets StopNow when its code next runs)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
+    def __init__(self, force_exit=False):
         self.requested = False
+        self.force_exit = force_exit
         self._previous = None
         self._watcher = None
 
     def __enter__(self):
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        self._start_watcher()
+        self._closing = threading.Event()  # set first thing in __exit__: the run has stopped, or ended
+        read, write = os.pipe()
+        os.set_blocking(write, False)  # the C-level handler must never block on a full pipe
+        self._wakeup = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
+        self._watcher = threading.Thread(target=self._watch, args=(read,), name="stop-requests", daemon=True)
+        self._watcher.start()
+        self._previous = {}
+        try:
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        except BaseException:  # a Ctrl-C meanwhile (Python's default handler): leave nothing behind
+            self.__exit__()
+            raise
         return self
 
     def _handle(self, signum, frame):
@@ -61,46 +83,59 @@ class StopRequests:
             raise StopNow
         self.requested = True
 
-    def _start_watcher(self):
-        read, write = os.pipe()
-        os.set_blocking(write, False)  # the C-level handler must never block on a full pipe
-        self._wakeup = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
-        self._closing = threading.Event()  # set by __exit__: the run has stopped, or ended
-        self._watcher = threading.Thread(target=self._watch, args=(read,), name="stop-requests", daemon=True)
-        self._watcher.start()
-
     def _watch(self, read):
-        stops = 0  # our signals so far, in arrival order
+        """Each of our signals, as it arrives: after the first, a line if the run has not stopped
+        within GRACE_S of it; after a second Ctrl-C (force_exit), the process ended if it has not
+        stopped within GRACE_S of that one. A second signal cuts the first's wait short."""
+        stops, say_at, end_at, first = 0, None, None, None
         while True:
-            try:
-                data = os.read(read, 64)
-            except OSError:
+            due = [t for t in (say_at, end_at) if t is not None]
+            ready = select.select([read], [], [], max(0.0, min(due) - time.monotonic()) if due else None)[0]
+            if ready:
+                try:
+                    data = os.read(read, 64)
+                except OSError:
+                    return
+                if not data:  # __exit__ closed the pipe
+                    return
+                for signum in data:
+                    if signum not in self.SIGNALS:
+                        continue  # another handler's signal, or __exit__'s wake-up byte (0)
+                    stops += 1
+                    if stops == 1:
+                        say_at, first = time.monotonic() + GRACE_S, signum
+                    elif signum == signal.SIGINT and self.force_exit and end_at is None:
+                        say_at, end_at = None, time.monotonic() + GRACE_S  # no hint once it is pressed again
+            if self._closing.is_set():
                 return
-            if not data:  # __exit__ closed the pipe
-                return
-            for signum in data:
-                if signum not in self.SIGNALS:
-                    continue
-                stops += 1
-                if stops > 1 and signum == signal.SIGINT:
-                    if not self._closing.wait(GRACE_S):
-                        print("\nstopped at once, without saving: the last complete checkpoint is kept; run the "
-                              "same command to resume from it", file=sys.stderr, flush=True)
-                        sys.stdout.flush()
-                        os._exit(EXIT_INTERRUPTED)
-                elif stops == 1 and not self._closing.wait(GRACE_S):
-                    name, hint = (("Ctrl-C", "; Ctrl-C again stops at once, without saving")
-                                  if signum == signal.SIGINT else (signal.Signals(signum).name, ""))
-                    print(f"\n{name}: stopping: the run saves when the step or compilation in progress "
-                          f"ends, then exits{hint}", file=sys.stderr, flush=True)
+            now = time.monotonic()
+            if end_at is not None and now >= end_at:
+                print(f"\n{STOPPED_AT_ONCE}", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os._exit(EXIT_INTERRUPTED)
+            if say_at is not None and now >= say_at:
+                say_at = None
+                name, hint = (("Ctrl-C", "; Ctrl-C again stops at once, without saving") if first == signal.SIGINT
+                              else (signal.Signals(first).name, ""))
+                print(f"\n{name}: stopping: the run saves when the step or compilation in progress ends, then "
+                      f"exits{hint}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        read, write, previous_fd = self._wakeup
-        signal.set_wakeup_fd(previous_fd)
+        # The watcher first (a signal from here on must not end the process behind a caller
+        # that has already stopped), then the handlers and the descriptor, whatever is raised
+        # meanwhile: a third Ctrl-C arriving here raises StopNow or KeyboardInterrupt.
         self._closing.set()
-        os.close(write)  # the watcher reads the pipe's end and returns
-        self._watcher.join()
-        os.close(read)
+        read, write, previous_fd = self._wakeup
+        try:
+            for s, handler in self._previous.items():
+                signal.signal(s, handler)
+        finally:
+            signal.set_wakeup_fd(previous_fd)
+            try:
+                os.write(write, b"\0")  # wakes the watcher even where a forked child holds the pipe open
+            except OSError:
+                pass  # full: the watcher is awake already
+            os.close(write)
+            self._watcher.join()
+            os.close(read)
         return False

@@ -358,7 +358,7 @@ def _git(repo, *args):
                    check=True, capture_output=True)
 
 
-def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_the_measured_code_is_marked():
+def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_the_measured_code_is_marked(monkeypatch):
     """A report says which code it measured: two runs of one machine differing by 14 points
     of peak (docs/benchmarks.md, the Zen 4 on 2026-11-25 and 27) could not be told apart by
     code without it."""
@@ -367,6 +367,7 @@ def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_the_measured_
 
     from benchmarks.code_version import COMMIT_ENV, code_version, describe
 
+    monkeypatch.delenv(COMMIT_ENV, raising=False)  # set where a GPU run names its commit
     with tempfile.TemporaryDirectory() as tmp:
         repo = os.path.join(tmp, "checkout")
         os.makedirs(os.path.join(repo, "sub"))
@@ -398,10 +399,11 @@ def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_the_measured_
         assert code_version(tmp) == installed
         assert describe(installed) == f"flaxformer-mini {installed['package']}"
         # A copy without .git (the GPU machine's): the commit its caller names, its changes unknown.
-        os.environ[COMMIT_ENV] = head
-        try:
-            assert code_version(tmp) == {"commit": head, "modified": None}
-            assert describe(code_version(tmp)) == f"commit {head[:7]} (as {COMMIT_ENV} says; no checkout to check it)"
-            assert code_version(repo) == {"commit": head, "modified": True}  # a checkout reads its own
-        finally:
-            del os.environ[COMMIT_ENV]
+        monkeypatch.setenv(COMMIT_ENV, head)
+        assert code_version(tmp) == {"commit": head, "modified": None}
+        assert describe(code_version(tmp)) == f"commit {head[:7]} (as {COMMIT_ENV} says; no checkout to check it)"
+        assert code_version(repo) == {"commit": head, "modified": True}  # a checkout reads its own
+        # A checkout git refuses (another user's, read as root): named as such, not as the package.
+        monkeypatch.setenv("GIT_DIR", os.path.join(tmp, "no-such-git-dir"))
+        refused = code_version(repo)
+        assert refused["commit"] is None and refused["error"] and describe(refused).startswith("commit unknown (git: ")

@@ -583,6 +583,32 @@ def test_a_second_ctrl_c_stops_now_and_the_process_exits_without_pythons_shutdow
     assert not cli._exits_at_once(Stopped("saved step 4"))  # the coordinated stop exits normally
 
 
+def test_a_second_ctrl_c_mid_run_leaves_the_logged_steps_in_the_tensorboard_events(tmp_path, monkeypatch):
+    # The CLI ends the process without Python's shutdown after a StopNow (cli._exits_at_once),
+    # and tensorboardX writes its events every 30 s or at close: fit closes the writer first.
+    from flaxformer_mini import distributed
+    from flaxformer_mini.fit import fit
+    from flaxformer_mini.run import Run
+    from flaxformer_mini.stop import StopNow, StopRequests
+    from flaxformer_mini.tensorboard import read_scalars
+
+    def vote(flag, devices=None):
+        if vote.calls == 3:
+            raise StopNow  # the second Ctrl-C, landing in step 4's boundary
+        vote.calls += 1
+        return lambda: False
+
+    vote.calls = 0
+    monkeypatch.setattr(distributed, "any_process_later", vote)
+    run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
+    with pytest.raises(StopNow):
+        fit(run, 10, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None,
+            stop=StopRequests(), plot=False)
+    # Steps 1-3: a logged line is written at the next step's push (the host never waits for the
+    # devices), and an interrupted run writes no extra one.
+    assert [step for step, _ in read_scalars(run.dir.tensorboard)["train/loss"]] == [1, 2, 3]
+
+
 def test_a_stop_read_at_the_last_step_ends_the_run_as_finished(tmp_path, monkeypatch):
     # The same signal with --steps 4: the stop is read at the run's last step, which saves and
     # evaluates anyway. The run ends as finished (its result, exit 0), not "interrupted".

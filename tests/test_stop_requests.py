@@ -20,10 +20,10 @@ from flaxformer_mini import cli, stop
 # A child that installs the stop requests, says so, then stays in native code for minutes
 # (about 0.3 us an iteration: the test ends it long before).
 NATIVE = """
-import hashlib
+import hashlib, sys
 from flaxformer_mini.stop import StopRequests
 
-with StopRequests():
+with StopRequests(force_exit=sys.argv[1] == "force_exit"):
     print("in native code", flush=True)
     hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 2_000_000_000)
     print("returned", flush=True)
@@ -55,9 +55,11 @@ class Lines:
 
 
 @contextlib.contextmanager
-def child_in_native_code():
-    proc = subprocess.Popen([sys.executable, "-c", NATIVE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def child_in_native_code(force_exit=True):
+    """A child in native code, as ``train``'s StopRequests has it (``force_exit``) or as a
+    library caller's."""
+    proc = subprocess.Popen([sys.executable, "-c", NATIVE, "force_exit" if force_exit else "library"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         Lines(proc.stdout, proc).wait_for("in native code")
         yield proc, Lines(proc.stderr, proc)
@@ -94,15 +96,67 @@ def test_a_first_ctrl_c_in_native_code_is_answered_with_the_keyboard_hint():
         assert proc.poll() is None
 
 
-def test_a_stop_that_ends_within_the_grace_period_prints_nothing_more(capfd):
+def test_a_quick_second_ctrl_c_ends_the_process_without_the_first_ones_hint():
+    # Pressed twice in a row: the second cuts the first's grace period short, and the hint
+    # to press it again would come after the fact, so there is none.
+    with child_in_native_code() as (proc, _):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 130 and stop.STOPPED_AT_ONCE in err and "stopping:" not in err
+
+
+def test_a_library_callers_process_is_never_ended_by_the_watcher():
+    # fit() without train's StopRequests (a notebook, a script, a test) installs its own,
+    # without force_exit: a second Ctrl-C in native code raises StopNow when Python runs
+    # again, and the process is the caller's to end.
+    with child_in_native_code(force_exit=False) as (proc, stderr):
+        proc.send_signal(signal.SIGINT)
+        stderr.wait_for("stopping")
+        proc.send_signal(signal.SIGINT)
+        time.sleep(stop.GRACE_S + 1.5)
+        assert proc.poll() is None
+
+
+def test_a_stop_that_ends_within_the_grace_period_prints_nothing_more(capfd, monkeypatch):
     # The usual case (a Ctrl-C between steps): the run saves and stops at once, and says so
-    # itself; the watcher adds no line. Its thread ends with the block.
+    # itself; the watcher adds no line. Its thread ends with the block. (GRACE_S raised: a
+    # stalled worker on a loaded machine would otherwise see the line.)
+    monkeypatch.setattr(stop, "GRACE_S", 30.0)
     before = signal.getsignal(signal.SIGINT)
     with stop.StopRequests() as requests:
         signal.raise_signal(signal.SIGINT)
         assert requests.requested
-    time.sleep(stop.GRACE_S + 0.2)
     assert capfd.readouterr().err == ""
     assert not requests._watcher.is_alive()
     assert signal.getsignal(signal.SIGINT) is before
     assert signal.set_wakeup_fd(-1) == -1  # the wakeup descriptor is given back, too
+
+
+def test_a_ctrl_c_while_the_block_exits_leaves_no_watcher_handler_or_descriptor_behind(monkeypatch):
+    # A third Ctrl-C can land in __exit__ itself (StopNow raised from our handler, or Python's
+    # KeyboardInterrupt once the old one is back): what __exit__ undoes is undone anyway.
+    requests = stop.StopRequests()
+    requests.__enter__()
+    restore = signal.signal
+    raised = []
+
+    def interrupted(signum, handler):
+        if not raised:
+            raised.append(signum)
+            raise KeyboardInterrupt
+        return restore(signum, handler)
+
+    monkeypatch.setattr(stop.signal, "signal", interrupted)
+    try:
+        requests.__exit__(None, None, None)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the KeyboardInterrupt raised in __exit__ was lost")
+    monkeypatch.setattr(stop.signal, "signal", restore)
+    assert raised and not requests._watcher.is_alive()
+    assert signal.set_wakeup_fd(-1) == -1
+    for signum, handler in requests._previous.items():  # what the interrupted restore left undone
+        signal.signal(signum, handler)
