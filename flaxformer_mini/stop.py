@@ -66,7 +66,11 @@ class StopRequests:
         self._closing = threading.Event()  # set first thing in __exit__: the run has stopped, or ended
         read, write = os.pipe()
         os.set_blocking(write, False)  # the C-level handler must never block on a full pipe
-        self._wakeup = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
+        try:
+            self._wakeup = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
+        except BaseException:  # not the main thread (ValueError), as signal.signal would refuse too
+            os.close(read), os.close(write)
+            raise
         self._watcher = threading.Thread(target=self._watch, args=(read,), name="stop-requests", daemon=True)
         self._watcher.start()
         self._previous = {}

@@ -160,3 +160,21 @@ def test_a_ctrl_c_while_the_block_exits_leaves_no_watcher_handler_or_descriptor_
     assert signal.set_wakeup_fd(-1) == -1
     for signum, handler in requests._previous.items():  # what the interrupted restore left undone
         signal.signal(signum, handler)
+
+
+def test_stop_requests_outside_the_main_thread_are_refused_and_leave_no_descriptor_open():
+    # Signal handlers belong to the main thread (signal.signal refuses any other): so do these.
+    import threading
+
+    errors, before = [], len(os.listdir("/proc/self/fd"))
+
+    def enter():
+        try:
+            stop.StopRequests().__enter__()
+        except ValueError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and len(os.listdir("/proc/self/fd")) == before
