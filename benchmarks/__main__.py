@@ -69,6 +69,11 @@ def main(argv=None):
     rep = runner.run(preset, ops=args.ops, variants=args.paths, force=args.force,
                      fresh_caches=not args.reuse_compile_cache, progress=progress)
     print(report.format_table(rep))
+    from benchmarks import earlier_runs
+
+    earlier = earlier_runs.format_lines(rep)  # this CPU's committed runs, where it has any
+    if earlier:
+        print("\n" + "\n".join(earlier))
     if args.json:
         write_json(rep, args.json)
         print(f"wrote {args.json}", file=sys.stderr)

@@ -407,3 +407,41 @@ def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_the_measured_
         monkeypatch.setenv("GIT_DIR", os.path.join(tmp, "no-such-git-dir"))
         refused = code_version(repo)
         assert refused["commit"] is None and refused["error"] and describe(refused).startswith("commit unknown (git: ")
+
+
+def _report(date, cpu_model, preset="base", train=(0.98, 1.05), fraction=0.66, **extra):
+    return {"environment": {"date_utc": date, "machine": {"cpu": {"model_name": "AMD EPYC", "family": 25,
+                                                                  "model": cpu_model}}},
+            "config": {"preset": preset},
+            "results": {"train_step": {"flax_jit_ms": 1000.0, "torch_eager_over_flax": train[0],
+                                       "torch_compile_over_flax": train[1]}},
+            "paths": [{"op": "train_step", "variant": "flax_jit", "fraction_of_peak": fraction}], **extra}
+
+
+def test_a_run_is_printed_beside_the_committed_runs_of_its_cpu_model_and_preset(tmp_path):
+    """A ratio holds for its CPU and moves between runs on it: a reader's run of a CPU the
+    project measured is shown beside those runs (benchmarks/earlier_runs.py), and beside no
+    other CPU's or preset's."""
+    from benchmarks import earlier_runs
+
+    files = {
+        "a.json": _report("2026-11-25 13:26 UTC", 17, train=(0.96, 0.97), fraction=0.60),  # no "complete": older
+        "b.json": _report("2026-11-27 15:32 UTC", 17, train=(1.02, 1.06), fraction=0.74, complete=True),
+        "zen3.json": _report("2026-11-27 06:57 UTC", 1, complete=True),  # another model number
+        "large.json": _report("2026-11-26 02:16 UTC", 17, preset="large", complete=True),
+        "cut.json": _report("2026-11-27 15:00 UTC", 17, complete=False),  # a run stopped midway
+        "sweep.json": {"machine": {}, "points": []},  # a scaling sweep: not a report
+    }
+    for name, rep in files.items():
+        (tmp_path / name).write_text(json.dumps(rep))
+    (tmp_path / "torn.json").write_text("{")
+    mine = _report("2026-11-28 09:00 UTC", 17)
+    assert [name for name, _ in earlier_runs.find(mine, tmp_path)] == ["a.json", "b.json"]  # by date
+    lines = earlier_runs.format_lines(mine, tmp_path)
+    assert lines[0].startswith("this CPU (AMD EPYC, family 25 model 17) measured before, preset base")
+    assert lines[1:] == [
+        "  this run         train_step 0.98x / 1.05x; Flax % of JAX peak: train_step 66%",
+        "  2026-11-25 13:26 UTC  train_step 0.96x / 0.97x; Flax % of JAX peak: train_step 60%  (a.json)",
+        "  2026-11-27 15:32 UTC  train_step 1.02x / 1.06x; Flax % of JAX peak: train_step 74%  (b.json)"]
+    assert earlier_runs.format_lines(_report("2026-11-28 09:00 UTC", 2), tmp_path) == []  # a CPU not measured
+    assert earlier_runs.format_lines(mine, tmp_path / "absent") == []  # an installed copy: no docs folder
