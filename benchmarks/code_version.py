@@ -20,8 +20,9 @@ COMMIT_ENV = "FLAXFORMER_MINI_COMMIT"
 
 
 def _git(root, *args):
+    """git's output, or None where it failed, and what it said on stderr."""
     out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
-    return out.stdout.strip() if out.returncode == 0 else None
+    return (out.stdout.strip() if out.returncode == 0 else None), out.stderr.strip()
 
 
 def code_version(root=PROJECT_ROOT):
@@ -34,17 +35,16 @@ def code_version(root=PROJECT_ROOT):
     inside some other repository (a virtual environment in a clone) is not that repository's
     commit."""
     try:
-        top = _git(root, "rev-parse", "--show-toplevel")
+        top, refusal = _git(root, "rev-parse", "--show-toplevel")
         if top is not None and Path(top).resolve() == Path(root).resolve():
-            commit = _git(root, "rev-parse", "HEAD")
-            status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *MEASURED)
+            commit, _ = _git(root, "rev-parse", "HEAD")
+            status, _ = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *MEASURED)
             if commit is not None and status is not None:
                 return {"commit": commit, "modified": bool(status)}
         elif (Path(root) / ".git").exists():
             # A checkout git will not read (another user's, as root: "dubious ownership"): say
             # so, rather than the package's version, which is the same for every commit.
-            error = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                   timeout=30).stderr.strip().splitlines()
+            error = refusal.splitlines()
             return {"commit": None, "modified": None, "error": error[0] if error else "git could not read it"}
     except (OSError, subprocess.TimeoutExpired):  # no git on this machine: what the caller says, or the package
         pass
