@@ -74,6 +74,22 @@ class DataConfig:
     def model_max_len(self):
         return self.max_len + 1
 
+    def to_dict(self):
+        """config.json's "data": the other kind's settings left out where they hold their
+        defaults (what a CLI run always has), so a text run does not show the synthetic task's
+        vocab_size 16 beside the vocabulary it trained. The constructor fills them back in."""
+        unused = _DATA_UNUSED_BY.get(self.kind, ())
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if not (k in unused and v == DataConfig.__dataclass_fields__[k].default)}
+
+
+# Each kind of data's settings that the other kind ignores.
+_DATA_UNUSED_BY = {
+    "tsv": ("task", "vocab_size", "min_len", "eval_sequences"),
+    "synthetic": ("train_path", "valid_path", "eval_pairs", "holdout", "tokenizer", "tokenizer_vocab_size",
+                  "shared_vocab", "tokenizer_from", "columns"),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class InitFrom:
@@ -130,7 +146,8 @@ class RunConfig:
                                        remat=self.remat, rngs=rngs)
 
     def to_dict(self):
-        d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "train": _train_dict(self)}
+        d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "train": _train_dict(self),
+             "data": self.data.to_dict()}
         if self.init_from is None:  # a run from a random init: its config.json as before this field
             del d["init_from"]
         return d

@@ -156,7 +156,7 @@ class RunDir:
             old = self.load_config().to_dict()  # first: a damaged config.json is an error naming it
             stored = json.loads(self.config_path.read_text())
             old_data = _absolute_data_paths(old)["data"]
-            new_data, _ = self._identify_data_files(old_data, dataclasses.asdict(data))
+            new_data, _ = self._identify_data_files(old_data, data.to_dict())
             diffs = _differences(old_data, new_data, "data.", present=stored.get("data", {}))
             if any(_setting(line) == "data.tokenizer_from" for line in diffs):
                 # The tokenizer settings come with --tokenizer-from's run (or its absence, the

@@ -148,6 +148,10 @@ def test_a_run_written_by_version_1_resumes_evaluates_and_generates(tmp_path):
     assert config["train"]["peak_learning_rate"] == 3e-3 and "learning_rate" not in config["train"]
     del config["train"]["peak_learning_rate"]
     config["train"]["learning_rate"] = 1e-3
+    # A text run's file leaves out the synthetic task's settings; files written before held
+    # their defaults, which a text run never used.
+    assert not {"task", "vocab_size", "min_len", "eval_sequences"} & set(config["data"])
+    config["data"].update(task=None, vocab_size=16, min_len=1, eval_sequences=512)
     del config["checksums"]["config"]  # recorded since 2026-11-27, long after version 1
     (out / "config.json").write_text(json.dumps(config))
     resumed = cli(*args, "--steps", "6")

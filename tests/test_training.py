@@ -1,6 +1,7 @@
 """Training on the Flax side: loss normalisation, reproducible steps, exact resume, NaN stop,
 bfloat16, run directories and their bad input."""
 
+import dataclasses
 import json
 import math
 
@@ -344,6 +345,24 @@ def test_config_dict_leaves_out_the_other_schedules_defaults_and_round_trips(tra
         assert d["train"]["peak_learning_rate"] == pytest.approx(train.lr_factor / math.sqrt(30 * train.warmup_steps), rel=1e-11)
     else:
         assert "peak_learning_rate" not in d["train"]
+
+
+@pytest.mark.parametrize("data", [
+    DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5),  # a CLI synthetic run
+    DataConfig(kind="tsv", max_len=7, train_path="/d/train.tsv", eval_pairs=64, holdout=64, tokenizer="bpe",
+               tokenizer_vocab_size=40),  # a CLI text run: the synthetic fields at their defaults
+    DataConfig(kind="tsv", max_len=7, train_path="/d/train.tsv", vocab_size=30),  # a library user's unused value: kept
+], ids=["synthetic", "text", "text-with-vocab-size-set"])
+def test_config_dict_leaves_out_the_other_kinds_defaults_and_round_trips(data):
+    config = RunConfig(model=run_config().model, train=run_config().train, data=data)
+    d = json.loads(json.dumps(config.to_dict()))
+    assert RunConfig.from_dict(d) == config
+    synthetic = {"task", "vocab_size", "min_len", "eval_sequences"}
+    text = {f.name for f in dataclasses.fields(DataConfig)} - synthetic - {"kind", "max_len", "eval_decode_lines"}
+    unused = text if data.kind == "synthetic" else synthetic
+    shown = {k for k in unused if getattr(data, k) != DataConfig.__dataclass_fields__[k].default}
+    assert set(d["data"]) == {f.name for f in dataclasses.fields(DataConfig)} - unused | shown
+    assert d["data"]["max_len"] == data.max_len and d["data"]["eval_decode_lines"] == 256
 
 
 def test_run_writes_config_metrics_checkpoints_and_plot(tmp_path):
