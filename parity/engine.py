@@ -366,6 +366,10 @@ def _tie_hint(key, arrays, read, loaded, user_name):
         value = np.asarray(read(arrays[key]))
     except Exception:  # noqa: BLE001 - only a hint: the key is reported unexpected either way
         return ""
+    if value.size == 0 or np.all(value == value.flat[0]):
+        # One repeated value (a fresh LayerNorm's ones, a bias's zeros) equals every other such
+        # tensor of its shape by chance: a port that left out a layer is no tied weight.
+        return ""
     for source, array in loaded.items():
         if array.shape == value.shape and array.dtype == value.dtype and np.array_equal(array, value, equal_nan=True):
             copy, kept = user_name(key), user_name(source)

@@ -283,6 +283,26 @@ def test_a_tie_left_out_is_named_by_the_key_its_copy_equals(torch_model):
     assert "bit for bit" not in str(info.value)
 
 
+class _TorchTwoNorms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(6), torch.nn.LayerNorm(6)
+
+
+class _FlaxOneNorm(nnx.Module):  # a port that left out ln2
+    def __init__(self, rngs):
+        self.ln1 = nnx.LayerNorm(6, epsilon=1e-5, rngs=rngs)
+
+
+def test_a_layer_left_out_at_its_init_values_is_not_called_a_tie():
+    # A fresh LayerNorm's ones and zeros equal every other fresh LayerNorm's bit for bit: ln2 is
+    # a layer the port lacks, not a copy of ln1, and the refusal must not suggest tied=.
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax(_TorchTwoNorms().state_dict(), _FlaxOneNorm(nnx.Rngs(0)))
+    assert info.value.unexpected == ["ln2.weight", "ln2.bias"]  # in the state dict's order
+    assert "tied" not in str(info.value) and "bit for bit" not in str(info.value)
+
+
 class _Stateful(nnx.Module):
     """Variables no torch state dict holds, beside one Linear: RNG state, a decoding cache, a value kept from a call."""
 
