@@ -37,6 +37,8 @@ from parity.report import (  # noqa: F401 - names parity.compare has always give
     diff,
     nonfinite_note,
 )
+from parity.row_selection import channels_last_rows, listed, missing_rows_left_out, row_base
+
 
 def _leaves(name, value):
     """Flatten a module output (an array, or tuples, lists and dicts of them) into (name,
@@ -164,7 +166,7 @@ def _drop_unmatched_sequential(torch_named, flax_named, sequential):
     the Flax side has no row for: an ``nnx.List`` applied by hand records nothing, and the
     Sequential's output is its last child's, compared there. An ``nnx.Sequential`` port keeps
     them, and its own row (Flax records it) is matched instead of reported missing."""
-    return {name: v for name, v in torch_named.items() if name in flax_named or _row_base(name) not in sequential}
+    return {name: v for name, v in torch_named.items() if name in flax_named or row_base(name) not in sequential}
 
 
 def model_intermediates(torch_model, flax_model, torch_inputs, flax_inputs):
@@ -224,40 +226,6 @@ def _channels_first(named, selected=lambda name: True):
     return {k: (np.moveaxis(v, -1, 1) if v.ndim >= 3 and selected(k) else v) for k, v in named.items()}
 
 
-def _row_base(name):
-    """A row's module path: without a repeated call's ``#i`` or a tuple output's ``[i]``."""
-    return re.match(r"^([^#\[]*)", name).group(1)
-
-
-def _channels_last_rows(channels_last, flax_names):
-    """``compare``'s ``channels_last`` as a predicate on row names, or None (nothing moved)."""
-    if channels_last is False or channels_last is None:
-        return None
-    if channels_last is True:
-        return lambda name: True
-    if callable(channels_last):
-        return lambda name: bool(channels_last(name))
-    prefixes = (channels_last,) if isinstance(channels_last, str) else tuple(channels_last)
-    if not all(isinstance(p, str) for p in prefixes):
-        raise TypeError(f"compare: channels_last is True, False, a predicate on row names or module-path "
-                        f"prefixes (str), got {channels_last!r}")
-
-    def inside(base, prefix):
-        return prefix == "" or base == prefix or base.startswith(prefix + ".")
-
-    def selected(name):
-        return any(inside(_row_base(name), p) for p in prefixes)
-
-    # A prefix that selects nothing is a typo (or a renamed path): say so, as rename maps do.
-    bases = {_row_base(name) for name in flax_names}
-    unused = [p for p in prefixes if not any(inside(base, p) for base in bases)]
-    if unused:
-        raise ValueError(f"compare: channels_last prefix{'es' if len(unused) > 1 else ''} "
-                         f"{', '.join(map(repr, unused))} match{'' if len(unused) > 1 else 'es'} no row of the Flax "
-                         f"model (its module paths: {', '.join(sorted(map(repr, bases))[:12])})")
-    return selected
-
-
 def _one_call_layers(flax_model, rules):
     """{module path: type name} of the Flax layers whose conversion rule reaches into their
     sublayers (``nnx.MultiHeadAttention``: ``query/kernel`` ...): torch computes such a layer in
@@ -272,13 +240,8 @@ def _one_call_layers(flax_model, rules):
 
 def _inside(name, layers):
     """The layer of ``layers`` (paths) strictly inside which the row ``name`` lies, or None."""
-    base = _row_base(name)
+    base = row_base(name)
     return next((p for p in layers if within(base, p)), None)
-
-
-def _names(paths, shown=4):
-    paths = [p or "the whole model" for p in paths]
-    return ", ".join(paths[:shown]) + (f", ... ({len(paths)} in all)" if len(paths) > shown else "")
 
 
 def random_layer_notes(torch_model, flax_model):
@@ -294,7 +257,7 @@ def random_layer_notes(torch_model, flax_model):
     dropouts = [name for name, m in torch_model.named_modules()
                 if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
     if dropouts:
-        notes.append((f"the torch model is in training mode, with dropout active in {_names(dropouts)}: "
+        notes.append((f"the torch model is in training mode, with dropout active in {listed(dropouts)}: "
                       f"{consequence}", True))
     elif any(m.training for m in torch_model.modules()):
         notes.append(("the torch model is in training mode (model.train(), a torch module's default): if it calls "
@@ -302,7 +265,7 @@ def random_layer_notes(torch_model, flax_model):
     active = [".".join(map(str, path)) for path, m in nnx.iter_modules(flax_model)
               if isinstance(m, nnx.Dropout) and m.rate > 0 and not m.deterministic]
     if active:
-        notes.append((f"nnx.Dropout is active (deterministic=False) in the Flax model at {_names(active)}: "
+        notes.append((f"nnx.Dropout is active (deterministic=False) in the Flax model at {listed(active)}: "
                       f"{consequence}", True))
     return notes
 
@@ -345,8 +308,13 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
       channel axis moved).
 
     ``ignore_missing``: leave out rows only one side has (torch's ``nn.ReLU`` modules, where
-    the port calls ``nnx.relu``) instead of failing them. Whatever is left out is listed in
-    ``Report.left_out`` and the table, with the reason: a typo in ``rename`` shows there.
+    the port calls ``nnx.relu``) instead of failing them: ``True`` every such row; module-path
+    prefixes (one str or a collection; ``{}`` stands for one dotted segment, as in rename maps:
+    ``"blocks.{}.act"``) or a predicate on row names only those, so that any other row missing
+    still fails. Whatever is left out is listed in ``Report.left_out`` and the table, with the
+    reason. A ``rename`` map is checked against both models as ``torch_to_flax`` checks it (a
+    pattern or target that matches no key is an error), since a typo there would leave rows
+    unmatched, and ignore_missing would leave them out.
 
     The outputs of the sublayers of a layer that torch computes in one call (the ``query``,
     ``key``, ``value`` and ``out`` of an ``nnx.MultiHeadAttention``, whose ``rules`` entry,
@@ -361,10 +329,12 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     from parity.rename import Rename
 
     _check_inputs(torch_inputs, flax_inputs, channels_last)
+    if rename is not None:
+        _check_rename(rename, torch_model, flax_model, rules)
     notes = random_layer_notes(torch_model, flax_model)
     _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
     _, f, traced = _flax_calls(flax_model, *flax_inputs)
-    selected = _channels_last_rows(channels_last, [*f, *traced])
+    selected = channels_last_rows(channels_last, [*f, *traced])
     own_shapes = {}  # the port's own shape of each row channels_last moved
     if selected is not None:
         own_shapes = {k: tuple(v.shape) for k, v in f.items() if v.ndim >= 3 and selected(k)}
@@ -388,7 +358,7 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     # left out with them rather than failed as missing.
     outermost = [p for p in traced if _inside(p, traced) is None]
     for name in [k for k in t if k not in f]:
-        layer = next((p for p in outermost if _row_base(name) == p or _inside(name, [p]) is not None), None)
+        layer = next((p for p in outermost if row_base(name) == p or _inside(name, [p]) is not None), None)
         if layer is not None:
             del t[name]
             left_out.append((name, f"at or inside {layer or 'the whole model'}, which the Flax model runs under a JAX "
@@ -396,10 +366,19 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     left_out += [(p, "run under a JAX transform inside the Flax model (nnx.scan, nnx.RNN's cell, nnx.vmap, ...): "
                      "outputs there are traced, not recorded; to compare them, compare a version of the model that "
                      "calls them in a Python loop") for p in outermost]
-    if ignore_missing:  # after renaming and matching: a row is missing only if no name matches it
-        left_out += [(k, "only torch has them, by ignore_missing") for k in t if k not in f]
-        left_out += [(k, "only Flax has them, by ignore_missing") for k in f if k not in t]
-        t, f = {k: v for k, v in t.items() if k in f}, {k: v for k, v in f.items() if k in t}
+    # After renaming and matching: a row is missing only if no name matches it.
+    only_torch, only_flax = [k for k in t if k not in f], [k for k in f if k not in t]
+    leave = missing_rows_left_out(ignore_missing, only_torch + only_flax)
+    left_out += [(k, "only torch has them, by ignore_missing") for k in only_torch if leave(k)]
+    left_out += [(k, "only Flax has them, by ignore_missing") for k in only_flax if leave(k)]
+    t = {k: v for k, v in t.items() if k in f or not leave(k)}
+    f = {k: v for k, v in f.items() if k in t or not leave(k)}
+    still = [k for k in [*only_torch, *only_flax] if not leave(k)]
+    if still:  # the usual cause is no porting error: say how to leave them out, and what that costs
+        notes.append((f"{len(still)} row(s) only one side has ({listed(still)}): a port that calls a function where "
+                      f"torch has a module (nnx.gelu for nn.GELU()) or computes a tied head with Embed.attend has no "
+                      f"row there; ignore_missing=[module-path prefixes] leaves those rows out by name ({{}} for a "
+                      f"layer index: 'blocks.{{}}.mlp.act'), ignore_missing=True every such row", False))
     report = compare_intermediates(t, f, atol)
     report.left_out = left_out
     for row in report.rows:
@@ -411,6 +390,24 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
             row.note = (f"shape differs only as channels_last moved it: the port's own is torch's {own}; "
                         f"channels_last=[module-path prefixes] moves the channels-last layers' rows alone")
     return _say(report, notes)
+
+
+def _check_rename(rename, torch_model, flax_model, rules):
+    """The map must fit the torch model's keys and the Flax model's conversion plan, as
+    ``torch_to_flax`` requires (``Rename`` raises a ConversionError naming each pattern or
+    target that matches no key). A Flax model without a rule for every variable has no plan
+    and compares all the same: its targets go unchecked."""
+    from parity.convert import _plan
+    from parity.engine import ConversionError
+    from parity.rename import Rename
+
+    table = Rename(rename)
+    table.forward(dict.fromkeys(torch_model.state_dict()), split=lambda value, n: [value] * n)
+    try:
+        plan_keys = dict.fromkeys(_plan(flax_model, rules))
+    except ConversionError:
+        return
+    table.backward(plan_keys, concat=lambda chunks: None)
 
 
 def _rename_row(table, name):

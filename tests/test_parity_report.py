@@ -115,32 +115,38 @@ def test_the_sublayers_of_an_attention_torch_computes_in_one_call_are_left_out_a
     assert {"name": "attn.query", "why": why} in report.to_dict()["left_out"]
 
 
-def test_ignore_missing_lists_every_row_it_left_out():
-    # A rename map with a typo: every torch row under it stays unmatched, and so does the Flax
-    # row it should have matched. ignore_missing leaves them out, and the table says which.
+def test_ignore_missing_lists_every_row_it_left_out_and_a_rename_typo_is_refused_not_left_out():
     torch.manual_seed(0)
     t = torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.ReLU(), torch.nn.Linear(D, 3)).eval()
 
     class Port(nnx.Module):
         def __init__(self, rngs):
             self.layers = nnx.List([nnx.Linear(D, D, rngs=rngs), nnx.Linear(D, 3, rngs=rngs)])
+            self.extra = nnx.Linear(3, 3, rngs=rngs)  # run on the side: only Flax has its row
 
         def __call__(self, x):
-            return self.layers[1](nnx.relu(self.layers[0](x)))
+            y = self.layers[1](nnx.relu(self.layers[0](x)))
+            self.extra(y)
+            return y
 
-    f = parity.torch_to_flax(t.state_dict(), Port(nnx.Rngs(0)), rename={"0.{}": "layers.0.{}", "2.{}": "layers.1.{}"})
+    rename = {"0.{}": "layers.0.{}", "2.{}": "layers.1.{}"}
+    f = Port(nnx.Rngs(0))
+    state = {**parity.flax_to_torch(f, rename=rename), **t.state_dict()}
+    f = parity.torch_to_flax(state, f, rename=rename)
     x = np.ones((2, D), np.float32)
-    typo = {"0.{}": "layer.0.{}", "2.{}": "layer.1.{}"}  # "layer" for "layers"
-    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5, rename=typo, ignore_missing=True)
-    assert report.ok and [r.name for r in report.rows] == [""]
-    assert report.left_out == [("layer.0", "only torch has them, by ignore_missing"),
-                               ("1", "only torch has them, by ignore_missing"),
-                               ("layer.1", "only torch has them, by ignore_missing"),
-                               ("layers.0", "only Flax has them, by ignore_missing"),
-                               ("layers.1", "only Flax has them, by ignore_missing")]
+    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5, rename=rename, ignore_missing=True)
+    assert report.ok and [r.name for r in report.rows] == ["layers.0", "layers.1", ""]
+    assert report.left_out == [("1", "only torch has them, by ignore_missing"),
+                               ("extra", "only Flax has them, by ignore_missing")]
     table = report.format_table()
-    assert "(3 left out, only torch has them, by ignore_missing: layer.0, 1, layer.1)" in table
-    assert "(2 left out, only Flax has them, by ignore_missing: layers.0, layers.1)" in table
+    assert "(1 left out, only torch has them, by ignore_missing: 1)" in table
+    assert "(1 left out, only Flax has them, by ignore_missing: extra)" in table
+    # A typo in the map ("layer" for "layers") once renamed no row, and ignore_missing left the
+    # unmatched rows of both sides out: a pass that compared nothing but the output. Refused.
+    typo = {"0.{}": "layer.0.{}", "2.{}": "layer.1.{}"}
+    with pytest.raises(parity.ConversionError, match=r"its target 'layer.0.\{\}' matches no key \(did you mean "
+                                                     r"'layers.0.\{\}'\?\)"):
+        parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5, rename=typo, ignore_missing=True)
 
 
 def test_a_parameter_frozen_in_torch_is_left_out_of_the_gradients_not_failed():

@@ -1,0 +1,123 @@
+"""``parity.compare`` where the two models do not have the same rows: a port that calls a
+function where torch has a module, ``ignore_missing`` by name, and a rename map that does
+not fit (which would otherwise leave rows unmatched, and ignore_missing would hide them).
+
+Shapes: x (N, L, D); every linear layer D -> D but the head, D -> OUT.
+"""
+
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import parity
+from parity import ConversionError
+
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
+D, OUT, N, L = 4, 3, 2, 5  # every size distinct, so a wrong axis cannot pass
+LAYERS = 2
+
+
+class _TorchBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = torch.nn.Linear(D, D), torch.nn.GELU(), torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
+class _TorchNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_TorchBlock() for _ in range(LAYERS)])
+        self.proj, self.out_act = torch.nn.Linear(D, OUT), torch.nn.Tanh()
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.out_act(self.proj(x))
+
+
+class _FlaxBlock(nnx.Module):
+    def __init__(self, rngs):
+        self.fc1, self.fc2 = nnx.Linear(D, D, rngs=rngs), nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+        # torch's nn.GELU() is the exact erf form; jax.nn.gelu's default is the tanh approximation.
+        return x + self.fc2(nnx.gelu(self.fc1(x), approximate=False))
+
+
+class _FlaxNet(nnx.Module):
+    def __init__(self, rngs):
+        self.blocks = nnx.List([_FlaxBlock(rngs) for _ in range(LAYERS)])
+        self.out = nnx.Linear(D, OUT, rngs=rngs)  # torch's `proj`
+
+    def __call__(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return nnx.tanh(self.out(x))
+
+
+RENAME = {"proj.weight": "out.weight", "proj.bias": "out.bias"}
+GELU_ROWS = [f"blocks.{i}.act" for i in range(LAYERS)]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.manual_seed(0)
+    t = _TorchNet().eval()
+    f = parity.torch_to_flax(t.state_dict(), _FlaxNet(nnx.Rngs(0)), rename=RENAME)
+    x = np.random.default_rng(0).standard_normal((N, L, D)).astype(np.float32)
+    return t, f, (torch.from_numpy(x),), (x,)
+
+
+def test_rows_only_torch_has_fail_and_the_note_says_how_to_leave_them_out_by_name(pair):
+    report = parity.compare(*pair, rename=RENAME)
+    assert not report.ok and report.first_divergence.name == "blocks.0.act"
+    assert report.first_divergence.note == "missing on the Flax side"
+    (note,) = report.notes
+    assert note.startswith("3 row(s) only one side has (blocks.0.act, blocks.1.act, out_act): ")
+    assert "ignore_missing=[module-path prefixes]" in note and "'blocks.{}.mlp.act'" in note
+    assert f"note: {note}" in report.format_table()
+
+
+def test_ignore_missing_by_prefix_leaves_out_those_rows_alone(pair):
+    # The GELU modules by one pattern ({} a layer index): torch's Tanh module still fails.
+    report = parity.compare(*pair, rename=RENAME, ignore_missing="blocks.{}.act")
+    assert [name for name, _ in report.left_out] == GELU_ROWS
+    assert report.first_divergence.name == "out_act" and report.first_divergence.note == "missing on the Flax side"
+    assert report.notes == ["1 row(s) only one side has (out_act): " + report.notes[0].split(": ", 1)[1]]
+    # Both by name, or by a predicate: every other row compared, and within the tolerance.
+    for leave in (["blocks.{}.act", "out_act"], [*GELU_ROWS, "out_act"], lambda name: name.endswith("act")):
+        report = parity.compare(*pair, rename=RENAME, ignore_missing=leave)
+        assert report.ok and report.notes == [], report.format_table()
+        assert [name for name, _ in report.left_out] == [*GELU_ROWS, "out_act"]
+        assert {r.name for r in report.rows} == {"blocks.0.fc1", "blocks.0.fc2", "blocks.0", "blocks.1.fc1",
+                                                  "blocks.1.fc2", "blocks.1", "out", ""}
+    assert parity.compare(*pair, rename=RENAME, ignore_missing=True).left_out == report.left_out
+
+
+def test_an_ignore_missing_prefix_that_matches_no_missing_row_is_an_error_naming_them(pair):
+    # "blocks.act" is a typo; "blocks.0.fc1" is on both sides: leaving it out would do nothing.
+    for typo in ("blocks.act", "blocks.0.fc1"):
+        with pytest.raises(ValueError, match=(rf"compare: ignore_missing prefix '{typo}' matches no row only one "
+                                              rf"side has \(those rows: blocks.0.act, blocks.1.act, out_act\)")):
+            parity.compare(*pair, rename=RENAME, ignore_missing=["blocks.{}.act", typo])
+    with pytest.raises(TypeError, match="ignore_missing is True, False, a predicate on row names or module-path"):
+        parity.compare(*pair, rename=RENAME, ignore_missing=[1])
+
+
+@pytest.mark.parametrize(("rename", "named"), [
+    ({"proj.weight": "out.weight", "proj.bias": "ot.bias"}, "pattern 'proj.bias': its target 'ot.bias' matches no key"),
+    ({"proj.weight": "out.weight", "projj.bias": "out.bias"}, "pattern 'projj.bias' matches no key"),
+], ids=["target", "source"])
+def test_a_rename_map_that_does_not_fit_is_refused_as_conversion_refuses_it(pair, rename, named):
+    # Before: the misspelt pattern renamed no row, `proj` and `out` were each missing on one
+    # side, and ignore_missing=True left both out: a pass that compared no head at all.
+    t, f, tx, fx = pair
+    with pytest.raises(ConversionError, match=named):
+        parity.compare(t, f, tx, fx, rename=rename, ignore_missing=True)
+    with pytest.raises(ConversionError, match=r"'out.bias'|'proj.bias'"):  # as the conversion refuses it
+        parity.torch_to_flax(t.state_dict(), _FlaxNet(nnx.Rngs(0)), rename=rename)
