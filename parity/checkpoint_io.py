@@ -88,7 +88,14 @@ def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None):
     nor a temporary file beside it. ``config`` (a ModelConfig, the keyword arguments of
     ``torch_ref.Transformer``) goes into a ``.safetensors`` file's metadata, with ``assumed``
     (the names of its fields that are a guess) and ``tokenizers`` (the {file name: sha256} of
-    the text run the weights come from); a ``.pt`` file holds the tensors alone."""
+    the text run the weights come from); a ``.pt`` file holds the tensors alone.
+
+    A tied model's state dict holds one tensor under two keys (``lm_head.weight`` is
+    ``tok.weight``). ``torch.save`` keeps them one tensor; safetensors cannot, and refuses
+    them, so a ``.safetensors`` file holds each later key's copy as a tensor of its own, equal
+    to the first, as ``flax_to_torch`` writes a tie: the file loads with
+    ``load_state_dict(strict=True)`` and ``torch_to_flax(..., tied=...)`` as the model's own
+    state dict does (safetensors' ``save_model`` would keep one name instead)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if not path.absolute().parent.is_dir():  # torch.save would say so as a RuntimeError
@@ -99,6 +106,7 @@ def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None):
     if suffix == SAFETENSORS_SUFFIX:
         from safetensors.torch import save
 
+        tensors = _untied(tensors)
         data = save(tensors, metadata=None if config is None else config_metadata(TORCH_FORMAT, config, assumed,
                                                                                    tokenizers))
     elif suffix in TORCH_SUFFIXES:
@@ -109,3 +117,13 @@ def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None):
         raise CheckpointError(f"{path}: unknown checkpoint type {suffix!r}; use .safetensors or .pt")
     output.write_atomic(path, data)
     return path
+
+
+def _untied(tensors):
+    """{key: tensor} with each tensor that shares memory with an earlier one copied."""
+    seen, out = set(), {}
+    for key, tensor in tensors.items():
+        storage = tensor.untyped_storage().data_ptr() if tensor.numel() else None
+        out[key] = tensor.clone() if storage in seen else tensor
+        seen.add(storage)
+    return out

@@ -283,6 +283,21 @@ def test_a_tie_left_out_is_named_by_the_key_its_copy_equals(torch_model):
     assert "bit for bit" not in str(info.value)
 
 
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_a_tied_models_state_dict_saves_and_loads_strictly_both_ways(torch_model, tmp_path, suffix):
+    # safetensors refuses two keys on one tensor; the file holds the copy as its own tensor.
+    path = parity.save_state_dict(torch_model.state_dict(), tmp_path / f"tied{suffix}")
+    loaded = parity.load_state_dict(path)
+    assert sorted(loaded) == sorted(torch_model.state_dict())  # safetensors writes its keys sorted
+    for key, value in torch_model.state_dict().items():
+        assert torch.equal(loaded[key], value), key
+    fresh = TorchLM()
+    fresh.load_state_dict(loaded, strict=True)
+    assert fresh.lm_head.weight is fresh.tok.weight and torch.equal(fresh.tok.weight, torch_model.tok.weight)
+    model = convert_in(loaded, tied=TIED)
+    assert np.array_equal(np.asarray(model.embed.embedding.get_value()), torch_model.tok.weight.detach().numpy())
+
+
 class _TorchTwoNorms(torch.nn.Module):
     def __init__(self):
         super().__init__()
