@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from parity.engine import ConversionError, _closest
+from parity.engine import _WRAPPERS, ConversionError, _closest
 
 
 def _compile(pattern):
@@ -46,10 +46,14 @@ class Rename:
         self._backward = [(src, tgts, [_compile(t) for t in tgts]) for src, _, tgts in self._forward]
 
     @staticmethod
-    def _report(direction, unused, twice, collide):
+    def _report(direction, unused, twice, collide, wrapped=None):
         """``unused``: [(the pattern the user wrote, the side of it that matched no key, a
-        did-you-mean or "")]."""
+        did-you-mean or "")]; ``wrapped``: the prefix a wrapper put before every key, or None."""
         lines = [f"rename map does not fit the {direction} keys:"]
+        if wrapped is not None:  # the did-you-means would fit the map to the wrapper: say it first
+            lines.append(f"  every key of the state dict starts with {wrapped!r} ({_WRAPPERS[wrapped]}): strip it, "
+                         f"{{k.removeprefix({wrapped!r}): v for k, v in state_dict.items()}}")
+            unused = [(src, side, "") for src, side, _ in unused]
         lines += [f"  pattern {src!r} matches no key{hint}" if side == src else
                   f"  pattern {src!r}: its target {side!r} matches no key{hint}" for src, side, hint in unused]
         lines += [f"  key {k!r} matches {len(ps)} patterns: {', '.join(map(repr, ps))}" for k, ps in twice.items()]
@@ -78,7 +82,9 @@ class Rename:
         unused = [(src, src, _closest_pattern(src, state_dict)) for src in self.table if src not in used]
         collide = {t: ks for t, ks in sources.items() if len(ks) > 1}
         if unused or twice or collide:
-            self._report("torch", unused, twice, collide)
+            wrapped = [p for p in _WRAPPERS if state_dict and all(str(k).startswith(p) for k in state_dict)
+                       and not any(src.startswith(p) for src, _, _ in unused)]
+            self._report("torch", unused, twice, collide, max(wrapped, key=len, default=None))
         return out
 
     def backward(self, state_dict, concat=None):

@@ -340,6 +340,54 @@ def test_renamed_key_suggests_the_expected_name(model_and_state):
     assert f"missing key {right!r} (did you mean {wrong!r}?)" in str(err)
 
 
+@pytest.mark.parametrize(("prefix", "whose"), [
+    ("module.", "a DistributedDataParallel or DataParallel wrapper's"),
+    ("_orig_mod.", "torch.compile's wrapper's"),
+    ("module._orig_mod.", "DDP's and torch.compile's wrappers'"),
+    ("net.", None),  # a wrapper of the user's own: the same line, without a name for it
+])
+def test_a_state_dict_of_a_wrapped_model_is_said_in_one_line_with_how_to_strip_its_prefix(model_and_state, prefix,
+                                                                                          whose):
+    flax_model, before, state = model_and_state
+    wrapped = {prefix + k: v for k, v in state.items()}
+    err = refused(wrapped, flax_model, before)
+    assert sorted(err.unexpected) == sorted(wrapped) and sorted(err.missing) == sorted(state)
+    first = next(iter(wrapped))
+    assert str(err).splitlines() == [
+        "state dict does not fit Transformer:",
+        f"  {len(state)} keys of the state dict are the model's keys with {prefix!r} before them"
+        + (f" ({whose})" if whose else "") + f", e.g. {first!r}: strip it, "
+        f"{{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}"]
+    unwrapped = {k.removeprefix(prefix): v for k, v in wrapped.items()}  # the line's own fix works
+    torch_to_flax(unwrapped, flax_model)
+    # With a rename map, the map is what fails first: its line says the prefix before the patterns.
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax(wrapped, flax_model, rename={"decoder.fc.{}": "decoder.fc.{}"})
+    assert str(info.value).splitlines()[1:] == (
+        [f"  every key of the state dict starts with {prefix!r} ({whose}): strip it, "
+         f"{{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}"] if whose else []
+    ) + ["  pattern 'decoder.fc.{}' matches no key"]
+
+
+class _Wrapping(nnx.Module):  # a port that holds the ported model as a submodule
+    def __init__(self, config):
+        self.model = flax_transformer(config)
+
+
+def test_a_model_wrapping_the_checkpoints_model_is_said_in_one_line(tiny_config):
+    state = randomized(torch_transformer(tiny_config).state_dict())
+    wrapping = _Wrapping(tiny_config)
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax(state, wrapping)
+    assert sorted(info.value.missing) == sorted("model." + k for k in state)
+    assert str(info.value).splitlines() == [
+        "state dict does not fit _Wrapping:",
+        f"  {len(state)} keys of the model are the state dict's keys with 'model.' before them, e.g. "
+        f"{info.value.missing[0]!r}: add it, {{'model.' + k: v for k, v in state_dict.items()}}, or convert into "
+        f"the model's 'model' submodule"]
+    torch_to_flax({"model." + k: v for k, v in state.items()}, wrapping)  # the line's own fix works
+
+
 def test_a_suggested_name_has_the_shape_the_key_needs(model_and_state):
     # A name alone would pair W_q.weight with the nearest-spelt key whatever its size; the
     # suggestion is taken among the keys of the expected shape.
