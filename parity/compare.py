@@ -193,6 +193,10 @@ def _check_inputs(torch_inputs, flax_inputs, channels_last=False, who="compare")
     True: Flax's rank >= 3 inputs are torch's with the channel axis moved last; a selection of
     rows: each rank >= 3 input may be in either layout, since a model mixing both may take
     either). ``who``: the function the error message names."""
+    for side, given in (("torch_inputs", torch_inputs), ("flax_inputs", flax_inputs)):
+        if hasattr(given, "shape"):  # an array iterates over its first axis: say it, not a count
+            raise TypeError(f"{who}: {side} is a tuple of the model's positional inputs, got one array of shape "
+                            f"{tuple(given.shape)}: pass (x,)")
     torch_inputs, flax_inputs = tuple(torch_inputs), tuple(flax_inputs)
     if len(torch_inputs) != len(flax_inputs):
         raise ValueError(f"{who}: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")

@@ -304,6 +304,20 @@ def test_inputs_differing_by_the_channel_axis_suggest_channels_last(who):
     assert "channels_last" not in str(info.value)
 
 
+@pytest.mark.parametrize("who", ["compare", "compare_gradients"])
+def test_one_array_for_the_inputs_is_refused_saying_to_pass_a_tuple(who):
+    # Iterated, an array is its first axis's rows: "1 torch inputs but 2 Flax inputs" once.
+    t, f = _TorchDropout().eval(), _FlaxDropout(nnx.Rngs(0))
+    x = _rand(N, L, D)
+    loss = lambda m, x: m(x).sum()  # noqa: E731 - never runs: the inputs are refused first
+    args = (loss, loss) if who == "compare_gradients" else ()
+    with pytest.raises(TypeError, match=re.escape(f"{who}: flax_inputs is a tuple of the model's positional inputs, "
+                                                  f"got one array of shape (2, 6, 4): pass (x,)")):
+        getattr(parity, who)(t, f, *args, (torch.as_tensor(x),), x)
+    with pytest.raises(TypeError, match=re.escape(f"{who}: torch_inputs is a tuple")):
+        getattr(parity, who)(t, f, *args, torch.as_tensor(x), (x,))
+
+
 # --------------------------------------------------------------------- torch's parametrizations
 
 
