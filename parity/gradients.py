@@ -85,7 +85,7 @@ def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD):
 
 
 def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inputs, flax_inputs, atol=DEFAULT_ATOL,
-                      rename=None, rules=None, channels_last=False):
+                      rename=None, rules=None, channels_last=False, tied=None):
     """A Report of the loss and every parameter's gradient, for any pair of models and a loss
     the user gives on each side: ``torch_loss(torch_model, *torch_inputs)`` (a scalar tensor)
     and ``flax_loss(flax_model, *flax_inputs)`` (a scalar); torch inputs are moved to the torch
@@ -93,7 +93,10 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     torch names and layout (``flax_to_torch`` with ``rename`` and ``rules``), then compared
     with each ``param.grad`` in torch's parameter order. A torch parameter frozen with
     ``requires_grad=False`` has no gradient to compare (torch's is zero by construction, not
-    by computation): it is listed in ``Report.left_out`` instead."""
+    by computation): it is listed in ``Report.left_out`` instead. ``tied``: as ``torch_to_flax``
+    takes it, for the call's symmetry; a tied copy is one torch parameter, with one gradient.
+    A gradient of an ``nn.Embedding(padding_idx=P)`` weight that differs in row P alone is
+    said in a note: torch gives the padding row no gradient, ``nnx.Embed`` does."""
     from parity.compare import _check_inputs, _say, random_layer_notes
     from parity.report import Report
 
@@ -113,7 +116,7 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     flax_value, grads = nnx.value_and_grad(lambda m: flax_loss(m, *flax_inputs))(flax_model)
     holder = nnx.clone(flax_model)
     nnx.update(holder, grads)
-    flax_grads = {k: tensor_to_numpy(g) for k, g in flax_to_torch(holder, rename=rename, rules=rules).items()
+    flax_grads = {k: tensor_to_numpy(g) for k, g in flax_to_torch(holder, rename=rename, rules=rules, tied=tied).items()
                   if k in params}  # buffers (running statistics) have no gradient
     frozen = [k for k, p in params.items() if not p.requires_grad]
     for k in frozen:
@@ -121,7 +124,28 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     report = Report([compared_row(LOSS_ROW, (), float(flax_value), float(loss.item()), atol),
                      *_grad_rows(torch_grads, flax_grads, atol)], atol,
                     left_out=[(GRAD_PREFIX + k, "frozen in torch by requires_grad=False") for k in frozen])
-    return _say(report, notes)
+    return _say(report, notes + _padding_row_notes(torch_model, report, torch_grads, flax_grads, atol))
+
+
+def _padding_row_notes(torch_model, report, torch_grads, flax_grads, atol):
+    """[(note, certain)] for each failed embedding gradient that differs only in its module's
+    padding row, which ``nn.Embedding(padding_idx=P)`` never gives a gradient."""
+    failed = {row.name for row in report.rows if not row.ok}
+    notes = []
+    for name, module in torch_model.named_modules():
+        key = f"{name}.weight" if name else "weight"
+        if (not isinstance(module, torch.nn.Embedding) or module.padding_idx is None
+                or GRAD_PREFIX + key not in failed or key not in flax_grads):
+            continue
+        t, f, pad = torch_grads[key], flax_grads[key], module.padding_idx % module.num_embeddings
+        # The row failed, so when every other row is within atol the padding row is what differs
+        # (by the lookups' gradient: a tied head still gives that row one in torch).
+        if t.shape == f.shape and np.abs(np.delete(t - f, pad, axis=0)).max(initial=0.0) <= atol:
+            notes.append((f"{GRAD_PREFIX}{key} differs only in row {pad}, the padding row of torch's "
+                          f"nn.Embedding(padding_idx={module.padding_idx}), which torch gives no gradient and "
+                          f"nnx.Embed does: a port that must train as torch does stops it after the lookup, "
+                          f"x = jnp.where((ids == {pad})[..., None], jax.lax.stop_gradient(x), x)", False))
+    return notes
 
 
 def _grad_rows(torch_grads, flax_grads, atol):

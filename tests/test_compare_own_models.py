@@ -8,6 +8,7 @@ comparison alone, whatever the converter's rules.
 import re
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -316,6 +317,57 @@ def test_one_array_for_the_inputs_is_refused_saying_to_pass_a_tuple(who):
         getattr(parity, who)(t, f, *args, (torch.as_tensor(x),), x)
     with pytest.raises(TypeError, match=re.escape(f"{who}: torch_inputs is a tuple")):
         getattr(parity, who)(t, f, *args, torch.as_tensor(x), (x,))
+
+
+# ------------------------------------------------------------- an embedding's padding row, tied
+
+
+V, PAD_ID = 7, 0
+
+
+class _TorchPadded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(V, D, padding_idx=PAD_ID)
+        self.head = torch.nn.Linear(D, V, bias=False)
+        self.head.weight = self.tok.weight  # tied: one Parameter, two state-dict keys
+
+    def forward(self, ids):
+        return self.head(self.tok(ids))
+
+
+class _FlaxPadded(nnx.Module):
+    def __init__(self, rngs, stop_pad=False):
+        self.tok, self.stop_pad = nnx.Embed(V, D, rngs=rngs), stop_pad
+
+    def __call__(self, ids):
+        x = self.tok(ids)
+        if self.stop_pad:  # as torch's padding_idx: no gradient reaches the pad row
+            x = jnp.where((ids == PAD_ID)[..., None], jax.lax.stop_gradient(x), x)
+        return self.tok.attend(x)
+
+
+def test_an_embedding_gradient_differing_in_its_padding_row_alone_is_said_and_the_fix_passes():
+    torch.manual_seed(0)
+    t = _TorchPadded().eval()
+    ids = np.array([[1, 4, PAD_ID, 6], [PAD_ID, 2, 3, 5]])
+    # Not (logits ** 2): the pad row starts at zero (padding_idx), so its logits and their
+    # gradient would be zero at the pad positions, and no gradient would reach the lookups.
+    loss = lambda m, ids: ((m(ids) - 0.5) ** 2).mean()  # noqa: E731
+    tied = {"head.weight": "tok.weight"}
+    for stop_pad in (False, True):
+        f = parity.torch_to_flax(t.state_dict(), _FlaxPadded(nnx.Rngs(0), stop_pad), tied=tied)
+        report = parity.compare_gradients(t, f, loss, loss, (torch.as_tensor(ids),), (jnp.asarray(ids),), tied=tied)
+        assert [r.name for r in report.rows] == ["loss", "grad:tok.weight"]
+        assert report.ok == stop_pad, report.format_table()
+        if stop_pad:
+            assert report.notes == []
+        else:
+            assert report.first_divergence.name == "grad:tok.weight" and report.first_divergence.at[0] == PAD_ID
+            assert report.notes == [
+                "grad:tok.weight differs only in row 0, the padding row of torch's nn.Embedding(padding_idx=0), "
+                "which torch gives no gradient and nnx.Embed does: a port that must train as torch does stops it "
+                "after the lookup, x = jnp.where((ids == 0)[..., None], jax.lax.stop_gradient(x), x)"]
 
 
 # --------------------------------------------------------------------- torch's parametrizations
