@@ -9,7 +9,8 @@ Masks are keep-masks broadcastable to (B, H, T, S): 1/True = attend. Scores and 
 softmax are computed in float32 whatever the compute dtype, as is usual for bfloat16: the
 score product accumulates and returns float32 (``preferred_element_type``), as
 ``jax.nn.dot_product_attention`` does, rather than rounding each score to bfloat16 and
-widening it afterwards. For float32 inputs this changes nothing.
+widening it afterwards. For float32 inputs this changes nothing; float64 inputs (a model run
+under ``jax.enable_x64``, as ``parity.compare(..., float64=True)`` runs it) stay float64.
 """
 
 import math
@@ -50,8 +51,13 @@ def masked_fill(scores, mask):
     return jnp.where(~_as_rank4(mask).astype(jnp.bool_), MASK_FILL_VALUE, scores)
 
 
+def _scores_dtype(*arrays):
+    """At least float32: bfloat16 widened, float64 kept."""
+    return jnp.float64 if any(a.dtype == jnp.float64 for a in arrays) else jnp.float32
+
+
 def _softmax_f32(scores, axis=-1):
-    return jax.nn.softmax(scores.astype(jnp.float32), axis=axis)
+    return jax.nn.softmax(scores.astype(_scores_dtype(scores)), axis=axis)
 
 
 class SelfAttention(nnx.Module):
@@ -88,7 +94,7 @@ class SelfAttention(nnx.Module):
         H, K = self.heads, self.head_dim
         q = self.W_q(query).reshape(B, T, H, K)
         if self.attention_impl == "einsum":
-            scores = jnp.einsum("BTHK,BHSK->BHTS", q, k, preferred_element_type=jnp.float32)
+            scores = jnp.einsum("BTHK,BHSK->BHTS", q, k, preferred_element_type=_scores_dtype(q, k))
             # As in the seed: fill first, then scale by 1/sqrt(K) (torch_ref SelfAttention).
             weights = _softmax_f32(masked_fill(scores, mask) / (K**0.5))  # (B, H, T, S)
             out = jnp.einsum("BHTS,BHSK->BTHK", weights.astype(v.dtype), v)
@@ -160,7 +166,8 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
     d_k = Q.shape[-1]
     # torch divides by torch.sqrt(torch.tensor(d_k)), a float32 square root; so do we, since
     # sqrt(d_k) rounded from float64 can differ from it in the last bit.
-    scores = jnp.matmul(Q, jnp.swapaxes(K, -2, -1), preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(d_k))
+    dtype = _scores_dtype(Q, K)
+    scores = jnp.matmul(Q, jnp.swapaxes(K, -2, -1), preferred_element_type=dtype) / jnp.sqrt(jnp.asarray(d_k, dtype))
     weights = _softmax_f32(masked_fill(scores, mask))
     return jnp.matmul(weights.astype(V.dtype), V)
 
@@ -218,7 +225,7 @@ class PerHeadSelfAttention(nnx.Module):
         k = self.keys(keys.reshape(B, S, H, K))
         v = self.values(values.reshape(B, S, H, K))
 
-        energy = jnp.einsum("BTHK,BSHK->BHTS", q, k, preferred_element_type=jnp.float32)
+        energy = jnp.einsum("BTHK,BSHK->BHTS", q, k, preferred_element_type=_scores_dtype(q, k))
         attention = _softmax_f32(masked_fill(energy, mask) / math.sqrt(K))
 
         out = jnp.einsum("BHTS,BSHK->BTHK", attention.astype(v.dtype), v).reshape(B, T, H * K)
@@ -249,7 +256,7 @@ class MultiHeadSelfAttention(nnx.Module):
             return y.reshape(B, T, H, K).transpose(0, 2, 1, 3)
 
         Q, Kh, V = split(self.W_Q(x)), split(self.W_K(x)), split(self.W_V(x))
-        scores = jnp.matmul(Q, jnp.swapaxes(Kh, -1, -2), preferred_element_type=jnp.float32) / (K**0.5)
+        scores = jnp.matmul(Q, jnp.swapaxes(Kh, -1, -2), preferred_element_type=_scores_dtype(Q, Kh)) / (K**0.5)
         attn_weights = _softmax_f32(scores)  # (B, H, T, T)
         context = jnp.matmul(attn_weights.astype(V.dtype), V)  # (B, H, T, K)
 

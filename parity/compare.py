@@ -285,8 +285,8 @@ def _say(report, notes):
     return report
 
 
-def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATOL, rename=None, channels_last=False,
-            ignore_missing=False, rules=None):
+def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, rename=None, channels_last=False,
+            ignore_missing=False, rules=None, float64=False):
     """Run any torch module and any NNX module on the same inputs and compare every submodule's
     output, matched by path (torch paths renamed by the ``rename`` map's module prefixes), in
     torch's execution order; ``Report.first_divergence`` is the first row beyond ``atol``.
@@ -310,6 +310,13 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
       inside it, and one that matches no row is an error. Each rank >= 3 input may then be
       given to the Flax model in either layout (checked against torch's as it is, or with its
       channel axis moved).
+
+    ``atol``: the largest absolute difference a row may have (None: the parity policy's 1e-5,
+    or ``FLOAT64_ATOL``, 1e-10, with ``float64``). ``float64``: run copies of both models in
+    float64 (torch's ``.double()``, the Flax model's variables cast under
+    ``jax.enable_x64(True)``; float inputs cast, token ids kept), where neither side's rounding
+    hides a slip smaller than float32's tolerance: a wrong LayerNorm epsilon (1e-6 for 1e-5)
+    passes at 1e-5 in float32 and fails here (parity/in_float64.py).
 
     ``ignore_missing``: leave out rows only one side has (torch's ``nn.ReLU`` modules, where
     the port calls ``nnx.relu``) instead of failing them: ``True`` every such row; module-path
@@ -336,8 +343,22 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFAULT_ATO
     if rename is not None:
         _check_rename(rename, torch_model, flax_model, rules)
     notes = random_layer_notes(torch_model, flax_model)
-    _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
-    _, f, traced = _flax_calls(flax_model, *flax_inputs)
+    if float64:
+        from parity import in_float64
+
+        atol = in_float64.FLOAT64_ATOL if atol is None else atol
+        model, inputs = in_float64.torch_in_float64(torch_model, torch_inputs)
+        _, t = torch_intermediates(model, *inputs, sequential=True)
+        # Standard promotion: Flax's LayerNorm promotes its statistics' dtype with float32
+        # (jnp.promote_types), which a caller's strict promotion refuses for float64.
+        with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+            model, inputs = in_float64.flax_in_float64(flax_model, flax_inputs)
+            _, f, traced = _flax_calls(model, *inputs)
+        notes += in_float64.narrower_rows_note(f)
+    else:
+        _, t = torch_intermediates(torch_model, *torch_inputs, sequential=True)
+        _, f, traced = _flax_calls(flax_model, *flax_inputs)
+    atol = DEFAULT_ATOL if atol is None else atol
     selected = channels_last_rows(channels_last, [*f, *traced])
     own_shapes = {}  # the port's own shape of each row channels_last moved
     if selected is not None:

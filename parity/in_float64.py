@@ -1,0 +1,77 @@
+"""Both twins in float64: ``parity.compare(..., float64=True)``.
+
+In float32 the two sides round differently (their summation orders differ), so the policy's
+tolerance (1e-5) must leave room for that rounding, and a porting slip smaller than it passes:
+Flax's LayerNorm epsilon 1e-6 for torch's 1e-5 moves unit-variance activations by about 5e-6.
+In float64 the rounding is some 1e-15 of the values, so a tolerance of ``FLOAT64_ATOL`` leaves
+no room for a slip of any size that float32 could show, and what differs is the port.
+
+The torch twin is a ``.double()`` copy. JAX computes in float32 unless x64 is on: the Flax twin
+is a copy with its floating variables cast to float64 and each layer's compute ``dtype``
+(``nnx.Embed``'s default is float32, where torch's layers have none) set to float64, run under
+``jax.enable_x64(True)`` (JAX's context for it; the caller's models and JAX's global setting
+stay as they were). A cast in the port's own code still computes in its dtype: such rows are
+said in a note.
+
+Shapes: whatever the models take and give; inputs are cast, integers (token ids) kept.
+"""
+
+import copy
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
+
+from parity.row_selection import listed
+
+# The default tolerance of a float64 comparison. Measured (2026-11-27, CPU): the seed-size
+# Transformer twins (the `seed` preset, random weights, a batch of 2) differ by at most 5.8e-15
+# over every intermediate in float64, tests/test_compare_float64.py's small model by 4.4e-16,
+# and its LayerNorm epsilon slip by 2.1e-6. 1e-10 is far from both.
+FLOAT64_ATOL = 1e-10
+
+
+def _float64(x):
+    if isinstance(x, torch.Tensor):
+        return x.double() if x.is_floating_point() else x
+    x = jnp.asarray(x)
+    return x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+def torch_in_float64(torch_model, torch_inputs):
+    """A float64 copy of the torch model (the caller's stays as it is) and its inputs."""
+    return copy.deepcopy(torch_model).double(), tuple(_float64(x) for x in torch_inputs)
+
+
+def flax_in_float64(flax_model, flax_inputs):
+    """A float64 copy of the Flax model and its inputs; call under ``jax.enable_x64(True)``."""
+    model = nnx.clone(flax_model)
+    state = nnx.state(model)
+    nnx.update(model, jax.tree.map(lambda v: v.astype(jnp.float64) if jnp.issubdtype(v.dtype, jnp.floating)
+                                   else v, state))
+    for _, module in nnx.iter_modules(model):
+        dtype = getattr(module, "dtype", None)
+        if dtype is not None and not isinstance(dtype, str) and _is_narrow_float(dtype):
+            module.dtype = jnp.float64  # as torch's .double(): every layer computes in float64
+    return model, tuple(_float64(x) for x in flax_inputs)
+
+
+def _is_narrow_float(dtype):
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        return False
+    return jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 8
+
+
+def narrower_rows_note(flax_named):
+    """[(note, certain)]: the Flax rows a float64 run computed in a narrower float dtype."""
+    narrow = [name for name, value in flax_named.items()
+              if np.issubdtype(value.dtype, np.floating) and value.dtype != np.float64]
+    if not narrow:
+        return []
+    return [(f"float64=True, but the Flax model computed {len(narrow)} row(s) in a narrower dtype "
+             f"({listed(narrow)}): a cast in its code (astype, or a dtype given to a jnp function); their "
+             f"differences are that dtype's rounding, not necessarily the port's", True)]

@@ -1,0 +1,128 @@
+"""``parity.compare(..., float64=True)``: both twins in float64, where a slip smaller than
+float32's tolerance still fails (a LayerNorm epsilon of 1e-6 for torch's 1e-5).
+
+Shapes: ids (N, L) token ids; x (N, L, D) after the embedding; logits (N, L, V).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import parity
+from parity.in_float64 import FLOAT64_ATOL
+
+pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
+
+V, D, HID, N, L = 11, 8, 12, 3, 7  # every size distinct, so a wrong axis cannot pass
+
+
+class _TorchLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(V, D)
+        self.ln1, self.ln2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(D, HID), torch.nn.GELU(), torch.nn.Linear(HID, D))
+        self.head = torch.nn.Linear(D, V)
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        x = x + self.mlp(self.ln1(x))
+        return self.head(self.ln2(x))
+
+
+class _FlaxLM(nnx.Module):
+    def __init__(self, rngs, ln1_epsilon=1e-5, mlp_dtype=None, cast_logits=False):
+        self.tok = nnx.Embed(V, D, rngs=rngs)
+        self.ln1 = nnx.LayerNorm(D, epsilon=ln1_epsilon, rngs=rngs)  # torch's 1e-5; Flax's default is 1e-6
+        self.ln2 = nnx.LayerNorm(D, epsilon=1e-5, rngs=rngs)
+        self.mlp = nnx.Sequential(nnx.Linear(D, HID, dtype=mlp_dtype, rngs=rngs),
+                                  lambda x: nnx.gelu(x, approximate=False),  # torch's GELU is the erf form
+                                  nnx.Linear(HID, D, dtype=mlp_dtype, rngs=rngs))
+        self.head = nnx.Linear(D, V, rngs=rngs)
+        self.cast_logits = cast_logits
+
+    def __call__(self, ids):
+        x = self.tok(ids)
+        x = x + self.mlp(self.ln1(x))
+        logits = self.head(self.ln2(x))
+        return logits.astype(jnp.float32) if self.cast_logits else logits
+
+
+RENAME = {"mlp.{}.{}": "mlp.layers.{}.{}"}
+IGNORE = "mlp.layers.1"  # torch's GELU module; the port calls a function there
+
+
+def _pair(**port):
+    torch.manual_seed(0)
+    t = _TorchLM().eval()
+    with torch.no_grad():  # activations of variance ~9, where the epsilon slip below is < 1e-5 in float32
+        t.tok.weight.mul_(3.0)
+    f = parity.torch_to_flax(t.state_dict(), _FlaxLM(nnx.Rngs(0), **port), rename=RENAME)
+    ids = np.random.default_rng(0).integers(0, V, (N, L))
+    return t, f, (torch.as_tensor(ids),), (jnp.asarray(ids),)
+
+
+def _compare(pair, **kw):
+    return parity.compare(*pair, rename=RENAME, ignore_missing=IGNORE, **kw)
+
+
+def test_a_faithful_port_agrees_in_float64_to_far_below_the_float64_tolerance():
+    pair = _pair()
+    report = _compare(pair, float64=True)
+    assert report.ok and report.atol == FLOAT64_ATOL and report.notes == [], report.format_table()
+    # float64 rounding of values of order 1, and room of about four orders of magnitude to the tolerance
+    assert report.max_abs < 1e-14, report.format_table(show_all=True)
+    assert _compare(pair).atol == 1e-5  # without float64: the parity policy's
+
+
+def test_a_wrong_layernorm_epsilon_that_float32_passes_fails_in_float64_at_that_layer():
+    pair = _pair(ln1_epsilon=1e-6)  # Flax's default, not torch's
+    in_float32 = _compare(pair)
+    # The slip moves these unit-variance activations by less than 1e-5: float32's tolerance,
+    # which must leave room for rounding, passes it.
+    assert in_float32.ok and 1e-7 < in_float32.max_abs < 1e-5, in_float32.format_table(show_all=True)
+    in_float64 = _compare(pair, float64=True)
+    assert not in_float64.ok and in_float64.first_divergence.name == "ln1"
+    assert in_float64.first_divergence.max_abs > 1e4 * FLOAT64_ATOL
+
+
+def test_the_callers_models_and_jax_stay_in_float32():
+    t, f, tx, fx = _pair()
+    _compare((t, f, tx, fx), float64=True)
+    assert all(p.dtype == torch.float32 for p in t.parameters())
+    assert {v.get_value().dtype for _, v in nnx.to_flat_state(nnx.state(f, nnx.Param))} == {jnp.dtype("float32")}
+    assert not jax.config.jax_enable_x64 and jnp.asarray(1.0).dtype == jnp.float32
+    assert f(fx[0]).dtype == jnp.float32  # and the model still runs as it did
+
+
+def test_layers_built_to_compute_in_float32_compute_in_float64_as_torchs_double_does():
+    report = _compare(_pair(mlp_dtype=jnp.float32), float64=True)
+    assert report.ok and report.notes == [] and report.max_abs < 1e-14, report.format_table(show_all=True)
+
+
+def test_rows_a_cast_in_the_ports_code_narrows_are_said_not_trusted_silently():
+    with pytest.warns(UserWarning, match=r"float64=True, but the Flax model computed 1 row\(s\) in a narrower dtype "
+                                         r"\(the whole model\): a cast in its code"):
+        report = _compare(_pair(cast_logits=True), float64=True)
+    assert not report.ok and report.first_divergence.name == "", report.format_table()
+
+
+def test_the_projects_own_twins_agree_in_float64():
+    # flaxformer_mini's attention keeps float64 scores (it widens bfloat16 to float32, and
+    # once narrowed float64 too); the seed-size twins agree to 5.8e-15 (in_float64.py).
+    import flaxformer_mini as fm
+    import torch_ref
+    from flaxformer_mini.config import get_preset
+
+    config = get_preset("tiny")
+    torch.manual_seed(0)
+    t = torch_ref.Transformer(**config.to_dict()).eval()
+    f = parity.torch_to_flax(t.state_dict(), fm.Transformer(**config.to_dict(), rngs=nnx.Rngs(0)))
+    f.eval()
+    rng = np.random.default_rng(0)
+    src, trg = rng.integers(1, config.source_vocab_size, (2, 6)), rng.integers(1, config.target_vocab_size, (2, 5))
+    report = parity.compare(t, f, (torch.as_tensor(src), torch.as_tensor(trg)), (src, trg), float64=True)
+    assert report.ok and report.notes == [] and report.max_abs < 1e-13, report.format_table(show_all=True)
