@@ -19,6 +19,7 @@ def evaluate_command(args):
         check_writable(args.output, "--output")
         if args.data is not None and same_file(args.output, args.data):
             raise ValueError(f"--output {args.output}: is the --data file being scored; write the hypotheses elsewhere")
+        _refuse_the_runs_data(args.output, args.checkpoint)
         if not args.force:
             refuse_existing(args.output, "--output")
 
@@ -35,6 +36,24 @@ def evaluate_command(args):
         print(f"{args.checkpoint} at step {result['step']}: loss {result['loss']:.4f}, "
               f"token accuracy {result['token_accuracy']:.4f}, exact match {result['exact_match']:.4f}, "
               f"BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f}, WER {result['wer']:.4f}, CER {result['cer']:.4f}")
+
+
+def _refuse_the_runs_data(output, checkpoint):
+    """--output must not be the run's own training or --valid file: even with --force, it
+    would replace the pairs the run trains and scores on (and a resume refuses a changed file)."""
+    from flaxformer_mini.files import same_file
+    from flaxformer_mini.run_config import RunConfigError
+    from flaxformer_mini.run_dir import RunDir
+
+    try:
+        data = RunDir(checkpoint).load_config().data
+    except RunConfigError:
+        return  # no run there: evaluate_run names the problem
+    for key, what in (("train_path", "training file"), ("valid_path", "--valid file")):
+        path = getattr(data, key, None)
+        if path is not None and same_file(output, path):
+            raise ValueError(f"--output {output}: is the run's {what} (data.{key} in {checkpoint}/config.json), "
+                             f"which --force would overwrite too; write the hypotheses elsewhere")
 
 
 def generate_command(args):

@@ -26,8 +26,8 @@ from flax import nnx
 
 from flaxformer_mini import checkpoint, distributed, tokenizer_from, tokenizers
 from flaxformer_mini.data import Batch, DataError, SyntheticTask, TextPairs, Vocab, read_tsv
-from flaxformer_mini.run_config import DataConfig, RunConfig, TrainOptions, resolve_config
-from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes, data_file_checksums
+from flaxformer_mini.run_config import DataConfig, RunConfig, RunConfigError, TrainOptions, resolve_config
+from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes, data_file_checksums, data_file_sha256
 from flaxformer_mini.training import Trainer, TrainState, on_default_device
 
 
@@ -47,6 +47,28 @@ class RunData(NamedTuple):
         return (self.train.vocab_size,) * 2 if self.vocabs is None else tuple(len(v) for v in self.vocabs)
 
 
+def _check_held_out_file(config: DataConfig, run_dir: RunDir):
+    """An opened text run (evaluate) scores the pairs it held out: its --valid file's, or
+    pairs drawn from its training file's lines. That file gone, or changed since the run
+    started, would be an error about a path the user never typed, or other pairs (some of
+    them trained on) scored under the run's name, silently: refused, naming the file, as a
+    resume refuses it. A run that recorded no checksum keeps the old rule (the same path)."""
+    key = "valid_path" if config.valid_path else "train_path"
+    path = getattr(config, key)
+    what = ("--valid file" if key == "valid_path" else
+            "training file" + (" (its held-out pairs are drawn from its lines)" if config.holdout else ""))
+    instead = "restore it, or score a file of pairs with `evaluate --data FILE`"
+    if not os.path.isfile(path):
+        raise RunConfigError(f"{path}: the run's {what}, recorded in {run_dir.config_path} (data.{key}), is not "
+                             f"there: {instead}")
+    recorded = run_dir.recorded_checksums().get(f"data.{key}")
+    found = data_file_sha256(path) if recorded is not None else None
+    if found is not None and found != recorded:
+        raise RunConfigError(f"{path}: the run's {what} has changed since the run in {run_dir.path} started (sha256 "
+                             f"{found[:12]}..., recorded {recorded[:12]}...), so its held-out pairs are no longer the "
+                             f"ones it held out: {instead}")
+
+
 def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     """The run's examples. A text run keeps its saved vocabularies when it has them (a resumed
     run keeps its ids even if the training file changed); a new one builds them from the
@@ -54,6 +76,8 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     if config.kind == "synthetic":
         task = SyntheticTask(config.task, config.vocab_size, config.min_len, config.max_len)
         return RunData(task, task, None)
+    if not rebuild:
+        _check_held_out_file(config, run_dir)
     if not rebuild and config.valid_path and not os.path.isfile(config.train_path):
         # An opened run (evaluate, generate) whose training file moved since: its saved
         # vocabularies and its --valid file are all that evaluating needs.

@@ -173,6 +173,54 @@ def test_evaluate_output_onto_an_existing_file_is_refused_unless_force(char_run,
     assert len(hypotheses.read_text().splitlines()) == 7  # the 7 held-out pairs' hypotheses
 
 
+def _copy_of_run_reading(out, tmp_path, key, source):
+    """A copy of the run ``out`` whose ``data.<key>`` is a copy of ``source`` in ``tmp_path``."""
+    run, mine = tmp_path / "run", tmp_path / source.name
+    shutil.copytree(out, run)
+    shutil.copy(source, mine)
+    config = json.loads((run / "config.json").read_text())
+    config["data"][key] = str(mine)  # the data files' paths are outside config.json's checksum
+    (run / "config.json").write_text(json.dumps(config))
+    return run, mine
+
+
+def test_evaluate_refuses_its_valid_file_changed_or_gone_and_an_output_onto_it_even_with_force(char_run, tmp_path):
+    out, (_, valid) = char_run
+    run, mine = _copy_of_run_reading(out, tmp_path, "valid_path", valid)
+    assert evaluate(run)[0] == evaluate(out)[0]  # the same contents: the same pairs and scores
+    forced = cli("evaluate", "--checkpoint", str(run), "--output", str(mine), "--force")
+    assert forced.returncode == 2 and (f"--output {mine}: is the run's --valid file (data.valid_path in "
+                                       f"{run}/config.json), which --force would overwrite too") in forced.stderr
+    assert mine.read_text() == valid.read_text()
+    with mine.open("a") as f:
+        f.write("sun cat\tcat sun\n")  # one pair more: other held-out pairs under the run's name
+    changed = cli("evaluate", "--checkpoint", str(run))
+    assert changed.returncode == 2 and f"{mine}: the run's --valid file has changed since the run in {run} started " \
+                                      f"(sha256 " in changed.stderr, changed.stderr
+    assert "restore it, or score a file of pairs with `evaluate --data FILE`" in changed.stderr
+    mine.unlink()
+    gone = cli("evaluate", "--checkpoint", str(run))
+    assert gone.returncode == 2 and (f"{mine}: the run's --valid file, recorded in {run}/config.json "
+                                     f"(data.valid_path), is not there: restore it") in gone.stderr
+
+
+def test_a_run_without_valid_refuses_its_training_file_changed_since_and_an_output_onto_it(tmp_path):
+    # Its held-out pairs are drawn from the training file's lines: another file draws others,
+    # some of them trained on, which evaluate once scored silently (and --output overwrote it).
+    train = write_corpus(tmp_path / "train.tsv", 60)
+    args = text_args((train, None), tmp_path / "run", "--steps", "2")
+    del args[args.index("--valid"):args.index("--valid") + 2]
+    assert cli(*args).returncode == 0
+    before = train.read_text()
+    forced = cli("evaluate", "--checkpoint", str(tmp_path / "run"), "--output", str(train), "--force")
+    assert forced.returncode == 2 and "is the run's training file (data.train_path" in forced.stderr
+    assert train.read_text() == before
+    train.write_text("".join(reversed(before.splitlines(keepends=True))))  # shuffled: the same pairs, other lines
+    changed = cli("evaluate", "--checkpoint", str(tmp_path / "run"))
+    assert changed.returncode == 2 and (f"{train}: the run's training file (its held-out pairs are drawn from its "
+                                        f"lines) has changed since the run in") in changed.stderr, changed.stderr
+
+
 def test_exact_match_compares_a_hypothesis_decoded_past_its_reference_up_to_eos():
     # Labels padded to T = 4; hypotheses decoded to N = 6 (the model's max_len).
     target_out = np.array([[5, 6, EOS, PAD], [7, EOS, PAD, PAD], [8, EOS, PAD, PAD], [9, 9, 9, EOS]])
