@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from flaxformer_mini import checkpoint, distributed, tokenizer_from, tokenizers
-from flaxformer_mini.data import Batch, DataError, SyntheticTask, TextPairs, Vocab, read_tsv
+from flaxformer_mini.data import Batch, DataError, SyntheticTask, TextPairs, Vocab, iter_tsv, read_tsv
 from flaxformer_mini.run_config import DataConfig, RunConfig, RunConfigError, TrainOptions, resolve_config
 from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes, data_file_checksums, data_file_sha256
 from flaxformer_mini.training import Trainer, TrainState, on_default_device
@@ -84,7 +84,8 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         vocabs = run_dir.load_vocabularies(config)
         valid = read_tsv(config.valid_path, config.columns)
         return RunData(None, _text_pairs(config.valid_path, valid, vocabs, config), vocabs)
-    pairs = read_tsv(config.train_path, config.columns)
+    rows = list(iter_tsv(config.train_path, config.columns))
+    pairs, lines = [(source, target) for _, source, target in rows], [line for line, _, _ in rows]
     held_out = []
     if config.valid_path is None and config.holdout:
         # A fixed split (seed 0): the same file always holds out the same pairs.
@@ -92,6 +93,7 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         chosen = set(np.random.default_rng(0).choice(len(pairs), size=n, replace=False).tolist()) if n else set()
         held_out = [p for i, p in enumerate(pairs) if i in chosen]
         pairs = [p for i, p in enumerate(pairs) if i not in chosen]
+        lines = [line for i, line in enumerate(lines) if i not in chosen]
     if run_dir.has_vocabularies(config) or not rebuild:  # evaluate: a missing file is an error naming it
         vocabs = run_dir.load_vocabularies(config)
     elif config.tokenizer_from is not None:  # a new run numbering its tokens as an earlier run did
@@ -99,6 +101,7 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     else:
         vocabs = build_tokenizers(config, pairs)
     train = _text_pairs(config.train_path, pairs, vocabs, config, held_out=len(held_out))
+    train.line_numbers = [lines[i] for i in train.kept]  # for the one error that names a pair (_PairNames)
     if config.valid_path:
         valid = _text_pairs(config.valid_path, read_tsv(config.valid_path, config.columns), vocabs, config)
     else:
@@ -166,14 +169,20 @@ class Codec:
 
 
 class _PairNames:
-    """``names[i]``: training pair i in words, for the one error that names it (built on
-    demand: no string per pair is kept)."""
+    """``names[i]``: training pair i as ``file:line`` and the start of its source, for the one
+    error that names it (built on demand: no string per pair is kept)."""
+
+    SHOWN = 60  # characters of the source: a pair over a budget is long, and the line number finds it
 
     def __init__(self, pairs, path):
         self.pairs, self.path = pairs, path
 
     def __getitem__(self, i):
-        return f"{self.path}: pair {self.pairs.source_vocab.decode(self.pairs.sources[i])!r}"
+        line = getattr(self.pairs, "line_numbers", None)
+        where = f"{self.path}:{line[i]}" if line is not None else str(self.path)
+        source = self.pairs.source_vocab.decode(self.pairs.sources[i])
+        shown = source if len(source) <= self.SHOWN else source[: self.SHOWN] + "..."
+        return f"{where}: the pair whose source is {shown!r}"
 
 
 class Run:

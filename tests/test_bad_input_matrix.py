@@ -240,7 +240,8 @@ CASES = [
     ("valid_missing", valid_missing, 2, r"nope\.tsv: No such file"),
     ("valid_line_without_tab", valid_bad_line, 2, r"valid\.tsv:1: expected one tab"),
     ("max_tokens_below_the_longest_example", max_tokens_below_the_longest_example, 2,
-     r"--max-tokens 3 is smaller than the longest example \(.*train\.tsv: pair 'a b c'.*8 padded.*at least 8"),
+     r"--max-tokens 3 is smaller than the longest example \(.*train\.tsv:1: the pair whose source is 'a b c'.*8 padded"
+     r".*at least 8"),
     # --- train options
     # The checks after parsing speak as the command they refuse: its usage, "flaxformer-mini train: error:".
     ("valid_without_data", train_option("--valid", "v.tsv"), 2, r"flaxformer-mini train: error: --valid goes with --data"),

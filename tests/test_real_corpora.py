@@ -253,10 +253,17 @@ def test_vocab_size_smaller_than_the_alphabet_is_refused_naming_both(corpus, tmp
     assert not (tmp_path / "r").exists()
 
 
-def test_max_tokens_smaller_than_the_longest_example_is_refused_naming_it(corpus, tmp_path):
-    proc = cli(*text_args(corpus, tmp_path / "r", "--max-tokens", "4", "--steps", "2"))
+def test_max_tokens_smaller_than_the_longest_example_is_refused_naming_its_line(corpus, tmp_path):
+    # A long pair on line 31: named by file:line and the start of its source, not in full.
+    train = tmp_path / "train.tsv"
+    long_source = "sun cat " * 10  # 20 words: fits --max-len 24, not --max-tokens 16
+    train.write_text("".join(corpus[0].read_text().splitlines(True)[:30]) + f"{long_source.strip()}\tcat\n")
+    proc = cli(*text_args((train, corpus[1]), tmp_path / "r", "--max-tokens", "16", "--steps", "2"))
     assert proc.returncode == 2
-    assert "--max-tokens 4 is smaller than the longest example" in proc.stderr and "train.tsv: pair" in proc.stderr
+    shown = long_source[:60] + "..."
+    assert (f"--max-tokens 16 is smaller than the longest example ({train}:31: the pair whose source is {shown!r}: "
+            f"source 21, target 2 tokens, 24 padded); raise --max-tokens to at least 24") in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists() or not (tmp_path / "r" / "checkpoints").exists()
 
 
 @pytest.mark.parametrize("changed, named", [(["--tokenizer", "unigram", "--vocab-size", "40"], "data.tokenizer: 'bpe' in the run, 'unigram' now"),
