@@ -180,8 +180,8 @@ def test_read_tsv_reads_pairs_skips_blank_lines_and_handles_crlf(tmp_path):
         ("a\tb\n\nx\ty\tz\n", r"pairs\.tsv:3: .*found 2 tabs"),
         ("a\tb\n\t b\n", r"pairs\.tsv:2: empty source"),
         ("a\t \n", r"pairs\.tsv:1: empty target"),
-        ("", r"pairs\.tsv: no source<TAB>target pairs"),
-        ("\n \n", r"pairs\.tsv: no source<TAB>target pairs"),
+        ("", r"pairs\.tsv: no source<TAB>target pairs \(the file is empty\)"),
+        ("\n \n", r"pairs\.tsv: no source<TAB>target pairs \(its 2 lines are blank\)"),
         (b"a\tb\nc\t\xff\n", r"pairs\.tsv:2: not valid UTF-8"),
     ],
 )

@@ -61,7 +61,9 @@ def iter_lines(f, name):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                # The usual cause is a file saved in a legacy encoding: say how to convert it.
+                raise DataError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start}); a file in another "
+                                f"encoding converts with `iconv -f ENCODING -t UTF-8` (e.g. -f latin1)") from None
             yield lineno, line
 
 
@@ -79,7 +81,7 @@ def iter_tsv(path, columns=None, lines=None):
         with path.open("rb") as f:
             yield from iter_tsv(path, columns, iter_lines(f, path))
         return
-    found, bad = False, []  # bad: (line number, why) of every bad line
+    found, bad, lineno = False, [], 0  # bad: (line number, why) of every bad line
     try:
         for lineno, line in lines:
             why, pair = _split_line(line, columns)
@@ -105,7 +107,8 @@ def iter_tsv(path, columns=None, lines=None):
                    f"{', ...' if len(rest) > 10 else ''})"
         raise DataError(f"{path}:{first}: {why}{more}")
     if not found:
-        raise DataError(f"{path}: no source<TAB>target pairs (the file is empty)")
+        why = f"its {lineno} line{'s are' if lineno > 1 else ' is'} blank" if lineno else "the file is empty"
+        raise DataError(f"{path}: no source<TAB>target pairs ({why})")
 
 
 def _split_line(line, columns):
