@@ -141,6 +141,10 @@ def _data_config(args, echo):
         return DataConfig(kind="synthetic", task=args.task, vocab_size=args.vocab_size or SYNTHETIC_VOCAB_SIZE,
                           min_len=args.min_len, max_len=args.max_len or SYNTHETIC_MAX_LEN,
                           eval_sequences=args.eval_sequences, eval_decode_lines=args.eval_decode_lines)
+    from flaxformer_mini.files import same_file
+
+    if args.valid is not None and same_file(args.valid, args.data):  # allowed: a check that it can fit at all
+        echo(f"warning: --valid {args.valid} is the --data file: the held-out scores are on pairs it trains on")
     # --max-len is the model's max_len for text: the longest side, with its EOS. Absolute paths
     # in the run's config: evaluate and resume may run from another directory.
     return DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=os.path.abspath(args.data),

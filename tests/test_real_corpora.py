@@ -500,3 +500,14 @@ def test_tokenizer_from_a_directory_without_a_text_runs_tokenizers_is_refused_by
         assert not (tmp_path / "r").exists()
     proc = cli("train", "--task", "copy", "--tokenizer-from", str(synthetic), "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and "--tokenizer-from goes with --data" in proc.stderr
+
+
+def test_valid_naming_the_training_file_is_warned_of_and_trains(corpus, tmp_path):
+    # Allowed (a check that the model can fit the data at all), but never silently: its scores
+    # are on pairs it trains on. Another spelling of the path is the same file.
+    train, _ = corpus
+    other_spelling = train.parent / "." / train.name
+    proc = cli(*text_args((train, other_spelling), tmp_path / "r", "--steps", "1"))
+    assert proc.returncode == 0, proc.stderr
+    assert (f"warning: --valid {other_spelling} is the --data file: the held-out scores are on pairs it trains on"
+            in proc.stderr)
