@@ -274,6 +274,7 @@ class Run:
         run._lock = lock
         if not resuming:
             run._report_dropped(echo)
+            run._report_smaller_vocabularies(echo)
         return run
 
     def follow_main(self):
@@ -334,6 +335,20 @@ class Run:
         if d.kind == "synthetic":
             return Codec(task=SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len))
         return Codec(vocabs=self._data.vocabs if self._data is not None else self.dir.load_vocabularies(d))
+
+    def _report_smaller_vocabularies(self, echo):
+        """unigram (and a word vocabulary of fewer distinct words) may hold fewer tokens than
+        --vocab-size asked for: said, since the model's embedding is sized by what was learnt."""
+        d = self.config.data
+        if d.kind != "tsv" or d.tokenizer_vocab_size is None or self._data is None or self._data.vocabs is None:
+            return
+        sides = ("shared",) if d.shared_vocab else ("source", "target")
+        sizes = dict(zip(sides, (len(v) for v in self._data.vocabs)))
+        smaller = {side: n for side, n in sizes.items() if n < d.tokenizer_vocab_size}
+        if smaller:
+            echo(f"note: --vocab-size {d.tokenizer_vocab_size} asked for, the {d.tokenizer} tokenizer learnt "
+                 + ", ".join(f"{n} ({side})" for side, n in smaller.items())
+                 + ": all the training text gave it; the model's vocabulary is that size")
 
     def _report_dropped(self, echo):
         for name, pairs in (("training", self.data.train), ("validation", self.data.eval)):

@@ -511,3 +511,22 @@ def test_valid_naming_the_training_file_is_warned_of_and_trains(corpus, tmp_path
     assert proc.returncode == 0, proc.stderr
     assert (f"warning: --valid {other_spelling} is the --data file: the held-out scores are on pairs it trains on"
             in proc.stderr)
+
+
+@pytest.mark.parametrize(("kind", "shared"), [("unigram", False), ("bpe", True), ("word", False)])
+def test_a_tokenizer_that_learns_fewer_tokens_than_asked_is_said_with_the_sizes(corpus, tmp_path, kind, shared):
+    from flaxformer_mini.run_config import DataConfig, TrainOptions
+
+    train, _ = corpus
+    notes = []
+    data = DataConfig(kind="tsv", max_len=23, train_path=str(train), tokenizer=kind, tokenizer_vocab_size=500,
+                      shared_vocab=shared)
+    run = Run.start(tmp_path / "run", TrainOptions(preset="tiny"), data, echo=notes.append)
+    run.close()
+    sizes = [len(v) for v in run.data.vocabs][: 1 if shared else 2]
+    assert max(sizes) < 500  # nine short phrases: far fewer tokens than asked
+    sides = ["shared"] if shared else ["source", "target"]
+    said = ", ".join(f"{n} ({side})" for n, side in zip(sizes, sides))
+    assert (f"note: --vocab-size 500 asked for, the {kind} tokenizer learnt {said}: all the training text gave it; "
+            f"the model's vocabulary is that size") in notes
+    assert run.config.model.source_vocab_size == sizes[0]
