@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from parity import rules as _rules
+from parity.wrapper_prefix import prefix_hint
 
 
 class ConversionError(ValueError):
@@ -339,50 +340,6 @@ def _depth_hints(expected, got):
     ]
 
 
-# Prefixes a wrapper adds to every key: DistributedDataParallel's and DataParallel's "module.",
-# torch.compile's "_orig_mod.", and both; said with how to strip them.
-_WRAPPERS = {"module.": "a DistributedDataParallel or DataParallel wrapper's",
-             "_orig_mod.": "torch.compile's wrapper's", "module._orig_mod.": "DDP's and torch.compile's wrappers'"}
-
-
-def _prefix_hint(missing, unexpected):
-    """([lines], keys they explain) where the unexpected keys are missing keys with one prefix
-    before them (a checkpoint saved from a wrapped model), or the other way round: one line
-    for them all instead of a line per key, each of which names a near miss."""
-    missing_set = set(missing)
-    counts = {}
-    for key in unexpected:
-        for i, char in enumerate(key):
-            if char == "." and key[i + 1:] in missing_set:
-                counts[key[: i + 1]] = counts.get(key[: i + 1], 0) + 1
-    extra = max(counts, key=counts.get, default=None)
-    unexpected_set = set(unexpected)
-    counts = {}
-    for key in missing:
-        for i, char in enumerate(key):
-            if char == "." and key[i + 1:] in unexpected_set:
-                counts[key[: i + 1]] = counts.get(key[: i + 1], 0) + 1
-    lacking = max(counts, key=counts.get, default=None)
-    for prefix, with_it, without in ((extra, unexpected, missing_set), (lacking, missing, unexpected_set)):
-        if prefix is None:
-            continue
-        explained = [k for k in with_it if k.startswith(prefix) and k[len(prefix):] in without]
-        if len(explained) < 2:
-            continue  # one key: its own line's "did you mean" says it as well
-        said = set(explained) | {k[len(prefix):] for k in explained}
-        whose = f" ({_WRAPPERS[prefix]})" if prefix in _WRAPPERS else ""
-        if with_it is unexpected:
-            line = (f"  {len(explained)} keys of the state dict are the model's keys with {prefix!r} before them"
-                    f"{whose}, e.g. {explained[0]!r}: strip it, "
-                    f"{{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}")
-        else:
-            line = (f"  {len(explained)} keys of the model are the state dict's keys with {prefix!r} before them, "
-                    f"e.g. {explained[0]!r}: add it, {{{prefix!r} + k: v for k, v in state_dict.items()}}, or "
-                    f"convert into the model's {prefix.rstrip('.')!r} submodule")
-        return [line], said
-    return [], set()
-
-
 def _closest(key, candidates, shape=None, shapes=None):
     """A "did you mean" among ``candidates`` whose shape (``shapes``: {candidate: shape}) is
     ``key``'s ``shape``, where both are known: a name alone pairs an LSTM's weight_hh with a
@@ -502,7 +459,7 @@ def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None, user_name
     if missing or unexpected or mismatched or invalid:
         lines = [f"state dict does not fit {what}:"]
         lines += _depth_hints(list(the_plan), given)
-        prefixed, said = _prefix_hint(missing, unexpected)
+        prefixed, said = prefix_hint(missing, unexpected)
         lines += prefixed
         given_shapes = {k: _shape_of(arrays[k]) for k in unexpected}
         wanted_shapes = {k: the_plan.torch_shape(k) for k in missing}

@@ -17,7 +17,8 @@ import re
 
 import numpy as np
 
-from parity.engine import _WRAPPERS, ConversionError, _closest
+from parity.engine import ConversionError, _closest
+from parity.wrapper_prefix import WRAPPERS
 
 
 def _compile(pattern):
@@ -51,7 +52,7 @@ class Rename:
         did-you-mean or "")]; ``wrapped``: the prefix a wrapper put before every key, or None."""
         lines = [f"rename map does not fit the {direction} keys:"]
         if wrapped is not None:  # the did-you-means would fit the map to the wrapper: say it first
-            lines.append(f"  every key of the state dict starts with {wrapped!r} ({_WRAPPERS[wrapped]}): strip it, "
+            lines.append(f"  every key of the state dict starts with {wrapped!r} ({WRAPPERS[wrapped]}): strip it, "
                          f"{{k.removeprefix({wrapped!r}): v for k, v in state_dict.items()}}")
             unused = [(src, side, "") for src, side, _ in unused]
         lines += [f"  pattern {src!r} matches no key{hint}" if side == src else
@@ -82,7 +83,7 @@ class Rename:
         unused = [(src, src, _closest_pattern(src, state_dict)) for src in self.table if src not in used]
         collide = {t: ks for t, ks in sources.items() if len(ks) > 1}
         if unused or twice or collide:
-            wrapped = [p for p in _WRAPPERS if state_dict and all(str(k).startswith(p) for k in state_dict)
+            wrapped = [p for p in WRAPPERS if state_dict and all(str(k).startswith(p) for k in state_dict)
                        and not any(src.startswith(p) for src, _, _ in unused)]
             self._report("torch", unused, twice, collide, max(wrapped, key=len, default=None))
         return out
