@@ -65,8 +65,8 @@ def _check_held_out_file(config: DataConfig, run_dir: RunDir):
     found = data_file_sha256(path) if recorded is not None else None
     if found is not None and found != recorded:
         raise RunConfigError(f"{path}: the run's {what} has changed since the run in {run_dir.path} started (sha256 "
-                             f"{found[:12]}..., recorded {recorded[:12]}...), so its held-out pairs are no longer the "
-                             f"ones it held out: {instead}")
+                             f"{found[:12]}..., recorded {recorded[:12]}...), so the pairs it would score are no longer "
+                             f"the run's: {instead}")
 
 
 def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
