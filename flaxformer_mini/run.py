@@ -55,8 +55,7 @@ def _check_held_out_file(config: DataConfig, run_dir: RunDir):
     resume refuses it. A run that recorded no checksum keeps the old rule (the same path)."""
     key = "valid_path" if config.valid_path else "train_path"
     path = getattr(config, key)
-    what = ("--valid file" if key == "valid_path" else
-            "training file" + (" (its held-out pairs are drawn from its lines)" if config.holdout else ""))
+    what = "--valid file" if key == "valid_path" else "training file (the pairs it evaluates on come from its lines)"
     instead = "restore it, or score a file of pairs with `evaluate --data FILE`"
     if not os.path.isfile(path):
         raise RunConfigError(f"{path}: the run's {what}, recorded in {run_dir.config_path} (data.{key}), is not "
@@ -340,8 +339,9 @@ class Run:
         """unigram (and a word vocabulary of fewer distinct words) may hold fewer tokens than
         --vocab-size asked for: said, since the model's embedding is sized by what was learnt."""
         d = self.config.data
-        if d.kind != "tsv" or d.tokenizer_vocab_size is None or self._data is None or self._data.vocabs is None:
-            return
+        if (d.kind != "tsv" or d.tokenizer_vocab_size is None or d.tokenizer_from is not None or self._data is None
+                or self._data.vocabs is None):
+            return  # --tokenizer-from: RUN's tokenizers and their --vocab-size, which no one typed here
         sides = ("shared",) if d.shared_vocab else ("source", "target")
         sizes = dict(zip(sides, (len(v) for v in self._data.vocabs)))
         smaller = {side: n for side, n in sizes.items() if n < d.tokenizer_vocab_size}

@@ -325,7 +325,8 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
     still fails. Whatever is left out is listed in ``Report.left_out`` and the table, with the
     reason. A ``rename`` map is checked against both models as ``torch_to_flax`` checks it (a
     pattern or target that matches no key is an error), since a typo there would leave rows
-    unmatched, and ignore_missing would leave them out.
+    unmatched, and ignore_missing would leave them out: give ``rules`` the conversion's rule
+    table when it was not the default, since the targets are the keys of its plan.
 
     The outputs of the sublayers of a layer that torch computes in one call (the ``query``,
     ``key``, ``value`` and ``out`` of an ``nnx.MultiHeadAttention``, whose ``rules`` entry,

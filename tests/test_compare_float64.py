@@ -48,7 +48,7 @@ class _FlaxLM(nnx.Module):
         x = self.tok(ids)
         x = x + self.mlp(self.ln1(x))
         logits = self.head(self.ln2(x))
-        return logits.astype(jnp.float32) if self.cast_logits else logits
+        return logits.astype(self.cast_logits) if self.cast_logits else logits  # a dtype, or False
 
 
 RENAME = {"mlp.{}.{}": "mlp.layers.{}.{}"}
@@ -81,7 +81,7 @@ def test_a_faithful_port_agrees_in_float64_to_far_below_the_float64_tolerance():
 def test_a_wrong_layernorm_epsilon_that_float32_passes_fails_in_float64_at_that_layer():
     pair = _pair(ln1_epsilon=1e-6)  # Flax's default, not torch's
     in_float32 = _compare(pair)
-    # The slip moves these unit-variance activations by less than 1e-5: float32's tolerance,
+    # The slip moves these activations (variance ~9) by less than 1e-5: float32's tolerance,
     # which must leave room for rounding, passes it.
     assert in_float32.ok and 1e-7 < in_float32.max_abs < 1e-5, in_float32.format_table(show_all=True)
     in_float64 = _compare(pair, float64=True)
@@ -98,16 +98,45 @@ def test_the_callers_models_and_jax_stay_in_float32():
     assert f(fx[0]).dtype == jnp.float32  # and the model still runs as it did
 
 
-def test_layers_built_to_compute_in_float32_compute_in_float64_as_torchs_double_does():
-    report = _compare(_pair(mlp_dtype=jnp.float32), float64=True)
+@pytest.mark.parametrize("dtype", [jnp.float32, "bfloat16"], ids=["float32", "bfloat16-by-name"])
+def test_layers_built_to_compute_in_a_narrower_dtype_compute_in_float64_as_torchs_double_does(dtype):
+    report = _compare(_pair(mlp_dtype=dtype), float64=True)
     assert report.ok and report.notes == [] and report.max_abs < 1e-14, report.format_table(show_all=True)
 
 
-def test_rows_a_cast_in_the_ports_code_narrows_are_said_not_trusted_silently():
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rows_a_cast_in_the_ports_code_narrows_are_said_not_trusted_silently(dtype):
     with pytest.warns(UserWarning, match=r"float64=True, but the Flax model computed 1 row\(s\) in a narrower dtype "
                                          r"\(the whole model\): a cast in its code"):
-        report = _compare(_pair(cast_logits=True), float64=True)
+        report = _compare(_pair(cast_logits=dtype), float64=True)
     assert not report.ok and report.first_divergence.name == "", report.format_table()
+
+
+class _TorchScaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(D, D)
+
+    def forward(self, x, scale, mask=None):
+        return self.proj(x) * scale if mask is None else self.proj(x) * scale * mask
+
+
+class _FlaxScaled(nnx.Module):
+    def __init__(self, rngs):
+        self.proj = nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x, scale, mask=None):
+        return self.proj(x) * scale if mask is None else self.proj(x) * scale * mask
+
+
+def test_inputs_that_are_not_arrays_pass_through_as_they_do_in_float32():
+    # A Python float and None reach both models as they are; the float input is cast.
+    torch.manual_seed(0)
+    t = _TorchScaled().eval()
+    f = parity.torch_to_flax(t.state_dict(), _FlaxScaled(nnx.Rngs(0)))
+    x = np.random.default_rng(0).standard_normal((N, D)).astype(np.float32)
+    report = parity.compare(t, f, (torch.as_tensor(x), 0.5, None), (x, 0.5, None), float64=True)
+    assert report.ok and report.max_abs < 1e-14, report.format_table(show_all=True)
 
 
 def test_the_projects_own_twins_agree_in_float64():

@@ -217,7 +217,7 @@ def test_a_run_without_valid_refuses_its_training_file_changed_since_and_an_outp
     assert train.read_text() == before
     train.write_text("".join(reversed(before.splitlines(keepends=True))))  # shuffled: the same pairs, other lines
     changed = cli("evaluate", "--checkpoint", str(tmp_path / "run"))
-    assert changed.returncode == 2 and (f"{train}: the run's training file (its held-out pairs are drawn from its "
+    assert changed.returncode == 2 and (f"{train}: the run's training file (the pairs it evaluates on come from its "
                                         f"lines) has changed since the run in") in changed.stderr, changed.stderr
 
 

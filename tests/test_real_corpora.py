@@ -2,6 +2,7 @@
 run, --max-tokens batches with exact resume, --accumulate equal to one larger batch, text
 metrics from `evaluate`, TensorBoard events, and the bad input around them."""
 
+import dataclasses
 import json
 
 import chex
@@ -506,7 +507,7 @@ def test_valid_naming_the_training_file_is_warned_of_and_trains(corpus, tmp_path
     # Allowed (a check that the model can fit the data at all), but never silently: its scores
     # are on pairs it trains on. Another spelling of the path is the same file.
     train, _ = corpus
-    other_spelling = train.parent / "." / train.name
+    other_spelling = f"{train.parent}/./{train.name}"  # a str: pathlib would drop the "."
     proc = cli(*text_args((train, other_spelling), tmp_path / "r", "--steps", "1"))
     assert proc.returncode == 0, proc.stderr
     assert (f"warning: --valid {other_spelling} is the --data file: the held-out scores are on pairs it trains on"
@@ -530,3 +531,8 @@ def test_a_tokenizer_that_learns_fewer_tokens_than_asked_is_said_with_the_sizes(
     assert (f"note: --vocab-size 500 asked for, the {kind} tokenizer learnt {said}: all the training text gave it; "
             f"the model's vocabulary is that size") in notes
     assert run.config.model.source_vocab_size == sizes[0]
+    # A run taking those tokenizers with --tokenizer-from trains none and was asked no size: no note.
+    taken = dataclasses.replace(data, tokenizer_from=str(tmp_path / "run"))
+    notes.clear()
+    Run.start(tmp_path / "taken", TrainOptions(preset="tiny"), taken, echo=notes.append).close()
+    assert not [note for note in notes if "asked for" in note], notes
