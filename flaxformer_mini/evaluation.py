@@ -80,7 +80,7 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     run = open_run(out)
     check_options(run.config.model, beam_size=beam_size, alpha=alpha)
     if data is not None:  # before the checkpoint: fail fast
-        held_out, line_numbers, file_lines = read_pairs(run, data, columns)
+        held_out, file_lines = read_pairs(run, data, columns)
     else:
         held_out = run.data.eval
     state = run.latest_state()
@@ -101,8 +101,8 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     if output is not None:
         if data is not None:
             lines = [""] * file_lines  # blank lines and pairs too long stay empty
-            for i, hypothesis in zip(held_out.kept, hypotheses):
-                lines[line_numbers[i] - 1] = hypothesis
+            for line, hypothesis in zip(held_out.line_numbers, hypotheses):
+                lines[line - 1] = hypothesis
             hypotheses = lines
         write_atomic(output, "".join(h + "\n" for h in hypotheses), replace=force)
     return {"step": int(state.step), **result}
@@ -120,8 +120,9 @@ def read_pairs(run, path, columns=None):
     (``iter_tsv``'s rules and errors, the run's ``--columns`` unless ``columns`` is given)
     and encoded with the run's saved tokenizers (a text run) or as its integer values (a
     synthetic run); a value a synthetic run cannot read is an error naming ``path`` and the
-    line. Returned with the file's line number of each pair and the file's number of lines
-    (blank lines are not pairs, and an output that lines up with the file keeps them)."""
+    line. Its ``line_numbers`` are the file's line of each kept pair; returned with the file's
+    number of lines (blank lines are not pairs, and an output that lines up with the file
+    keeps them)."""
     d = run.config.data
     columns = d.columns if columns is None else columns
     read = [0]  # the file's lines, counted as they are read (blank lines at the end too), once: a pipe
@@ -133,7 +134,7 @@ def read_pairs(run, path, columns=None):
 
     with open(path, "rb") as f:
         numbered = list(iter_tsv(path, columns, lines=counted(f)))
-    pairs, line_numbers = [(source, target) for _, source, target in numbered], [n for n, _, _ in numbered]
+    pairs = [(source, target) for _, source, target in numbered]
     if d.kind == "synthetic":
         task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
         vocabs = (_Values(task),) * 2
@@ -146,7 +147,7 @@ def read_pairs(run, path, columns=None):
     else:
         vocabs = run.dir.load_vocabularies(d)
     try:
-        held_out = TextPairs(pairs, *vocabs, run.config.model.max_len)
+        held_out = TextPairs(pairs, *vocabs, run.config.model.max_len, line_numbers=[n for n, _, _ in numbered])
     except DataError as e:
         raise DataError(f"{path}: {e} (the run's --max-len: a side's tokens plus its EOS)") from None
-    return held_out, line_numbers, read[0]
+    return held_out, read[0]

@@ -61,8 +61,7 @@ def _check_held_out_file(config: DataConfig, run_dir: RunDir):
         raise RunConfigError(f"{path}: the run's {what}, recorded in {run_dir.config_path} (data.{key}), is not "
                              f"there: {instead}")
     recorded = run_dir.recorded_checksums().get(f"data.{key}")
-    found = data_file_sha256(path) if recorded is not None else None
-    if found is not None and found != recorded:
+    if recorded is not None and (found := data_file_sha256(path)) != recorded:
         raise RunConfigError(f"{path}: the run's {what} has changed since the run in {run_dir.path} started (sha256 "
                              f"{found[:12]}..., recorded {recorded[:12]}...), so the pairs it would score are no longer "
                              f"the run's: {instead}")
@@ -83,24 +82,23 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         vocabs = run_dir.load_vocabularies(config)
         valid = read_tsv(config.valid_path, config.columns)
         return RunData(None, _text_pairs(config.valid_path, valid, vocabs, config), vocabs)
-    rows = list(iter_tsv(config.train_path, config.columns))
-    pairs, lines = [(source, target) for _, source, target in rows], [line for line, _, _ in rows]
+    rows = list(iter_tsv(config.train_path, config.columns))  # (line number, source, target)
     held_out = []
     if config.valid_path is None and config.holdout:
         # A fixed split (seed 0): the same file always holds out the same pairs.
-        n = min(config.holdout, len(pairs) // 10)
-        chosen = set(np.random.default_rng(0).choice(len(pairs), size=n, replace=False).tolist()) if n else set()
-        held_out = [p for i, p in enumerate(pairs) if i in chosen]
-        pairs = [p for i, p in enumerate(pairs) if i not in chosen]
-        lines = [line for i, line in enumerate(lines) if i not in chosen]
+        n = min(config.holdout, len(rows) // 10)
+        chosen = set(np.random.default_rng(0).choice(len(rows), size=n, replace=False).tolist()) if n else set()
+        held_out = [(source, target) for i, (_, source, target) in enumerate(rows) if i in chosen]
+        rows = [row for i, row in enumerate(rows) if i not in chosen]
+    pairs = [(source, target) for _, source, target in rows]
     if run_dir.has_vocabularies(config) or not rebuild:  # evaluate: a missing file is an error naming it
         vocabs = run_dir.load_vocabularies(config)
     elif config.tokenizer_from is not None:  # a new run numbering its tokens as an earlier run did
         vocabs = tokenizer_from.load(config)
     else:
         vocabs = build_tokenizers(config, pairs)
-    train = _text_pairs(config.train_path, pairs, vocabs, config, held_out=len(held_out))
-    train.line_numbers = [lines[i] for i in train.kept]  # for the one error that names a pair (_PairNames)
+    train = _text_pairs(config.train_path, pairs, vocabs, config, held_out=len(held_out),
+                        line_numbers=[line for line, _, _ in rows])
     if config.valid_path:
         valid = _text_pairs(config.valid_path, read_tsv(config.valid_path, config.columns), vocabs, config)
     else:
@@ -108,12 +106,12 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     return RunData(train, valid, vocabs)
 
 
-def _text_pairs(path, pairs, vocabs, config, held_out=0):
+def _text_pairs(path, pairs, vocabs, config, held_out=0, line_numbers=None):
     """TextPairs of ``pairs`` read from ``path``; every pair too long is an error naming the
     file and the option that raises the limit (and the ``held_out`` pairs of the file that
     the count leaves out, so that it adds up to the file's)."""
     try:
-        return TextPairs(pairs, *vocabs, config.model_max_len)
+        return TextPairs(pairs, *vocabs, config.model_max_len, line_numbers=line_numbers)
     except DataError as e:
         aside = f"; the file's other {held_out} pairs are held out for validation (no --valid)" if held_out else ""
         raise DataError(f"{path}: {e} (--max-len {config.model_max_len}: a side's tokens plus its EOS){aside}; "
@@ -177,8 +175,8 @@ class _PairNames:
         self.pairs, self.path = pairs, path
 
     def __getitem__(self, i):
-        line = getattr(self.pairs, "line_numbers", None)
-        where = f"{self.path}:{line[i]}" if line is not None else str(self.path)
+        lines = self.pairs.line_numbers
+        where = f"{self.path}:{lines[i]}" if lines is not None else str(self.path)
         source = self.pairs.source_vocab.decode(self.pairs.sources[i])
         shown = source if len(source) <= self.SHOWN else source[: self.SHOWN] + "..."
         return f"{where}: the pair whose source is {shown!r}"

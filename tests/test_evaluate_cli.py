@@ -136,10 +136,10 @@ def test_evaluate_data_read_from_a_pipe_counts_its_lines_in_the_one_pass_it_gets
     try:
         os.write(write_end, text.encode())  # well under a pipe's buffer: no writer thread needed
         os.close(write_end)
-        held_out, line_numbers, file_lines = read_pairs(Run.open(out), f"/proc/self/fd/{read_end}")
+        held_out, file_lines = read_pairs(Run.open(out), f"/proc/self/fd/{read_end}")
     finally:
         os.close(read_end)
-    assert (len(held_out), line_numbers, file_lines) == (3, [2, 4, 6], 8)
+    assert (len(held_out), held_out.line_numbers, file_lines) == (3, [2, 4, 6], 8)
 
 
 def test_evaluate_data_scores_that_file_even_when_the_runs_data_files_moved(char_run, tmp_path):

@@ -140,7 +140,9 @@ class TextPairs:
     dropped, and counted in ``dropped`` (its longest side in ``longest_dropped``): a corpus has a few very long lines, and the caller
     decides (from the count) whether to raise ``max_len``. If every pair is dropped that is
     a ``DataError``. ``kept[i]`` is the index in ``pairs`` of example i (evaluate --output
-    lines its hypotheses up with the input file's lines by it).
+    lines its hypotheses up with the input file's lines by it). ``line_numbers`` (optional,
+    one per pair): the file's line of each, kept as ``line_numbers[i]`` for example i, so an
+    error can name ``file:line``; None without them.
 
     ``length_multiple`` rounds each batch's S and T up to a multiple (capped at
     ``max_len``), so the jitted train step of a fixed batch size compiles for at most
@@ -149,7 +151,7 @@ class TextPairs:
     tightest padding.
     """
 
-    def __init__(self, pairs, source_vocab, target_vocab, max_len, length_multiple=8):
+    def __init__(self, pairs, source_vocab, target_vocab, max_len, length_multiple=8, line_numbers=None):
         self.max_len = _non_negative_int("max_len", max_len)
         if self.max_len < 2:
             raise ValueError(f"max_len must be >= 2 (a word and its EOS), got {max_len}")
@@ -170,6 +172,7 @@ class TextPairs:
             self.targets.append(np.asarray(t, np.int32))
         if not self.sources:
             raise DataError(f"no pairs: all {self.dropped} are longer than max_len={self.max_len}" if self.dropped else "no pairs")
+        self.line_numbers = None if line_numbers is None else [line_numbers[i] for i in self.kept]
         # Padded lengths: tokens + EOS (source) and BOS/EOS + tokens (target).
         self._source_lengths = np.array([s.size + 1 for s in self.sources])
         self._target_lengths = np.array([t.size + 1 for t in self.targets])
