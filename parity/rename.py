@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from parity.engine import ConversionError, _closest
-from parity.wrapper_prefix import WRAPPERS
+from parity.wrapper_prefix import WRAPPERS, strip_advice
 
 
 def _compile(pattern):
@@ -52,8 +52,8 @@ class Rename:
         did-you-mean or "")]; ``wrapped``: the prefix a wrapper put before every key, or None."""
         lines = [f"rename map does not fit the {direction} keys:"]
         if wrapped is not None:  # the did-you-means would fit the map to the wrapper: say it first
-            lines.append(f"  every key of the state dict starts with {wrapped!r} ({WRAPPERS[wrapped]}): strip it, "
-                         f"{{k.removeprefix({wrapped!r}): v for k, v in state_dict.items()}}")
+            lines.append(f"  every key of the state dict starts with {wrapped!r} ({WRAPPERS[wrapped]}): "
+                         f"{strip_advice(wrapped)}")
             unused = [(src, side, "") for src, side, _ in unused]
         lines += [f"  pattern {src!r} matches no key{hint}" if side == src else
                   f"  pattern {src!r}: its target {side!r} matches no key{hint}" for src, side, hint in unused]

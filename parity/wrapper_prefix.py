@@ -9,6 +9,11 @@ WRAPPERS = {"module.": "a DistributedDataParallel or DataParallel wrapper's",
             "_orig_mod.": "torch.compile's wrapper's", "module._orig_mod.": "DDP's and torch.compile's wrappers'"}
 
 
+def strip_advice(prefix):
+    """How to strip ``prefix`` from a state dict, for a refusal's line."""
+    return f"strip it, {{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}"
+
+
 def _commonest_prefix(keys, others):
     """The dotted prefix p that most often makes a key of ``keys`` p + a key of ``others``, or None."""
     counts = {}
@@ -36,8 +41,7 @@ def prefix_hint(missing, unexpected):
         if with_it is unexpected:
             whose = f" ({WRAPPERS[prefix]})" if prefix in WRAPPERS else ""
             line = (f"  {len(explained)} keys of the state dict are the model's keys with {prefix!r} before them"
-                    f"{whose}, e.g. {explained[0]!r}: strip it, "
-                    f"{{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}")
+                    f"{whose}, e.g. {explained[0]!r}: {strip_advice(prefix)}")
         else:
             line = (f"  {len(explained)} keys of the model are the state dict's keys with {prefix!r} before them, "
                     f"e.g. {explained[0]!r}: add it, {{{prefix!r} + k: v for k, v in state_dict.items()}}, or "
