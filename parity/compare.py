@@ -395,11 +395,11 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
     # After renaming and matching: a row is missing only if no name matches it.
     only_torch, only_flax = [k for k in t if k not in f], [k for k in f if k not in t]
     leave = missing_rows_left_out(ignore_missing, only_torch + only_flax)
-    left_out += [(k, "only torch has them, by ignore_missing") for k in only_torch if leave(k)]
-    left_out += [(k, "only Flax has them, by ignore_missing") for k in only_flax if leave(k)]
-    t = {k: v for k, v in t.items() if k in f or not leave(k)}
-    f = {k: v for k, v in f.items() if k in t or not leave(k)}
-    still = [k for k in [*only_torch, *only_flax] if not leave(k)]
+    left = {k for k in [*only_torch, *only_flax] if leave(k)}  # the user's predicate, once a row
+    left_out += [(k, "only torch has them, by ignore_missing") for k in only_torch if k in left]
+    left_out += [(k, "only Flax has them, by ignore_missing") for k in only_flax if k in left]
+    t, f = {k: v for k, v in t.items() if k not in left}, {k: v for k, v in f.items() if k not in left}
+    still = [k for k in [*only_torch, *only_flax] if k not in left]
     if still:  # the usual cause is no porting error: say how to leave them out, and what that costs
         notes.append((f"{len(still)} row(s) only one side has ({listed(still)}): a port that calls a function where "
                       f"torch has a module (nnx.gelu for nn.GELU()) or computes a tied head with Embed.attend has no "
