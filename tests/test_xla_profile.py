@@ -101,11 +101,56 @@ def test_a_gpu_trace_without_a_device_plane_is_said_to_give_the_hosts_times():
     assert xla_profile.host_times_note("cpu", on_device) is None  # a CPU's thunks are its work
 
 
+def test_instructions_known_only_by_name_are_put_in_a_category_by_xlas_fusion_names():
+    # On the H100 (2026-11-27) the trace named the scanned loop's slicing fusions, 9.8 ms of the
+    # large train step's 69.6, which the compiled text read back did not hold: they were "other"
+    # and "?" then. XLA:GPU names a fusion <kind>_<root opcode>_fusion.
+    def by_name(name):
+        return xla_profile.category("?", set(), False, name)
+
+    assert by_name("loop_dynamic_update_slice_fusion.142") == "copy/layout"  # stacking what the loop saves
+    assert by_name("loop_dynamic_slice_fusion.82") == "copy/layout"  # one layer's slice of a stack
+    assert by_name("loop_broadcast_fusion.9") == "copy/layout"  # filling a stack before the loop
+    assert by_name("input_reduce_fusion.3") == "reduction"
+    assert by_name("input_multiply_reduce_fusion") == "reduction"
+    assert by_name("gemm_fusion_dot.48") == "matmul"
+    assert by_name("loop_multiply_fusion.2") == "elementwise"
+    assert by_name("while.643") == "other"
+    # Found in the text, a fusion named for a dynamic-update-slice is data movement too, and a
+    # bare dynamic-slice is no longer "other".
+    assert xla_profile.category("fusion", {"dynamic-update-slice", "add"}, False, "loop_dynamic_update_slice_fusion") \
+        == "copy/layout"
+    assert xla_profile.category("dynamic-slice", set(), False, "dynamic-slice.4") == "copy/layout"
+    assert xla_profile.phase("") == "unattributed"  # no JAX op name: XLA's own instruction
+
+
+def test_the_profile_turns_command_buffers_off_unless_xla_flags_name_them():
+    environ = {}
+    xla_profile.kernels_one_event_each(environ)
+    assert environ == {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="}
+    environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/d"}
+    xla_profile.kernels_one_event_each(environ)
+    assert environ == {"XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_gpu_enable_command_buffer="}
+    environ = {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION"}  # the user's choice stands
+    xla_profile.kernels_one_event_each(environ)
+    assert environ == {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION"}
+
+
+def test_kernels_hidden_in_cuda_graphs_are_said_to_be():
+    # What the H100's first profile showed: eight command_buffer_N rows and nothing else.
+    rows = [{"op": "command_buffer_310", "ms_per_step": 21.36}, {"op": "command_buffer_133", "ms_per_step": 14.8}]
+    note = xla_profile.command_buffer_note(rows)
+    assert "36.2 ms per call ran in 2 CUDA graphs" in note and "xla_gpu_enable_command_buffer" in note
+    assert xla_profile.command_buffer_note([{"op": "gemm_fusion_dot.7", "ms_per_step": 1.0}]) is None
+
+
 @pytest.mark.parametrize("tool", [xla_profile, ablations])
 def test_the_profile_tools_refuse_a_gpu_preset_before_building_it_without_a_gpu(tool, monkeypatch):
     # Building the large preset's 207 M parameters on a CPU took a minute before the cuDNN
     # attention refused; the check comes before that now. The tools' restart of the process
     # with GLIBC_TUNABLES is turned off: it would replace this pytest process.
     monkeypatch.setenv("FLAXFORMER_MINI_KEEP_FREED_MEMORY", "0")
+    monkeypatch.delenv("XLA_FLAGS", raising=False)  # restored after: the profile sets it
     with pytest.raises(SystemExit, match="'large' is for a GPU and JAX sees none"):
         tool.main(["--preset", "large", "--scan-layers"])
+

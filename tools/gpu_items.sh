@@ -145,6 +145,7 @@ profile | ablations)
     # ablations' variants, whose GEMMs are all the same, autotune them once.
     export JAX_COMPILATION_CACHE_DIR=/tmp/gpu_items_jax_cache
     if [ "$item" = profile ]; then
+        # (the tool turns XLA's CUDA graphs off itself, so that the trace shows each kernel)
         python3 -m tools.xla_profile --preset large --scan-layers --top 25 --json "$out/profile.json" \
             2>&1 | tee -i "$out/profile.log"
     else

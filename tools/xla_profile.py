@@ -20,12 +20,26 @@ work, synchronisation). Each instruction is put in one category from the optimis
     reduction     fusions with a reduce: softmax, LayerNorm, the loss, norms, sums
     elementwise   other fusions: adds, scaling, masks, ReLU, Adam's update, ...
     copy/layout   copy, transpose, or a fusion around one (layout changes XLA could not fuse
-                  into a GEMM; often with an elementwise op fused in, e.g. a bias add)
-    other         gather/scatter (embeddings), while loops, slicing, ...
+                  into a GEMM; often with an elementwise op fused in, e.g. a bias add); the
+                  dynamic slicing and stacking of a scanned loop (each layer's weights and
+                  saved activations taken out of and put into the stacked arrays) and the
+                  broadcasts that fill those stacks before the loop
+    other         gather/scatter (embeddings), while loops, ...
 
 and in one phase from the JAX op name in its metadata: ``forward`` (for a gradient, the
 ops traced under ``jvp``), ``backward`` (``transpose(jvp)``), ``update`` (clipping, Adam,
-metrics: outside the gradient).
+metrics: outside the gradient), ``unattributed`` (no op name: instructions XLA made itself,
+such as a scanned loop's slicing and stacking).
+
+An instruction the trace names but the compiled text read here does not hold (seen on the
+H100: the scanned loop's slicing fusions) is put in a category by its name, which XLA:GPU
+forms as ``<kind>_<root opcode>_fusion`` (``loop_dynamic_update_slice_fusion.142``).
+
+XLA:GPU runs sequences of kernels as CUDA graphs ("command buffers"), which a trace shows as
+one event each (``command_buffer_310``), hiding the kernels inside. The profile turns them
+off (``--xla_gpu_enable_command_buffer=`` in XLA_FLAGS, unless XLA_FLAGS names that flag
+already); on the H100 the ``large`` train step's wall time went from 71.5 ms with them to
+72.7 ms without (2026-11-27, docs/benchmarks.md "GPU").
 
 Times are summed over the instructions' events: on a CPU, two instructions running side by
 side on the two cores both count, so the total can exceed the wall time, while a GEMM's
@@ -40,6 +54,7 @@ import argparse
 import collections
 import glob
 import json
+import os
 import re
 import statistics
 import sys
@@ -130,7 +145,33 @@ _ATTENTION_TARGETS = ("fmha", "flash", "attention")
 _MATMUL_TARGETS = ("gemm", "matmul", "dot")
 
 
+# Data movement: a scanned loop's per-layer slices of its stacked arrays, the stacking of
+# what it saves for the backward pass, and the broadcasts that fill those stacks first.
+_MOVES = {"copy", "transpose", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad"}
+
+
+def _fusion_root(name):
+    """The root opcode XLA:GPU writes into a fusion's name, ``<kind>_<root opcode>_fusion[.N]``
+    (``input_reduce_fusion``, ``loop_dynamic_update_slice_fusion.142``); None for other names."""
+    m = re.fullmatch(r"(?:loop|input|output)_(\w+?)_fusion(?:\.\d+)?", name)
+    return m.group(1).replace("_", "-") if m else None
+
+
+def category_from_name(name):
+    """A category for an instruction known only by its name (absent from the compiled text)."""
+    root = _fusion_root(name) or re.sub(r"\.\d+$", "", name).replace("_", "-")
+    if any(k in root for k in ("dot", "gemm", "convolution")):
+        return "matmul"
+    if "reduce" in root:
+        return "reduction"
+    if root in _MOVES | {"broadcast"}:
+        return "copy/layout"
+    return "elementwise" if _fusion_root(name) else "other"
+
+
 def category(opcode, inner, u32, name="", targets=()):
+    if opcode == "?":  # not in the compiled text
+        return category_from_name(name)
     ops = inner | {opcode}
     called = " ".join(targets).lower()
     if any(k in called for k in _ATTENTION_TARGETS):
@@ -140,7 +181,8 @@ def category(opcode, inner, u32, name="", targets=()):
         return "matmul"
     if ops & RNG_OPS or (u32 and len(_RNG_HINT & ops) >= 2):
         return "rng"
-    if opcode in ("copy", "transpose") or (opcode == "fusion" and inner & {"copy", "transpose"}):
+    if (opcode in _MOVES or (opcode == "fusion" and inner & {"copy", "transpose"})
+            or (opcode == "fusion" and _fusion_root(name) in _MOVES | {"broadcast"})):
         return "copy/layout"
     if opcode == "fusion" and ("reduce" in inner or "reduce-window" in inner):
         return "reduction"
@@ -163,7 +205,7 @@ def phase(op_name, differentiated=True):
         return "backward"
     if "jvp(" in op_name:
         return "forward"
-    return "update" if op_name else "?"
+    return "update" if op_name else "unattributed"
 
 
 def profile(run, compiled_text, steps, module_hint):
@@ -244,6 +286,25 @@ def host_times_note(backend, on_device):
             "the host's events (launches and waits), not the device's")
 
 
+def kernels_one_event_each(environ):
+    """Turn XLA:GPU's command buffers off through ``environ["XLA_FLAGS"]`` (before the backend
+    starts), unless the flags name them already: the user's choice stands."""
+    flags = environ.get("XLA_FLAGS", "")
+    if "xla_gpu_enable_command_buffer" not in flags:
+        environ["XLA_FLAGS"] = f"{flags} --xla_gpu_enable_command_buffer=".strip()
+
+
+def command_buffer_note(rows):
+    """What to say when kernels ran inside CUDA graphs, which the trace shows whole; None otherwise."""
+    hidden = [r for r in rows if r["op"].startswith("command_buffer")]
+    if not hidden:
+        return None
+    ms = sum(r["ms_per_step"] for r in hidden)
+    return (f"note: {ms:.1f} ms per call ran in {len(hidden)} CUDA graphs (XLA's command buffers, "
+            "command_buffer_N below), which the trace shows whole, so their kernels have no category; "
+            "XLA_FLAGS turns them on here: leave xla_gpu_enable_command_buffer out of it to see the kernels")
+
+
 def summarize(rows, key="category"):
     by_cat = collections.defaultdict(float)
     for r in rows:
@@ -289,7 +350,11 @@ def main(argv=None):
     parser.add_argument("--json", metavar="OUT", help="write every instruction's row as JSON")
     parser.add_argument("--hlo", metavar="OUT", help="write the optimised HLO text")
     parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
+    parser.add_argument("--keep-command-buffers", action="store_true", help="leave XLA:GPU's CUDA graphs on "
+                        "(the trace then shows each graph as one event, its kernels hidden)")
     args = parser.parse_args(argv)
+    if not args.keep_command_buffers:
+        kernels_one_event_each(os.environ)  # before the restart below and the backend's start
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
     preset = preset_from_args(args)  # --dropout, --scan-layers and --attention, as python -m benchmarks
     # Before the large preset's model is built on a CPU for minutes (and after the restart:
@@ -319,8 +384,9 @@ def main(argv=None):
             f.write(text)
 
     wall = statistics.median(walls) * 1e3
-    if note := host_times_note(jax.default_backend(), on_device):
-        print(note, file=sys.stderr)
+    for note in (host_times_note(jax.default_backend(), on_device), command_buffer_note(rows)):
+        if note:
+            print(note, file=sys.stderr)
     if on_device:
         busy = (f"GPU kernels {total:.1f} ms per call, the GPU idle for the other {max(wall - total, 0):.1f} ms "
                 "(launches, host work, synchronisation)")
@@ -337,9 +403,12 @@ def main(argv=None):
     for r in rows:
         grid[r["phase"], r["category"]] += r["ms_per_step"]
     names = list(cats)
-    print(f"{'ms/call':<10}" + "".join(f"{c:>13}" for c in names))
+    print(f"{'ms/call':<13}" + "".join(f"{c:>13}" for c in names))
     for ph in phases:
-        print(f"{ph:<10}" + "".join(f"{grid[ph, c]:>13.1f}" for c in names))
+        print(f"{ph:<13}" + "".join(f"{grid[ph, c]:>13.1f}" for c in names))
+    if "unattributed" in phases:
+        print("(unattributed: instructions with no JAX op name, made by XLA itself: layout copies; with layers "
+              "scanned, the loop's slicing and stacking and the fills of its stacks)")
     print(f"\ntop {args.top} instructions:")
     print(f"{'instruction':<34} {'category':<12} {'ms/call':>8} {'calls':>6}  shape")
     for r in rows[: args.top]:
