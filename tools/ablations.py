@@ -17,6 +17,9 @@ compiled in one process and timed interleaved, like the paths of the main benchm
     nnx_linear     the model built with plain nnx.Linear layers, which multiply the (B, T, D)
                    input as it is, instead of flaxformer_mini's Linear, which flattens it to
                    (B*T, D) first (primitives.Linear: the kernel gradient's layout copies)
+    layer_norm_kept  the LayerNorms' float32 intermediates kept for the backward pass
+                   (primitives.normalize_kept) instead of recomputed (primitives.normalize):
+                   what the recomputation saves, mostly with layers scanned on a GPU
     scan_x4        four train steps per compiled call (``lax.scan`` over the Trainer's step
                    function): XLA allocates its temporaries once per call, so this shows
                    what the per-call allocation (page faults) costs; time per step
@@ -40,7 +43,7 @@ from benchmarks.inputs import make_batch
 from benchmarks.measure import Path, measure
 from benchmarks.presets import PRESETS
 from benchmarks.runner import check_device
-from flaxformer_mini import primitives
+from flaxformer_mini import layers, primitives
 from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.data import Batch
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
@@ -68,17 +71,34 @@ def plain_nnx_linear():
         primitives.Linear = old
 
 
-def _train_variant(name, preset, jbatch, impl="threefry2x32", linear=contextlib.nullcontext, **train_config):
-    """A train-step Path whose model, state and executable are all made under ``impl``."""
+@contextlib.contextmanager
+def layer_norms_kept():
+    """Models traced inside keep their LayerNorms' intermediates (no recomputation). JAX's
+    caches are cleared on the way in and out: the variant's step has the default's function,
+    structure and shapes, so a cached trace of either would be taken for the other."""
+    old = layers.normalize
+    layers.normalize = primitives.normalize_kept
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        layers.normalize = old
+        jax.clear_caches()
+
+
+def _train_variant(name, preset, jbatch, impl="threefry2x32", linear=contextlib.nullcontext,
+                   traced=contextlib.nullcontext, **train_config):
+    """A train-step Path whose model, state and executable are all made under ``impl``;
+    ``linear`` holds while the model is built, ``traced`` while its step is compiled too."""
     c, B, L = preset.model, preset.batch, preset.seq_len
-    with prng_impl(impl), linear():
+    with prng_impl(impl), linear(), traced():
         trainer = Trainer(flax_bench._new_model(preset, 0),
                           TrainConfig(schedule="constant", learning_rate=1e-4, **train_config))
         holder = {"state": trainer.init_state()}
     compiled = {}
 
     def prepare():
-        with prng_impl(impl):
+        with prng_impl(impl), traced():
             compiled["step"] = trainer.train_step.lower(holder["state"], jbatch).compile()
 
     def run():
@@ -125,7 +145,8 @@ def _forward_x3(preset, jbatch):
     return Path("train_step", "eval_forward_x3", "jax", run, path.flops * 3, prepare=path.prepare)
 
 
-VARIANTS = ("default", "no_dropout", "rbg_dropout", "no_clipping", "nnx_linear", "scan_x4", "eval_forward_x3")
+VARIANTS = ("default", "no_dropout", "rbg_dropout", "no_clipping", "nnx_linear", "layer_norm_kept", "scan_x4",
+            "eval_forward_x3")
 
 
 def main(argv=None):
@@ -154,6 +175,7 @@ def main(argv=None):
         "rbg_dropout": lambda: _train_variant("rbg_dropout", preset, jbatch, impl="rbg"),
         "no_clipping": lambda: _train_variant("no_clipping", preset, jbatch, clip_norm=None),
         "nnx_linear": lambda: _train_variant("nnx_linear", preset, jbatch, linear=plain_nnx_linear),
+        "layer_norm_kept": lambda: _train_variant("layer_norm_kept", preset, jbatch, traced=layer_norms_kept),
         "scan_x4": lambda: _scan_variant(preset, jbatch),
         "eval_forward_x3": lambda: _forward_x3(preset, jbatch),
     }

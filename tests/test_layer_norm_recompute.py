@@ -1,0 +1,57 @@
+"""The LayerNorms are recomputed in the backward pass (``primitives.normalize``), not their
+float32 intermediates kept (``primitives.normalize_kept``).
+
+Property checked: a scanned bfloat16 model keeps no float32 (L, B, T, D) array for its
+LayerNorms, where the kept variant (``tools.ablations``' ``layer_norm_kept``) keeps three per
+LayerNorm: the memory traffic the H100's profile found (docs/benchmarks.md, "GPU").
+
+The gradients through the recomputed LayerNorms are checked against torch_ref's, within the
+parity policy's 1e-5, by the parity suite (test_scanned_layers, test_training_parity, ...).
+
+Sizes: D=32, 4 heads, 3 layers a side (odd: the stacked axis), B=2, S=T=8.
+"""
+
+import contextlib
+import io
+
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import print_saved_residuals
+
+import flaxformer_mini as fm
+from tools import ablations
+
+L, B, S, D = 3, 2, 8, 32
+
+
+def _loss(dtype, scan):
+    """The model's summed logits as a function of its parameters, and those parameters."""
+    model = fm.Transformer(0, 40, 40, 16, D, 4, L, 0.0, dtype=dtype, scan_layers=scan, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    source = jnp.arange(1, 1 + B * S).reshape(B, S) % 39 + 1
+    target = source[:, ::-1]
+
+    def loss(params):
+        return nnx.merge(graphdef, params, rest, copy=True)(source, target).astype(jnp.float32).sum()
+
+    return loss, params
+
+
+def _float32_activations_kept(dtype, scan):
+    """How many float32 (L, B, T, D) arrays (scanned) or (B, T, D) arrays (unscanned) autodiff
+    keeps for the backward pass; JAX's public API prints them, a line each ("f32[3,2,8,32] ...")."""
+    loss, state = _loss(dtype, scan)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_saved_residuals(loss, state)
+    per_layer = f"f32[{L},{B},{S},{D}]" if scan else f"f32[{B},{S},{D}]"
+    return sum(line.split(" ")[0] == per_layer for line in printed.getvalue().splitlines())
+
+
+def test_a_scanned_bfloat16_model_keeps_no_float32_activations_for_its_layer_norms():
+    # Scanned, as on the GPU; unscanned, the same call keeps each layer's (B, T, D) arrays.
+    assert _float32_activations_kept(jnp.bfloat16, scan=True) == 0
+    with ablations.layer_norms_kept():
+        kept = _float32_activations_kept(jnp.bfloat16, scan=True)
+    assert kept == 5 * 3  # five LayerNorms per encoder + decoder layer pair, three arrays each
+
