@@ -112,7 +112,7 @@ def layer_norm(num_features, *, axes=None, dtype=None, param_dtype=jnp.float32, 
     )
 
 
-def normalize_kept(norm, x):
+def normalize(norm, x):
     """``norm(x)`` for a ``layer_norm``, its float32 statistics allowed under strict promotion.
 
     With a bfloat16 ``dtype``, Flax's LayerNorm takes its statistics in float32 by promotion
@@ -122,27 +122,9 @@ def normalize_kept(norm, x):
     where no explicit cast of ours can reach it: so this call alone runs under standard
     promotion, and the rest of the model stays checked. (PyTorch's LayerNorm under autocast
     also runs in float32.)
-
-    Under a gradient, autodiff keeps what this arithmetic's backward pass needs: three float32
-    (B, T, D) arrays per LayerNorm (``jax.ad_checkpoint.print_saved_residuals``), whatever
-    the compute dtype. ``normalize`` recomputes them instead.
     """
     with jax.numpy_dtype_promotion("standard"):
         return norm(x)
-
-
-# Recomputed in the backward pass from its input rather than its float32 intermediates kept
-# (jax.checkpoint), as fused LayerNorm kernels do (PyTorch's keeps its input, mean and
-# 1/std): the backward reads the (B, T, D) input in the compute dtype instead of three float32
-# arrays written in the forward. With layers scanned, every kept array is also copied into a
-# stacked (L, B, T, D) one and sliced back out: on an H100 such copies took 20.0 of the large
-# preset's 69.6 ms of train-step kernels (docs/benchmarks.md, "GPU"). On CPU it changes the
-# time by about 1% and saves memory: `python -m tools.ablations --preset base
-# --variants default layer_norm_kept` (AMD EPYC family 25 model 17, float32, 9 interleaved
-# rounds) gave 1212 ms recomputed against 1201 kept, scanned 1245 against 1232, and the
-# scanned step's temporaries are 604 MB against 715 (XLA's memory analysis). Values are
-# unchanged: the same operations run again on the same input.
-normalize = nnx.remat(normalize_kept)
 
 
 class ReLU(nnx.Module):

@@ -1,12 +1,9 @@
-"""The LayerNorms are recomputed in the backward pass (``primitives.normalize``), not their
-float32 intermediates kept (``primitives.normalize_kept``).
+"""The ablation that recomputes the LayerNorms in the backward pass (``tools.ablations``'
+``layer_norm_recomputed``), for the GPU lease that times it (docs/benchmarks.md, "GPU").
 
-Property checked: a scanned bfloat16 model keeps no float32 (L, B, T, D) array for its
-LayerNorms, where the kept variant (``tools.ablations``' ``layer_norm_kept``) keeps three per
-LayerNorm: the memory traffic the H100's profile found (docs/benchmarks.md, "GPU").
-
-The gradients through the recomputed LayerNorms are checked against torch_ref's, within the
-parity policy's 1e-5, by the parity suite (test_scanned_layers, test_training_parity, ...).
+Property checked: a scanned bfloat16 model keeps three float32 (L, B, T, D) arrays per
+LayerNorm for its backward pass (the copies the H100's profile found), and none with the
+LayerNorms recomputed.
 
 Sizes: D=32, 4 heads, 3 layers a side (odd: the stacked axis), B=2, S=T=8.
 """
@@ -15,6 +12,7 @@ import contextlib
 import io
 
 import jax.numpy as jnp
+import pytest
 from flax import nnx
 from jax.ad_checkpoint import print_saved_residuals
 
@@ -48,10 +46,9 @@ def _float32_activations_kept(dtype, scan):
     return sum(line.split(" ")[0] == per_layer for line in printed.getvalue().splitlines())
 
 
-def test_a_scanned_bfloat16_model_keeps_no_float32_activations_for_its_layer_norms():
-    # Scanned, as on the GPU; unscanned, the same call keeps each layer's (B, T, D) arrays.
-    assert _float32_activations_kept(jnp.bfloat16, scan=True) == 0
-    with ablations.layer_norms_kept():
-        kept = _float32_activations_kept(jnp.bfloat16, scan=True)
-    assert kept == 5 * 3  # five LayerNorms per encoder + decoder layer pair, three arrays each
-
+@pytest.mark.parametrize("prevent_cse", [False, True])
+def test_recomputed_layer_norms_leave_a_scanned_bfloat16_model_no_float32_activations_to_keep(prevent_cse):
+    # Five LayerNorms per encoder + decoder layer pair, three float32 arrays each.
+    assert _float32_activations_kept(jnp.bfloat16, scan=True) == 5 * 3
+    with ablations.layer_norms_recomputed(prevent_cse):
+        assert _float32_activations_kept(jnp.bfloat16, scan=True) == 0

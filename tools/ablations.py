@@ -17,9 +17,13 @@ compiled in one process and timed interleaved, like the paths of the main benchm
     nnx_linear     the model built with plain nnx.Linear layers, which multiply the (B, T, D)
                    input as it is, instead of flaxformer_mini's Linear, which flattens it to
                    (B*T, D) first (primitives.Linear: the kernel gradient's layout copies)
-    layer_norm_kept  the LayerNorms' float32 intermediates kept for the backward pass
-                   (primitives.normalize_kept) instead of recomputed (primitives.normalize):
-                   what the recomputation saves, mostly with layers scanned on a GPU
+    layer_norm_recomputed  each LayerNorm recomputed in the backward pass (``nnx.remat``
+                   around ``primitives.normalize``, prevent_cse=False as scanned.apply
+                   under scan) instead of its float32 intermediates kept: three float32
+                   (B, T, D) arrays per LayerNorm, which a scanned model also copies into
+                   and out of (L, B, T, D) stacks (docs/benchmarks.md, "GPU")
+    layer_norm_recomputed_cse  the same with prevent_cse=True (jax.checkpoint's default:
+                   optimisation barriers keep XLA from merging the recomputation back)
     scan_x4        four train steps per compiled call (``lax.scan`` over the Trainer's step
                    function): XLA allocates its temporaries once per call, so this shows
                    what the per-call allocation (page faults) costs; time per step
@@ -72,26 +76,25 @@ def plain_nnx_linear():
 
 
 @contextlib.contextmanager
-def layer_norms_kept():
-    """Models traced inside keep their LayerNorms' intermediates (no recomputation). JAX's
-    caches are cleared on the way in and out: the variant's step has the default's function,
-    structure and shapes, so a cached trace of either would be taken for the other."""
+def layer_norms_recomputed(prevent_cse):
+    """Models traced inside recompute each LayerNorm in the backward pass. A variant of the
+    experiment only: inside ``nnx.remat`` a LayerNorm is traced as a copy, so parity's
+    recording of intermediates would lose its rows, and graph-mode nnx.remat refuses a model
+    closed over by a plain JAX transform."""
     old = layers.normalize
-    layers.normalize = primitives.normalize_kept
-    jax.clear_caches()
+    layers.normalize = nnx.remat(primitives.normalize, prevent_cse=prevent_cse)
     try:
         yield
     finally:
         layers.normalize = old
-        jax.clear_caches()
 
 
 def _train_variant(name, preset, jbatch, impl="threefry2x32", linear=contextlib.nullcontext,
                    traced=contextlib.nullcontext, **train_config):
     """A train-step Path whose model, state and executable are all made under ``impl``;
-    ``linear`` holds while the model is built, ``traced`` while its step is compiled too."""
+    ``linear`` holds while the model is built, ``traced`` while its step is traced too."""
     c, B, L = preset.model, preset.batch, preset.seq_len
-    with prng_impl(impl), linear(), traced():
+    with prng_impl(impl), linear():
         trainer = Trainer(flax_bench._new_model(preset, 0),
                           TrainConfig(schedule="constant", learning_rate=1e-4, **train_config))
         holder = {"state": trainer.init_state()}
@@ -99,13 +102,23 @@ def _train_variant(name, preset, jbatch, impl="threefry2x32", linear=contextlib.
 
     def prepare():
         with prng_impl(impl), traced():
+            if traced is not contextlib.nullcontext:
+                # Its step has the default's function, structure and shapes: without this,
+                # JAX's trace cache hands either one the other's program.
+                jax.clear_caches()
             compiled["step"] = trainer.train_step.lower(holder["state"], jbatch).compile()
+            if traced is not contextlib.nullcontext:
+                jax.clear_caches()
+        memory = compiled["step"].memory_analysis()  # None where the backend gives none
+        if memory is not None:
+            path.info["xla_temp_mb"] = memory.temp_size_in_bytes / 2**20
 
     def run():
         holder["state"], metrics = compiled["step"](holder["state"], jbatch)
         return jax.block_until_ready((holder["state"], metrics))
 
-    return Path("train_step", name, "jax", run, flops.train_step(c, B, L, L), prepare=prepare)
+    path = Path("train_step", name, "jax", run, flops.train_step(c, B, L, L), prepare=prepare)
+    return path
 
 
 def _scan_variant(preset, jbatch, steps=4):
@@ -145,8 +158,8 @@ def _forward_x3(preset, jbatch):
     return Path("train_step", "eval_forward_x3", "jax", run, path.flops * 3, prepare=path.prepare)
 
 
-VARIANTS = ("default", "no_dropout", "rbg_dropout", "no_clipping", "nnx_linear", "layer_norm_kept", "scan_x4",
-            "eval_forward_x3")
+VARIANTS = ("default", "no_dropout", "rbg_dropout", "no_clipping", "nnx_linear", "layer_norm_recomputed",
+            "layer_norm_recomputed_cse", "scan_x4", "eval_forward_x3")
 
 
 def main(argv=None):
@@ -175,7 +188,10 @@ def main(argv=None):
         "rbg_dropout": lambda: _train_variant("rbg_dropout", preset, jbatch, impl="rbg"),
         "no_clipping": lambda: _train_variant("no_clipping", preset, jbatch, clip_norm=None),
         "nnx_linear": lambda: _train_variant("nnx_linear", preset, jbatch, linear=plain_nnx_linear),
-        "layer_norm_kept": lambda: _train_variant("layer_norm_kept", preset, jbatch, traced=layer_norms_kept),
+        "layer_norm_recomputed": lambda: _train_variant("layer_norm_recomputed", preset, jbatch,
+                                                        traced=lambda: layer_norms_recomputed(False)),
+        "layer_norm_recomputed_cse": lambda: _train_variant("layer_norm_recomputed_cse", preset, jbatch,
+                                                            traced=lambda: layer_norms_recomputed(True)),
         "scan_x4": lambda: _scan_variant(preset, jbatch),
         "eval_forward_x3": lambda: _forward_x3(preset, jbatch),
     }
@@ -183,12 +199,14 @@ def main(argv=None):
     results = measure(paths, reps=args.reps, warmup=1)
     base = statistics.median(results[0].times_s)
     print(f"{preset.summary()}; {args.reps} interleaved repetitions, one process")
-    print("times per train step (a scan_xK call does K steps); sys ms: kernel time per step, mostly page faults")
-    print(f"{'variant':<18} {'median ms':>10} {'best ms':>9} {'vs default':>11} {'sys ms':>7}")
+    print("times per train step (a scan_xK call does K steps); sys ms: kernel time per step, mostly page faults; "
+          "temp MB: the compiled step's temporaries (XLA's memory analysis)")
+    print(f"{'variant':<26} {'median ms':>10} {'best ms':>9} {'vs default':>11} {'sys ms':>7} {'temp MB':>8}")
     for r in results:
         k = r.info.get("steps_per_call", 1)
-        print(f"{r.variant:<18} {r.median_s * 1e3 / k:>10.1f} {r.best_s * 1e3 / k:>9.1f} {r.median_s / k / base:>10.2f}x "
-              f"{r.info['system_ms_per_call'] / k:>7.0f}")
+        temp = f"{r.info['xla_temp_mb']:.0f}" if "xla_temp_mb" in r.info else "-"
+        print(f"{r.variant:<26} {r.median_s * 1e3 / k:>10.1f} {r.best_s * 1e3 / k:>9.1f} {r.median_s / k / base:>10.2f}x "
+              f"{r.info['system_ms_per_call'] / k:>7.0f} {temp:>8}")
     return 0
 
 

@@ -15,7 +15,7 @@
 # or all three in one call, each under its own time limit (the tool lends 15 minutes of device
 # time in all, the machine's start included, so one call of under 10 minutes is the safe plan):
 #     bash tools/gpu_items.sh all       # train, parity, bench (Flax and torch eager), torch.compile
-#     GPU_ITEMS="profile ablations bench_train" LIMIT_ABLATIONS=180 bash tools/gpu_items.sh all  # still open
+#     GPU_ITEMS="profile ablations" LIMIT_ABLATIONS=300 bash tools/gpu_items.sh all  # what is still open
 #     GPU_ITEMS="parity bench" bash tools/gpu_items.sh all   # some of them
 # Everything each writes is under $OUT (or ./gpu_out where OUT is unset), logs included; `all`
 # puts each item's files in one archive there (the tool brings back at most 8 files).
@@ -149,7 +149,8 @@ profile | ablations)
             2>&1 | tee -i "$out/profile.log"
     else
         python3 -m tools.ablations --preset large --scan-layers --reps 10 \
-            --variants default layer_norm_kept eval_forward_x3 2>&1 | tee -i "$out/ablations.log"
+            --variants default layer_norm_recomputed layer_norm_recomputed_cse eval_forward_x3 \
+            2>&1 | tee -i "$out/ablations.log"
     fi
     ;;
 esac

@@ -38,8 +38,9 @@ forms as ``<kind>_<root opcode>_fusion`` (``loop_dynamic_update_slice_fusion.142
 XLA:GPU runs sequences of kernels as CUDA graphs ("command buffers"), which a trace shows as
 one event each (``command_buffer_310``), hiding the kernels inside. The profile turns them
 off (``--xla_gpu_enable_command_buffer=`` in XLA_FLAGS, unless XLA_FLAGS names that flag
-already); on the H100 the ``large`` train step's wall time went from 71.5 ms with them to
-72.7 ms without (2026-11-27, docs/benchmarks.md "GPU").
+already, or ``--keep-command-buffers``); on the H100 the ``large`` train step's wall time was
+71.5 ms with them and 72.7 ms without (medians of 3 calls each, in two calls of the device
+tool on one machine, 2026-11-27, docs/benchmarks.md "GPU").
 
 Times are summed over the instructions' events: on a CPU, two instructions running side by
 side on the two cores both count, so the total can exceed the wall time, while a GEMM's
@@ -153,16 +154,18 @@ _MOVES = {"copy", "transpose", "dynamic-slice", "dynamic-update-slice", "slice",
 def _fusion_root(name):
     """The root opcode XLA:GPU writes into a fusion's name, ``<kind>_<root opcode>_fusion[.N]``
     (``input_reduce_fusion``, ``loop_dynamic_update_slice_fusion.142``); None for other names."""
-    m = re.fullmatch(r"(?:loop|input|output)_(\w+?)_fusion(?:\.\d+)?", name)
+    m = re.fullmatch(r"(?:loop|input|output)_(\w+?)_fusion", name.split(".")[0])  # .N, .clone, ...
     return m.group(1).replace("_", "-") if m else None
 
 
 def category_from_name(name):
-    """A category for an instruction known only by its name (absent from the compiled text)."""
-    root = _fusion_root(name) or re.sub(r"\.\d+$", "", name).replace("_", "-")
+    """A category for an instruction known only by its name (absent from the compiled text).
+    A fusion goes by its root: one rooted in a dynamic-update-slice is data movement even
+    where it computes too (the forward's last elementwise op before the stack)."""
+    root = _fusion_root(name) or name.split(".")[0].replace("_", "-")
     if any(k in root for k in ("dot", "gemm", "convolution")):
         return "matmul"
-    if "reduce" in root:
+    if "reduce" in root.replace("reduce-precision", ""):
         return "reduction"
     if root in _MOVES | {"broadcast"}:
         return "copy/layout"
@@ -288,10 +291,18 @@ def host_times_note(backend, on_device):
 
 def kernels_one_event_each(environ):
     """Turn XLA:GPU's command buffers off through ``environ["XLA_FLAGS"]`` (before the backend
-    starts), unless the flags name them already: the user's choice stands."""
+    starts), unless the flags name them already: the user's choice stands. Returns a warning
+    when the backend has started already, and the flag comes too late to count."""
     flags = environ.get("XLA_FLAGS", "")
-    if "xla_gpu_enable_command_buffer" not in flags:
-        environ["XLA_FLAGS"] = f"{flags} --xla_gpu_enable_command_buffer=".strip()
+    if "xla_gpu_enable_command_buffer" in flags:
+        return None
+    environ["XLA_FLAGS"] = f"{flags} --xla_gpu_enable_command_buffer=".strip()
+    from jax._src import xla_bridge  # no public API says whether the backends have started
+
+    if getattr(xla_bridge, "backends_are_initialized", lambda: False)():
+        return ("warning: JAX's backend started before the profile could turn XLA's CUDA graphs off; "
+                "set XLA_FLAGS=--xla_gpu_enable_command_buffer= before starting it")
+    return None
 
 
 def command_buffer_note(rows):
@@ -301,8 +312,8 @@ def command_buffer_note(rows):
         return None
     ms = sum(r["ms_per_step"] for r in hidden)
     return (f"note: {ms:.1f} ms per call ran in {len(hidden)} CUDA graphs (XLA's command buffers, "
-            "command_buffer_N below), which the trace shows whole, so their kernels have no category; "
-            "XLA_FLAGS turns them on here: leave xla_gpu_enable_command_buffer out of it to see the kernels")
+            "command_buffer_N below), which the trace shows whole, so their kernels have no category; to see "
+            "the kernels, run without --keep-command-buffers and without xla_gpu_enable_command_buffer in XLA_FLAGS")
 
 
 def summarize(rows, key="category"):
@@ -353,8 +364,8 @@ def main(argv=None):
     parser.add_argument("--keep-command-buffers", action="store_true", help="leave XLA:GPU's CUDA graphs on "
                         "(the trace then shows each graph as one event, its kernels hidden)")
     args = parser.parse_args(argv)
-    if not args.keep_command_buffers:
-        kernels_one_event_each(os.environ)  # before the restart below and the backend's start
+    if not args.keep_command_buffers and (warning := kernels_one_event_each(os.environ)):
+        print(warning, file=sys.stderr)  # (set before the restart below and the backend's start)
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
     preset = preset_from_args(args)  # --dropout, --scan-layers and --attention, as python -m benchmarks
     # Before the large preset's model is built on a CPU for minutes (and after the restart:
