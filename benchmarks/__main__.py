@@ -6,6 +6,7 @@ import os
 import sys
 
 import benchmarks
+from benchmarks import one_at_a_time
 from benchmarks.presets import PRESETS, get_bench_preset
 from benchmarks.runner import DEFAULT_OPS, OPS, VARIANTS
 from flaxformer_mini.attention import ATTENTION_IMPLS
@@ -35,7 +36,26 @@ def parse_args(argv=None):
     parser.add_argument("--reuse-compile-cache", action="store_true",
                         help="let torch.compile reuse its on-disk cache from earlier runs (default: a fresh one)")
     parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.json and (problem := output_problem(args.json)):
+        parser.error(problem)  # before minutes of timing, not after them
+    try:
+        args.bench_preset = preset_from_args(args)  # --reps 0 and the like: refused here, by name
+    except ValueError as e:
+        parser.error(str(e))
+    return args
+
+
+def output_problem(path, option="--json"):
+    """Why ``path`` cannot take an output file (None if it can): checked before the run."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{option} {path}: is a directory; give a file name"
+    if not os.path.isdir(parent):
+        return f"{option} {path}: its directory {parent} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"{option} {path}: its directory {parent} is not writable"
+    return None
 
 
 def preset_from_args(args):
@@ -60,14 +80,26 @@ def main(argv=None):
         # FLAXFORMER_MINI_KEEP_FREED_MEMORY=0 turns it off. (Not when called as a function:
         # it would replace the caller's process.)
         restart_keeping_freed_memory()
-    preset = preset_from_args(args)
+        try:
+            one_at_a_time.hold_the_machine()  # (as a command only: the suite's workers call main() side by side)
+        except one_at_a_time.BusyError as e:
+            print(f"python -m benchmarks: {e}", file=sys.stderr)
+            return 2
+    preset = args.bench_preset
     from benchmarks import report, runner
 
     # --json is written after each operation too ("complete": false), so a run stopped midway
     # keeps what it measured; the last write is the whole report.
-    progress = (lambda rep: write_json(rep, args.json)) if args.json else None
-    rep = runner.run(preset, ops=args.ops, variants=args.paths, force=args.force,
-                     fresh_caches=not args.reuse_compile_cache, progress=progress)
+    written = []
+    progress = (lambda rep: (write_json(rep, args.json), written.append(rep))) if args.json else None
+    try:
+        rep = runner.run(preset, ops=args.ops, variants=args.paths, force=args.force,
+                         fresh_caches=not args.reuse_compile_cache, progress=progress)
+    except KeyboardInterrupt:
+        kept = (f"{args.json} holds the operations finished before it" if written
+                else "no operation had finished: nothing written")
+        print(f"interrupted: {kept}", file=sys.stderr)
+        return 130
     print(report.format_table(rep))
     from benchmarks import earlier_runs
 
@@ -81,12 +113,18 @@ def main(argv=None):
 
 
 def write_json(rep, path):
-    """``rep`` to ``path`` whole or not at all: written beside it, then renamed over it."""
+    """``rep`` to ``path`` whole or not at all: written beside it, then renamed over it (the
+    partial file removed if either fails)."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(rep, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(rep, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
 
 
 if __name__ == "__main__":

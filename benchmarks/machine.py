@@ -8,6 +8,7 @@ and within the run's noise on a Zen 4 (docs/benchmarks.md). So every report carr
 description.
 """
 
+import datetime
 import os
 import platform
 import re
@@ -15,8 +16,22 @@ import re
 # The flags that decide which GEMM kernels run (/proc/cpuinfo names).
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
-# AMD's x86 families: 0x19 (25) is Zen 3 / Zen 4, 0x1A (26) Zen 5.
+# AMD's x86 families: 0x19 (25) is Zen 3 / Zen 4, 0x1A (26) Zen 5. Within family 25 the model
+# tells them apart (AMD's processor programming references; Linux's arch/x86 uses the same
+# ranges): Zen 4 for 0x10-0x1F (EPYC Genoa, model 17), 0x60-0x7F (Ryzen 7000) and 0xA0-0xAF
+# (Bergamo, Siena); Zen 3 for 0x00-0x0F (EPYC Milan, model 1) and 0x20-0x5F.
 _AMD_FAMILIES = {23: "Zen / Zen 2", 25: "Zen 3 / Zen 4", 26: "Zen 5"}
+_ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))
+_ZEN3_MODELS = (range(0x00, 0x10), range(0x20, 0x60))
+
+
+def _amd_microarchitecture(family, model):
+    if family == 25 and model is not None:
+        if any(model in r for r in _ZEN4_MODELS):
+            return "Zen 4"
+        if any(model in r for r in _ZEN3_MODELS):
+            return "Zen 3"
+    return _AMD_FAMILIES[family]
 
 
 def cpuinfo(text=None):
@@ -39,7 +54,7 @@ def cpuinfo(text=None):
     flags = set(fields.get("flags", "").split())
     out["isa"] = [f for f in ISA_FLAGS if f in flags]
     if out.get("vendor") == "AuthenticAMD" and out.get("family") in _AMD_FAMILIES:
-        out["microarchitecture"] = _AMD_FAMILIES[out["family"]]
+        out["microarchitecture"] = _amd_microarchitecture(out["family"], out.get("model"))
     return out
 
 
@@ -83,6 +98,8 @@ def jax_backends():
     return {
         "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
         "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+        # The accelerator's model ("NVIDIA H100 80GB HBM3"); "cpu" on a CPU.
+        "device_kind": device.device_kind,
         "platform_version": getattr(device.client, "platform_version", None),
         "gemm_kernel": xla_gemm_kernel(),
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
@@ -119,6 +136,11 @@ def describe():
             "os": platform.platform(), "torch": torch_backends(), "jax": jax_backends()}
 
 
+def date_utc():
+    """Now, as every report and tool heads its figures: '2026-11-27 21:40 UTC'."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def one_line(m):
     """'AMD EPYC (family 26, model 2, Zen 5; avx2 avx512f ...), 2 cores, 7.8 GiB' for a header."""
     c = m["cpu"]
@@ -127,6 +149,8 @@ def one_line(m):
                                       c.get("microarchitecture")) if x)
     text = f"{c['model_name']} ({arch}; {' '.join(c.get('isa', [])) or 'no AVX2'}), {m['cores']} cores, {m['memory_gib']} GiB"
     t, j = m.get("torch"), m["jax"]
+    if j.get("backend", "cpu") != "cpu":  # the figures are the accelerator's: it comes first
+        text = f"{len(j['devices'])} x {j.get('device_kind', j['backend'])}; host {text}"
     if t:
         text += f"\ntorch {t['version']} (BLAS {t['blas']}, oneDNN {t['onednn']}, kernels {t['cpu_capability']}, {t['threads']} threads)"
     text += (f"; jax {j['jax']} / jaxlib {j['jaxlib']} ({j['backend']}, XLA {j['platform_version']}, "

@@ -194,8 +194,11 @@ def format_table(rep):
         lines.append(f"  {p['op']} {p['variant']}: XLA compile {p.get('xla_compile_s', 0):.1f} s (trace+lower "
                      f"{p.get('trace_lower_s', 0):.1f} s); XLA buffers: args {m['arguments']:.0f} MB, temporaries "
                      f"{m['temporaries']:.0f} MB, peak estimate {m['peak_estimate']:.0f} MB")
-    lines += ["", "ratios (torch time / Flax time; > 1: Flax faster; this run, this CPU only; \"within noise\":"
+    where = "this CPU" if rep["environment"]["machine"]["jax"].get("backend", "cpu") == "cpu" else "this device"
+    lines += ["", f"ratios (torch time / Flax time; > 1: Flax faster; this run, {where} only; \"within noise\":"
               " the two paths' timed rounds overlap):"]
+    if cfg["reps"] < 2:
+        lines.append(f"  (a smoke run: {cfg['reps']} timed call per path, too few to tell a ratio from noise)")
 
     def ratio(r, v):
         noise = " (within noise)" if r.get(f"{v}_within_noise") else ""

@@ -6,7 +6,6 @@ operation reports is not mixed with another's.
 """
 
 import contextlib
-import datetime
 import gc
 import os
 import shutil
@@ -34,7 +33,7 @@ def environment():
     """The machine (benchmarks.machine), the code (``code_version``) and the settings that
     change the numbers."""
     env = {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date_utc": machine.date_utc(),
         "machine": machine.describe(),
         "code": code_version(),
         # glibc's allocator: without the tunables the Flax train step page-faults its

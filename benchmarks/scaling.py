@@ -28,11 +28,10 @@ Sweeps (the base model's width, D=512, 8 heads, unless ``--width``):
 """
 
 import argparse
-import datetime
-import json
 import sys
 
-from benchmarks import code_version, machine
+from benchmarks import code_version, machine, one_at_a_time
+from benchmarks.__main__ import output_problem, write_json
 from benchmarks.inputs import make_batch
 from benchmarks.measure import log, measure
 from benchmarks.presets import get_bench_preset
@@ -108,18 +107,22 @@ def run(sweeps, quick=False, width=None, variants=DEFAULT_PATHS, reps=3, values=
     if values:
         table = {name: dict(table[name], values=tuple(values)) for name in sweeps}
     # When, on what and with which code: a report read later says where its numbers hold.
-    out = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    out = {"date_utc": machine.date_utc(),
            "machine": machine.describe(), "code": code_version.code_version(), "quick": quick,
            "reps": 1 if quick else reps, "points": [],
            "sweeps": {name: table[name] for name in sweeps}}
+    seen = set()  # the shapes measured so far: a later point of the same shapes reuses their compiles
     for name in sweeps:
         sweep = table[name]
         for value in sweep["values"]:
             dims = dict(sweep["fixed"], **{sweep["axis"]: value})
             preset = point_preset(base, width, "eager" if quick else None, **dims)
             log(f"scaling {name}: {preset.summary()}")
+            key = tuple(sorted(dims.items()))
             for row in measure_point(preset, variants, 1 if quick else reps):
-                out["points"].append({"sweep": name, **dims, "embed_size": preset.model.embed_size, **row})
+                out["points"].append({"sweep": name, **dims, "embed_size": preset.model.embed_size, **row,
+                                      "compiled_earlier": key in seen})
+            seen.add(key)
     return out
 
 
@@ -134,15 +137,20 @@ def markdown(rep):
         variants = [v for v in VARIANTS if any(p["variant"] == v for p in points)]
         lines += [f"{name} ({', '.join(f'{k}={v}' for k, v in sweep['fixed'].items())}): "
                   "step ms / peak MB / first-call overhead s", "",
-                  f"| {axis} | " + " | ".join(variants) + " | torch eager / Flax |",
+                  f"| {axis} | " + " | ".join(variants) + " | torch eager / flax_jit |",
                   "| ---: | " + " | ".join("---:" for _ in variants) + " | ---: |"]
+        reused = False
         for value in sorted({p[axis] for p in points}):
             row = {p["variant"]: p for p in points if p[axis] == value}
-            cells = [f"{row[v]['median_ms']:.0f} / {row[v]['peak_mb'] or 0:.0f} / {row[v]['first_call_overhead_s']:.1f}"
-                     if v in row else "-" for v in variants]
+            mark = lambda p: "*" if p.get("compiled_earlier") else ""  # noqa: E731
+            cells = [f"{row[v]['median_ms']:.0f} / {row[v]['peak_mb'] or 0:.0f} / "
+                     f"{row[v]['first_call_overhead_s']:.1f}{mark(row[v])}" if v in row else "-" for v in variants]
+            reused = reused or any(mark(p) for p in row.values())
             ratio = (row["torch_eager"]["median_ms"] / row["flax_jit"]["median_ms"]
                      if {"torch_eager", "flax_jit"} <= set(row) else None)
             lines.append(f"| {value} | " + " | ".join(cells) + f" | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+        if reused:
+            lines.append("\n\\* the shapes of an earlier point: compiled there, so this overhead holds no compile")
         lines.append("")
     return "\n".join(lines)
 
@@ -192,15 +200,27 @@ def main(argv=None):
         parser.error("--values goes with one --sweeps name")
     if args.values and min(args.values) < 1:
         parser.error(f"--values must be >= 1, got {min(args.values)}")
-    if argv is None:  # as python -m benchmarks: restart once under glibc's malloc tunables
+    if args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
+    if args.quick and "--reps" in (sys.argv[1:] if argv is None else argv):
+        parser.error("--quick times one step per point: leave --reps out")
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and (problem := output_problem(path, option)):
+            parser.error(problem)  # before the sweep, not after it
+    if argv is None:  # as python -m benchmarks: restart once under glibc's malloc tunables, one run at a time
         restart_keeping_freed_memory()
+        try:
+            one_at_a_time.hold_the_machine()
+        except one_at_a_time.BusyError as e:
+            parser.exit(2, f"{parser.prog}: {e}\n")
     rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps, values=args.values)
-    print(machine.one_line(rep["machine"]))
+    print(f"{machine.one_line(rep['machine'])}; {rep['date_utc']}")
     print(f"code: {code_version.describe(rep['code'])}")
+    if rep["quick"]:
+        print("--quick: a smoke test of the sweep (tiny model, one step per point), not a measurement")
     print(markdown(rep))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rep, f, indent=2)
+        write_json(rep, args.json)
     if args.plot:
         plot(rep, args.plot)
     return 0

@@ -121,6 +121,7 @@ def test_tiny_run_times_every_path_and_reports_the_machine(tmp_path, capsys, mon
     _check_coverage(rep)
     printed = capsys.readouterr().out
     assert "train step" in printed and "ratios" in printed
+    assert "a smoke run: 1 timed call per path, too few to tell a ratio from noise" in printed
     assert rep["environment"]["machine"]["cpu"]["model_name"] in printed
     from benchmarks.code_version import code_version, describe
 
@@ -335,6 +336,8 @@ def test_scaling_quick_reports_every_path_at_every_point(tmp_path, capsys):
     assert png.stat().st_size > 0
     table = capsys.readouterr().out
     assert "| num_layers |" in table and all(f"| {d} |" in table for d in depths)
+    assert "--quick: a smoke test of the sweep" in table and rep["date_utc"] in table
+    assert [p["compiled_earlier"] for p in rep["points"]] == [False] * len(rep["points"])  # one point: nothing earlier
 
 
 def test_cpuinfo_names_family_and_the_gemm_isa_extensions():
@@ -350,7 +353,77 @@ def test_cpuinfo_names_family_and_the_gemm_isa_extensions():
     assert info["model_name"] == "AMD EPYC 9R14 96-Core Processor"
     assert (info["family"], info["model"], info["stepping"]) == (25, 17, 1)
     assert info["isa"] == ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"]
-    assert info["microarchitecture"] == "Zen 3 / Zen 4"
+    assert info["microarchitecture"] == "Zen 4"  # model 17: EPYC Genoa
+    assert machine.cpuinfo(text.replace("model\t\t: 17", "model\t\t: 1"))["microarchitecture"] == "Zen 3"  # Milan
+    assert machine.cpuinfo(text.replace("model\t\t: 17", "model\t\t: 144"))["microarchitecture"] == "Zen 3 / Zen 4"
+
+
+def test_a_gpu_run_names_its_accelerator_first_and_its_ratios_hold_for_that_device():
+    # The H100's report of 2026-11-27 named only its host's Xeon, and its ratios "this CPU only".
+    from benchmarks import machine
+
+    described = {"cpu": {"model_name": "Intel(R) Xeon(R) Processor", "family": 6, "model": 207, "isa": ["avx2"]},
+                 "cores": 16, "memory_gib": 125.9, "torch": None,
+                 "jax": {"jax": "0.11.2", "jaxlib": "0.11.2", "flax": "0.12.10", "backend": "gpu",
+                         "devices": ["cuda:0"], "device_kind": "NVIDIA H100 80GB HBM3", "platform_version": "cuda 13000"}}
+    assert machine.one_line(described).startswith("1 x NVIDIA H100 80GB HBM3; host Intel(R) Xeon(R) Processor")
+    on_cpu = dict(described, jax=dict(described["jax"], backend="cpu", device_kind="cpu", devices=["TFRT_CPU_0"]))
+    assert machine.one_line(on_cpu).startswith("Intel(R) Xeon(R) Processor (family 6, model 207")
+    assert machine.describe()["jax"]["device_kind"] == jax.devices()[0].device_kind  # read, not assumed
+
+
+def test_bad_options_are_refused_before_anything_is_timed(tmp_path, capsys):
+    from benchmarks.__main__ import parse_args
+
+    for argv, message in ((["--reps", "0"], "reps must be >= 1, got 0"), (["--warmup", "-1"], "warmup must be >= 0"),
+                          (["--json", str(tmp_path)], "is a directory"),
+                          (["--json", str(tmp_path / "no" / "r.json")], "does not exist")):
+        with pytest.raises(SystemExit) as stop:
+            parse_args(["--preset", "tiny", *argv])
+        assert stop.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+def test_the_sweep_and_the_tools_refuse_bad_options_before_running(tmp_path, capsys):
+    from benchmarks import scaling
+    from tools import ablations, xla_profile
+
+    for command, argv, message in (
+            (scaling.main, ["--quick", "--reps", "2"], "--quick times one step per point"),
+            (scaling.main, ["--reps", "0"], "--reps must be >= 1, got 0"),
+            (scaling.main, ["--quick", "--plot", str(tmp_path / "no" / "p.png")], "--plot"),
+            (ablations.main, ["--preset", "tiny", "--reps", "0"], "--reps must be >= 1, got 0"),
+            (xla_profile.main, ["--preset", "tiny", "--steps", "0"], "--steps must be >= 1, got 0")):
+        with pytest.raises(SystemExit) as stop:
+            command(argv)
+        assert stop.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+def test_a_report_that_cannot_be_written_leaves_no_partial_file(tmp_path):
+    target = tmp_path / "taken"
+    target.mkdir()  # a directory where the file would go: the rename fails
+    with pytest.raises(OSError):
+        benchmarks_main.write_json({"a": 1}, str(target))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no taken.tmp left
+
+
+@pytest.mark.parametrize("finished", [0, 1])
+def test_ctrl_c_ends_the_benchmark_with_one_line_saying_what_was_kept(tmp_path, monkeypatch, capsys, finished):
+    from benchmarks import runner
+
+    def interrupted(preset, progress=None, **kw):
+        for _ in range(finished):
+            progress({"complete": False})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run", interrupted)
+    out = tmp_path / "r.json"
+    assert main(["--preset", "tiny", "--json", str(out)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    if finished:
+        assert err == [f"interrupted: {out} holds the operations finished before it"]
+        assert json.loads(out.read_text()) == {"complete": False}
+    else:
+        assert err == ["interrupted: no operation had finished: nothing written"] and not out.exists()
 
 
 def _git(repo, *args):
@@ -445,3 +518,41 @@ def test_a_run_is_printed_beside_the_committed_runs_of_its_cpu_model_and_preset(
         "  2026-11-27 15:32 UTC  train_step 1.02x / 1.06x; Flax % of JAX peak: train_step 74%  (b.json)"]
     assert earlier_runs.format_lines(_report("2026-11-28 09:00 UTC", 2), tmp_path) == []  # a CPU not measured
     assert earlier_runs.format_lines(mine, tmp_path / "absent") == []  # an installed copy: no docs folder
+
+
+def test_a_second_timing_run_on_the_host_is_refused_naming_the_first(tmp_path, monkeypatch):
+    # Two benchmarks at once each measure the other's load, and neither report could tell.
+    from benchmarks import one_at_a_time
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from benchmarks import one_at_a_time as o; "
+         "o.hold_the_machine(sys.argv[1]); print('held', flush=True); time.sleep(60)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(one_at_a_time, "_HELD", [])  # this process holds none
+        with pytest.raises(one_at_a_time.BusyError, match=f"another benchmark is timing on this host "
+                                                          f"\\(pid {holder.pid}\\)"):
+            one_at_a_time.hold_the_machine(str(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait()
+    one_at_a_time.hold_the_machine(str(tmp_path))  # its end released the lock
+    assert len(one_at_a_time._HELD) == 1
+    os.close(one_at_a_time._HELD.pop())
+
+
+def test_a_sweep_point_that_repeats_earlier_shapes_is_marked_as_compiled_there():
+    # The quick sweep's batch=2 point has the length sweep's shapes: its 0.1 s "first-call
+    # overhead" was no compile, which the column would otherwise seem to say.
+    from benchmarks import scaling
+
+    rep = {"sweeps": {"batch": {"axis": "batch", "fixed": {"seq_len": 4, "num_layers": 1}}},
+           "points": [{"sweep": "batch", "batch": b, "seq_len": 4, "num_layers": 1, "variant": "flax_jit",
+                       "median_ms": 10.0, "peak_mb": 5, "first_call_overhead_s": 4.4 if b == 1 else 0.1,
+                       "compiled_earlier": b == 2} for b in (1, 2)]}
+    table = scaling.markdown(rep)
+    assert "| 1 | 10 / 5 / 4.4 |" in table and "| 2 | 10 / 5 / 0.1* |" in table
+    assert "compiled there, so this overhead holds no compile" in table
+    rep["points"][1]["compiled_earlier"] = False
+    assert "*" not in scaling.markdown(rep)

@@ -11,3 +11,12 @@
 ``python -m tools.xla_profile --preset base`` and ``python -m tools.ablations --preset base``;
 the product is ``python -m benchmarks`` (and ``python -m benchmarks.scaling``).
 """
+
+
+def where_and_what():
+    """The machine, the date and the code, as the benchmark's report heads its figures: the
+    tools' output is quoted in the docs too."""
+    from benchmarks import code_version, machine
+
+    return (f"{machine.one_line(machine.describe())}; {machine.date_utc()}\n"
+            f"code: {code_version.describe(code_version.code_version())}")

@@ -46,7 +46,9 @@ from benchmarks.__main__ import preset_from_args
 from benchmarks.inputs import make_batch
 from benchmarks.measure import Path, measure
 from benchmarks.presets import PRESETS
+from benchmarks import one_at_a_time
 from benchmarks.runner import check_device
+from tools import where_and_what
 from flaxformer_mini import layers, primitives
 from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.data import Batch
@@ -175,7 +177,14 @@ def main(argv=None):
                         help="the Flax attention (default: the preset's)")
     parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
     args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
+    if argv is None:  # a command, not a test's call: one timing run per host at a time
+        try:
+            one_at_a_time.hold_the_machine()
+        except one_at_a_time.BusyError as e:
+            parser.exit(2, f"{parser.prog}: {e}\n")
     preset = preset_from_args(args)  # the preset with --scan-layers and --attention, as python -m benchmarks
     # Before the large preset's model is built on a CPU for minutes (and after the restart:
     # on a GPU this starts the backend, which would start again in the restarted process).
@@ -199,6 +208,7 @@ def main(argv=None):
     results = measure(paths, reps=args.reps, warmup=1)
     base = statistics.median(results[0].times_s)
     print(f"{preset.summary()}; {args.reps} interleaved repetitions, one process")
+    print(where_and_what())
     print("times per train step (a scan_xK call does K steps); sys ms: kernel time per step, mostly page faults; "
           "temp MB: the compiled step's temporaries (XLA's memory analysis)")
     print(f"{'variant':<26} {'median ms':>10} {'best ms':>9} {'vs default':>11} {'sys ms':>7} {'temp MB':>8}")

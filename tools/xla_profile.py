@@ -68,7 +68,9 @@ from benchmarks import flax_bench
 from benchmarks.__main__ import preset_from_args
 from benchmarks.inputs import make_batch
 from benchmarks.presets import PRESETS
+from benchmarks import one_at_a_time
 from benchmarks.runner import check_device
+from tools import where_and_what
 from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
@@ -364,9 +366,16 @@ def main(argv=None):
     parser.add_argument("--keep-command-buffers", action="store_true", help="leave XLA:GPU's CUDA graphs on "
                         "(the trace then shows each graph as one event, its kernels hidden)")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     if not args.keep_command_buffers and (warning := kernels_one_event_each(os.environ)):
         print(warning, file=sys.stderr)  # (set before the restart below and the backend's start)
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
+    if argv is None:  # a command, not a test's call: one timing run per host at a time
+        try:
+            one_at_a_time.hold_the_machine()
+        except one_at_a_time.BusyError as e:
+            parser.exit(2, f"{parser.prog}: {e}\n")
     preset = preset_from_args(args)  # --dropout, --scan-layers and --attention, as python -m benchmarks
     # Before the large preset's model is built on a CPU for minutes (and after the restart:
     # on a GPU this starts the backend, which would start again in the restarted process).
@@ -404,6 +413,7 @@ def main(argv=None):
     else:
         busy = f"busy thread time {total:.1f} ms per call"
     print(f"{preset.summary()}; {args.op}, {args.steps} traced calls, wall median {wall:.1f} ms; {busy}")
+    print(where_and_what())
     print(f"\n{'category':<14} {'ms/call':>9} {'share':>7}")
     counts = collections.Counter(r["category"] for r in rows)
     for k, v in cats.items():
