@@ -17,11 +17,11 @@ import re
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 # AMD's x86 families: 0x19 (25) is Zen 3 / Zen 4, 0x1A (26) Zen 5. Within family 25 the model
-# tells them apart (AMD's processor programming references; Linux's arch/x86 uses the same
-# ranges): Zen 4 for 0x10-0x1F (EPYC Genoa, model 17), 0x60-0x7F (Ryzen 7000) and 0xA0-0xAF
-# (Bergamo, Siena); Zen 3 for 0x00-0x0F (EPYC Milan, model 1) and 0x20-0x5F.
+# tells them apart, by the ranges Linux uses (arch/x86/kernel/cpu/amd.c, bsp_init_amd): Zen 4
+# for 0x10-0x1F (EPYC Genoa: model 17) and 0x60-0xAF, Zen 3 for 0x00-0x0F (EPYC Milan: model
+# 1) and 0x20-0x5F.
 _AMD_FAMILIES = {23: "Zen / Zen 2", 25: "Zen 3 / Zen 4", 26: "Zen 5"}
-_ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))
+_ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0xB0))
 _ZEN3_MODELS = (range(0x00, 0x10), range(0x20, 0x60))
 
 
