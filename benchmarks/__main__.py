@@ -80,11 +80,8 @@ def main(argv=None):
         # FLAXFORMER_MINI_KEEP_FREED_MEMORY=0 turns it off. (Not when called as a function:
         # it would replace the caller's process.)
         restart_keeping_freed_memory()
-        try:
-            one_at_a_time.hold_the_machine()  # (as a command only: the suite's workers call main() side by side)
-        except one_at_a_time.BusyError as e:
-            print(f"python -m benchmarks: {e}", file=sys.stderr)
-            return 2
+        # (a command only: the suite's workers call main() side by side)
+        one_at_a_time.hold_the_machine_or_exit("python -m benchmarks")
     preset = args.bench_preset
     from benchmarks import report, runner
 

@@ -7,6 +7,7 @@ the kernel when it ends, however it ends; the file itself stays, holding the las
 """
 
 import os
+import sys
 import tempfile
 
 try:
@@ -43,3 +44,12 @@ def hold_the_machine(directory=None):
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _HELD.append(fd)
+
+
+def hold_the_machine_or_exit(prog):
+    """``hold_the_machine()`` for a command: a busy host ends it with exit code 2 and one line."""
+    try:
+        hold_the_machine()
+    except BusyError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

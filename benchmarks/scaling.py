@@ -140,9 +140,9 @@ def markdown(rep):
                   f"| {axis} | " + " | ".join(variants) + " | torch eager / flax_jit |",
                   "| ---: | " + " | ".join("---:" for _ in variants) + " | ---: |"]
         reused = False
+        mark = lambda p: "*" if p.get("compiled_earlier") else ""  # noqa: E731
         for value in sorted({p[axis] for p in points}):
             row = {p["variant"]: p for p in points if p[axis] == value}
-            mark = lambda p: "*" if p.get("compiled_earlier") else ""  # noqa: E731
             cells = [f"{row[v]['median_ms']:.0f} / {row[v]['peak_mb'] or 0:.0f} / "
                      f"{row[v]['first_call_overhead_s']:.1f}{mark(row[v])}" if v in row else "-" for v in variants]
             reused = reused or any(mark(p) for p in row.values())
@@ -190,7 +190,7 @@ def main(argv=None):
                         help=f"default: {' '.join(DEFAULT_PATHS)}")
     parser.add_argument("--values", nargs="+", type=int, metavar="N",
                         help="the swept axis's values instead of the sweep's own (one sweep only)")
-    parser.add_argument("--reps", type=int, default=3, help="timed steps per point and path (median)")
+    parser.add_argument("--reps", type=int, help="timed steps per point and path (median; default 3)")
     parser.add_argument("--width", type=int, help="model width D instead of the base model's 512")
     parser.add_argument("--quick", action="store_true", help="tiny smoke test (seconds), not a measurement")
     parser.add_argument("--json", metavar="OUT", help="write every point as JSON")
@@ -200,20 +200,17 @@ def main(argv=None):
         parser.error("--values goes with one --sweeps name")
     if args.values and min(args.values) < 1:
         parser.error(f"--values must be >= 1, got {min(args.values)}")
-    if args.reps < 1:
+    if args.reps is not None and args.reps < 1:
         parser.error(f"--reps must be >= 1, got {args.reps}")
-    if args.quick and "--reps" in (sys.argv[1:] if argv is None else argv):
+    if args.quick and args.reps is not None:
         parser.error("--quick times one step per point: leave --reps out")
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path and (problem := output_problem(path, option)):
             parser.error(problem)  # before the sweep, not after it
     if argv is None:  # as python -m benchmarks: restart once under glibc's malloc tunables, one run at a time
         restart_keeping_freed_memory()
-        try:
-            one_at_a_time.hold_the_machine()
-        except one_at_a_time.BusyError as e:
-            parser.exit(2, f"{parser.prog}: {e}\n")
-    rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps, values=args.values)
+        one_at_a_time.hold_the_machine_or_exit(parser.prog)
+    rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps or 3, values=args.values)
     print(f"{machine.one_line(rep['machine'])}; {rep['date_utc']}")
     print(f"code: {code_version.describe(rep['code'])}")
     if rep["quick"]:

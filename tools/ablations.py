@@ -41,19 +41,18 @@ import sys
 import jax
 from flax import nnx
 
-from benchmarks import flax_bench, flops
+from benchmarks import flax_bench, flops, one_at_a_time
 from benchmarks.__main__ import preset_from_args
 from benchmarks.inputs import make_batch
 from benchmarks.measure import Path, measure
 from benchmarks.presets import PRESETS
-from benchmarks import one_at_a_time
 from benchmarks.runner import check_device
-from tools import where_and_what
 from flaxformer_mini import layers, primitives
 from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.data import Batch
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 from flaxformer_mini.training import Trainer, TrainConfig, train_step
+from tools import where_and_what
 
 
 @contextlib.contextmanager
@@ -181,10 +180,7 @@ def main(argv=None):
         parser.error(f"--reps must be >= 1, got {args.reps}")
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
     if argv is None:  # a command, not a test's call: one timing run per host at a time
-        try:
-            one_at_a_time.hold_the_machine()
-        except one_at_a_time.BusyError as e:
-            parser.exit(2, f"{parser.prog}: {e}\n")
+        one_at_a_time.hold_the_machine_or_exit(parser.prog)
     preset = preset_from_args(args)  # the preset with --scan-layers and --attention, as python -m benchmarks
     # Before the large preset's model is built on a CPU for minutes (and after the restart:
     # on a GPU this starts the backend, which would start again in the restarted process).

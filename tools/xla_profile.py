@@ -64,15 +64,14 @@ import time
 
 import jax
 
-from benchmarks import flax_bench
+from benchmarks import flax_bench, one_at_a_time
 from benchmarks.__main__ import preset_from_args
 from benchmarks.inputs import make_batch
 from benchmarks.presets import PRESETS
-from benchmarks import one_at_a_time
 from benchmarks.runner import check_device
-from tools import where_and_what
 from flaxformer_mini.attention import ATTENTION_IMPLS
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
+from tools import where_and_what
 
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*? ([a-z][a-z0-9\-]*)\(")
 _COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
@@ -151,6 +150,7 @@ _MATMUL_TARGETS = ("gemm", "matmul", "dot")
 # Data movement: a scanned loop's per-layer slices of its stacked arrays, the stacking of
 # what it saves for the backward pass, and the broadcasts that fill those stacks first.
 _MOVES = {"copy", "transpose", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad"}
+_MOVE_ROOTS = _MOVES | {"broadcast"}  # a fusion rooted in one of these (a broadcast: a fill)
 
 
 def _fusion_root(name):
@@ -164,14 +164,15 @@ def category_from_name(name):
     """A category for an instruction known only by its name (absent from the compiled text).
     A fusion goes by its root: one rooted in a dynamic-update-slice is data movement even
     where it computes too (the forward's last elementwise op before the stack)."""
-    root = _fusion_root(name) or name.split(".")[0].replace("_", "-")
+    fused = _fusion_root(name)
+    root = fused or name.split(".")[0].replace("_", "-")
     if any(k in root for k in ("dot", "gemm", "convolution")):
         return "matmul"
     if "reduce" in root.replace("reduce-precision", ""):
         return "reduction"
-    if root in _MOVES | {"broadcast"}:
+    if root in _MOVE_ROOTS:
         return "copy/layout"
-    return "elementwise" if _fusion_root(name) else "other"
+    return "elementwise" if fused else "other"
 
 
 def category(opcode, inner, u32, name="", targets=()):
@@ -187,7 +188,7 @@ def category(opcode, inner, u32, name="", targets=()):
     if ops & RNG_OPS or (u32 and len(_RNG_HINT & ops) >= 2):
         return "rng"
     if (opcode in _MOVES or (opcode == "fusion" and inner & {"copy", "transpose"})
-            or (opcode == "fusion" and _fusion_root(name) in _MOVES | {"broadcast"})):
+            or (opcode == "fusion" and _fusion_root(name) in _MOVE_ROOTS)):
         return "copy/layout"
     if opcode == "fusion" and ("reduce" in inner or "reduce-window" in inner):
         return "reduction"
@@ -372,10 +373,7 @@ def main(argv=None):
         print(warning, file=sys.stderr)  # (set before the restart below and the backend's start)
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
     if argv is None:  # a command, not a test's call: one timing run per host at a time
-        try:
-            one_at_a_time.hold_the_machine()
-        except one_at_a_time.BusyError as e:
-            parser.exit(2, f"{parser.prog}: {e}\n")
+        one_at_a_time.hold_the_machine_or_exit(parser.prog)
     preset = preset_from_args(args)  # --dropout, --scan-layers and --attention, as python -m benchmarks
     # Before the large preset's model is built on a CPU for minutes (and after the restart:
     # on a GPU this starts the backend, which would start again in the restarted process).
