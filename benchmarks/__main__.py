@@ -9,7 +9,7 @@ import benchmarks
 from benchmarks import one_at_a_time
 from benchmarks.presets import PRESETS, get_bench_preset
 from benchmarks.runner import DEFAULT_OPS, OPS, VARIANTS
-from flaxformer_mini.attention import ATTENTION_IMPLS
+from flaxformer_mini.model.attention import ATTENTION_IMPLS
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
 

@@ -2,14 +2,14 @@
 
 - forward: a pure function ``(state, source, target_in) -> logits`` of the eval-mode model
   (``nnx.split`` / ``nnx.merge``), compiled ahead of time (``lower().compile()``);
-- train_step: ``flaxformer_mini.training.Trainer(model, TrainConfig(schedule='constant',
+- train_step: ``flaxformer_mini.train.trainer.Trainer(model, TrainConfig(schedule='constant',
   learning_rate=1e-4))``'s jitted ``train_step`` (forward, the same loss, backward,
   global-norm clipping at 1.0, optax Adam; the state is donated, so it is always rebound),
   compiled ahead of time from the same jitted function. Its compiled executable gives XLA's
   memory analysis and FLOP count;
-- decode_cached: ``flaxformer_mini.decoding.greedy_decode``: prefill + one position per new
+- decode_cached: ``flaxformer_mini.decode.search.greedy_decode``: prefill + one position per new
   token with a key/value cache, in a ``lax.while_loop``;
-- decode_uncached: ``flaxformer_mini.decoding.greedy_decode_uncached``: the whole decoder over
+- decode_uncached: ``flaxformer_mini.decode.search.greedy_decode_uncached``: the whole decoder over
   a fixed buffer of N positions for every new token (one shape, one compilation).
 
 The first call of each path is timed from tracing to the end of its first execution.
@@ -26,11 +26,12 @@ import flaxformer_mini as fm
 from benchmarks import flops
 from benchmarks.inputs import EOS_BIAS
 from benchmarks.measure import Path
-from flaxformer_mini.attention import set_attention_impl
+from flaxformer_mini.model.attention import set_attention_impl
 from flaxformer_mini.data import EOS, Batch
-from flaxformer_mini.decoding import greedy_decode, greedy_decode_uncached
-from flaxformer_mini.run_config import COMPUTE_DTYPES
-from flaxformer_mini.training import Trainer, TrainConfig
+from flaxformer_mini.decode.search import greedy_decode, greedy_decode_uncached
+from flaxformer_mini.runs.config import COMPUTE_DTYPES
+from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train.trainer import Trainer
 
 VARIANT = "flax_jit"
 

@@ -32,7 +32,7 @@ Greedy decoding of N tokens has three costs here, because the paths run differen
   tokens so far (torch_ref.decoding.greedy_decode, seed 001's inference), cross-attention
   keys/values recomputed every step;
 - ``decode_uncached_fixed``: encoder once, then N times the whole decoder on a fixed buffer of
-  N positions (flaxformer_mini.decoding.greedy_decode_uncached: one shape, one compilation).
+  N positions (flaxformer_mini.decode.search.greedy_decode_uncached: one shape, one compilation).
 """
 
 

@@ -15,9 +15,9 @@ calls take most of the time (docs/benchmarks.md has the measured wall times).
 
 import dataclasses
 
-from flaxformer_mini.attention import ATTENTION_IMPLS
-from flaxformer_mini.config import ModelConfig, get_preset
-from flaxformer_mini.run_config import DTYPES
+from flaxformer_mini.model.attention import ATTENTION_IMPLS
+from flaxformer_mini.model.config import ModelConfig, get_preset
+from flaxformer_mini.model.config import DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +35,8 @@ class BenchPreset:
     decode_warmup: int = 0  # the same for decoding: its first call already runs all N steps
     matmul_size: int = 4096  # side of the square matmul that measures the machine's peak
     torch_compile_backend: str = "inductor"  # torch.compile's default; "eager" only traces (smoke tests)
-    attention_impl: str = "einsum"  # the Flax path's SelfAttention (flaxformer_mini.attention.ATTENTION_IMPLS)
-    # The Flax model's layer layout (flaxformer_mini/scanned.py): stacked layers run by nnx.scan,
+    attention_impl: str = "einsum"  # the Flax path's SelfAttention (flaxformer_mini.model.attention.ATTENTION_IMPLS)
+    # The Flax model's layer layout (flaxformer_mini/model/scanned.py): stacked layers run by nnx.scan,
     # and activations recomputed in the backward pass. The Flax path is named after them:
     # flax_jit, flax_jit_scan, flax_jit_remat, flax_jit_scan_remat.
     scan_layers: bool = False

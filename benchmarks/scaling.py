@@ -48,7 +48,7 @@ QUICK = {
     "depth": dict(axis="num_layers", values=(1, 2), fixed=dict(batch=2, seq_len=4)),
 }
 VARIANTS = ("torch_eager", "torch_compile", "flax_jit", "flax_jit_scan", "flax_jit_scan_remat")
-# The Flax paths: the model's layer layout of each (flaxformer_mini/scanned.py).
+# The Flax paths: the model's layer layout of each (flaxformer_mini/model/scanned.py).
 FLAX_VARIANTS = {
     "flax_jit": dict(scan_layers=False, remat=False),
     "flax_jit_scan": dict(scan_layers=True, remat=False),  # one block body compiled, whatever the depth

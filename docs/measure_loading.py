@@ -38,8 +38,9 @@ def write_corpus(path, lines, seed=0):
 def measure(mode, path, kind, vocab_size, workdir):
     """Run in a child process: prints a JSON line with seconds and peak RSS."""
     from flaxformer_mini import data
-    from flaxformer_mini import tokenizers as tk
-    from flaxformer_mini.corpus_arrays import EncodedCorpus, iter_tsv
+    from flaxformer_mini.data import tokenizers as tk
+    from flaxformer_mini.data.corpus_arrays import EncodedCorpus
+    from flaxformer_mini.data.parallel_text import iter_tsv
 
     # Peak RSS after the imports (jax comes with flaxformer_mini): subtract it for the data's own cost.
     result = {"mode": mode, "kind": kind, "rss_after_imports_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}

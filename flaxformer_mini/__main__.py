@@ -1,5 +1,5 @@
 import sys
 
-from flaxformer_mini.cli import main
+from flaxformer_mini.cli.main import main
 
 sys.exit(main())

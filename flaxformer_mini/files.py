@@ -99,3 +99,15 @@ def same_file(a, b):
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+_OS_ERROR_HINTS = {errno.EISDIR: "give a file, not a directory", errno.EACCES: "check its permissions",
+                   errno.ENOENT: "check the path", errno.ENOTDIR: "a part of the path is a file, not a directory"}
+
+
+def describe_os_error(error):
+    """``'FILE: reason (hint)'``: one line for an OSError that names its file, the wording every
+    command line of the project uses."""
+    reason = error.strerror or type(error).__name__
+    hint = _OS_ERROR_HINTS.get(error.errno)
+    return f"{error.filename}: {reason}" + (f" ({hint})" if hint else "")

@@ -38,6 +38,7 @@ MAX_BATCH = 1024
 # --seed: JAX's PRNG keys take an int64 (torch's and numpy's take more), and none a negative.
 MAX_SEED = 2**63 - 1
 from parity.policy import DEFAULT_ATOL, FLOAT64_FACTOR, NEAR_TIE_FACTOR
+
 DEBUG_ENV = "PARITY_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
 
@@ -136,7 +137,7 @@ def _seed_keys(state_dict, path):
 
 def _load_checkpoint(args):
     """(state dict, config, description of where heads and padding came from, what it is)."""
-    from flaxformer_mini.run_dir import run_holding
+    from flaxformer_mini.runs.directory import run_holding
     from parity.check import refuse_unusable_weights
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError, load_state_dict
     from parity.convert import is_training_run
@@ -169,10 +170,10 @@ def _load_checkpoint(args):
 
 def _check(args):
     # Imported here so that `parity --help` answers without loading torch and JAX.
-    from flaxformer_mini.config import get_preset
-    from parity.check import check_twins
     import jax
 
+    from flaxformer_mini.model.config import get_preset
+    from parity.check import check_twins
     from parity.twins import parity_numerics, torch_device, transformer_pair, twins_from_state_dict
 
     if args.torch_checkpoint is None:
@@ -246,7 +247,7 @@ def _check(args):
 
 def _convert(args):
     from flaxformer_mini.files import check_parent_writable
-    from flaxformer_mini.run_dir import run_holding
+    from flaxformer_mini.runs.directory import run_holding
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
     from parity.convert import flax_params_from_state_dict, is_training_run, state_dict_from_flax_params
     from parity.flax_io import checkpoint_kind, is_orbax_path, read_flax_params, recorded_tokenizers, save_flax_params
@@ -338,7 +339,7 @@ def _convert(args):
 def _note_compute_dtype(args, run):
     """A run that computes in bfloat16 decodes with bfloat16 logits; torch_ref in float32 picks
     other tokens on some inputs (the parameters are float32 either way)."""
-    from flaxformer_mini.run_dir import RunDir
+    from flaxformer_mini.runs.directory import RunDir
 
     dtype = RunDir(run).load_config().dtype
     if dtype != "float32":
@@ -490,9 +491,9 @@ def explain(error, args):
                 + (f" ({out} is as it was)" if out and os.path.lexists(out) else "")
                 + ": free some space and run the command again")
     if isinstance(error, OSError) and error.filename is not None:
-        from flaxformer_mini.cli import explain as explain_file_error  # "FILE: reason (hint)", shared wording
+        from flaxformer_mini.files import describe_os_error  # "FILE: reason (hint)", the wording both CLIs use
 
-        return explain_file_error(error)[1]
+        return describe_os_error(error)
     if isinstance(error, (ValueError, OSError)):
         return str(error)
     return None

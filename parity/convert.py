@@ -208,7 +208,7 @@ def state_dict_from_flax_params(params, config):
 
 def is_training_run(path):
     """A directory written by ``flaxformer-mini train --out PATH`` (it holds the run's config.json)."""
-    from flaxformer_mini.run_dir import RunDir
+    from flaxformer_mini.runs.directory import RunDir
 
     return Path(path).is_dir() and RunDir(path).exists()
 
@@ -216,8 +216,8 @@ def is_training_run(path):
 def run_tokenizer_checksums(path):
     """{file name: sha256} of a text run's tokenizer files (each checked against what the run
     recorded), for the metadata of its exported weights; None for a synthetic run."""
-    from flaxformer_mini.run import Run
-    from flaxformer_mini.run_dir import sha256
+    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.runs.directory import sha256
 
     run = Run.open(path)
     if run.config.data.kind != "tsv":
@@ -233,7 +233,7 @@ def state_dict_from_run(path):
     ``torch_ref.Transformer(**config.to_dict())`` loads them with ``strict=True``. A run trained
     with ``--scan-layers`` (its layers stacked) comes out per layer, as torch keys them; the
     compute dtype is the run's business, the parameters are float32 either way."""
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.runs.run import Run
 
     run = Run.open(path)
     state = run.latest_state()  # FileNotFoundError naming the run when it has no checkpoint

@@ -28,7 +28,7 @@ import torch
 from flax import nnx
 
 from flaxformer_mini import data as flax_data
-from flaxformer_mini import decoding
+from flaxformer_mini.decode import search as decoding
 from parity.compare import on_device_of
 from parity.policy import DEFAULT_ATOL, NEAR_TIE_FACTOR
 from parity.twins import as_inputs, sample_batch

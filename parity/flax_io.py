@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 import flaxformer_mini
-from flaxformer_mini.config import ModelConfig
+from flaxformer_mini.model.config import ModelConfig
 from parity import engine, output
 from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
 from parity.file_kinds import (  # noqa: F401 - FLAX_FORMAT and CONFIG_METADATA_KEY are public names here too
@@ -228,11 +228,11 @@ def _save_orbax(params, config, path, overwrite=False, assumed=(), tokenizers=No
 
 def _restore(path, **items):
     """orbax's restore of ``items`` from the directory ``path``, as flaxformer-mini reads its own
-    checkpoints (``flaxformer_mini.checkpoint``): its loggers quiet during the read, and the
+    checkpoints (``flaxformer_mini.train.checkpoint``): its loggers quiet during the read, and the
     closed-event-loop tracebacks of a failed read's abandoned threads silenced (the caller
     reports the failure in one line). The silencer goes in before the read, not after a
     failure: TensorStore's threads report while the error is still propagating."""
-    from flaxformer_mini.checkpoint import _quiet, _silence_orbax_aftermath
+    from flaxformer_mini.train.checkpoint import _quiet, _silence_orbax_aftermath
 
     ocp = _orbax()
     _silence_orbax_aftermath()
@@ -243,7 +243,7 @@ def _restore(path, **items):
 def _failure(error):
     """``error``'s type and first line, at most 300 characters: TensorStore's messages embed a
     spec of several kB."""
-    from flaxformer_mini.checkpoint import _summary
+    from flaxformer_mini.train.checkpoint import _summary
 
     return f"{type(error).__name__}: {_summary(error)}"
 

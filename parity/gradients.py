@@ -1,7 +1,7 @@
 """Gradients of the same loss in both twins, parameter by parameter.
 
 The loss is the project's token cross-entropy (``torch_ref.training`` and
-``flaxformer_mini.training``), averaged over non-padding labels, with next-token labels: the
+``flaxformer_mini.train.loss``), averaged over non-padding labels, with next-token labels: the
 target shifted left by one, padded at the end. torch's ``param.grad`` is compared with the
 Flax gradient put into a clone of the Flax model and converted with ``flax_to_torch``, so
 both sides are keyed by torch names and laid out as torch lays them out.
@@ -18,7 +18,7 @@ import torch
 from flax import nnx
 
 from flaxformer_mini.data import PAD
-from flaxformer_mini.training import token_cross_entropy as flax_token_cross_entropy
+from flaxformer_mini.train.loss import token_cross_entropy as flax_token_cross_entropy
 from parity.compare import on_device_of
 from parity.report import GRAD_PREFIX, LOSS_ROW, Row, compared_row
 from parity.convert import flax_to_torch, tensor_to_numpy

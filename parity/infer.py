@@ -26,7 +26,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from flaxformer_mini.config import PRESETS, ModelConfig
+from flaxformer_mini.model.config import PRESETS, ModelConfig
 from parity.convert import ConversionError, layer_depths
 from parity.engine import _closest
 
@@ -238,11 +238,11 @@ def describe_assumed(config, names, options=True):
 def read_config_file(path):
     """The ModelConfig fields (any subset) in a JSON config file: an object of them, or a
     flaxformer-mini run's config.json (its ``"model"``), or a run directory (its config.json)."""
-    from flaxformer_mini.run_config import FORMAT as RUN_FORMAT
+    from flaxformer_mini.runs.config import FORMAT as RUN_FORMAT
 
     path = Path(path)
     if path.is_dir():
-        from flaxformer_mini.run_dir import RunDir
+        from flaxformer_mini.runs.directory import RunDir
 
         if not RunDir(path).exists():
             raise ConversionError(f"config {path}: is a directory without a config.json; give a JSON file of "
@@ -257,8 +257,8 @@ def read_config_file(path):
     if not isinstance(data, dict):
         raise ConversionError(f"config file {path}: expected a JSON object of ModelConfig fields, got {type(data).__name__}")
     if data.get("format") == RUN_FORMAT:  # a training run's config.json: its model, as the run built it
-        from flaxformer_mini.run_config import RunConfig
-        from flaxformer_mini.run_dir import check_config_sha256
+        from flaxformer_mini.runs.config import RunConfig
+        from flaxformer_mini.runs.directory import check_config_sha256
 
         try:
             model = RunConfig.from_dict(data, source=str(path)).model.to_dict()

@@ -1,6 +1,6 @@
 """The weights a new run starts from: what ``flaxformer-mini train --init-from FILE`` reads.
 
-``flaxformer_mini.init_from`` finds this module through the packaging entry point
+``flaxformer_mini.runs.init_from`` finds this module through the packaging entry point
 ``flaxformer_mini.weight_readers`` (pyproject.toml), so the Flax package never imports parity
 (DESIGN.md's import rule). It provides ``read_params(path, config, preset)`` and
 ``params_into_model(params, model)``, which any reader in that group must, and
@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
-from flaxformer_mini.init_from import OPTION, InitFromError
-from flaxformer_mini.run_config import RunConfig
-from flaxformer_mini.run_dir import run_holding
+from flaxformer_mini.runs.init_from import OPTION, InitFromError
+from flaxformer_mini.runs.config import RunConfig
+from flaxformer_mini.runs.directory import run_holding
 from parity import engine, flax_io
 from parity.file_kinds import read_recorded_config
 

@@ -17,7 +17,7 @@ the torch shape a Flax variable expects by running them backward on the Flax sha
 Users extend the table without editing the package: ``parity.register_rule(MyLayer, Rule(...), ...)``.
 
 ``STACKS`` is the second table: which layer lists a module may hold as one stacked block
-(scanned layers, ``flaxformer_mini/scanned.py``). There torch's ``encoder.transformer_layers.{i}.…``
+(scanned layers, ``flaxformer_mini/model/scanned.py``). There torch's ``encoder.transformer_layers.{i}.…``
 is slice i of axis 0 of the stacked Flax variable ``encoder/transformer_layers/…``; the engine
 stacks on load and slices on save, and each slice then goes through its layer's rules as any
 other variable. A list held as an ``nnx.List`` (the default model) has its indices in the
@@ -29,7 +29,8 @@ import dataclasses
 import numpy as np
 from flax import nnx
 
-from flaxformer_mini import model, primitives
+from flaxformer_mini.model import transformer as model
+from flaxformer_mini.model import primitives
 
 
 @dataclasses.dataclass(frozen=True)

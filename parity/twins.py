@@ -8,7 +8,7 @@ from flax import nnx
 
 import flaxformer_mini
 import torch_ref
-from flaxformer_mini.training import fresh_streams
+from flaxformer_mini.train.state import fresh_streams
 from parity.convert import ConversionError, torch_to_flax
 
 

@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 import flaxformer_mini as fm
-from flaxformer_mini.attention import ATTENTION_IMPLS, set_attention_impl
-from flaxformer_mini.decoding import greedy_decode
+from flaxformer_mini.model.attention import ATTENTION_IMPLS, set_attention_impl
+from flaxformer_mini.decode.search import greedy_decode
 
 ATOL = 1e-5  # DESIGN.md's parity tolerance: the two paths round differently (scale, then mask)
 
@@ -82,7 +82,7 @@ def test_the_mask_given_to_cudnn_has_whole_sequence_axes_and_keeps_the_same_keys
     # cuDNN takes a mask as a bias of shape (B|1, H|1, T, S) (a (B, 1, 1, S) padding mask
     # failed jax's check_layout on an H200); broadcast, it must keep exactly the same keys:
     # XLA's attention gives the same output with it as with the mask as the model makes it.
-    from flaxformer_mini.attention import _mask_for
+    from flaxformer_mini.model.attention import _mask_for
 
     B, T, S, H, K = 3, 5, 7, 2, 4
     keep = np.arange(S)[None, :] < np.array([7, 3, 1])[:, None]  # (B, S)

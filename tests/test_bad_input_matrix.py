@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flaxformer_mini.run_dir import RunLock
+from flaxformer_mini.runs.directory import RunLock
 from test_train_cli import TINY_RUN, cli
 
 GOOD_TSV = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flaxformer_mini import batching
+from flaxformer_mini.data import token_batches as batching
 
 
 def _lengths(n, seed=0):

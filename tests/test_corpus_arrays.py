@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from flaxformer_mini import data
-from flaxformer_mini import tokenizers as tk
-from flaxformer_mini.corpus_arrays import EncodedCorpus, iter_tsv
+from flaxformer_mini.data import tokenizers as tk
+from flaxformer_mini.data.corpus_arrays import EncodedCorpus
+from flaxformer_mini.data.parallel_text import iter_tsv
 
 TRICKY = b"\xef\xbb\xbfa b\tx y\r\n\n  \nc\td\rlong one two three\tz\n e f \t g \n"
 

@@ -29,7 +29,7 @@ import torch
 from flax import nnx
 
 import flaxformer_mini as fm
-from flaxformer_mini import decoding
+from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.data import BOS, EOS, PAD
 from parity import sample_batch, torch_to_flax, transformer_pair
 from torch_ref.decoding import greedy_decode as torch_greedy_decode

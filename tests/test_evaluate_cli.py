@@ -8,10 +8,10 @@ import shutil
 import numpy as np
 import pytest
 
-from flaxformer_mini.decoding import exact_match
+from flaxformer_mini.decode.metrics import exact_match
 from flaxformer_mini.data import EOS, PAD
-from flaxformer_mini.metrics import corpus_metrics
-from flaxformer_mini.run import Run
+from flaxformer_mini.decode.metrics import corpus_metrics
+from flaxformer_mini.runs.run import Run
 from test_real_corpora import text_args, write_corpus
 from test_train_cli import cli
 
@@ -127,7 +127,7 @@ def test_evaluate_data_read_from_a_pipe_counts_its_lines_in_the_one_pass_it_gets
     # done), so the lines are counted as the pairs are read, in the one pass there is.
     import os
 
-    from flaxformer_mini.evaluation import read_pairs
+    from flaxformer_mini.runs.evaluate import read_pairs
 
     out, _ = char_run
     _, pairs = test_file
@@ -250,7 +250,7 @@ def test_write_atomic_without_replace_refuses_a_file_that_appeared_after_the_che
 
 def test_evaluate_beam_search_takes_the_length_penalty_and_decodes_as_generate(char_run, test_file, tmp_path,
                                                                                monkeypatch):
-    from flaxformer_mini import evaluation
+    from flaxformer_mini.decode import evaluation
 
     out, _ = char_run
     path, pairs = test_file

@@ -8,8 +8,9 @@ is read as the training files are: a UTF-8 BOM skipped, \\r\\n and a lone \\r en
 import numpy as np
 import pytest
 
-from flaxformer_mini import decoding, generation
-from flaxformer_mini.run import Run
+from flaxformer_mini.decode import search as decoding
+from flaxformer_mini.runs import generate as generation
+from flaxformer_mini.runs.run import Run
 from test_real_corpora import text_args, write_corpus
 from test_train_cli import TINY_RUN, cli
 
@@ -242,9 +243,9 @@ def test_decoding_option_errors_name_the_options_as_typed(run, args, message):
 
 
 def test_the_clis_default_length_penalty_is_the_librarys():
-    from flaxformer_mini import decode_commands
+    from flaxformer_mini.cli import parser
 
-    assert decode_commands.LENGTH_PENALTY == decoding.DEFAULT_LENGTH_PENALTY
+    assert parser.LENGTH_PENALTY == decoding.DEFAULT_LENGTH_PENALTY
 
 
 def test_a_weights_file_or_a_checkpoint_instead_of_a_run_says_what_it_is(run, tmp_path):

@@ -93,7 +93,7 @@ def test_every_assert_of_the_guide_has_its_sentence_as_message():
 
 def test_check_names_the_snippet_that_drifted(generated):
     # Change one line inside the quoted masked_fill, as an edit of the source would.
-    key = "snippet flaxformer_mini/attention.py::masked_fill"
+    key = "snippet flaxformer_mini/model/attention.py::masked_fill"
     block = gen.blocks(generated)[key]
     edited = generated.replace(block, block.replace("if mask is None:", "if mask is None or False:"))
     assert edited != generated
@@ -154,10 +154,10 @@ def test_a_false_sentence_fails_the_build_naming_it():
 @pytest.mark.parametrize(
     "spec, says",
     [
-        ("flaxformer_mini/attention.py::NoSuchThing", "has no NoSuchThing"),
+        ("flaxformer_mini/model/attention.py::NoSuchThing", "has no NoSuchThing"),
         ("flaxformer_mini/no_such_file.py::f", "no file"),
-        ('flaxformer_mini/attention.py::masked_fill from="no such text"', "contains 'no such text'"),
-        ("flaxformer_mini/attention.py::masked_fill lines=1-99", "has only"),
+        ('flaxformer_mini/model/attention.py::masked_fill from="no such text"', "contains 'no such text'"),
+        ("flaxformer_mini/model/attention.py::masked_fill lines=1-99", "has only"),
     ],
 )
 def test_a_placeholder_that_does_not_resolve_is_named(spec, says):
@@ -201,7 +201,7 @@ def test_gelu_defaults_differ_and_the_same_form_agrees():
 
 
 def test_twin_layer_norm_takes_torch_epsilon_and_two_pass_variance():
-    from flaxformer_mini.primitives import layer_norm
+    from flaxformer_mini.model.primitives import layer_norm
 
     ln = layer_norm(4, rngs=nnx.Rngs(0))
     assert ln.epsilon == torch.nn.LayerNorm(4).eps == 1e-5 and not ln.use_fast_variance
@@ -231,14 +231,14 @@ def test_fully_masked_softmax_row_is_nan_with_inf_and_uniform_with_large_fill(fr
 
 
 def test_both_twins_fill_masks_with_the_same_finite_value():
-    import flaxformer_mini.attention
+    import flaxformer_mini.model.attention
     import torch_ref.attention
 
-    assert flaxformer_mini.attention.MASK_FILL_VALUE == torch_ref.attention.MASK_FILL_VALUE == -1e20
+    assert flaxformer_mini.model.attention.MASK_FILL_VALUE == torch_ref.attention.MASK_FILL_VALUE == -1e20
 
 
 def test_embedding_default_scales_differ_and_the_twin_takes_torch():
-    from flaxformer_mini.primitives import embedding
+    from flaxformer_mini.model.primitives import embedding
 
     D = 64
     torch.manual_seed(0)

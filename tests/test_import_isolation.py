@@ -181,7 +181,7 @@ def test_package_source_never_imports_the_other_side(package, forbidden):
     assert files, f"no source files found under {package}/"
     offenders = {str(f.relative_to(REPO)): hits for f in files if (hits := _imports_of(f, forbidden))}
     # No exception: `train --init-from` reaches parity's weight reader through a packaging entry
-    # point (flaxformer_mini/init_from.py, tests/test_init_from.py), not an import.
+    # point (flaxformer_mini/runs/init_from.py, tests/test_init_from.py), not an import.
     assert not offenders, f"{package} must not import {', '.join(forbidden)}: {offenders}"
 
 
@@ -214,9 +214,9 @@ INIT_FROM_WITHOUT_TORCH = textwrap.dedent(
     from safetensors.numpy import load_file
 
     import flaxformer_mini as fm
-    from flaxformer_mini.init_from import InitFromError, read_params
-    from flaxformer_mini.run_config import DataConfig, RunConfig
-    from flaxformer_mini.training import TrainConfig
+    from flaxformer_mini.runs.init_from import InitFromError, read_params
+    from flaxformer_mini.runs.config import DataConfig, RunConfig
+    from flaxformer_mini.train.optimizer import TrainConfig
 
     # What `train --init-from` reads, for the model the file holds (no train step: the
     # property is the reading; tests/test_init_from.py trains from it, torch present).

@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 
 import flaxformer_mini as fm
 import torch_ref
-from flaxformer_mini.run import Run
-from flaxformer_mini.run_config import DataConfig, TrainOptions
+from flaxformer_mini.runs.run import Run
+from flaxformer_mini.runs.config import DataConfig, TrainOptions
 from parity import flax_to_torch
 from test_train_cli import TINY_RUN, cli
 
@@ -181,7 +181,7 @@ def test_the_weight_reader_is_parity_s_found_through_its_entry_point():
     from importlib.metadata import entry_points
 
     import parity.init_weights
-    from flaxformer_mini import init_from
+    from flaxformer_mini.runs import init_from
 
     assert ("parity", "parity.init_weights") in [(e.name, e.value) for e in entry_points(group=init_from.READERS)]
     assert init_from.weight_reader() is parity.init_weights
@@ -190,7 +190,7 @@ def test_the_weight_reader_is_parity_s_found_through_its_entry_point():
 def test_without_a_weight_reader_init_from_says_how_to_install_one(monkeypatch, weights, tmp_path):
     from importlib.metadata import EntryPoint, EntryPoints
 
-    from flaxformer_mini import init_from
+    from flaxformer_mini.runs import init_from
 
     monkeypatch.setattr(init_from, "entry_points", lambda group: EntryPoints(()))
     with pytest.raises(init_from.InitFromError, match=r"--init-from needs a weight reader, and none is installed: "
@@ -213,8 +213,9 @@ def test_a_reader_that_leaves_parameters_without_values_is_refused_by_name(monke
     import jax
     from flax import nnx
 
-    from flaxformer_mini import init_from
-    from flaxformer_mini.training import TrainConfig, Trainer
+    from flaxformer_mini.runs import init_from
+    from flaxformer_mini.train.optimizer import TrainConfig
+    from flaxformer_mini.train.trainer import Trainer
 
     lazy = types.SimpleNamespace(__name__="lazy_reader", read_params=None, params_into_model=lambda params, model: model)
     monkeypatch.setattr(init_from, "weight_reader", lambda: lazy)
@@ -232,7 +233,8 @@ def test_a_directory_is_read_once_per_process_and_its_digest_follows_its_content
     # mtime), and a changed file still changes the digest.
     import os
 
-    from flaxformer_mini import init_from, run_dir
+    from flaxformer_mini.runs import init_from
+    from flaxformer_mini.runs import directory as run_dir
 
     d = tmp_path / "params"
     (d / "sub").mkdir(parents=True)

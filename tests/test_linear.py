@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from flaxformer_mini.primitives import Linear, linear
+from flaxformer_mini.model.primitives import Linear, linear
 
 
 def _pair(use_bias):

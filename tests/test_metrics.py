@@ -5,7 +5,7 @@ import math
 import pytest
 import sacrebleu
 
-from flaxformer_mini.metrics import corpus_metrics
+from flaxformer_mini.decode.metrics import corpus_metrics
 
 
 def test_one_substitution_in_four_words_is_wer_quarter():

@@ -120,10 +120,10 @@ def _worker_config(text=None):
     """The equivalence runs' config: the copy task, or with ``text`` ({'train', 'valid',
     'max_tokens', 'accumulate'}) a word-vocabulary run of those files (built the same in every
     process) with token-budget batches and accumulation."""
-    from flaxformer_mini.run import load_data
-    from flaxformer_mini.run_config import DataConfig, RunConfig, model_config_for
-    from flaxformer_mini.run_dir import RunDir
-    from flaxformer_mini.training import TrainConfig
+    from flaxformer_mini.runs.run_data import load_data
+    from flaxformer_mini.runs.config import DataConfig, RunConfig, model_config_for
+    from flaxformer_mini.runs.directory import RunDir
+    from flaxformer_mini.train.optimizer import TrainConfig
 
     budget = {}
     if text is None:
@@ -145,13 +145,13 @@ def _worker_config(text=None):
 
 def _worker(spec):
     """Train each of ``spec['runs']`` for STEPS steps in this process (one of spec['n'])."""
-    from flaxformer_mini import distributed
+    from flaxformer_mini.scale import distributed
 
     if spec["n"] > 1:
         distributed.start_runtime(spec["coordinator"], spec["n"], spec["process_id"], timeout_s=60)
-    from flaxformer_mini.fit import fit
-    from flaxformer_mini.run import Run
-    from flaxformer_mini.sharding import training_mesh
+    from flaxformer_mini.runs.fit import fit
+    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.scale.sharding import training_mesh
 
     for r in spec["runs"]:
         if "copy_from" in r:  # a checkpoint continued in this launch (single-process launches only)
@@ -180,7 +180,7 @@ def _evaluating(really):
     compilation (about 2 s of a 6.6 s one-process run here). The reference and the 2x2 launch's
     FSDP and tensor-parallel runs evaluate: their states gathered from two processes score as one
     process scores them (test_evaluation_gathered_from_two_processes_...)."""
-    import flaxformer_mini.fit as fit_module
+    import flaxformer_mini.runs.fit as fit_module
 
     kept = fit_module.evaluate
     if not really:
@@ -204,13 +204,13 @@ def launch_workers(n, runs, devices_per_process=1):
 
 
 def losses(out):
-    from flaxformer_mini.run_dir import RunDir
+    from flaxformer_mini.runs.directory import RunDir
 
     return {r["step"]: r["loss"] for r in RunDir(out).read_metrics() if "loss" in r}
 
 
 def final_state(out):
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.runs.run import Run
 
     return Run.open(out).latest_state()
 
@@ -308,7 +308,7 @@ def equivalence_runs(tmp_path_factory):
 
 
 def test_the_reference_run_moves_the_parameters_well_beyond_the_tolerance(equivalence_runs):
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.runs.run import Run
 
     run = Run.open(equivalence_runs / "reference")
     moved, _ = max_param_diff(final_state(equivalence_runs / "reference"), run.initial_state())
@@ -328,7 +328,7 @@ def test_multiprocess_losses_and_parameters_equal_one_process(equivalence_runs, 
 
 @pytest.mark.parametrize("run", ["2x2_fsdp", TENSOR_PARALLEL])
 def test_evaluation_gathered_from_two_processes_scores_as_one_process(equivalence_runs, run):
-    from flaxformer_mini.run_dir import RunDir
+    from flaxformer_mini.runs.directory import RunDir
 
     def evaluation(name):
         (record,) = [r for r in RunDir(equivalence_runs / name).read_metrics() if "eval_loss" in r]
@@ -360,7 +360,7 @@ def test_a_checkpoint_continues_on_another_mesh_as_on_its_own(equivalence_runs, 
 
 def test_only_process_0_writes_the_run_files(equivalence_runs):
     # Four processes, one metrics log with each step once (not four interleaved copies).
-    from flaxformer_mini.run_dir import RunDir
+    from flaxformer_mini.runs.directory import RunDir
 
     records = [r for r in RunDir(equivalence_runs / "4x1_fsdp").read_metrics() if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
@@ -370,7 +370,7 @@ def test_max_tokens_and_accumulate_on_two_processes_of_two_devices_train_as_one_
     # --max-tokens batches keep the rows they have on one device (max_tokens // max(S, T): here
     # 7, which the 4 data-parallel groups do not divide, so the mesh fills them up with PAD rows),
     # and each of --accumulate's micro-batches (B, S) keeps its own shape, split along B across hosts.
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.runs.run import Run
 
     one, two = equivalence_runs / f"{TEXT_RUN}_reference", equivalence_runs / f"{TEXT_RUN}_2x2"
     reference = Run.open(one)
@@ -397,8 +397,8 @@ def test_max_tokens_and_accumulate_on_two_processes_of_two_devices_train_as_one_
 def test_only_process_0_checks_the_token_budget_before_the_tokenizers_are_agreed(tmp_path, monkeypatch):
     # Another process may hold a unigram tokenizer of its own until follow_main adopts process
     # 0's files; its lengths would then refuse or accept other pairs than the run trains on.
-    from flaxformer_mini import distributed
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.runs.run import Run
     from test_real_corpora import write_corpus
 
     files = {"train": str(write_corpus(tmp_path / "train.tsv", 20)), "valid": str(write_corpus(tmp_path / "valid.tsv", 3))}
@@ -464,7 +464,7 @@ def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two
     assert "process 1 of 2: 1 cpu device(s) of this host in the run, from step 0; process 0 writes" in err1, err1
     assert "process 0 of 2" not in err0
     assert (out / "config.json").exists() and (out / "loss.png").exists()
-    from flaxformer_mini.run_dir import RunDir
+    from flaxformer_mini.runs.directory import RunDir
 
     assert [r["step"] for r in RunDir(out).read_metrics() if "loss" in r] == list(range(1, CLI_STEPS + 1))
 

@@ -54,9 +54,9 @@ def test_every_process_trains_with_the_config_process_0_resolved(tmp_path, monke
     # config, with its own host's data paths (the same files' contents, checked by agree_on).
     import dataclasses
 
-    from flaxformer_mini import distributed
-    from flaxformer_mini.run import Run
-    from flaxformer_mini.run_dir import RunDir
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.runs.directory import RunDir
 
     main = _worker_config()
     mine = dataclasses.replace(main, batch_size=2 * main.batch_size,
@@ -82,10 +82,11 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
     # upstream; docs/data.md). With vocabularies of one size nothing would fail:
     # process 1 would train on other ids. Here process 0 is a real run in this process; process
     # 1's own tokenizer differs as the trainer's runs do: two pieces numbered the other way round.
-    from flaxformer_mini import distributed, tokenizers
-    from flaxformer_mini import run as run_module
-    from flaxformer_mini.run import Run
-    from flaxformer_mini.run_dir import RunDir, comparable_tokenizer_bytes
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.data import tokenizers
+    from flaxformer_mini.runs import run as run_module
+    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.runs.directory import RunDir, comparable_tokenizer_bytes
     from test_train_cli import cli
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -129,8 +130,8 @@ def test_an_error_adopting_process_0s_files_stops_every_process_at_once(tmp_path
     # process 0's tokenizer files there. An error in it goes through all_started, as the
     # earlier start-up errors do: before, that process alone stopped while process 0 waited in
     # fit's first collective until --distributed-timeout, then both aborted (exit 134).
-    from flaxformer_mini import distributed
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.runs.run import Run
     from test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
 
     gathered, all_started = [], distributed.all_started
@@ -153,7 +154,8 @@ def test_an_error_adopting_process_0s_files_stops_every_process_at_once(tmp_path
 
 
 def test_options_that_act_on_one_process_only_may_differ_between_processes():
-    from flaxformer_mini.cli import _identity, build_parser
+    from flaxformer_mini.cli.parser import build_parser
+    from flaxformer_mini.cli.train import _identity
 
     def identity(*extra):
         return _identity(build_parser().parse_args(["train", *TINY_RUN, "--out", "run", *extra]))
@@ -177,7 +179,7 @@ def test_an_out_directory_not_shared_by_the_processes_is_refused_before_training
         assert code == 2, err[-2000:]
         assert "--out run: process(es) 1 do not see the run directory that process 0 writes" in err, err[-2000:]
     assert not (homes[0] / "run" / "checkpoints").exists() and not (homes[1] / "run").exists()
-    from flaxformer_mini.distributed import SHARED_CHECK_NAME
+    from flaxformer_mini.scale.distributed import SHARED_CHECK_NAME
 
     assert not (homes[0] / "run" / SHARED_CHECK_NAME).exists()  # the probe is removed
 
@@ -196,7 +198,7 @@ def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path, m
     if missing == "--tokenizer-from":  # a text run's directory (its tokenizers are written before training)
         from test_train_cli import cli
 
-        monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)
+        monkeypatch.setattr("flaxformer_mini.runs.fit.fit", lambda *a, **k: None)
         assert cli("train", "--data", str(homes[0] / "train.tsv"), "--preset", "tiny",
                    "--out", str(homes[0] / "prev")).returncode == 0
         extra, named = ["--tokenizer-from", "prev"], "--tokenizer-from prev: no such directory"
@@ -217,8 +219,8 @@ def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path, m
 def test_processes_holding_different_initial_values_are_refused_naming_the_first_array(monkeypatch):
     # shard_state's one-digest-per-array check (in place of jax.device_put's collective per
     # array), in this process: process 1's digests are this process's with two arrays changed.
-    from flaxformer_mini import distributed
-    from flaxformer_mini.partitioning import path_name
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.model.paths import path_name
 
     state = {"step": np.zeros((), np.int32), "params": {"a": np.ones((2, 3), np.float32), "b": np.arange(4.0)}}
     leaves = jax.tree_util.tree_flatten_with_path(state)[0]
@@ -254,7 +256,7 @@ def as_process_0_of_two(process_1):
 
 
 def fake_two_processes(monkeypatch, process_1):
-    from flaxformer_mini import distributed
+    from flaxformer_mini.scale import distributed
 
     monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
     monkeypatch.setattr(distributed, "allgather_bytes", as_process_0_of_two(process_1))
@@ -265,8 +267,8 @@ def test_a_checkpoint_only_one_process_could_read_is_skipped_by_every_process(tm
     # With FSDP each process reads only its own shards, so process 1 may find checkpoint 6
     # damaged while process 0 restored it. Every process then resumes from step 3, and process 0
     # moves 6 aside. In this process, as process 0: process 1's report is made up, the rest real.
-    from flaxformer_mini import distributed
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.runs.run import Run
     from test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
 
     out = tmp_path / "run"
@@ -285,8 +287,8 @@ def test_a_checkpoint_only_one_process_could_read_is_skipped_by_every_process(tm
 
 
 def test_processes_seeing_different_checkpoint_steps_are_refused_naming_them(tmp_path, monkeypatch):
-    from flaxformer_mini import distributed
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.runs.run import Run
     from test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
 
     out = tmp_path / "run"
@@ -353,7 +355,8 @@ def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(t
 
 
 def test_the_port_check_sees_a_port_shared_listener_and_lets_a_restarted_runs_time_wait_pass():
-    from flaxformer_mini import distributed, host_guards
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.scale import host_guards
 
     def listener(*options):
         s = socket.socket()
@@ -383,7 +386,7 @@ def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_h
     import fcntl
     import os
 
-    from flaxformer_mini import host_guards
+    from flaxformer_mini.scale import host_guards
 
     port, out = free_port(), tmp_path / "run"
     path = host_guards._slot_path(f"127.0.0.1:{port}", 1)
@@ -404,7 +407,7 @@ def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_h
 def test_the_process_id_lock_is_taken_once_per_process_and_removed_at_exit_only_if_still_ours(tmp_path, monkeypatch):
     import tempfile
 
-    from flaxformer_mini import host_guards
+    from flaxformer_mini.scale import host_guards
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     address = f"127.0.0.1:{free_port()}"
@@ -419,7 +422,8 @@ def test_the_process_id_lock_is_taken_once_per_process_and_removed_at_exit_only_
 
 
 def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs(monkeypatch):
-    from flaxformer_mini import distributed, host_guards
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.scale import host_guards
 
     port = free_port()  # nobody listens there
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", f"127.0.0.1:{port}")
@@ -444,7 +448,7 @@ def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs
 def test_train_writes_only_its_result_on_stdout_even_what_native_code_prints_there():
     # gloo (C++) prints "[Gloo] Rank 0 is connected ..." on file descriptor 1; `train | jq` broke.
     code = ("import os, sys\n"
-            "from flaxformer_mini.distributed import stdout_for_results\n"
+            "from flaxformer_mini.scale.distributed import stdout_for_results\n"
             "with stdout_for_results() as results:\n"
             "    os.write(1, b'[Gloo] native noise\\n')\n"
             "    print('python noise')\n"
@@ -530,10 +534,10 @@ def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary
     # Deterministic, in one process: the signal arrives during step 2's vote. Step 3's boundary
     # queues a vote that sees it; step 4's boundary reads that vote (votes are read one boundary
     # late, so the host never waits for the devices there), saves step 4 and stops.
-    from flaxformer_mini import distributed
-    from flaxformer_mini.fit import fit
-    from flaxformer_mini.run import Run
-    from flaxformer_mini.stop import StopRequests
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.runs.fit import fit
+    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.train.stop import StopRequests
 
     stop, seen = StopRequests(), []
     monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))
@@ -547,7 +551,7 @@ def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary
 def test_evaluation_during_training_gathers_the_parameters_not_the_optimizer_state(tmp_path, monkeypatch):
     # fit gathered the whole TrainState for each evaluation: with FSDP, Adam's two moments made
     # it three times the bytes evaluation reads (its parameters, through state.model()).
-    import flaxformer_mini.fit as fit_module
+    import flaxformer_mini.runs.fit as fit_module
 
     gathered, evaluated = [], []
     monkeypatch.setattr(fit_module, "to_local", lambda tree: gathered.append(tree) or tree)
@@ -560,7 +564,7 @@ def test_evaluation_during_training_gathers_the_parameters_not_the_optimizer_sta
 
 
 def _new_run(out):
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.runs.run import Run
 
     return Run.create(out, _worker_config(), echo=lambda m: None)
 
@@ -570,8 +574,8 @@ def test_a_second_ctrl_c_stops_now_and_the_process_exits_without_pythons_shutdow
     # the CLI then ends the process without Python's shutdown: in a multi-process run that
     # shutdown runs jax's exit barrier, which waited for the peers (every process aborted after
     # the timeout), and in any run it waits for an XLA compilation still going on.
-    from flaxformer_mini import cli
-    from flaxformer_mini.stop import StopNow, Stopped, StopRequests
+    from flaxformer_mini.cli import errors
+    from flaxformer_mini.train.stop import StopNow, Stopped, StopRequests
 
     with StopRequests() as stop:
         signal.raise_signal(signal.SIGINT)
@@ -579,18 +583,18 @@ def test_a_second_ctrl_c_stops_now_and_the_process_exits_without_pythons_shutdow
         with pytest.raises(StopNow):
             signal.raise_signal(signal.SIGINT)
     assert issubclass(StopNow, KeyboardInterrupt)  # caught where any Ctrl-C is: exit code 130
-    assert cli._exits_at_once(StopNow()) and not cli._exits_at_once(KeyboardInterrupt())
-    assert not cli._exits_at_once(Stopped("saved step 4"))  # the coordinated stop exits normally
+    assert errors.exits_at_once(StopNow()) and not errors.exits_at_once(KeyboardInterrupt())
+    assert not errors.exits_at_once(Stopped("saved step 4"))  # the coordinated stop exits normally
 
 
 def test_a_second_ctrl_c_mid_run_leaves_the_logged_steps_in_the_tensorboard_events(tmp_path, monkeypatch):
-    # The CLI ends the process without Python's shutdown after a StopNow (cli._exits_at_once),
+    # The CLI ends the process without Python's shutdown after a StopNow (cli.errors.exits_at_once),
     # and tensorboardX writes its events every 30 s or at close: fit closes the writer first.
-    from flaxformer_mini import distributed
-    from flaxformer_mini.fit import fit
-    from flaxformer_mini.run import Run
-    from flaxformer_mini.stop import StopNow, StopRequests
-    from flaxformer_mini.tensorboard import read_scalars
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.runs.fit import fit
+    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.train.stop import StopNow, StopRequests
+    from flaxformer_mini.runs.tensorboard import read_scalars
 
     def vote(flag, devices=None):
         if vote.calls == 3:
@@ -612,10 +616,10 @@ def test_a_second_ctrl_c_mid_run_leaves_the_logged_steps_in_the_tensorboard_even
 def test_a_stop_read_at_the_last_step_ends_the_run_as_finished(tmp_path, monkeypatch):
     # The same signal with --steps 4: the stop is read at the run's last step, which saves and
     # evaluates anyway. The run ends as finished (its result, exit 0), not "interrupted".
-    from flaxformer_mini import distributed
-    from flaxformer_mini.fit import fit
-    from flaxformer_mini.run import Run
-    from flaxformer_mini.stop import StopRequests
+    from flaxformer_mini.scale import distributed
+    from flaxformer_mini.runs.fit import fit
+    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.train.stop import StopRequests
 
     stop, seen = StopRequests(), []
     monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))

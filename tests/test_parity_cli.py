@@ -33,7 +33,7 @@ import torch
 from safetensors import safe_open
 
 import torch_ref
-from flaxformer_mini.config import ModelConfig
+from flaxformer_mini.model.config import ModelConfig
 from parity import (
     ConversionError,
     check_checkpoint,
@@ -567,10 +567,10 @@ def test_a_four_head_model_converted_without_heads_is_warned_of_each_assumed_set
 def training_run(tmp_path_factory):
     """A flaxformer-mini run (config.json and one checkpoint) of a one-layer tiny model: 5
     heads and dropout 0.1, neither the seed's."""
-    from flaxformer_mini import checkpoint
-    from flaxformer_mini.run import Run
-    from flaxformer_mini.run_config import DataConfig, RunConfig, model_config_for
-    from flaxformer_mini.training import TrainConfig
+    from flaxformer_mini.train import checkpoint
+    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.runs.config import DataConfig, RunConfig, model_config_for
+    from flaxformer_mini.train.optimizer import TrainConfig
 
     out = tmp_path_factory.mktemp("run") / "run"
     data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
@@ -627,7 +627,7 @@ def test_exporting_a_bfloat16_run_notes_that_float32_torch_may_decode_otherwise(
 
     run = tmp_path / "bf16"
     shutil.copytree(training_run[0], run)
-    from flaxformer_mini.run_dir import CONFIG_CHECKSUM, config_sha256
+    from flaxformer_mini.runs.directory import CONFIG_CHECKSUM, config_sha256
 
     config = dict(json.loads((run / "config.json").read_text()), dtype="bfloat16")
     config["checksums"][CONFIG_CHECKSUM] = config_sha256(config)  # as a bfloat16 run writes it

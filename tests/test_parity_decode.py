@@ -29,7 +29,7 @@ import torch
 
 import flaxformer_mini as fm
 import parity.twins
-from flaxformer_mini import decoding
+from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.data import BOS
 from parity import check_decoding, sample_batch, transformer_pair
 from parity.cli import main

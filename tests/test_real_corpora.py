@@ -12,12 +12,13 @@ import pytest
 from flax import nnx
 
 import flaxformer_mini as fm
-from flaxformer_mini import tokenizers
-from flaxformer_mini.metrics import corpus_metrics
-from flaxformer_mini.run import Run
-from flaxformer_mini.run_dir import RunDir
-from flaxformer_mini.tensorboard import read_scalars
-from flaxformer_mini.training import TrainConfig, Trainer, stack_batches
+from flaxformer_mini.data import tokenizers
+from flaxformer_mini.decode.metrics import corpus_metrics
+from flaxformer_mini.runs.run import Run
+from flaxformer_mini.runs.directory import RunDir
+from flaxformer_mini.runs.tensorboard import read_scalars
+from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train.trainer import Trainer
 from test_train_cli import assert_same_training_state, cli, latest_state
 
 WORDS = ["the cat", "a dog", "sat on", "the mat", "red fox", "ran far", "big sun", "old tree", "blue sky"]
@@ -150,7 +151,7 @@ def accumulating_run(corpus, tmp_path_factory):
     def recording_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         trainers.append(self)
-        for name in ("train_step", "accumulated_train_step", "add_micro_batch"):
+        for name in ("train_step", "add_micro_batch"):
             if hasattr(self, name):
                 self.__dict__[f"compiled_{name}"] = getattr(self, name)
                 setattr(self, name, recording(name, getattr(self, name)))
@@ -178,11 +179,10 @@ def test_max_tokens_with_accumulate_feeds_every_micro_batch_in_its_own_shape_wit
     assert trainer.apply_gradient_sums._cache_size() == 1
 
 
-def test_accumulating_micro_batches_either_way_equals_one_step_on_their_union(accumulating_run):
-    # Both accumulation steps: per micro-batch in its own shape (Trainer.accumulate, what
-    # `train --accumulate` runs) and stacked in one scanned program (accumulated_train_step,
-    # whose stacking pads both to one shape: PAD carries no labels). One trainer for the
-    # three, so each program compiles once.
+def test_accumulating_micro_batches_equals_one_step_on_their_union(accumulating_run):
+    # Trainer.accumulate (what `train --accumulate` runs: each micro-batch in its own shape)
+    # against one train step on the two micro-batches' union. One trainer for both, so each
+    # program compiles once.
     run = Run.open(accumulating_run[0])
     a, b = next(m for m in map(run.train_batches, range(4)) if m[0].source.shape != m[1].source.shape)
     # The union: both padded with PAD to the longer lengths (masked keys, labels that do not
@@ -197,14 +197,12 @@ def test_accumulating_micro_batches_either_way_equals_one_step_on_their_union(ac
     with jax.default_matmul_precision("highest"):
         one, m1 = trainer.train_step(trainer.init_state(), union)
         many, m2 = trainer.accumulate(trainer.init_state(), [a, b])
-        stacked, m3 = trainer.accumulated_train_step(trainer.init_state(), stack_batches([a, b]))
     # 1e-6: float32 sums of the same terms in another order (two micro-batches, then their
     # sum; one reduction over the union), and PAD keys weighted exp(-1e20) = 0 exactly.
-    for got, metrics in ((many, m2), (stacked, m3)):
-        chex.assert_trees_all_close(got.params, one.params, atol=1e-6, rtol=0)
-        for key in ("loss", "tokens", "token_accuracy", "grad_norm"):
-            assert float(metrics[key]) == pytest.approx(float(m1[key]), abs=1e-6), key
-        assert float(metrics["tokens"]) == np.sum(union.target_out != 0) and int(got.step) == 1
+    chex.assert_trees_all_close(many.params, one.params, atol=1e-6, rtol=0)
+    for key in ("loss", "tokens", "token_accuracy", "grad_norm"):
+        assert float(m2[key]) == pytest.approx(float(m1[key]), abs=1e-6), key
+    assert float(m2["tokens"]) == np.sum(union.target_out != 0) and int(many.step) == 1
     assert max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))), many.params,
                                             trainer.init_state().params))) > 1e-3  # the update did move them
 
@@ -322,7 +320,7 @@ def test_a_missing_tokenizer_file_is_named(char_run, tmp_path, capsys):
 def test_a_missing_tokenizer_says_whether_resuming_rebuilds_it(tmp_path, kind, remedy):
     # Rebuilt on resume, a bpe tokenizer is byte for byte the recorded one; a unigram one seldom
     # is (docs/data.md), and resuming refuses one that differs: restoring the file is the remedy.
-    from flaxformer_mini.run_config import DataConfig
+    from flaxformer_mini.runs.config import DataConfig
 
     with pytest.raises(FileNotFoundError, match=f"tokenizer_source.json: the run's tokenizer is missing; "
                                                 f"restore it \\({remedy}"):
@@ -367,7 +365,7 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
         ("bpe", 40, False, str(source))
     # The rest starts and resumes runs (or refuses to) without training: what is checked is
     # decided before the first step.
-    monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)
+    monkeypatch.setattr("flaxformer_mini.runs.fit.fit", lambda *a, **k: None)
     moved = tmp_path / "moved_source"
     shutil.copytree(source, moved)
     proc = cli(*args, "--tokenizer-from", str(moved), "--steps", "2")
@@ -454,9 +452,9 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
 def test_tokenizer_from_copies_the_runs_files_byte_for_byte(corpus, tmp_path, monkeypatch, kind):
     """A unigram file written again from memory may differ from the one read in a float's last
     digit (run_dir.comparable_tokenizer_bytes): the copies are the files themselves."""
-    from flaxformer_mini.run_dir import tokenizer_bytes
+    from flaxformer_mini.runs.directory import tokenizer_bytes
 
-    monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)  # the files are written before training
+    monkeypatch.setattr("flaxformer_mini.runs.fit.fit", lambda *a, **k: None)  # the files are written before training
     run, new = tmp_path / "run", tmp_path / "new"
     # 30 pairs: a unigram vocabulary whose scores do not all read back exactly (of 60, they do).
     corpus = write_corpus(tmp_path / "train.tsv", 30), corpus[1]
@@ -488,7 +486,7 @@ def test_tokenizer_options_beside_tokenizer_from_are_refused_by_name(corpus, tmp
 def test_tokenizer_from_a_directory_without_a_text_runs_tokenizers_is_refused_by_name(corpus, bpe_run, tmp_path,
                                                                                       monkeypatch):
     synthetic = tmp_path / "synthetic"
-    monkeypatch.setattr("flaxformer_mini.fit.fit", lambda *a, **k: None)  # its config.json is all that is needed
+    monkeypatch.setattr("flaxformer_mini.runs.fit.fit", lambda *a, **k: None)  # its config.json is all that is needed
     assert cli("train", "--task", "copy", "--preset", "tiny", "--steps", "1", "--out", str(synthetic)).returncode == 0
     (tmp_path / "empty").mkdir()
     (tmp_path / "weights.pt").write_bytes(b"")
@@ -516,7 +514,7 @@ def test_valid_naming_the_training_file_is_warned_of_and_trains(corpus, tmp_path
 
 @pytest.mark.parametrize(("kind", "shared"), [("unigram", False), ("bpe", True), ("word", False)])
 def test_a_tokenizer_that_learns_fewer_tokens_than_asked_is_said_with_the_sizes(corpus, tmp_path, kind, shared):
-    from flaxformer_mini.run_config import DataConfig, TrainOptions
+    from flaxformer_mini.runs.config import DataConfig, TrainOptions
 
     train, _ = corpus
     notes = []

@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 
 import flaxformer_mini as fm
-from flaxformer_mini.decoding import greedy_decode, sample
-from flaxformer_mini.evaluation import evaluate_run
-from flaxformer_mini.run_dir import RunDir
+from flaxformer_mini.decode.search import greedy_decode, sample
+from flaxformer_mini.runs.evaluate import evaluate_run
+from flaxformer_mini.runs.directory import RunDir
 from test_train_cli import TINY_RUN, assert_same_training_state, cli, latest_state, start, wait_for_checkpoint
 
 
@@ -46,8 +46,8 @@ def test_a_short_last_evaluation_batch_is_padded_to_the_first_batchs_shape(tiny_
     # As `generate` pads its last batch: the eval step and the decoder see one shape (one
     # compilation), and the padding rows count nowhere (the test above: the same scores at
     # any batch size).
-    from flaxformer_mini import evaluation
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.decode import evaluation
+    from flaxformer_mini.runs.run import Run
 
     run = Run.open(tiny_run)
     batches = run.eval_batches(5)
@@ -200,7 +200,8 @@ def test_generate_streams_many_inputs_in_input_order_with_bounded_batches(tiny_r
 def test_generate_holds_at_most_one_chunk_and_decodes_batch_size_rows(tiny_run, monkeypatch):
     # 5,000 inputs through the library: the decoder never sees more than batch_size rows, and
     # the input is consumed lazily, a chunk at a time (what bounds memory for 100k lines).
-    from flaxformer_mini import decoding, generation
+    from flaxformer_mini.decode import search as decoding
+    from flaxformer_mini.runs import generate as generation
 
     shapes, consumed = [], []
     real = decoding.decode
@@ -331,7 +332,7 @@ def test_without_valid_a_fixed_part_of_the_training_file_is_held_out(tmp_path):
     proc = cli(*text_args(train, out), "--steps", "2", "--valid-size", "15")
     assert proc.returncode == 0, proc.stderr
     assert "evaluating on 15 of 15 held-out pairs from 15 training pairs held out (no --valid)" in proc.stderr
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.runs.run import Run
 
     run = Run.open(out)
     assert len(run.data.train) == 185 and len(run.data.eval) == 15
@@ -429,7 +430,7 @@ def test_evaluation_during_training_reads_at_most_valid_size_pairs(tmp_path):
     proc = cli(*text_args(train, tmp_path / "run"), "--valid", str(valid), "--steps", "2", "--valid-size", "10")
     assert proc.returncode == 0, proc.stderr
     assert "evaluating on 10 of 100 held-out pairs from --valid" in proc.stderr
-    from flaxformer_mini.run import Run
+    from flaxformer_mini.runs.run import Run
 
     run = Run.open(tmp_path / "run")
     assert sum(len(b.source) for b in run.eval_batches(limit=10)) == 10
@@ -469,8 +470,9 @@ def test_after_a_save_only_orbaxs_disk_full_aftermath_is_silenced(tmp_path, monk
     import logging
     import sys
 
-    from flaxformer_mini import checkpoint
-    from flaxformer_mini.training import TrainConfig, Trainer
+    from flaxformer_mini.train import checkpoint
+    from flaxformer_mini.train.optimizer import TrainConfig
+    from flaxformer_mini.train.trainer import Trainer
 
     seen = []
     monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(("except", str(value))))
@@ -510,7 +512,7 @@ def test_closed_loop_reports_while_a_damaged_checkpoints_error_propagates_are_si
     # let such reports through now and then under load (28 tracebacks after the one-line error).
     import sys
 
-    from flaxformer_mini import checkpoint
+    from flaxformer_mini.train import checkpoint
 
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", lambda info: seen.append(str(info.exc_value)))

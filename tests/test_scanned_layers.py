@@ -28,10 +28,13 @@ import torch
 from flax import nnx
 
 import flaxformer_mini as fm
-from flaxformer_mini import checkpoint, decoding
+from flaxformer_mini.train import checkpoint
+from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.data import EOS, Batch
-from flaxformer_mini.run_config import DataConfig, RunConfig
-from flaxformer_mini.training import Trainer, TrainConfig, token_cross_entropy
+from flaxformer_mini.runs.config import DataConfig, RunConfig
+from flaxformer_mini.train.loss import token_cross_entropy
+from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train.trainer import Trainer
 from parity import ConversionError, flax_to_torch, sample_batch, torch_key_shapes, torch_to_flax, transformer_pair
 from parity.gradients import gradient_rows
 
@@ -138,7 +141,7 @@ def test_a_state_dict_of_another_depth_is_refused_naming_the_depths():
 def test_stacking_keeps_sharding_names_and_leaves_the_layer_axis_unsharded():
     # Parameters may carry logical axis names (nnx.with_partitioning); the stack prepends None
     # (the layer axis is not sharded) and the scan body sees the per-layer names again.
-    from flaxformer_mini import scanned
+    from flaxformer_mini.model import scanned
 
     init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
     with nnx.use_eager_sharding(False):  # names only: no mesh here to place the arrays on
@@ -158,7 +161,7 @@ def test_stacking_keeps_sharding_names_and_leaves_the_layer_axis_unsharded():
 def test_a_scanned_models_parameters_shard_as_the_unscanned_ones_with_the_layer_axis_whole():
     # partitioning's rules table, on a data=2 x model=5 mesh (sizes only: no devices needed):
     # each stacked parameter's spec is its per-layer spec with None (not split) in front.
-    from flaxformer_mini.partitioning import axis_rules, state_specs
+    from flaxformer_mini.scale.partitioning import axis_rules, state_specs
 
     mesh = {"data": 2, "model": 5}
     rules = axis_rules("fsdp", tuple(mesh))
@@ -256,7 +259,7 @@ def test_train_steps_give_the_unscanned_models_losses():
 
 def test_every_layer_of_a_scanned_model_draws_its_own_dropout_masks():
     # The train step reseeds dropout from (seed, step); a stacked stream gets one key per layer.
-    from flaxformer_mini.training import reseed_dropout
+    from flaxformer_mini.train.step import reseed_dropout
 
     model = scanned_model(CONFIG.replace(dropout=0.3))
     reseed_dropout(model, jax.random.key(0))
@@ -334,8 +337,8 @@ def test_a_run_config_written_before_the_options_loads_with_both_off():
 def test_a_run_written_before_the_options_resumes_with_its_own_layout_and_says_so(tmp_path):
     import dataclasses
 
-    from flaxformer_mini.run import Run
-    from flaxformer_mini.run_config import model_config_for
+    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.runs.config import model_config_for
 
     data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5)
     config = RunConfig(model=model_config_for("tiny", 11, 11, data.model_max_len), train=TrainConfig(), data=data)

@@ -28,10 +28,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 from simulated_devices import worker_env
-from jax.sharding import PartitionSpec as P
 
-from flaxformer_mini.sharding import (_per_process_devices, fsdp_spec, local_row_range, make_mesh, pad_to_data_groups,
-                                     process_local_rows, state_shardings, training_mesh)
+from flaxformer_mini.scale.sharding import _per_process_devices, local_row_range, make_mesh, pad_to_data_groups, process_local_rows, state_shardings, training_mesh
 
 NUM_DEVICES = 8
 STEPS = 5
@@ -79,15 +77,17 @@ def _max_diff(a, b):
     return worst, where
 
 
-def _train(model_config, batches, mesh=None, strategy=None, pinned=False):
+def _train(model_config, batches, mesh=None, strategy=None):
     """STEPS train steps from the same initial model; returns state, losses, initial params
     and the shardings the state was put with (None unsharded)."""
     import jax
     from flax import nnx
 
     import flaxformer_mini as fm
-    from flaxformer_mini.sharding import batch_sharding, shard_batch, sharded_train_step, state_shardings
-    from flaxformer_mini.training import TrainConfig, Trainer, check_batch
+    from flaxformer_mini.scale.sharding import shard_batch, state_shardings
+    from flaxformer_mini.train.optimizer import TrainConfig
+    from flaxformer_mini.train.step import check_batch
+    from flaxformer_mini.train.trainer import Trainer
 
     model = fm.Transformer.from_config(model_config, rngs=nnx.Rngs(0))
     trainer = Trainer(model, TrainConfig(schedule="constant", learning_rate=LEARNING_RATE, eps=ADAM_EPS))
@@ -98,8 +98,6 @@ def _train(model_config, batches, mesh=None, strategy=None, pinned=False):
         shardings = state_shardings(state, mesh, strategy)
         state = jax.device_put(state, shardings)
         put = lambda b: shard_batch(b, mesh)  # noqa: E731
-        if pinned:
-            step = sharded_train_step(shardings, batch_sharding(mesh))
     losses = []
     for batch in batches:
         check_batch(batch, trainer.model_config)  # on the numpy batch, before it is sharded
@@ -150,7 +148,7 @@ def _worker():
     assert jax.device_count() == NUM_DEVICES, f"expected {NUM_DEVICES} simulated devices, got {jax.device_count()}"
 
     from flaxformer_mini.data import SyntheticTask
-    from flaxformer_mini.sharding import local_row_range, make_mesh, shard_batch
+    from flaxformer_mini.scale.sharding import local_row_range, make_mesh, shard_batch
 
     mesh = make_mesh(NUM_DEVICES)
     config = _tiny_config(0.0)
@@ -159,10 +157,10 @@ def _worker():
     out = {"device_count": jax.device_count(), "threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
 
     runs = {
-        # name: (dropout, strategy, pinned shardings); each is compared with its unsharded twin
-        "replicated": (0.0, "replicated", False),
-        "fsdp": (0.0, "fsdp", False),
-        "fsdp_dropout": (DROPOUT, "fsdp", True),
+        # name: (dropout, strategy); each is compared with its unsharded twin
+        "replicated": (0.0, "replicated"),
+        "fsdp": (0.0, "fsdp"),
+        "fsdp_dropout": (DROPOUT, "fsdp"),
     }
     references = {}
     for dropout in (0.0, DROPOUT):
@@ -170,8 +168,8 @@ def _worker():
         moved, _ = _max_diff(state.params, initial)
         references[dropout] = (state, losses)
         out[f"reference_{dropout}"] = {"losses": losses, "params_moved": moved}
-    for name, (dropout, strategy, pinned) in runs.items():
-        state, losses, _, shardings = _train(_tiny_config(dropout), batches, mesh, strategy, pinned)
+    for name, (dropout, strategy) in runs.items():
+        state, losses, _, shardings = _train(_tiny_config(dropout), batches, mesh, strategy)
         ref_state, ref_losses = references[dropout]
         param_diff, param_where = _max_diff(state.params, ref_state.params)
         out[name] = {
@@ -235,8 +233,7 @@ def test_dropout_draws_the_same_masks_sharded_and_unsharded(runs):
 
 @pytest.mark.parametrize("name", ["replicated", "fsdp", "fsdp_dropout"])
 def test_train_step_keeps_the_state_sharding(runs, name):
-    # "replicated"/"fsdp" run Trainer.train_step as it is (jit follows the input shardings);
-    # "fsdp_dropout" runs sharded_train_step, which pins them.
+    # Trainer.train_step as it is: jit follows the input shardings, and the output keeps them.
     assert runs[name]["lost"] == []
     assert runs[name]["num_keys"] > 0 and runs[name]["keys_replicated"]
 
@@ -289,27 +286,6 @@ def test_a_batch_is_filled_with_pad_rows_up_to_a_multiple_of_the_data_groups(row
         assert after.shape == (expected, before.shape[1])
         np.testing.assert_array_equal(after[:rows], before)
         assert (after[rows:] == PAD).all()
-
-
-@pytest.mark.parametrize(
-    "shape, expected",
-    [
-        ((40, 19), P("data", None)),  # the largest divisible axis
-        ((19, 40), P(None, "data")),
-        ((24, 40), P(None, "data")),  # both divisible: the larger
-        ((40, 40), P("data", None)),  # a tie: the first
-        ((40,), P("data")),
-        ((19, 23), P()),  # nothing divisible: replicated
-        ((4, 3), P()),  # smaller than the device count
-        ((), P()),
-    ],
-)
-def test_fsdp_spec_splits_the_largest_divisible_axis(shape, expected):
-    assert fsdp_spec(shape, 8) == expected
-
-
-def test_fsdp_spec_on_one_device_replicates():
-    assert fsdp_spec((40, 16), 1) == P()
 
 
 class _HostDevice(NamedTuple):  # what _per_process_devices reads of a jax.Device

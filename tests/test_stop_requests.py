@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM while the main thread is in native code (flaxformer_mini/stop.py).
+"""Ctrl-C and SIGTERM while the main thread is in native code (flaxformer_mini/train/stop.py).
 
 Python runs a signal handler only when the main thread is between bytecodes. An XLA
 compilation lets it run but holds back what it raises until the compilation ends; other native
@@ -15,13 +15,14 @@ import subprocess
 import sys
 import time
 
-from flaxformer_mini import cli, stop
+from flaxformer_mini.cli import errors
+from flaxformer_mini.train import stop
 
 # A child that installs the stop requests, says so, then stays in native code for minutes
 # (about 0.3 us an iteration: the test ends it long before).
 NATIVE = """
 import hashlib, sys
-from flaxformer_mini.stop import StopRequests
+from flaxformer_mini.train.stop import StopRequests
 
 with StopRequests(force_exit=sys.argv[1] == "force_exit"):
     print("in native code", flush=True)
@@ -81,7 +82,7 @@ def test_a_signal_in_native_code_is_answered_and_a_second_ctrl_c_ends_the_proces
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=TIMEOUT_S)
         took = time.monotonic() - sent
-    assert proc.returncode == cli.EXIT_INTERRUPTED == stop.EXIT_INTERRUPTED == 130
+    assert proc.returncode == errors.EXIT_INTERRUPTED == stop.EXIT_INTERRUPTED == 130
     assert "stopped at once, without saving: the last complete checkpoint is kept" in err
     assert "returned" not in out and "Traceback" not in err
     # GRACE_S after the second signal; the native call had minutes left.

@@ -31,9 +31,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import flaxformer_mini as fm
-from flaxformer_mini import primitives
-from flaxformer_mini.partitioning import (EMBED, HEADS, KV, LENGTH, LOGICAL_AXIS_RULES, MLP, VOCAB, axis_rules,
-                                          logical_axes, logical_spec, parse_mesh, state_specs)
+from flaxformer_mini.model import primitives
+from flaxformer_mini.model.axes import EMBED, HEADS, KV, LENGTH, MLP, VOCAB
+from flaxformer_mini.scale.partitioning import LOGICAL_AXIS_RULES, axis_rules, logical_axes, logical_spec, parse_mesh, state_specs
 
 NUM_DEVICES = 8
 STEPS = 4
@@ -95,7 +95,7 @@ def _config(dropout=0.0):
 def _flat(tree):
     import jax
 
-    from flaxformer_mini.partitioning import path_name
+    from flaxformer_mini.model.paths import path_name
 
     return {path_name(path): x for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
@@ -113,8 +113,8 @@ def _max_diff(a, b):
 
 
 def _steps(trainer, state, batches, mesh):
-    from flaxformer_mini.sharding import shard_batch
-    from flaxformer_mini.training import check_batch
+    from flaxformer_mini.scale.sharding import shard_batch
+    from flaxformer_mini.train.step import check_batch
 
     losses = []
     for batch in batches:
@@ -146,10 +146,11 @@ def _worker(tmp):
     jax.config.update("jax_numpy_rank_promotion", "raise")
     assert jax.device_count() == NUM_DEVICES, f"expected {NUM_DEVICES} simulated devices, got {jax.device_count()}"
 
-    from flaxformer_mini import checkpoint
+    from flaxformer_mini.train import checkpoint
     from flaxformer_mini.data import SyntheticTask
-    from flaxformer_mini.sharding import make_mesh, make_mesh_2d, shard_state
-    from flaxformer_mini.training import TrainConfig, Trainer
+    from flaxformer_mini.scale.sharding import make_mesh, make_mesh_2d, shard_state
+    from flaxformer_mini.train.optimizer import TrainConfig
+    from flaxformer_mini.train.trainer import Trainer
 
     config = _config()
     task = SyntheticTask("reverse", config.target_vocab_size, 1, config.max_len - 1)
@@ -197,7 +198,7 @@ def _worker(tmp):
     }
 
     # The command line, end to end, on the 2-D mesh.
-    from flaxformer_mini.cli import main
+    from flaxformer_mini.cli.main import main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -332,7 +333,8 @@ def test_the_rules_table_holds_the_three_layouts():
 
 
 def test_state_specs_give_adam_moments_their_parameters_spec():
-    from flaxformer_mini.training import TrainConfig, Trainer
+    from flaxformer_mini.train.optimizer import TrainConfig
+    from flaxformer_mini.train.trainer import Trainer
 
     state = Trainer(fm.Transformer.from_config(_config(), rngs=nnx.Rngs(0)), TrainConfig()).init_state()
     specs = state_specs(state, axis_rules("fsdp", ("data", "model")), MESH_2x4)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flaxformer_mini import tensorboard
+from flaxformer_mini.runs import tensorboard
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def test_writing_events_does_not_import_torch(tmp_path):
     code = textwrap.dedent(
         f"""
         import sys
-        from flaxformer_mini import tensorboard
+        from flaxformer_mini.runs import tensorboard
         assert "tensorboardX" not in sys.modules  # imported lazily, only to write
         with tensorboard.open_writer({str(tmp_path)!r}) as w:
             w.scalars(1, {{"loss": 1.0}})

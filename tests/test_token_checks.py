@@ -1,4 +1,4 @@
-"""Where the token checks run (``flaxformer_mini/validation.py``'s docstring says it in words).
+"""Where the token checks run (``flaxformer_mini/model/token_checks.py``'s docstring says it in words).
 
 - Eager: one forward checks each input once, at the Transformer's boundary; the Encoder and
   Decoder still check when a user calls them directly. The same in both twins.
@@ -25,10 +25,12 @@ from flax import nnx
 from jax.experimental import checkify
 
 import flaxformer_mini as fm
-import flaxformer_mini.model
-from flaxformer_mini import decoding
+import flaxformer_mini.model.transformer
+from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.data import Batch
-from flaxformer_mini.training import TrainConfig, Trainer, zero_gradient_sums
+from flaxformer_mini.train.accumulation import zero_gradient_sums
+from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train.trainer import Trainer
 import torch_ref
 import torch_ref.model
 from parity import sample_batch
@@ -68,7 +70,7 @@ def counting(monkeypatch, module):
 def _flax_twin(batch):
     model = fm.Transformer.from_config(TINY, rngs=nnx.Rngs(0))
     model.eval()
-    return flaxformer_mini.model, model, tuple(map(jnp.asarray, batch))
+    return flaxformer_mini.model.transformer, model, tuple(map(jnp.asarray, batch))
 
 
 def _torch_twin(batch):
@@ -156,11 +158,9 @@ def test_train_eval_and_decoding_steps_carry_no_jaxpr_effects(flax_model, batch)
     data = Batch(source, target, target)
     trainer = Trainer(flax_model, TrainConfig())
     state = trainer.init_state()
-    stacked = jax.tree.map(lambda x: x[None], data)
     graphdef, params = nnx.split(flax_model)
     traced = {
         "train_step": trainer.train_step.trace(state, data),
-        "accumulated_train_step": trainer.accumulated_train_step.trace(state, stacked),
         "add_micro_batch": trainer.add_micro_batch.trace(state, zero_gradient_sums(state), data),
         "apply_gradient_sums": trainer.apply_gradient_sums.trace(state, zero_gradient_sums(state)),
         "eval_step": trainer.eval_step.trace(state, data),

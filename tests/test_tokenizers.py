@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flaxformer_mini import data
-from flaxformer_mini import tokenizers as tk
+from flaxformer_mini.data import tokenizers as tk
 
 TEXTS = [
     "the cat sat on the mat",
@@ -150,7 +150,7 @@ def test_a_tokenizer_and_its_file_read_back_compare_equal_and_another_does_not()
     # tokenizer with two pieces numbered the other way round is not.
     from tokenizers import Tokenizer, models
 
-    from flaxformer_mini.run_dir import comparable_tokenizer_bytes, tokenizer_bytes
+    from flaxformer_mini.runs.directory import comparable_tokenizer_bytes, tokenizer_bytes
 
     def unigram(pieces):
         vocab = [(t, 0.0) for t in tk.SPECIAL_TOKENS] + pieces

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import flaxformer_mini as fm
-from flaxformer_mini import decoding
+from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.data import BOS, EOS, PAD
 from parity import sample_batch, transformer_pair
 from torch_ref.cached_decoding import CachedDecoder, KVCache, beam_search, decode_one_token, prefill

@@ -13,9 +13,9 @@ import chex
 import numpy as np
 import pytest
 
-from flaxformer_mini.run_dir import RunDir
-from flaxformer_mini.cli import main
-from flaxformer_mini.run import Run
+from flaxformer_mini.runs.directory import RunDir
+from flaxformer_mini.cli.main import main
+from flaxformer_mini.runs.run import Run
 from simulated_devices import worker_env
 
 # A run small enough for a test: the tiny preset on `copy` with short sequences, one layer on
@@ -256,7 +256,7 @@ def test_more_devices_than_the_machine_has_is_refused(tmp_path):
 def library_greedy(out, texts):
     """What the library's cached greedy decoder gives for ``texts``, rendered as generate does."""
     from flaxformer_mini.data import SyntheticTask, make_source
-    from flaxformer_mini.decoding import greedy_decode
+    from flaxformer_mini.decode.search import greedy_decode
     run = Run.open(out)
     d = run.config.data
     task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)

@@ -13,14 +13,16 @@ import pytest
 from flax import nnx
 
 import flaxformer_mini as fm
-from flaxformer_mini import checkpoint
+from flaxformer_mini.train import checkpoint
 from flaxformer_mini.data import PAD, SyntheticTask
-from flaxformer_mini.fit import NonFiniteLossError
-from flaxformer_mini.fit import fit as fit_run
-from flaxformer_mini.run import Run
-from flaxformer_mini.run_config import DataConfig, RunConfig, RunConfigError
-from flaxformer_mini.run_dir import RunDir
-from flaxformer_mini.training import TrainConfig, Trainer, token_cross_entropy
+from flaxformer_mini.train.errors import NonFiniteLossError
+from flaxformer_mini.runs.fit import fit as fit_run
+from flaxformer_mini.runs.run import Run
+from flaxformer_mini.runs.config import DataConfig, RunConfig, RunConfigError
+from flaxformer_mini.runs.directory import RunDir
+from flaxformer_mini.train.loss import token_cross_entropy
+from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train.trainer import Trainer
 
 
 def test_loss_is_averaged_over_non_padding_tokens_only():
@@ -120,7 +122,7 @@ def test_bfloat16_loss_tracks_float32():
     model = bf16.model(s16)
     assert model(jnp.asarray(batch.source), jnp.asarray(batch.target_in)).dtype == jnp.bfloat16
     # The run's start line says both, not "bfloat16" alone, which read as bfloat16 parameters.
-    from flaxformer_mini.fit import describe_model
+    from flaxformer_mini.runs.fit import describe_model
 
     n = sum(x.size for x in jax.tree.leaves(s16.params))
     assert describe_model(s16.params, "bfloat16").startswith(f"model: {n:,} float32 parameters, bfloat16 compute, on 1 ")
@@ -255,7 +257,7 @@ def test_a_checkpoint_restored_into_shapes_alone_trains_on_bit_for_bit_as_one_re
 def test_fresh_streams_refuses_a_variable_that_is_no_dropout_stream_by_name():
     # Zeros are right for a stream's counter only: a buffer or statistic left as shapes
     # (a model with state that no checkpoint holds) is named, not zero-filled.
-    from flaxformer_mini.training import fresh_streams
+    from flaxformer_mini.train.state import fresh_streams
 
     class Normalised(nnx.Module):
         def __init__(self, rngs):

@@ -1,4 +1,4 @@
-"""Training parity: ``torch_ref.training`` and ``flaxformer_mini.training`` from the same weights
+"""Training parity: ``torch_ref.training`` and ``flaxformer_mini.train`` from the same weights
 on the same batches give the same losses, gradients, learning rates and, after 20 optimizer
 steps (optax vs torch.optim), the same parameters.
 
@@ -30,8 +30,9 @@ from flax import nnx
 import flaxformer_mini as fm
 import parity
 from flaxformer_mini.data import PAD, SyntheticTask
-from flaxformer_mini.training import Trainer, TrainConfig, learning_rate_schedule
-from flaxformer_mini.training import token_cross_entropy as flax_token_cross_entropy
+from flaxformer_mini.train.optimizer import TrainConfig, learning_rate_schedule
+from flaxformer_mini.train.trainer import Trainer
+from flaxformer_mini.train.loss import token_cross_entropy as flax_token_cross_entropy
 from torch_ref.training import clip_grad_norm, make_optimizer, rsqrt_learning_rate, token_cross_entropy, train_step
 
 from conftest import ATOL

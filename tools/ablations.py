@@ -47,11 +47,14 @@ from benchmarks.inputs import make_batch
 from benchmarks.measure import Path, measure
 from benchmarks.presets import PRESETS
 from benchmarks.runner import check_device
-from flaxformer_mini import layers, primitives
-from flaxformer_mini.attention import ATTENTION_IMPLS
+from flaxformer_mini.model import layers
+from flaxformer_mini.model import primitives
+from flaxformer_mini.model.attention import ATTENTION_IMPLS
 from flaxformer_mini.data import Batch
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
-from flaxformer_mini.training import Trainer, TrainConfig, train_step
+from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train.step import train_step
+from flaxformer_mini.train.trainer import Trainer
 from tools import where_and_what
 
 

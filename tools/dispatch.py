@@ -27,7 +27,9 @@ from flax import nnx
 
 import flaxformer_mini as fm
 from flaxformer_mini.data import Batch
-from flaxformer_mini.training import TrainConfig, Trainer, train_step
+from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train.step import train_step
+from flaxformer_mini.train.trainer import Trainer
 
 STEPS_PER_REP = 20
 

@@ -47,7 +47,7 @@ side on the two cores both count, so the total can exceed the wall time, while a
 helper threads do not appear (they carry no event). The op-level view says where the time goes;
 benchmarks.flops says how much of it is useful.
 
-The decode ops are profiled through ``flaxformer_mini.decoding``'s jitted loops, whose HLO
+The decode ops are profiled through ``flaxformer_mini.decode.search``'s jitted loops, whose HLO
 text is read by lowering those (private) functions: profiling only, never timing.
 """
 
@@ -69,7 +69,7 @@ from benchmarks.__main__ import preset_from_args
 from benchmarks.inputs import make_batch
 from benchmarks.presets import PRESETS
 from benchmarks.runner import check_device
-from flaxformer_mini.attention import ATTENTION_IMPLS
+from flaxformer_mini.model.attention import ATTENTION_IMPLS
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 from tools import where_and_what
 
@@ -334,7 +334,7 @@ def _decode_hlo(preset, batch, op):
     import jax.numpy as jnp
     from flax import nnx
 
-    from flaxformer_mini import decoding
+    from flaxformer_mini.decode import search as decoding
 
     model = flax_bench._new_model(preset, 0)
     model.eval()

@@ -1,0 +1,53 @@
+"""What the command line does with an error: its exit code and one line naming the problem.
+
+Exit codes: 0 done, 1 the run failed on the way (a NaN loss, a full disk, a lost process; the
+last checkpoint is kept), 2 unusable options, files or run directories (nothing written or
+lost), 130 interrupted by Ctrl-C or SIGTERM (the run was saved and can be resumed). Errors are
+told apart by type; an error of no type named here is a bug and keeps its traceback. Every
+import here is light: errors are told apart without starting JAX.
+"""
+
+import errno
+
+from flaxformer_mini.files import describe_os_error
+from flaxformer_mini.scale.errors import ProcessLostError
+from flaxformer_mini.train.errors import NonFiniteLossError
+from flaxformer_mini.train.stop import StopNow
+
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def explain(error):
+    """(exit code, one-line message) for an error a user can fix, or (None, None) for a bug.
+
+    2: unusable options, files or run directories (nothing was written, or nothing lost);
+    1: a run that failed on the way (a NaN loss, a full disk): its last checkpoint is kept.
+    """
+    if isinstance(error, (NonFiniteLossError, ProcessLostError)):
+        return EXIT_FAILED, str(error)
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {error.filename}" if error.filename else ""
+        return EXIT_FAILED, (f"no space left on the device{where}. The last complete checkpoint is kept: "
+                             f"free some space, then run the same command to resume")
+    if isinstance(error, OSError) and error.filename is not None:
+        return EXIT_UNUSABLE, describe_os_error(error)
+    if isinstance(error, (ValueError, FileNotFoundError)):  # bad files, configs or options, named by the raiser
+        return EXIT_UNUSABLE, str(error)
+    return None, None
+
+
+def exits_at_once(interrupt):
+    """Whether the process ends at once, without Python's shutdown: after a second Ctrl-C
+    (StopNow). The shutdown would wait for an XLA compilation still running (StopNow reaches
+    Python while the compile runs on: seconds for a base model on a CPU, minutes for a large
+    one on a GPU) and, in a multi-process run, at jax's exit barrier for peers still in the run
+    (every process then aborted after its timeout). The peers stop with "lost contact"; the
+    last complete checkpoint is kept, as after ``kill -9``. The coordinated stop (Stopped)
+    exits normally."""
+    return isinstance(interrupt, StopNow)
+
+
+def exits_at_once_after(error):
+    """Whether an error ends the process at once: a lost process, for which jax's exit barrier
+    would wait until its timeout."""
+    return isinstance(error, ProcessLostError)

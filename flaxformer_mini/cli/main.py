@@ -1,0 +1,80 @@
+"""``flaxformer-mini``: train, evaluate, generate.
+
+    flaxformer-mini train --task reverse --out runs/reverse
+    flaxformer-mini train --data train.tsv --valid valid.tsv --out runs/mt
+    flaxformer-mini evaluate --checkpoint runs/reverse --json
+    flaxformer-mini evaluate --checkpoint runs/mt --data test.tsv --output hypotheses.txt
+    flaxformer-mini generate --checkpoint runs/reverse 5 3 9 2 7
+
+Running the same ``train`` command again with the same ``--out`` resumes the run. ``main``
+parses (``parser.py``), dispatches to the command's module (``train.py``, ``evaluate.py``,
+``generate.py``) and turns what it raises into an exit code and one line (``errors.py``;
+``--debug`` or FLAXFORMER_MINI_DEBUG=1 shows the traceback).
+"""
+
+import contextlib
+import importlib
+import os
+import sys
+
+from flaxformer_mini.cli import errors
+from flaxformer_mini.cli.parser import DEBUG_ENV, build_parser, problem
+from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
+from flaxformer_mini.train.stop import STOPPED_AT_ONCE, StopNow, Stopped, StopRequests
+
+# Each command's module, imported once its options are known good: `--help` and an option's
+# error answer without loading JAX (seconds).
+COMMANDS = {"train": "flaxformer_mini.cli.train", "evaluate": "flaxformer_mini.cli.evaluate",
+            "generate": "flaxformer_mini.cli.generate"}
+
+
+def main(argv=None):
+    top = build_parser()
+    args = top.parse_args(argv)
+    # The command's own parser says what is wrong: its usage line and "flaxformer-mini train: error:".
+    found = problem(args)
+    if found:
+        top.commands[args.command].error(found)
+    if getattr(args, "keep_freed_memory", False):
+        restart_keeping_freed_memory()  # re-executes with GLIBC_TUNABLES set, before JAX loads: malloc_tunables.py
+    try:
+        with _signals(args.command) as stop:
+            command = importlib.import_module(COMMANDS[args.command])
+            return (command.run(args) if stop is None else command.run(args, stop)) or errors.EXIT_OK
+    except KeyboardInterrupt as e:
+        return _interrupted(e)
+    except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
+        code, message = errors.explain(e)
+        if code is None or args.debug or os.environ.get(DEBUG_ENV):
+            raise
+        print(f"flaxformer-mini {args.command}: error: {message}", file=sys.stderr)
+        if errors.exits_at_once_after(e):  # jax's exit barrier would wait for the lost process
+            sys.stdout.flush(), sys.stderr.flush(), os._exit(code)
+        return code
+
+
+def _signals(command):
+    """``train``: Ctrl-C and SIGTERM become stop requests (``StopRequests``) from before JAX
+    loads: a signal at any moment stops every process at the same step, saved, never the
+    default action (which would end this process at once and abort its peers); a second Ctrl-C
+    ends the process, even inside a compilation. The other commands keep Python's Ctrl-C."""
+    return StopRequests(force_exit=True) if command == "train" else contextlib.nullcontext(None)
+
+
+def _interrupted(e):
+    if isinstance(e, StopNow):  # a second Ctrl-C: in the watcher's words (stop.py), had it come first
+        print(f"\n{STOPPED_AT_ONCE}", file=sys.stderr)
+    elif not isinstance(e, Stopped):  # a Ctrl-C before the stop handler was in
+        print("\nstopped", file=sys.stderr)
+    else:  # fit raises it, so jax is up; process 0 said it already (train's echo), the others say it too
+        from flaxformer_mini.scale import distributed  # loaded already: fit ran
+
+        if not distributed.is_main():
+            print(e, file=sys.stderr)
+    if errors.exits_at_once(e):
+        sys.stdout.flush(), sys.stderr.flush(), os._exit(errors.EXIT_INTERRUPTED)
+    return errors.EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

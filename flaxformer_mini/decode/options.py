@@ -1,0 +1,67 @@
+"""Decoding options, checked in one place for the library, ``evaluate`` and ``generate``:
+``check_options`` refuses what cannot work with an ``OptionError`` that names the option as the
+library spells it and as the command line does."""
+
+# The Flax WMT example's default length penalty: score = log p / ((5 + length) / 6) ** alpha,
+# length counting the hypothesis's tokens with its EOS (`generate --length-penalty`).
+DEFAULT_LENGTH_PENALTY = 0.6
+
+
+class OptionError(ValueError):
+    """A decoding option that cannot work. ``str()`` names the library's argument
+    (``max_new_tokens=99``); ``cli`` says the same with the command line's option
+    (``--max-new-tokens=99``), which ``generate`` and ``evaluate`` print."""
+
+    def __init__(self, message, cli):
+        super().__init__(message)
+        self.cli = cli
+
+
+# How the library and the command line name each option, for OptionError's two messages.
+_NAMES = {
+    "max_new_tokens": ("max_new_tokens", "--max-new-tokens"),
+    "beam_size": ("beam size", "--beam-size"),
+    "alpha": ("length penalty alpha", "--length-penalty"),
+    "temperature": ("temperature", "--temperature"),
+    "top_k": ("top_k", "--top-k"),
+    "nbest": ("nbest", "--nbest"),
+}
+
+
+def _refuse(template, **values):
+    """An OptionError from ``template``, whose ``{max_new_tokens}``-style fields name options."""
+    lib, cli = ({name: spelled[i] for name, spelled in _NAMES.items()} for i in (0, 1))
+    return OptionError(template.format(**lib, **values), template.format(**cli, **values))
+
+
+def check_options(model_config, *, max_new_tokens=None, beam_size=1, alpha=DEFAULT_LENGTH_PENALTY,
+                  temperature=None, top_k=None, nbest=None):
+    """Refuse decoding options that cannot work, naming the option (``OptionError``): the one
+    place they are checked, for the library, ``evaluate`` and ``generate``. ``nbest``: how
+    many of the ``beam_size`` hypotheses a caller wants (None: only the best one's tokens)."""
+    c = model_config
+    if max_new_tokens is not None:
+        if max_new_tokens < 1:
+            raise _refuse("{max_new_tokens} must be >= 1, got {n}", n=max_new_tokens)
+        if max_new_tokens > c.max_len:
+            raise _refuse("{max_new_tokens}={n} exceeds max_len={L}: the positional table holds {L} decoder "
+                          "positions (BOS + {fed} fed-back tokens)", n=max_new_tokens, L=c.max_len, fed=c.max_len - 1)
+    if beam_size < 1:
+        raise _refuse("{beam_size} must be >= 1, got {w}", w=beam_size)
+    if not alpha >= 0:  # NaN included (it fails every comparison)
+        raise _refuse("{alpha} must be >= 0, got {a}", a=alpha)
+    sampling = temperature is not None or top_k is not None
+    if sampling and beam_size > 1:
+        raise _refuse("beam search ({beam_size} > 1) and sampling ({temperature}, {top_k}) exclude each other")
+    if nbest is not None:
+        if sampling:
+            raise _refuse("{nbest} and scores come from beam search (greedy decoding is beam size 1), "
+                          "not from sampling ({temperature}, {top_k})")
+        if not 1 <= nbest <= beam_size:
+            raise _refuse("{nbest} must be >= 1 and at most the beam size ({beam_size} {w}), got {n}",
+                          w=beam_size, n=nbest)
+    # `not > 0`, not `<= 0`: a NaN temperature fails every comparison and would slip through.
+    if temperature is not None and not temperature > 0:
+        raise _refuse("{temperature} must be > 0, got {t} (greedy decoding is temperature -> 0)", t=temperature)
+    if top_k is not None and not 1 <= top_k <= c.target_vocab_size:
+        raise _refuse("{top_k} must be in [1, {V}] (the target vocabulary), got {k}", V=c.target_vocab_size, k=top_k)

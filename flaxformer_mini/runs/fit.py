@@ -1,0 +1,240 @@
+"""The training loop behind ``flaxformer-mini train``.
+
+Resuming is exact: batches come from (seed, step), dropout keys from (seed, step), and a
+checkpoint holds the parameters and optimizer state bit for bit. So a run interrupted at
+any moment (Ctrl-C, SIGTERM, ``kill -9``) and started again with the same command ends with
+the same parameters as a run that was never interrupted.
+
+The loop reads each step's metrics one step late, so the host never waits for the device
+except at logging, evaluation and checkpoint steps.
+"""
+
+import contextlib
+import math
+import sys
+import time
+
+import jax
+import numpy as np
+
+from flaxformer_mini.data import PAD
+from flaxformer_mini.decode.evaluation import evaluate
+from flaxformer_mini.runs.plot import plot_metrics
+from flaxformer_mini.runs.run import Run
+from flaxformer_mini.runs.tensorboard import open_writer
+from flaxformer_mini.scale import distributed
+from flaxformer_mini.scale.partitioning import format_mesh
+from flaxformer_mini.scale.sharding import pad_to_data_groups, process_local_rows, shard_batch, shard_state, to_local
+from flaxformer_mini.train import checkpoint
+from flaxformer_mini.train.errors import NonFiniteLossError
+from flaxformer_mini.train.step import check_batch
+from flaxformer_mini.train.stop import StopNow, Stopped, StopRequests
+
+
+def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to_keep=3, progress=True,
+        mesh=None, sharding="replicated", echo=print, stop=None, plot=True):
+    """Train ``run`` up to ``steps`` updates, resuming from its latest checkpoint if it has
+    one. With a ``mesh`` (``sharding.training_mesh``) each batch is split over its 'data'
+    axis and the state laid out by ``sharding`` ('replicated' or 'fsdp'; tensor parallel too
+    on a mesh with a 'model' axis: ``partitioning.LOGICAL_AXIS_RULES``). Returns the last
+    evaluation's metrics and its ``step`` (``steps``, or the run's own step where it had gone
+    past them). Closes ``run`` (its lock) when done.
+
+    ``stop``: a ``StopRequests`` installed by the caller (``train`` installs it before the
+    runtime starts, so an early SIGTERM is remembered); without one, fit installs its own.
+    A stop request raises ``Stopped`` (a KeyboardInterrupt) once the current step is saved
+    (before the first step: at once, nothing new to save), on every process at the same step.
+
+    ``plot``: draw ``loss.png`` from the metrics at the end (process 0); False leaves it out
+    (sweeps, CI: matplotlib's import and a first drawing cost about a second of CPU)."""
+    try:
+        with contextlib.nullcontext(stop) if stop is not None else StopRequests() as stop:
+            return _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo,
+                        stop, plot)
+    finally:
+        run.close()
+
+
+def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo, stop, plot):
+    manager = run.checkpoints(max_to_keep)
+    # Restored straight into the mesh's layout (whatever mesh the checkpoint was saved under).
+    state = run.restore_or_init(manager, echo=echo, place=None if mesh is None else lambda s: shard_state(s, mesh, sharding))
+    start = int(state.step)
+    # Scale-out: process 0 alone writes the run's files and shows the bar; every process
+    # trains, evaluates and takes part in orbax's saves and restores.
+    main = distributed.is_main()
+    progress = progress and main
+    if main:
+        run.dir.truncate_metrics(start, echo=echo)  # a killed run may have logged steps past its last checkpoint
+    if start:
+        echo(f"resuming {run.path} from step {start}")
+    echo(describe_model(state.params, run.config.dtype, mesh, sharding))
+    run_devices = None if mesh is None else tuple(mesh.devices.flat)  # the stop votes' (any_process_later)
+    if not main:  # a host's own log says it joined; process 0's says the rest
+        local = jax.local_device_count() if mesh is None else len(mesh.local_devices)
+        print(f"process {distributed.process_index()} of {jax.process_count()}: {local} "
+              f"{jax.devices()[0].platform} device(s) of this host in the run, from step {start}; process 0 writes "
+              f"the run's files and logs its metrics", file=sys.stderr, flush=True)
+
+    trainer, eval_batches = run.trainer, run.eval_batches(limit=run.config.data.eval_pairs)
+    if run.describe_evaluation():
+        echo(run.describe_evaluation())
+    # Scored as text (BLEU, chrF, WER, CER) at each evaluation: the first eval_decode_lines examples.
+    scoring = dict(codec=run.codec, decode_lines=run.config.data.eval_decode_lines)
+    log = _StepLog(run, steps, start, log_every, progress, write=main)
+    last_eval = {}
+    # A signal that came while the runtime started, the run was restored or (on another
+    # process) anything before this point: every process agrees, and stops before its first step.
+    if distributed.any_process(stop.requested, run_devices):
+        log.close()
+        message = ("interrupted before the first step: nothing new to save"
+                   + (f" (the run stays at step {start})" if start else "") + "; run the same command to resume")
+        echo(message)
+        raise Stopped(message)
+    vote = None  # the previous step boundary's all-reduce of the stop flag
+    try:
+        for step in range(start, steps):
+            micro = run.train_batches(step)
+            for batch in micro:
+                check_batch(batch, trainer.model_config)  # on the host, before any sharding
+            if mesh is not None:  # --max-tokens rows: a multiple of the data-parallel groups
+                micro = [pad_to_data_groups(b, mesh) for b in micro]
+            place = None if mesh is None else lambda b: shard_batch(process_local_rows(b, mesh), mesh)
+            if len(micro) == 1:
+                state, metrics = trainer.train_step(state, micro[0] if place is None else place(micro[0]))
+            else:
+                # --accumulate K: one update from K micro-batches, each in its own shape, split over
+                # 'data' as a lone batch is. Never stacked (accumulated_train_step): stacking pads all K
+                # to the most rows and the longest lengths among them, past --max-tokens, and compiles
+                # a program per combination of shapes. Text --batch-size batches vary in length too;
+                # only the synthetic tasks' share one shape, and there the per-micro-batch steps cost
+                # what the stacked scan does (tiny preset, K=4 of 8 rows, the fastest of 5 rounds on a
+                # loaded 2-core CPU: 15.5 ms per update, the scan 18.2 ms).
+                state, metrics = trainer.accumulate(state, micro, place)
+            done = step + 1
+            log.push(done, metrics, micro)
+            if done % eval_every == 0 or done == steps:
+                log.flush()  # also checks the loss is finite
+                last_eval = evaluate(trainer, evaluation_state(state), eval_batches, **scoring)
+                log.eval(done, last_eval)
+            # Every process must save the same step: a SIGTERM seen by one stops all. Each boundary
+            # queues an all-reduce of the stop flag and reads the previous boundary's, which the
+            # devices have finished by now (the host waits only where logging already waited):
+            # a signal stops the run one step after the boundary that saw it. The flag is read,
+            # never written back: a signal handled after it was read would be erased (issue #12's
+            # lost SIGTERM); it counts at the next boundary.
+            stopping = vote is not None and vote()
+            vote = distributed.any_process_later(stop.requested, run_devices)
+            if done % save_every == 0 or done == steps or stopping:
+                log.flush()  # never checkpoint a NaN state; the saved step's metrics are on disk first
+                checkpoint.save(manager, state)
+            if stopping and done < steps:  # a signal at the last step: the run is finished anyway
+                log.close()
+                message = f"interrupted: saved step {done}; run the same command to resume"
+                echo(message)
+                raise Stopped(message)
+        log.flush()
+    except StopNow:
+        # A second Ctrl-C: the CLI then ends the process without Python's shutdown, which would
+        # have flushed the TensorBoard events (tensorboardX writes them every 30 s otherwise).
+        log.close()
+        raise
+    except NonFiniteLossError as e:
+        log.close()
+        kept = manager.latest_step()
+        where = (f"The last good checkpoint (step {kept}) is kept in {run.dir.checkpoints}" if kept is not None
+                 else "No checkpoint had been saved yet")
+        remedy = "a lower --lr" + (" or --dtype float32" if run.config.dtype != "float32" else "")
+        raise NonFiniteLossError(f"{e}; stopped. {where}. Try {remedy}.") from None
+    log.close()
+    evaluated_at = steps
+    if not last_eval and start >= steps:
+        echo(f"{run.path} has already reached step {start} (asked for {steps}); evaluating")
+        last_eval, evaluated_at = evaluate(trainer, evaluation_state(state), eval_batches, **scoring), start
+    if main and plot:
+        plot_metrics(run.dir)
+    return {"step": evaluated_at, **last_eval}
+
+
+def describe_model(params, dtype, mesh=None, sharding="replicated"):
+    """The run's start line: its parameters' count and dtype, the compute dtype (parameters
+    stay float32 whatever --dtype computes in: DESIGN.md, Numerics), and the devices. The mesh
+    is said here, not stored in config.json: a run may resume under another mesh (checkpoints
+    hold whole arrays; orbax restores them into the new mesh's layout)."""
+    leaves = jax.tree.leaves(params)
+    n_params, param_dtypes = sum(x.size for x in leaves), "/".join(sorted({str(x.dtype) for x in leaves}))
+    return (f"model: {n_params:,} {param_dtypes} parameters, {dtype} compute, on {1 if mesh is None else mesh.size} "
+            f"{jax.devices()[0].platform} device(s)"
+            + (f", mesh {format_mesh(mesh)}, {sharding} sharding" if mesh is not None else ""))
+
+
+def evaluation_state(state):
+    """What evaluation reads of ``state`` (its parameters, through ``trainer.evaluate`` and
+    ``state.model()``), on this process's own device(s). The optimizer state is left out: with
+    FSDP, gathering it too (Adam's two moments) moved and held three times the bytes on one
+    device of every host, for nothing."""
+    return to_local(state.replace(opt_state=None))
+
+
+class _StepLog:
+    """The metrics log and the progress bar. Each step's metrics are read back one step late
+    (``push``), so logging never makes the host wait for the device."""
+
+    def __init__(self, run, steps, start, log_every, progress, write=True):
+        from tqdm.auto import tqdm
+
+        self.run, self.log_every, self.steps, self.write = run, log_every, steps, write
+        self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+        self.pending = None  # (step, metrics, tokens/s or None) not yet read back
+        self.tokens, self.t0 = 0, time.perf_counter()
+        self.events = None  # TensorBoard writer, opened at the first logged line (tensorboardX loads then)
+
+    def push(self, step, metrics, micro_batches):
+        self.tokens += sum(int(np.sum(b.target_out != PAD)) for b in micro_batches)
+        self.flush()
+        rate = None
+        # Every log_every steps and at the run's last step, so a run shorter than log_every (or
+        # not a multiple of it) still logs its final loss. An interrupted run logs no extra line,
+        # so resumed its log equals an uninterrupted run's; a run continued to a larger --steps
+        # keeps the line of the end it had reached.
+        if step % self.log_every == 0 or step == self.steps:  # target tokens/s since the last line
+            now = time.perf_counter()
+            rate, self.tokens, self.t0 = self.tokens / max(now - self.t0, 1e-9), 0, now
+        self.pending = (step, metrics, rate)
+        self.bar.update(1)
+
+    def flush(self):
+        if self.pending is None:
+            return
+        step, metrics, rate = self.pending
+        self.pending = None
+        metrics = jax.device_get(metrics)
+        loss = float(metrics["loss"])
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(f"loss is {loss} at step {step}")
+        if rate is not None and self.write:
+            record = {k: float(v) for k, v in metrics.items()}
+            self.run.dir.log({"step": step, **record, "tokens_per_s": rate})
+            self._scalars(step, {f"train/{k}": v for k, v in {**record, "tokens_per_s": rate}.items()})
+            self.bar.set_postfix(loss=f"{loss:.4g}", tok_s=f"{rate:,.0f}")
+
+    def eval(self, step, result):
+        if self.write:
+            self.run.dir.log({"step": step, **{f"eval_{k}": v for k, v in result.items()}})
+            self._scalars(step, {f"eval/{k}": v for k, v in result.items()})
+        self.bar.set_postfix_str(f"eval loss {result['loss']:.4g}, exact {result['exact_match']:.3f}"
+                                 + (f", BLEU {result['bleu']:.1f}" if "bleu" in result else ""))
+
+    def _scalars(self, step, values):
+        """The same values into OUT/tensorboard/ (``tensorboard --logdir runs/``). A resumed run
+        writes a new event file; steps it replays after its checkpoint appear twice there
+        (metrics.jsonl, truncated on resume, holds each step once)."""
+        if self.events is None:
+            self.events = open_writer(self.run.dir.tensorboard)
+        self.events.scalars(step, values)
+
+    def close(self):
+        self.bar.close()
+        if self.events is not None:
+            self.events.close()
+            self.events = None

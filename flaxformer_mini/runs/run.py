@@ -1,0 +1,404 @@
+"""A training run: one directory's whole lifecycle, from options to a finished model.
+
+    run = Run.start(out, TrainOptions(...), DataConfig(...))   # new, or resume the run in `out`
+    state = run.restore_or_init(manager)                       # the latest checkpoint, or step 0
+    ...                                                        # fit.fit trains it
+    run = Run.open(out)                                        # a finished run: evaluate, generate
+    state = run.latest_state()
+    ids, unknown = run.codec.encode("5 3 9")
+
+``Run`` resolves the config from the options and the data (the vocabulary sizes come from
+the data), writes it or checks it against the run already there, saves the vocabularies,
+builds the model and its train state, and opens the checkpoints. ``train``, ``evaluate``
+and ``generate`` all go through it; the files themselves are ``RunDir``'s.
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from flax import nnx
+
+from flaxformer_mini.data import Batch, SyntheticTask, TextPairs
+from flaxformer_mini.data.codec import Codec
+from flaxformer_mini.data.token_batches import TokenBatcher
+from flaxformer_mini.runs import init_from
+from flaxformer_mini.runs.config import DataConfig, RunConfig, RunConfigError, TrainOptions, resolve_config
+from flaxformer_mini.runs.directory import RunDir, comparable_tokenizer_bytes, data_file_checksums, not_a_run
+from flaxformer_mini.runs.run_data import RunData, load_data
+from flaxformer_mini.scale import distributed
+from flaxformer_mini.train import checkpoint
+from flaxformer_mini.train.state import TrainState, on_default_device
+from flaxformer_mini.train.trainer import Trainer
+
+
+def warn(message):
+    """The default ``echo`` of notes and warnings: standard error, since stdout is for results
+    (evaluate --json, generate)."""
+    print(message, file=sys.stderr)
+
+
+class _PairNames:
+    """``names[i]``: training pair i as ``file:line`` and the start of its source, for the one
+    error that names it (built on demand: no string per pair is kept)."""
+
+    SHOWN = 60  # characters of the source: a pair over a budget is long, and the line number finds it
+
+    def __init__(self, pairs, path):
+        self.pairs, self.path = pairs, path
+
+    def __getitem__(self, i):
+        lines = self.pairs.line_numbers
+        where = f"{self.path}:{lines[i]}" if lines is not None else str(self.path)
+        source = self.pairs.source_vocab.decode(self.pairs.sources[i])
+        shown = source if len(source) <= self.SHOWN else source[: self.SHOWN] + "..."
+        return f"{where}: the pair whose source is {shown!r}"
+
+
+class Run:
+    """A run directory with its config and (loaded on first use) its data."""
+
+    def __init__(self, directory: RunDir, config: RunConfig, data: RunData | None = None):
+        self.dir, self.config, self._data = directory, config, data
+        self._lock = None  # held from create() to close(): one training process per directory
+        self._init_params = None  # a new --init-from run: the file's parameters, read by start()
+
+    def close(self):
+        """Release the run directory for another ``train``."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    @classmethod
+    def start(cls, out, options: TrainOptions, data_config: DataConfig, echo=warn):
+        """A new run in ``out`` from the user's options, or the run already there when the
+        options give the same config (then it resumes)."""
+        run_dir = RunDir(out)
+        # Another tokenizer or vocabulary size: refused before any is trained. By process 0 alone:
+        # the others were started with its options (cli's agree_on) and may read the same file
+        # at another path on their host, which the recorded path would refuse on resume.
+        if distributed.is_main():
+            run_dir.check_data(data_config)
+        data = load_data(data_config, run_dir)
+        config = resolve_config(options, data_config, *data.vocab_sizes)
+        params = None
+        if options.init_from is not None:  # recorded (path, sha256): a resume checks both
+            if run_dir.exists():  # a resume: the checkpoints hold the run; the file may have moved or gone
+                recorded = init_from.for_resume(run_dir.load_config().init_from, options.init_from, echo)
+                config = dataclasses.replace(config, init_from=recorded)
+            else:  # a new run: the file must fit its model before anything is written
+                config = dataclasses.replace(config, init_from=init_from.record(options.init_from))
+                params, notes = init_from.read_params(config.init_from.path, config, preset=options.preset)
+                for note in notes:
+                    echo(note)
+                if data_config.kind == "tsv":  # which token each embedding row is: checked where the file says
+                    init_from.check_tokenizers(options.init_from, init_from.recorded_tokenizers(config.init_from.path),
+                                               run_dir.vocabulary_checksums(data.vocabs, data_config),
+                                               data_config.tokenizer_from, data_config.train_path, echo)
+        run = cls.create(out, config, data, echo=echo)
+        run._init_params = params
+        return run
+
+    @classmethod
+    def create(cls, out, config: RunConfig, data: RunData | None = None, echo=warn):
+        """Write ``config`` into ``out`` (or check it against the run there) and save the
+        vocabularies; nothing is written when the config does not fit."""
+        run_dir = RunDir(out)
+        data = data if data is not None else load_data(config.data, run_dir)
+        asked_run = cls(run_dir, config, data)
+        if not distributed.is_main():  # scale-out: process 0 alone writes (and locks) the run's files
+            # and checks --max-tokens: this process may hold a tokenizer of its own until it adopts
+            # process 0's (follow_main), and would then check other lengths than it trains on.
+            return asked_run
+        if config.max_tokens is not None:
+            asked_run.token_batcher  # an example over the budget is refused here, before anything is written
+        checksums = run_dir.vocabulary_checksums(data.vocabs, config.data) if data.vocabs is not None else {}
+        checksums.update(data_file_checksums(config.data))  # a file changed later is refused on resume
+        asked = config
+        resuming, lock, config = run_dir.start_or_resume(config, checksums)
+        for key, was, now in run_dir.moved_data:
+            echo(f"note: the run's {'training' if key == 'train_path' else 'validation'} file moved from {was} to "
+                 f"{now} (the same contents, by sha256); the run reads it there from now on")
+        if resuming:
+            for name in ("scan_layers", "remat"):
+                if getattr(asked, name) and not getattr(config, name):  # absent from an older config.json
+                    echo(f"note: the run in {out} was written before --{name.replace('_', '-')} existed and "
+                         f"resumes without it, as it was trained")
+        if config.data != asked.data:  # a run written before a data setting existed keeps its old one
+            data = load_data(config.data, run_dir)
+        if data.vocabs is not None and not run_dir.has_vocabularies(config.data):
+            try:
+                run_dir.save_vocabularies(data.vocabs, config.data)  # refused if a rebuilt one differs from the recorded
+            except BaseException:
+                lock.release()
+                raise
+            if resuming:
+                source = (f"copied them again from --tokenizer-from {config.data.tokenizer_from}"
+                          if config.data.tokenizer_from else f"rebuilt them from {config.data.train_path}")
+                echo(f"note: the run's vocabularies were missing; {source}"
+                     + (" (identical to the recorded ones)" if run_dir.recorded_checksums() else ""))
+        # The run as written: an older run's own config where it lacks a newer setting.
+        run = asked_run if config == asked and data is asked_run.data else cls(run_dir, config, data)
+        run._lock = lock
+        if not resuming:
+            run._report_dropped(echo)
+            run._report_smaller_vocabularies(echo)
+        return run
+
+    def follow_main(self):
+        """Scale-out: this run with process 0's config and tokenizers, on every process.
+
+        Process 0 resolves a resumed run's config against its config.json (a run written
+        before a setting existed keeps its old value); the others were started with today's
+        options and would otherwise train with today's defaults, on other data, silently. The
+        data files' paths stay this host's own (their contents are checked equal by cli's
+        agree_on).
+
+        A new text run's tokenizers are trained by every process, and one trained elsewhere
+        may number its tokens otherwise: Hugging Face's unigram trainer is not deterministic
+        (its pieces' order and scores may change from one process to the next, tokenizers 0.23).
+        Equal vocabulary sizes would hide it: each host would train on other ids. So every
+        process adopts the files process 0 saved (written before cli's second ``all_started``, in
+        a directory ``agree_on_shared_directory`` showed them all)."""
+        if not distributed.is_multiprocess():
+            return self
+        text = json.dumps(self.config.to_dict(), sort_keys=True).encode()
+        main = RunConfig.from_dict(json.loads(distributed.allgather_bytes(text)[0]), source="process 0's config")
+        main = dataclasses.replace(main, data=dataclasses.replace(
+            main.data, train_path=self.config.data.train_path, valid_path=self.config.data.valid_path))
+        if main == self.config and not self._tokenizers_differ_from_saved():
+            return self
+        run = Run(self.dir, main, load_data(main.data, self.dir))
+        run._lock, self._lock = self._lock, None
+        return run
+
+    def _tokenizers_differ_from_saved(self):
+        """Whether this process's tokenizers are other than the files in the run directory
+        (process 0's; this is one of the others). A synthetic run has none."""
+        if distributed.is_main() or self.data.vocabs is None:
+            return False
+        saved = self.dir.load_vocabularies(self.config.data)  # checked against the recorded checksums
+        return [comparable_tokenizer_bytes(v) for v in saved] != [comparable_tokenizer_bytes(v) for v in self.data.vocabs]
+
+    @classmethod
+    def open(cls, out):
+        """The run in ``out``, as ``evaluate`` and ``generate`` read it. Where ``out`` is
+        something else a user may hand them (a weights file, one checkpoint of a run,
+        ``parity convert``'s orbax directory), the error says what it is and what to give."""
+        run_dir = RunDir(out)
+        try:
+            return cls(run_dir, run_dir.load_config())
+        except RunConfigError:
+            problem = not_a_run(Path(out))
+            if problem is None:
+                raise
+            raise RunConfigError(f"{out}: {problem}") from None
+
+    @property
+    def path(self):
+        return self.dir.path
+
+    @property
+    def data(self) -> RunData:
+        if self._data is None:  # an opened run (evaluate): its saved tokenizers, never rebuilt ones
+            self._data = load_data(self.config.data, self.dir, rebuild=False)
+        return self._data
+
+    @functools.cached_property
+    def codec(self):
+        """The run's text format; reads the saved vocabularies, not the training data."""
+        d = self.config.data
+        if d.kind == "synthetic":
+            return Codec(task=SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len))
+        return Codec(vocabs=self._data.vocabs if self._data is not None else self.dir.load_vocabularies(d))
+
+    def _report_smaller_vocabularies(self, echo):
+        """unigram (and a word vocabulary of fewer distinct words) may hold fewer tokens than
+        --vocab-size asked for: said, since the model's embedding is sized by what was learnt."""
+        d = self.config.data
+        if (d.kind != "tsv" or d.tokenizer_vocab_size is None or d.tokenizer_from is not None or self._data is None
+                or self._data.vocabs is None):
+            return  # --tokenizer-from: RUN's tokenizers and their --vocab-size, which no one typed here
+        sides = ("shared",) if d.shared_vocab else ("source", "target")
+        sizes = dict(zip(sides, (len(v) for v in self._data.vocabs)))
+        smaller = {side: n for side, n in sizes.items() if n < d.tokenizer_vocab_size}
+        if smaller:
+            echo(f"note: --vocab-size {d.tokenizer_vocab_size} asked for, the {d.tokenizer} tokenizer learnt "
+                 + ", ".join(f"{n} ({side})" for side, n in smaller.items())
+                 + ": all the training text gave it; the model's vocabulary is that size")
+
+    def _report_dropped(self, echo):
+        for name, pairs in (("training", self.data.train), ("validation", self.data.eval)):
+            if isinstance(pairs, TextPairs) and pairs.dropped and (name == "training" or pairs is not self.data.train):
+                echo(f"note: {pairs.dropped} {name} pair(s) longer than --max-len {pairs.max_len} allows "
+                     f"({pairs.max_len - 1} tokens plus EOS) were dropped (the longest had {pairs.longest_dropped} "
+                     f"tokens); " + ("--max-len raises the limit" if self.config.init_from is None else
+                                     "the --init-from weights fix --max-len (their position table): a subword "
+                                     "tokenizer that splits the new text into more pieces drops more pairs"))
+
+    # --- model, state and checkpoints
+
+    @functools.cached_property
+    def trainer(self):
+        """The compiled steps, built from the model's shapes (``nnx.eval_shape``): the random
+        init, eager and op by op, is made only for a state that starts from it
+        (``initial_state``), never for one a checkpoint overwrites (``latest_state``, read by
+        evaluate and generate, and a resume). Measured on a tiny run (AMD EPYC family 25
+        model 1, fresh processes, no compilation cache): ``generate`` of one line 5.1-5.4 s
+        -> 3.3-3.4 s, a resumed ``train`` of 2 steps 10.4-11.4 s -> 7.5-7.6 s."""
+        return Trainer(nnx.eval_shape(self._new_model), self.config.train)
+
+    def _new_model(self):
+        return self.config.build_model(nnx.Rngs(self.config.train.seed))
+
+    def checkpoints(self, max_to_keep=3):
+        return checkpoint.open_manager(self.dir.checkpoints.absolute(), max_to_keep=max_to_keep)
+
+    def restore_or_init(self, manager, echo=warn, place=None):
+        """The state of the newest readable checkpoint in ``manager``, or a fresh one at step
+        0 (``initial_state``). ``place(tree)`` lays a state out (sharding.shard_state; shapes
+        alone it gives their layout): orbax restores into the template's layout, whatever
+        layout the checkpoint was saved from. The template is the state's shapes alone, so a
+        resume makes no random init for the checkpoint to overwrite. Damaged newer
+        checkpoints are skipped, said so, and moved out of the way into
+        ``OUT/damaged_checkpoints/`` by process 0 (kept for inspection; the run saves those
+        steps again).
+
+        Several processes resume from the same step: the newest that every one of them could
+        read. With FSDP each process reads only its own shards, so one may find a checkpoint
+        damaged that another read; that one is then skipped by all."""
+        place = place or (lambda tree: tree)
+        state, skipped, template = None, {}, None
+        if manager.latest_step() is not None:
+            template = place(self.trainer.state_template())
+            state, unreadable = checkpoint.restore_latest_intact(manager, template)
+            skipped = dict(unreadable)
+        state, skipped = self._agree_on_restored_step(manager, template, state, skipped)
+        if state is None:  # no checkpoint read: a random init, or the --init-from file's weights
+            state = place(self.initial_state(echo))
+        else:  # the dropout streams checkpoint.restore made up (never saved), laid out as the rest
+            state = state.replace(other=place(state.other))
+        if not skipped:
+            return state
+        if distributed.is_main():
+            aside = self.path / "damaged_checkpoints"
+            aside.mkdir(exist_ok=True)
+            for step, why in sorted(skipped.items(), reverse=True):
+                target = aside / f"{step}.{time.strftime('%Y%m%d-%H%M%S')}"
+                os.replace(self.dir.checkpoints / str(step), target)
+                echo(f"warning: checkpoint {step} cannot be read ({why}); moved to {target}, "
+                     f"resuming from step {int(state.step)}")
+        # Then every process rereads the directory: a manager that still listed a moved step
+        # would raise StepAlreadyExistsError when the run saves that step again, while process
+        # 0 waited for it in orbax's barrier.
+        distributed.barrier("damaged checkpoints moved aside")
+        manager.reload()
+        return state
+
+    def initial_state(self, echo=warn):
+        """Step 0's state: a random init, or with ``--init-from`` the file's parameters (read
+        again, checked against its recorded sha256 by ``start``, when the run was resumed
+        before its first checkpoint) and a fresh optimizer: loaded into the state's shapes,
+        with no random init for the file to overwrite."""
+        if self.config.init_from is None:  # the seed's random init
+            return TrainState.create(self._new_model(), self.config.train)
+        params, self._init_params = self._init_params, None  # host memory back once loaded
+        if params is None:
+            params, _ = init_from.read_params(self.config.init_from.path, self.config)
+        echo(f"starting from the weights of {self.config.init_from.path}")
+        # Laid out as a fresh or restored state (training.on_default_device says why).
+        return on_default_device(init_from.load_into_state(self.trainer.state_template(), params))
+
+    @staticmethod
+    def _agree_on_restored_step(manager, template, state, skipped):
+        """(state, {step: why}) at the newest step every process restored (state None where
+        none restored any); a process that had read a newer one restores the agreed step
+        again. Refused by name when the processes list different checkpoint steps (not one
+        shared directory)."""
+        if not distributed.is_multiprocess():
+            return state, skipped
+        mine = {"steps": sorted(manager.all_steps()), "restored": -1 if state is None else int(state.step),
+                "skipped": {str(step): why for step, why in skipped.items()}}
+        everyone = [json.loads(b) for b in distributed.allgather_bytes(json.dumps(mine, sort_keys=True).encode())]
+        distributed.refuse_differences([{"checkpoint steps in the run directory": p["steps"]} for p in everyone],
+                                       "the processes see different checkpoints",
+                                       "--out must be one directory shared by every process (a shared file system).")
+        agreed = min(p["restored"] for p in everyone)
+        if state is not None and int(state.step) != agreed:
+            state = checkpoint.restore(manager, template, agreed) if agreed >= 0 else None
+        skipped = {}
+        for i, p in enumerate(everyone):
+            for step, why in p["skipped"].items():
+                skipped.setdefault(int(step), why if i == distributed.process_index() else f"process {i}: {why}")
+        for step in mine["steps"]:
+            if step > agreed and step not in skipped:
+                skipped[step] = "unreadable on another process"
+        return state, skipped
+
+    def latest_state(self, echo=warn):
+        """The newest readable checkpoint's state (damaged newer ones are skipped and named,
+        left in place); an error naming the run when it has none."""
+        manager = self.checkpoints()
+        if manager.latest_step() is None:
+            raise FileNotFoundError(f"{self.path}: the run has no checkpoint yet")
+        state, skipped = checkpoint.restore_latest_intact(manager, self.trainer.state_template())
+        for step, why in skipped:
+            echo(f"warning: checkpoint {step} cannot be read ({why}); using step {int(state.step)}")
+        return state
+
+    # --- training batches
+
+    def train_batches(self, step):
+        """The micro-batches of optimizer update ``step`` (one, or ``accumulate`` of them): a
+        function of (seed, step) alone, so a resumed run sees the same batches. Micro-batch j
+        of update k is the data stream's batch k * accumulate + j."""
+        k = self.config.accumulate
+        return [self._batch(step * k + j) for j in range(k)]
+
+    def _batch(self, index):
+        if self.data.train is None:  # an opened run whose training file moved (load_data)
+            raise FileNotFoundError(f"{self.config.data.train_path}: the run's training file is not there")
+        seed = self.config.train.seed
+        if self.config.max_tokens is None:
+            return self.data.train.batch(seed, index, self.config.batch_size)
+        return self.data.train.batch_of_rows(self.token_batcher.rows(seed, index), max_tokens=self.config.max_tokens)
+
+    @functools.cached_property
+    def token_batcher(self):
+        """--max-tokens batches over the training pairs (batching.TokenBatcher); an example
+        that alone exceeds the budget is an error naming it."""
+        train = self.data.train
+        return TokenBatcher(train.source_lengths, train.target_lengths, self.config.max_tokens,
+                            length_multiple=train.length_multiple, names=_PairNames(train, self.config.data.train_path))
+
+    # --- held-out data
+
+    def eval_batches(self, batch_size=None, limit=None):
+        """The held-out batches: the same examples whatever ``batch_size``. Synthetic:
+        ``eval_sequences`` drawn from the evaluation stream. Text: the held-out pairs in order,
+        or ``limit`` of them (a fixed sample) when given."""
+        batch_size = batch_size or self.config.batch_size
+        data = self.config.data
+        if data.kind == "synthetic":
+            every = self.data.eval.held_out(self.config.train.seed, data.eval_sequences)
+            return [Batch(*(a[i : i + batch_size] for a in every)) for i in range(0, data.eval_sequences, batch_size)]
+        indices = None if limit is None else self.data.eval.sample_indices(limit)
+        return list(self.data.eval.iter_eval_batches(batch_size, indices))
+
+    def describe_evaluation(self):
+        """What the evaluation during training reads, in words (text runs), or None."""
+        d = self.config.data
+        if d.kind == "synthetic":
+            return None
+        total = len(self.data.eval)
+        used = total if d.eval_pairs is None else min(d.eval_pairs, total)
+        if self.data.eval is self.data.train:  # no hold-out asked, or too few pairs to hold out a tenth
+            why = "too few pairs to hold a tenth out" if d.holdout else "none held out"
+            return (f"evaluating on {used} of {total} training pairs themselves (no --valid, and {why}); "
+                    f"--valid gives held-out pairs")
+        where = "--valid" if d.valid_path else f"{total} training pairs held out (no --valid)"
+        return f"evaluating on {used} of {total} held-out pairs from {where}; --valid-size sets how many"

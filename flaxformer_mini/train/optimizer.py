@@ -1,0 +1,73 @@
+"""Optimisation settings and the optax optimizer they make: Adam or AdamW, global-norm
+clipping, and the warm-up + inverse-square-root schedule of "Attention Is All You Need"."""
+
+import dataclasses
+import functools
+import math
+
+import jax.numpy as jnp
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings. ``schedule='rsqrt'`` is the warm-up + inverse square root of
+    "Attention Is All You Need": lr = factor * D^-0.5 * min(n^-0.5, n * warmup^-1.5), n = step + 1.
+    ``schedule='constant'`` uses ``learning_rate`` throughout."""
+
+    schedule: str = "rsqrt"
+    learning_rate: float = 1e-3  # for schedule='constant'
+    lr_factor: float = 1.0  # for schedule='rsqrt'
+    warmup_steps: int = 4000
+    b1: float = 0.9
+    b2: float = 0.98  # the paper's Adam betas and epsilon
+    eps: float = 1e-9
+    weight_decay: float = 0.0  # > 0 switches Adam to AdamW (decoupled, as torch.optim.AdamW)
+    clip_norm: float | None = 1.0  # global-norm gradient clipping; None turns it off
+    label_smoothing: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.schedule not in ("rsqrt", "constant"):
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose 'rsqrt' or 'constant'")
+        if self.warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1, got {self.warmup_steps}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        # `not (x > 0)` rather than `x <= 0`: NaN fails every comparison and must not slip through.
+        for name in ("learning_rate", "lr_factor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            # clip_norm <= 0 would scale every gradient to zero (or flip its sign): use None for no clipping.
+            raise ValueError(f"clip_norm must be a finite number > 0 or None (no clipping), got {self.clip_norm}")
+
+
+def learning_rate_schedule(config: TrainConfig, d_model: int):
+    if config.schedule == "constant":
+        return optax.constant_schedule(config.learning_rate)
+
+    def rsqrt(count):
+        n = jnp.asarray(count, jnp.float32) + 1.0  # optax counts from 0, the paper from 1
+        return config.lr_factor * d_model**-0.5 * jnp.minimum(n**-0.5, n * config.warmup_steps**-1.5)
+
+    return rsqrt
+
+
+@functools.cache
+def make_optimizer(config: TrainConfig, d_model: int):
+    """The optax optimizer of ``config``: one object per (config, width), so train states of
+    equal configs carry the same static ``tx`` and share their compiled steps (a second run
+    in the same process, a resumed one, an evaluation, reuse the first one's compilation)."""
+    lr = learning_rate_schedule(config, d_model)
+    # optax's adam divides by sqrt(v_hat) + eps, as torch.optim.Adam does (eps_root = 0).
+    if config.weight_decay > 0:
+        adam = optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
+    else:
+        adam = optax.adam(lr, b1=config.b1, b2=config.b2, eps=config.eps)
+    if config.clip_norm is None:
+        return adam
+    return optax.chain(optax.clip_by_global_norm(config.clip_norm), adam)
