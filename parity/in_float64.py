@@ -26,10 +26,9 @@ from flax import nnx
 
 from parity.row_selection import listed
 
-# The default tolerance of a float64 comparison. Measured (2026-11-27, CPU): the seed-size
-# Transformer twins (the `seed` preset, random weights, a batch of 2) differ by at most 5.8e-15
-# over every intermediate in float64, tests/test_compare_float64.py's small model by 4.4e-16,
-# and its LayerNorm epsilon slip by 2.1e-6. 1e-10 is far from both.
+# The default tolerance of a float64 comparison: far above what the seed-size twins differ by
+# in float64 (about 1e-14) and far below what a LayerNorm epsilon slip gives (about 1e-6);
+# docs/design.md ("Parity policy") has the measured figures.
 FLOAT64_ATOL = 1e-10
 
 

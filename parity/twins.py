@@ -66,9 +66,7 @@ def flax_twin(state_dict, config, seed=0):
     one of them: ``torch_to_flax`` is strict), in eval mode.
 
     Built from shapes (``nnx.eval_shape``): a random init would be overwritten, and eager, op by
-    op, it cost seconds. The Flax twin from a state dict in a fresh process (AMD EPYC family 25
-    model 1, two runs each): tiny 3.8-4.1 s -> 0.9-1.1 s; the seed's size 3.4-3.8 s -> 3.1 s,
-    where converting the weights themselves is most of it. A state dict holds no dropout
+    op, it cost seconds (docs/benchmarks.md, "Loading"). A state dict holds no dropout
     streams: ``fresh_streams`` makes them from ``seed`` (train mode needs real keys;
     ``train_step`` reseeds them from (seed, step))."""
     flax_model = nnx.eval_shape(lambda: flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(seed)))

@@ -198,7 +198,7 @@ def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path, m
     if missing == "--tokenizer-from":  # a text run's directory (its tokenizers are written before training)
         from test_train_cli import cli
 
-        monkeypatch.setattr("flaxformer_mini.runs.fit.fit", lambda *a, **k: None)
+        monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)
         assert cli("train", "--data", str(homes[0] / "train.tsv"), "--preset", "tiny",
                    "--out", str(homes[0] / "prev")).returncode == 0
         extra, named = ["--tokenizer-from", "prev"], "--tokenizer-from prev: no such directory"

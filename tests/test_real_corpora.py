@@ -365,7 +365,7 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
         ("bpe", 40, False, str(source))
     # The rest starts and resumes runs (or refuses to) without training: what is checked is
     # decided before the first step.
-    monkeypatch.setattr("flaxformer_mini.runs.fit.fit", lambda *a, **k: None)
+    monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)
     moved = tmp_path / "moved_source"
     shutil.copytree(source, moved)
     proc = cli(*args, "--tokenizer-from", str(moved), "--steps", "2")
@@ -454,7 +454,7 @@ def test_tokenizer_from_copies_the_runs_files_byte_for_byte(corpus, tmp_path, mo
     digit (run_dir.comparable_tokenizer_bytes): the copies are the files themselves."""
     from flaxformer_mini.runs.directory import tokenizer_bytes
 
-    monkeypatch.setattr("flaxformer_mini.runs.fit.fit", lambda *a, **k: None)  # the files are written before training
+    monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)  # the files are written before training
     run, new = tmp_path / "run", tmp_path / "new"
     # 30 pairs: a unigram vocabulary whose scores do not all read back exactly (of 60, they do).
     corpus = write_corpus(tmp_path / "train.tsv", 30), corpus[1]
@@ -486,7 +486,7 @@ def test_tokenizer_options_beside_tokenizer_from_are_refused_by_name(corpus, tmp
 def test_tokenizer_from_a_directory_without_a_text_runs_tokenizers_is_refused_by_name(corpus, bpe_run, tmp_path,
                                                                                       monkeypatch):
     synthetic = tmp_path / "synthetic"
-    monkeypatch.setattr("flaxformer_mini.runs.fit.fit", lambda *a, **k: None)  # its config.json is all that is needed
+    monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)  # its config.json is all that is needed
     assert cli("train", "--task", "copy", "--preset", "tiny", "--steps", "1", "--out", str(synthetic)).returncode == 0
     (tmp_path / "empty").mkdir()
     (tmp_path / "weights.pt").write_bytes(b"")

@@ -245,7 +245,7 @@ def build_parser():
                         f"word it keeps the most frequent words; char keeps every character, so it must be at least "
                         f"their number + 4; default: all)")
     t.add_argument("--tokenizer", choices=("word", "char", "bpe", "unigram"), default=None,
-                   help="text: whitespace words (today's vocabularies; the default), characters, or BPE/Unigram "
+                   help="text: whitespace words (the default), characters, or BPE/Unigram "
                         "subwords trained on the training file (Hugging Face tokenizers)")
     t.add_argument("--shared-vocab", action="store_true", help="text: one tokenizer for source and target")
     t.add_argument("--tokenizer-from", metavar="RUN", default=None,

@@ -1,4 +1,4 @@
-"""Tokenizers: ``word`` (today's whitespace ``data.Vocab``), ``char``, ``bpe`` and ``unigram``.
+"""Tokenizers: ``word`` (the whitespace ``data.Vocab``), ``char``, ``bpe`` and ``unigram``.
 
 Every kind maps the special tokens to the ids of ``data``: PAD=0, BOS=1, EOS=2, UNK=3, and
 every kind has the same small interface (``Tokenizer``): ``encode``, ``decode``, ``unknown``,
@@ -20,8 +20,8 @@ Normalisation (char, bpe, unigram): Unicode NFC, U+2581 (the Metaspace marker) r
 space, every run of whitespace collapsed to one space, stripped at both ends. It lives in
 the saved tokenizer file; ``normalize(text)`` runs that same normaliser, and
 ``decode(encode(s)) == normalize(s)`` whenever every character of ``s`` was seen in
-training. ``word`` keeps today's behaviour exactly (``str.split``, no Unicode
-normalisation) and today's files ``vocab_source.json`` / ``vocab_target.json``.
+training. ``word`` is ``data.Vocab`` exactly (``str.split``, no Unicode normalisation) and
+its files ``vocab_source.json`` / ``vocab_target.json``.
 
 As in ``data.Vocab``, special-token strings in the text are ordinary text, never control
 tokens: a literal ``<eos>`` never encodes to EOS (it is spelled out in pieces, or UNK).
@@ -44,7 +44,7 @@ class TokenizerFileError(DataError):
 
 def tokenizer_path(directory, kind, prefix):
     """Where ``save`` writes a tokenizer of ``kind`` for side ``prefix`` (source, target or
-    shared): ``vocab_<prefix>.json`` for word (today's name), ``tokenizer_<prefix>.json``
+    shared): ``vocab_<prefix>.json`` for word (``data.Vocab``'s name), ``tokenizer_<prefix>.json``
     (HF format) for the others."""
     _check_kind(kind)
     name = f"vocab_{prefix}.json" if kind == "word" else f"tokenizer_{prefix}.json"

@@ -142,7 +142,7 @@ def _beam(graphdef, state, source, max_new_tokens, beam_size, alpha):
 
         # Finished hypotheses, as in fairseq: an EOS candidate is final only if it ranks among
         # the top W candidates, and an item is done once it has W final hypotheses (later
-        # candidates no longer enter). With W = 1 this is exactly greedy decoding.
+        # candidates do not enter). With W = 1 this is exactly greedy decoding.
         done = fin_score[:, -1] > _NEG / 2
         # (1, 2W), not (2W,): under jax_numpy_rank_promotion="raise" (the tests' setting) the
         # implicit (B, 2W) & (2W,) broadcast is an error, and beam search failed to trace.

@@ -19,8 +19,8 @@ from the same seed; loaded with the same weights, the two compute the same numbe
 
 Rematerialisation (``remat=True``) wraps each block's forward in ``nnx.remat``
 (``jax.checkpoint``): the backward pass recomputes a block's activations from its input
-instead of keeping them, trading about one more forward pass for memory that no longer
-grows with L x (activations of one block).
+instead of keeping them, trading about one more forward pass for memory that does not grow
+with L x (activations of one block).
 
 Like every nnx transform, ``nnx.scan`` refuses Variables made at another trace level: trace a
 scanned model through nnx's own transforms (``nnx.jit``, ``nnx.value_and_grad``), or merge it

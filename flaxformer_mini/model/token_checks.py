@@ -25,9 +25,8 @@ messages that name the input, the bad id and the limit:
 
 Why off by default: a ``debug_check`` left in a plain ``jax.jit`` computes nothing (XLA
 removes it), but it gives the jaxpr an ``ErrorEffect``, and a jitted function with an effect
-leaves JAX's C++ fast path for Python dispatch on every call. Measured on a 2-core AMD EPYC
-(family 25) with ``python -m tools.dispatch``: see ``docs/benchmarks.md``, "Token checks and
-JAX's dispatch".
+leaves JAX's C++ fast path for Python dispatch on every call (``python -m tools.dispatch``
+measures it: docs/benchmarks.md, "Token checks and JAX's dispatch").
 
 (``checkify.check``, the non-debug form, would raise "Cannot abstractly evaluate a
 checkify.check which was not functionalized" under plain ``jax.jit`` in jax 0.10.2, which is

@@ -147,7 +147,7 @@ class RunConfig:
     def to_dict(self):
         d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "train": _train_dict(self),
              "data": self.data.to_dict()}
-        if self.init_from is None:  # a run from a random init: its config.json as before this field
+        if self.init_from is None:  # a run from a random init: no key, as a config.json written without this field
             del d["init_from"]
         return d
 

@@ -125,7 +125,7 @@ class RunDir:
                 old_dict, new_dict = _absolute_data_paths(old.to_dict()), config.to_dict()
                 new_data, moved = self._identify_data_files(old_dict["data"], new_dict["data"])
                 # Settings added after the run was written are absent from its file: it keeps
-                # their defaults (its old behaviour), whatever today's options say.
+                # their defaults (its old behaviour), whatever the command's options say.
                 new_dict = {**new_dict, "data": new_data}
                 diffs = [line for line in _differences(old_dict, new_dict, present=stored)
                          if not line.startswith("init_from")]
@@ -228,7 +228,7 @@ class RunDir:
             )
 
     def load_vocabularies(self, data=None):
-        """(source, target) tokenizers: ``data.Vocab`` for word (today's files), a
+        """(source, target) tokenizers: ``data.Vocab`` for word (its vocab_*.json files), a
         ``tokenizers.HFTokenizer`` for the others; the same object twice when shared."""
         kind = getattr(data, "tokenizer", "word")
         loaded = []

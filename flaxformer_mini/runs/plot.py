@@ -45,7 +45,7 @@ def plot_metrics(run_dir: RunDir):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(str(run_dir.path))
-    # Fixed margins: tight_layout measured every tick label first, 40% of a tiny run's plotting.
+    # Fixed margins: tight_layout measures every tick label first, most of a tiny run's plotting.
     fig.subplots_adjust(left=0.07 if not text else 0.05, right=0.98 if not text else 0.95, bottom=0.13, top=0.85,
                         wspace=0.25 if not text else 0.3)
     png = io.BytesIO()

@@ -153,8 +153,8 @@ class Run:
         """Scale-out: this run with process 0's config and tokenizers, on every process.
 
         Process 0 resolves a resumed run's config against its config.json (a run written
-        before a setting existed keeps its old value); the others were started with today's
-        options and would otherwise train with today's defaults, on other data, silently. The
+        before a setting existed keeps its old value); the others were started with the
+        command's options and would otherwise train with their defaults, on other data, silently. The
         data files' paths stay this host's own (their contents are checked equal by cli's
         agree_on).
 
@@ -247,9 +247,7 @@ class Run:
         """The compiled steps, built from the model's shapes (``nnx.eval_shape``): the random
         init, eager and op by op, is made only for a state that starts from it
         (``initial_state``), never for one a checkpoint overwrites (``latest_state``, read by
-        evaluate and generate, and a resume). Measured on a tiny run (AMD EPYC family 25
-        model 1, fresh processes, no compilation cache): ``generate`` of one line 5.1-5.4 s
-        -> 3.3-3.4 s, a resumed ``train`` of 2 steps 10.4-11.4 s -> 7.5-7.6 s."""
+        evaluate and generate, and a resume): eager and op by op, an init costs seconds."""
         return Trainer(nnx.eval_shape(self._new_model), self.config.train)
 
     def _new_model(self):

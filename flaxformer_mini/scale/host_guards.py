@@ -104,7 +104,7 @@ def hold_process_slot(address, process_id, given="--coordinator"):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except OSError:
-            return  # a temp directory we cannot write (or another user's file): no guard, as before
+            return  # a temp directory we cannot write (or another user's file): no guard
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

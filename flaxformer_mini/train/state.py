@@ -79,8 +79,7 @@ def on_default_device(tree):
     compiled programs on whether each argument is committed to a device (``jnp`` makes arrays
     uncommitted, a restore commits them), and each step compiled for a fresh state compiled
     again for a restored one in the same process (a resume, ``evaluate`` after ``train``, a
-    notebook): 3-5 s each time for the tiny preset's train step (AMD EPYC family 25 model 1,
-    the tests' XLA flags). The arrays keep their buffers: nothing is copied."""
+    notebook), seconds each time. The arrays keep their buffers: nothing is copied."""
     return jax.device_put(tree, default_device())
 
 
