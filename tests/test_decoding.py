@@ -31,6 +31,7 @@ from flax import nnx
 import flaxformer_mini as fm
 from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.data import BOS, EOS, PAD
+from flaxformer_mini.decode.metrics import exact_match
 from parity import sample_batch, torch_to_flax, transformer_pair
 from torch_ref.decoding import greedy_decode as torch_greedy_decode
 
@@ -544,4 +545,4 @@ def test_top_k_outside_the_vocabulary_is_refused(model, source, top_k):
 def test_exact_match_counts_every_labelled_position():
     target_out = np.array([[5, 6, EOS, PAD], [7, EOS, PAD, PAD], [8, EOS, PAD, PAD]])
     predicted = np.array([[5, 6, EOS], [7, 9, EOS], [8, EOS, PAD]])  # shorter: padded with PAD
-    np.testing.assert_array_equal(decoding.exact_match(predicted, target_out), [True, False, True])
+    np.testing.assert_array_equal(exact_match(predicted, target_out), [True, False, True])

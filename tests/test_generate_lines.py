@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from flaxformer_mini.decode import search as decoding
-from flaxformer_mini.runs import generate as generation
+from flaxformer_mini.decode import generation
+from flaxformer_mini.runs.generate import generate
 from flaxformer_mini.runs.run import Run
 from test_real_corpora import text_args, write_corpus
 from test_train_cli import TINY_RUN, cli
@@ -113,7 +114,7 @@ def test_leading_blank_lines_beyond_a_chunk_keep_their_output_lines(run):
     # One chunk is CHUNK_BATCHES lines at batch size 1: the blank lines before the first text
     # fill more than one; they are held as a count and come out before it.
     blanks = generation.CHUNK_BATCHES + 3
-    outputs = list(generation.generate(run, [""] * blanks + ["1", " "], batch_size=1))
+    outputs = list(generate(run, [""] * blanks + ["1", " "], batch_size=1))
     assert [o.text for o in outputs[:blanks]] == [""] * blanks
     assert len(outputs) == blanks + 2 and outputs[-1].text == "" and outputs[-2].left_empty is None
 
@@ -121,7 +122,7 @@ def test_leading_blank_lines_beyond_a_chunk_keep_their_output_lines(run):
 def test_input_without_any_text_is_refused_before_any_output(run):
     produced = []
     with pytest.raises(ValueError, match=r"empty input.*\(40 blank lines and no text\)"):
-        for out in generation.generate(run, [""] * 40, batch_size=1):
+        for out in generate(run, [""] * 40, batch_size=1):
             produced.append(out)
     assert produced == []
 

@@ -84,7 +84,7 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
     # 1's own tokenizer differs as the trainer's runs do: two pieces numbered the other way round.
     from flaxformer_mini.scale import distributed
     from flaxformer_mini.data import tokenizers
-    from flaxformer_mini.runs import run as run_module
+    from flaxformer_mini.runs import run_data as run_module
     from flaxformer_mini.runs.run import Run
     from flaxformer_mini.runs.directory import RunDir, comparable_tokenizer_bytes
     from test_train_cli import cli

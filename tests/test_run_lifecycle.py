@@ -200,19 +200,19 @@ def test_generate_streams_many_inputs_in_input_order_with_bounded_batches(tiny_r
 def test_generate_holds_at_most_one_chunk_and_decodes_batch_size_rows(tiny_run, monkeypatch):
     # 5,000 inputs through the library: the decoder never sees more than batch_size rows, and
     # the input is consumed lazily, a chunk at a time (what bounds memory for 100k lines).
-    from flaxformer_mini.decode import search as decoding
-    from flaxformer_mini.runs import generate as generation
+    from flaxformer_mini.decode import generation
+    from flaxformer_mini.runs.generate import generate
 
     shapes, consumed = [], []
-    real = decoding.decode
-    monkeypatch.setattr(decoding, "decode", lambda model, source, *a, **k: shapes.append(source.shape) or real(model, source, *a, **k))
+    real = generation.decode
+    monkeypatch.setattr(generation, "decode", lambda model, source, *a, **k: shapes.append(source.shape) or real(model, source, *a, **k))
 
     def lines():
         for i in range(5000):
             consumed.append(i)
             yield "1 2 3"
 
-    outputs = generation.generate(tiny_run, lines(), batch_size=50)
+    outputs = generate(tiny_run, lines(), batch_size=50)
     first = next(outputs)
     assert len(consumed) == generation.CHUNK_BATCHES * 50  # one chunk read, not the whole input
     rest = list(outputs)

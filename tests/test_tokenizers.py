@@ -126,7 +126,7 @@ def test_word_char_and_bpe_training_writes_the_same_files_in_any_process(tmp_pat
     from simulated_devices import ROOT
 
     kinds = ("word", "char", "bpe")
-    script = ("import sys; from pathlib import Path; from flaxformer_mini import tokenizers as tk; "
+    script = ("import sys; from pathlib import Path; from flaxformer_mini.data import tokenizers as tk; "
               f"texts = {TEXTS!r} * 3; out = Path(sys.argv[1])\n"
               f"for kind in {kinds!r}:\n"
               "    tk.train(kind, texts, vocab_size=None if kind in ('word', 'char') else 60).save(out, kind)")
