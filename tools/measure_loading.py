@@ -1,6 +1,6 @@
 """Measure the time and peak memory of loading a 1M-line TSV into token arrays (docs/data.md).
 
-    PYTHONPATH=. python docs/measure_loading.py [--lines 1000000] [--file /tmp/synthetic_1m.tsv]
+    PYTHONPATH=. python tools/measure_loading.py [--lines 1000000] [--file /tmp/synthetic_1m.tsv]
 
 Writes a synthetic corpus (Zipf-distributed words of random letters, 3-15 words a side;
 never committed), then, each in a fresh process so peak RSS is its own: trains a tokenizer
