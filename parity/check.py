@@ -17,7 +17,7 @@ import numpy as np
 from parity.compare import compare_models, model_intermediates
 from parity.report import Report
 from parity.gradients import gradient_rows
-from parity.policy import DEFAULT_ATOL
+from parity.policy import DEFAULT_ATOL, check_tolerance
 from parity.twins import as_inputs, sample_batch, twins_from_state_dict
 
 
@@ -30,6 +30,7 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAUL
     is also measured against the torch twin in float64, and one beyond ``atol`` agrees when
     Flax's error there is at most FLOAT64_FACTOR times torch's (parity/float64_reference.py).
     """
+    check_tolerance(atol, "check_twins")
     source, target = sample_batch(config, batch=batch, seed=seed)
     torch_inputs, flax_inputs = as_inputs(source, target)
     named = model_intermediates(torch_model, flax_model, torch_inputs, flax_inputs)
@@ -72,6 +73,7 @@ def check_checkpoint(state_dict, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, 
                      float64_reference=False) -> Report:
     """Load ``state_dict`` into both twins of ``config`` (strictly) and check them; weights
     that cannot be judged (``refuse_unusable_weights``) raise ConversionError first."""
+    check_tolerance(atol, "check_checkpoint")
     refuse_unusable_weights(state_dict, config)
     torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=seed)
     return check_twins(torch_model, flax_model, config, batch=batch, seed=seed, atol=atol, grads=grads,

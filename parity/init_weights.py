@@ -2,7 +2,7 @@
 
 ``flaxformer_mini.runs.init_from`` finds this module through the packaging entry point
 ``flaxformer_mini.weight_readers`` (pyproject.toml), so the Flax package never imports parity
-(DESIGN.md's import rule). It provides ``read_params(path, config, preset)`` and
+(docs/design.md's import rule). It provides ``read_params(path, config, preset)`` and
 ``params_into_model(params, model)``, which any reader in that group must, and
 ``recorded_tokenizers(path)``, which a reader may.
 

@@ -217,6 +217,34 @@ def init_from(make, run=None):
     return setup
 
 
+def swapped_text(d):
+    """GOOD_TSV with its columns swapped: words the finished text run's tokenizers never saw
+    on either side."""
+    (d / "swapped.tsv").write_text("".join(f"{t}\t{s}\n" for s, t in (line.split("\t") for line in GOOD_TSV.splitlines())))
+    return d / "swapped.tsv"
+
+
+def tokenizer_from_other_text(d, finished):
+    run = copy_run("text")(d, finished)
+    return ["train", "--data", str(swapped_text(d)), "--tokenizer-from", str(run), "--out", str(d / "out"),
+            "--preset", "tiny", "--steps", "2", "--batch-size", "4", "--max-len", "8", "--no-progress", "--no-plot"]
+
+
+def valid_in_other_words(d, finished):
+    (d / "train.tsv").write_text(GOOD_TSV)
+    return ["train", "--data", str(d / "train.tsv"), "--valid", str(swapped_text(d)), "--out", str(d / "out"),
+            "--preset", "tiny", "--steps", "2", "--batch-size", "4", "--no-progress", "--no-plot"]
+
+
+def evaluate_data_in_other_words(d, finished):
+    run = copy_run("text")(d, finished)
+    return ["evaluate", "--checkpoint", str(run), "--data", str(swapped_text(d))]
+
+
+def tsv_with(content, *options):
+    return lambda d, f: tsv(content)(d, f) + list(options)
+
+
 CASES = [
     # --- TSV data
     ("tsv_line_without_tab", tsv("a b\tx y\nno tab here\n"), 2, r"train\.tsv:2: expected one tab.*found no tab"),
@@ -242,6 +270,41 @@ CASES = [
     ("max_tokens_below_the_longest_example", max_tokens_below_the_longest_example, 2,
      r"--max-tokens 3 is smaller than the longest example \(.*train\.tsv:1: the pair whose source is 'a b c'.*8 padded"
      r".*at least 8"),
+    # Text in another encoding, or holding NUL bytes, is refused by name: UTF-16 without a BOM
+    # decodes as valid UTF-8 (a NUL between letters) and would train on tokens like '\x00q\x00u'.
+    ("tsv_utf16_with_a_byte_order_mark", tsv(GOOD_TSV.encode("utf-16")), 2,
+     r"train\.tsv: a UTF-16LE file \(its byte-order mark says so\), not UTF-8; it converts with `iconv -f UTF-16LE -t UTF-8`"),
+    ("tsv_utf16_without_a_byte_order_mark", tsv(GOOD_TSV.encode("utf-16-le")), 2,
+     r"train\.tsv:1: looks like UTF-16LE text without a byte-order mark, not UTF-8; it converts with `iconv -f UTF-16LE"),
+    ("tsv_utf32_big_endian_without_a_byte_order_mark", tsv(GOOD_TSV.encode("utf-32-be")), 2,
+     r"train\.tsv:1: looks like UTF-32BE text without a byte-order mark"),
+    ("tsv_nul_inside_a_word", tsv("a b\tx y\nthe\tgr\x00een\n" + GOOD_TSV), 2,
+     r"train\.tsv:2: a NUL byte at byte 6: text files hold none \(a binary file, or a NUL inside a word\)"),
+    ("generate_utf16_standard_input", on_run("generate", stdin="1 2\n".encode("utf-16")), 2,
+     r"standard input: a UTF-16LE file \(its byte-order mark says so\)"),
+    # Sizes past what the text or the machine holds: clamped where only clamping is needed,
+    # refused before anything is allocated or written otherwise.
+    ("tsv_bpe_vocab_size_past_the_text", tsv_with(GOOD_TSV, "--tokenizer", "bpe", "--vocab-size", "100000000000"), 0,
+     r"note: --vocab-size 100000000000 asked for, the bpe tokenizer learnt \d+ \(source\), \d+ \(target\)"),
+    ("tsv_unigram_vocab_size_past_the_text", tsv_with(GOOD_TSV, "--tokenizer", "unigram", "--vocab-size", "100000000000"),
+     0, r"note: --vocab-size 100000000000 asked for, the unigram tokenizer learnt"),
+    ("tsv_max_tokens_past_the_corpus", tsv_with(GOOD_TSV, "--max-tokens", "100000000000"), 0, r'"step": 2, "loss"'),
+    ("vocab_size_past_memory", train_option("--vocab-size", "100000000000"), 2,
+     r"one train step takes at least [\d,.]+ GiB with the model's [\d,]+ parameters .*, more than the [\d,.]+ GiB "
+     r"\(this machine's available memory\) free: give a smaller --vocab-size, --embed-size, --layers or --ffn-dim\. "
+     r"Nothing was written"),
+    ("batch_size_past_memory", train_option("--batch-size", "1000000000"), 2,
+     r"a training batch of 1,000,000,000 rows of up to 6 tokens \(--batch-size 1000000000\).*: give a smaller "
+     r"--batch-size"),
+    # Words the tokenizers never saw, nearly all of them: said, with the likely cause.
+    ("tokenizer_from_a_run_of_other_text", tokenizer_from_other_text, 0,
+     r"warning: \S*swapped\.tsv: 100\.0% of its source tokens and 100\.0% of its target tokens are outside the "
+     r"vocabulary \(the tokenizers of --tokenizer-from \S+\) and read as <unk>; so many suggests swapped source and "
+     r"target columns \(--columns\)"),
+    ("valid_in_other_words", valid_in_other_words, 0,
+     r"warning: \S*swapped\.tsv: 100\.0% of its source tokens .*\(the tokenizers trained on --data\)"),
+    ("evaluate_data_in_other_words", evaluate_data_in_other_words, 0,
+     r"warning: \S*swapped\.tsv: 100\.0% of its source tokens .*\(the run's tokenizers\)"),
     # --- train options
     # The checks after parsing speak as the command they refuse: its usage, "flaxformer-mini train: error:".
     ("valid_without_data", train_option("--valid", "v.tsv"), 2, r"flaxformer-mini train: error: --valid goes with --data"),
@@ -345,6 +408,13 @@ CASES = [
     ("generate_value_out_of_range", on_run("generate", "99"), 2,
      r"input 1: token '99' is out of range: values are 0\.\.6"),
     ("generate_batch_size_zero", on_run("generate", "--batch-size", "0", "1"), 2, r"--batch-size must be >= 1"),
+    ("generate_beam_size_past_memory", on_run("generate", "--beam-size", "100000000", "1 2"), 2,
+     r"decoding 1 source rows \(--batch-size\) with 100,000,000 beams each \(--beam-size\) takes at least [\d,.]+ GiB, "
+     r"more than the .* free: give a smaller --beam-size or --batch-size"),
+    ("evaluate_beam_size_past_memory", on_run("evaluate", "--beam-size", "100000000"), 2,
+     r"decoding \d+ source rows \(--batch-size\) with 100,000,000 beams each \(--beam-size\) takes at least"),
+    # A batch larger than the input decodes the input's rows alone: one output line, no warning.
+    ("generate_batch_size_past_the_input", on_run("generate", "--batch-size", "1000000000", "1 2"), 0, r"\A[0-9 ]*\n\Z"),
     ("evaluate_beam_size_zero", on_run("evaluate", "--beam-size", "0"), 2, r"--beam-size must be >= 1"),
     ("evaluate_batch_size_zero", on_run("evaluate", "--batch-size", "0"), 2, r"--batch-size must be >= 1"),
     ("init_from_missing", init_from("nope.safetensors"), 2, r"--init-from \S*nope\.safetensors: no such file"),

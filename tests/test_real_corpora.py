@@ -184,7 +184,7 @@ def test_accumulating_micro_batches_equals_one_step_on_their_union(accumulating_
     # against one train step on the two micro-batches' union. One trainer for both, so each
     # program compiles once.
     run = Run.open(accumulating_run[0])
-    a, b = next(m for m in map(run.train_batches, range(4)) if m[0].source.shape != m[1].source.shape)
+    a, b = next(m for m in (list(run.train_batches(step)) for step in range(4)) if m[0].source.shape != m[1].source.shape)
     # The union: both padded with PAD to the longer lengths (masked keys, labels that do not
     # count, causally after every real position) and concatenated along the rows.
     s, t = max(a.source.shape[1], b.source.shape[1]), max(a.target_in.shape[1], b.target_in.shape[1])
@@ -237,7 +237,7 @@ def test_a_max_tokens_accumulate_run_on_two_devices_counts_updates_and_batches_b
     assert "--max-tokens 60 wins" in proc.stderr
     assert "on 2 cpu device(s), mesh data=2, replicated sharding" in proc.stderr
     assert latest_state(out)[0] == 2  # optimizer updates, not micro-batches
-    micro = Run.open(out).train_batches(0)
+    micro = list(Run.open(out).train_batches(0))
     assert len(micro) == 2 and all(b.source.shape[0] > 3 for b in micro)  # rows from the budget, not --batch-size
 
 

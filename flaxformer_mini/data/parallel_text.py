@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .batches import DataError, _non_negative_int, _positive_int, make_batch, pad_rows
+from .batches import UNK, DataError, _non_negative_int, _positive_int, make_batch, pad_rows
 
 # Bucketing sorts by length within pools of this many batches, not over the whole data set:
 # batches still hold similar lengths, but which examples share a batch changes every epoch.
@@ -43,21 +43,35 @@ def check_columns(columns):
 
 
 UTF8_BOM = b"\xef\xbb\xbf"  # some editors (Notepad) start a UTF-8 file with it
+# Byte-order marks of the encodings a UTF-8 reader must not take for text, longest first
+# (UTF-32LE's starts with UTF-16LE's).
+OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
+              (b"\xfe\xff", "UTF-16BE"))
+_CONVERT = "converts with `iconv -f {encoding} -t UTF-8`"
 
 
 def iter_lines(f, name):
     """``(line_number, text)`` for each line of the binary stream ``f``, numbered as every
     text reader here numbers them (training files, ``generate``'s standard input): a UTF-8
     BOM at the start is skipped, ``\\n``, ``\\r\\n`` and a lone ``\\r`` each end a line
-    (bytes.splitlines), and invalid UTF-8 raises ``DataError`` naming ``name:line``. The text
-    keeps its spaces: callers strip what they split.
+    (bytes.splitlines), and invalid UTF-8 raises ``DataError`` naming ``name:line``. So do a
+    UTF-16 or UTF-32 file (its byte-order mark, or without one its NUL bytes, which decode as
+    valid UTF-8) and any NUL byte, which no text here holds. The text keeps its spaces:
+    callers strip what they split.
     """
     lineno = 0
     for physical in f:
-        if lineno == 0 and physical.startswith(UTF8_BOM):
-            physical = physical[len(UTF8_BOM):]
+        if lineno == 0:
+            for bom, encoding in OTHER_BOMS:
+                if physical.startswith(bom):
+                    raise DataError(f"{name}: a {encoding} file (its byte-order mark says so), not UTF-8; it "
+                                    + _CONVERT.format(encoding=encoding))
+            if physical.startswith(UTF8_BOM):
+                physical = physical[len(UTF8_BOM):]
         for raw in physical.splitlines() or [b""]:
             lineno += 1
+            if b"\x00" in raw:
+                raise DataError(f"{name}:{lineno}: {_nul_problem(raw, at_start=lineno == 1)}")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -65,6 +79,24 @@ def iter_lines(f, name):
                 raise DataError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start}); a file in another "
                                 f"encoding converts with `iconv -f ENCODING -t UTF-8` (e.g. -f latin1)") from None
             yield lineno, line
+
+
+def _nul_problem(raw, at_start):
+    """Why a line holding a NUL byte is refused: the UTF-16/32 it looks like (every other
+    byte, or three bytes in four, NUL: ASCII text in those encodings; which byte order, where
+    the line starts the file), or a NUL in text."""
+    body = raw if at_start else raw.strip(b"\x00")  # a line split at a UTF-16 "\n" keeps its other byte
+    for width, encoding in ((4, "UTF-32"), (2, "UTF-16")):
+        if len(body) >= width and body.count(b"\x00") >= (width - 1) * (len(body) // width):
+            if at_start:
+                order = "LE" if body[0] != 0 else "BE"
+                return f"looks like {encoding}{order} text without a byte-order mark, not UTF-8; it " + \
+                    _CONVERT.format(encoding=encoding + order)
+            return (f"looks like {encoding} text (NUL bytes between the characters), not UTF-8; it "
+                    + _CONVERT.format(encoding=f"{encoding}LE (or {encoding}BE)"))
+    at = raw.index(b"\x00")
+    return (f"a NUL byte at byte {at}: text files hold none (a binary file, or a NUL inside a word); remove it, "
+            "e.g. `tr -d '\\000' < FILE`")
 
 
 def iter_tsv(path, columns=None, lines=None):
@@ -211,6 +243,12 @@ class TextPairs:
             return np.arange(len(self))
         return np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
 
+    def unknown_rates(self):
+        """(source, target): the fraction of each side's tokens that are UNK, outside its
+        vocabulary."""
+        return tuple(sum(int(np.sum(ids == UNK)) for ids in side) / max(sum(ids.size for ids in side), 1)
+                     for side in (self.sources, self.targets))
+
     @property
     def source_lengths(self):
         """Encoder lengths (tokens + EOS), one int per pair: what batching.TokenBatcher takes."""
@@ -223,12 +261,13 @@ class TextPairs:
 
     def batch_of_rows(self, rows, max_tokens=None):
         """The ``Batch`` of examples ``rows`` (a --max-tokens batch). With ``max_tokens``,
-        filled up with PAD rows (no labels) to ``max_tokens // max(S, T)`` rows, so the batch
-        shape depends on its (S, T) alone and the jitted step compiles a few times, not once
-        per row count."""
+        filled up with PAD rows (no labels) to ``max_tokens // max(S, T)`` rows (at most the
+        corpus's size), so the batch shape depends on its (S, T) alone and the jitted step
+        compiles a few times, not once per row count."""
         batch = self._batch_of(rows)
-        if max_tokens is not None:
-            batch = pad_rows(batch, max_tokens // max(batch.source.shape[1], batch.target_in.shape[1]))
+        if max_tokens is not None:  # never more rows than the corpus holds: a budget above it pads to it
+            rows = min(max_tokens // max(batch.source.shape[1], batch.target_in.shape[1]), len(self))
+            batch = pad_rows(batch, rows)
         return batch
 
     def _epoch_plan(self, seed, epoch, batch_size):

@@ -118,7 +118,7 @@ def normalize(norm, x):
     With a bfloat16 ``dtype``, Flax's LayerNorm takes its statistics in float32 by promotion
     (``jnp.promote_types(dtype, float32)`` inside flax's ``_compute_stats``), which
     ``jax_numpy_dtype_promotion="strict"`` (the tests' setting) refuses. That promotion is the
-    intended one (DESIGN.md: LayerNorm statistics in float32) and happens inside the library,
+    intended one (docs/design.md: LayerNorm statistics in float32) and happens inside the library,
     where no explicit cast of ours can reach it: so this call alone runs under standard
     promotion, and the rest of the model stays checked. (PyTorch's LayerNorm under autocast
     also runs in float32.)

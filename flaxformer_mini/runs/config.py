@@ -18,7 +18,7 @@ from flaxformer_mini.train.optimizer import TrainConfig
 
 FORMAT, VERSION = "flaxformer-mini-run", 2
 
-# The compute dtype of each name in config.DTYPES: parameters always stay float32 (DESIGN.md, Numerics).
+# The compute dtype of each name in config.DTYPES: parameters always stay float32 (docs/design.md, Numerics).
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 assert tuple(COMPUTE_DTYPES) == DTYPES
 

@@ -6,6 +6,7 @@ from flaxformer_mini.decode.evaluation import evaluate_with_hypotheses
 from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, check_options
 from flaxformer_mini.files import write_atomic
 from flaxformer_mini.runs.run import Run, warn
+from flaxformer_mini.runs.run_data import unknown_tokens_note
 
 
 def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, output=None, echo=warn, data=None,
@@ -27,6 +28,8 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     check_options(run.config.model, beam_size=beam_size, alpha=alpha)
     if data is not None:  # before the checkpoint: fail fast
         held_out, file_lines = read_pairs(run, data, columns)
+        if run.config.data.kind == "tsv" and (note := unknown_tokens_note(held_out, data, "the run's tokenizers")):
+            echo(note)
     else:
         held_out = run.data.eval
     state = run.latest_state()

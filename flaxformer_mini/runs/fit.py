@@ -82,7 +82,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     # Scored as text (BLEU, chrF, WER, CER) at each evaluation: the first eval_decode_lines examples.
     scoring = dict(codec=run.codec, decode_lines=run.config.data.eval_decode_lines)
     log = _StepLog(run, steps, start, log_every, progress, write=main)
-    last_eval = {}
+    last_eval, evaluated_at = {}, None
     # A signal that came while the runtime started, the run was restored or (on another
     # process) anything before this point: every process agrees, and stops before its first step.
     if distributed.any_process(stop.requested, run_devices):
@@ -92,31 +92,34 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
         echo(message)
         raise Stopped(message)
     vote = None  # the previous step boundary's all-reduce of the stop flag
+    place = None if mesh is None else lambda b: shard_batch(process_local_rows(b, mesh), mesh)
     try:
         for step in range(start, steps):
-            micro = run.train_batches(step)
-            for batch in micro:
-                check_batch(batch, trainer.model_config)  # on the host, before any sharding
-            if mesh is not None:  # --max-tokens rows: a multiple of the data-parallel groups
-                micro = [pad_to_data_groups(b, mesh) for b in micro]
-            place = None if mesh is None else lambda b: shard_batch(process_local_rows(b, mesh), mesh)
-            if len(micro) == 1:
-                state, metrics = trainer.train_step(state, micro[0] if place is None else place(micro[0]))
+            tokens = [0]  # the update's target tokens, counted as its micro-batches are drawn
+            micro = _prepared(run.train_batches(step), trainer.model_config, mesh, place, tokens)
+            if run.config.accumulate == 1:
+                state, metrics = trainer.train_step(state, next(micro))
             else:
                 # --accumulate K: one update from K micro-batches, each in its own shape, split over
-                # 'data' as a lone batch is. Never stacked (accumulated_train_step): stacking pads all K
-                # to the most rows and the longest lengths among them, past --max-tokens, and compiles
-                # a program per combination of shapes. Text --batch-size batches vary in length too;
-                # only the synthetic tasks' share one shape, and there the per-micro-batch steps cost
-                # what the stacked scan does (tiny preset, K=4 of 8 rows, the fastest of 5 rounds on a
-                # loaded 2-core CPU: 15.5 ms per update, the scan 18.2 ms).
-                state, metrics = trainer.accumulate(state, micro, place)
+                # 'data' as a lone batch is, drawn one at a time. A stop request is voted on between
+                # them, as at step boundaries, so every process abandons the update at the same one.
+                update = trainer.accumulate(state, micro, stop=_votes(stop, run_devices))
+                if update is None:
+                    _stop_mid_update(manager, state, step, log, echo)
+                state, metrics = update
             done = step + 1
-            log.push(done, metrics, micro)
+            log.push(done, metrics, tokens[0])
             if done % eval_every == 0 or done == steps:
                 log.flush()  # also checks the loss is finite
-                last_eval = evaluate(trainer, evaluation_state(state), eval_batches, **scoring)
-                log.eval(done, last_eval)
+                # Each process evaluates alone; a stop request ends the evaluation between batches
+                # (the run then stops at a step boundary, below), its metrics left unlogged.
+                result = evaluate(trainer, evaluation_state(state), eval_batches, stop=lambda: stop.requested,
+                                  **scoring)
+                if result is None:
+                    echo(f"the evaluation at step {done} was stopped: its metrics are not logged")
+                else:
+                    last_eval, evaluated_at = result, done
+                    log.eval(done, last_eval)
             # Every process must save the same step: a SIGTERM seen by one stops all. Each boundary
             # queues an all-reduce of the stop flag and reads the previous boundary's, which the
             # devices have finished by now (the host waits only where logging already waited):
@@ -147,18 +150,56 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
         remedy = "a lower --lr" + (" or --dtype float32" if run.config.dtype != "float32" else "")
         raise NonFiniteLossError(f"{e}; stopped. {where}. Try {remedy}.") from None
     log.close()
-    evaluated_at = steps
     if not last_eval and start >= steps:
         echo(f"{run.path} has already reached step {start} (asked for {steps}); evaluating")
         last_eval, evaluated_at = evaluate(trainer, evaluation_state(state), eval_batches, **scoring), start
     if main and plot:
         plot_metrics(run.dir)
-    return {"step": evaluated_at, **last_eval}
+    return {"step": steps if evaluated_at is None else evaluated_at, **last_eval}
+
+
+def _prepared(batches, model_config, mesh, place, tokens):
+    """Each micro-batch checked on the host (before any sharding), its target tokens added to
+    ``tokens[0]``, its rows padded to the mesh's data-parallel groups (--max-tokens batches)
+    and placed on the devices."""
+    for batch in batches:
+        check_batch(batch, model_config)
+        tokens[0] += int(np.sum(batch.target_out != PAD))
+        if mesh is not None:
+            batch = pad_to_data_groups(batch, mesh)
+        yield batch if place is None else place(batch)
+
+
+def _votes(stop, devices):
+    """A function every process calls at the same points: True on every process once any
+    process's stop request has been voted on, one call after the call that saw it (each call
+    queues an all-reduce and reads the previous one's, as the step boundaries do)."""
+    pending = None
+
+    def stopping():
+        nonlocal pending
+        agreed = pending is not None and pending()
+        pending = distributed.any_process_later(stop.requested, devices)
+        return agreed
+
+    return stopping
+
+
+def _stop_mid_update(manager, state, step, log, echo):
+    """A stop voted between an update's micro-batches: its sums are dropped, and ``state``,
+    the last complete update's, is saved where no checkpoint holds that step yet."""
+    log.flush()
+    if manager.latest_step() != step:
+        checkpoint.save(manager, state)
+    log.close()
+    message = f"interrupted during update {step + 1}'s micro-batches: saved step {step}; run the same command to resume"
+    echo(message)
+    raise Stopped(message)
 
 
 def describe_model(params, dtype, mesh=None, sharding="replicated"):
     """The run's start line: its parameters' count and dtype, the compute dtype (parameters
-    stay float32 whatever --dtype computes in: DESIGN.md, Numerics), and the devices. The mesh
+    stay float32 whatever --dtype computes in: docs/design.md, Numerics), and the devices. The mesh
     is said here, not stored in config.json: a run may resume under another mesh (checkpoints
     hold whole arrays; orbax restores them into the new mesh's layout)."""
     leaves = jax.tree.leaves(params)
@@ -189,8 +230,8 @@ class _StepLog:
         self.tokens, self.t0 = 0, time.perf_counter()
         self.events = None  # TensorBoard writer, opened at the first logged line (tensorboardX loads then)
 
-    def push(self, step, metrics, micro_batches):
-        self.tokens += sum(int(np.sum(b.target_out != PAD)) for b in micro_batches)
+    def push(self, step, metrics, tokens):
+        self.tokens += tokens
         self.flush()
         rate = None
         # Every log_every steps and at the run's last step, so a run shorter than log_every (or

@@ -11,7 +11,7 @@ FILE is one of
 The run's model comes from its options and data as always; FILE must fit it exactly. Reading
 and converting FILE is parity's work (``parity.init_weights``: its strict conversion, every
 key and shape named), found here through the packaging entry point below, so that
-``flaxformer_mini`` never imports parity (DESIGN.md's import rule). This module keeps what
+``flaxformer_mini`` never imports parity (docs/design.md's import rule). This module keeps what
 the run records of FILE (path and sha256) and the resume rules.
 """
 

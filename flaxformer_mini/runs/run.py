@@ -26,10 +26,10 @@ from flax import nnx
 from flaxformer_mini.data import Batch, SyntheticTask, TextPairs
 from flaxformer_mini.data.codec import Codec
 from flaxformer_mini.data.token_batches import TokenBatcher
-from flaxformer_mini.runs import init_from
+from flaxformer_mini.runs import budget, init_from
 from flaxformer_mini.runs.config import DataConfig, RunConfig, RunConfigError, TrainOptions, resolve_config
 from flaxformer_mini.runs.directory import RunDir, comparable_tokenizer_bytes, data_file_checksums, not_a_run
-from flaxformer_mini.runs.run_data import RunData, load_data
+from flaxformer_mini.runs.run_data import RunData, load_data, unknown_tokens_note
 from flaxformer_mini.scale import distributed
 from flaxformer_mini.train import checkpoint
 from flaxformer_mini.train.state import TrainState, on_default_device
@@ -85,6 +85,7 @@ class Run:
             run_dir.check_data(data_config)
         data = load_data(data_config, run_dir)
         config = resolve_config(options, data_config, *data.vocab_sizes)
+        budget.check_training(config, data.train)  # before anything is written
         params = None
         if options.init_from is not None:  # recorded (path, sha256): a resume checks both
             if run_dir.exists():  # a resume: the checkpoints hold the run; the file may have moved or gone
@@ -147,6 +148,7 @@ class Run:
         if not resuming:
             run._report_dropped(echo)
             run._report_smaller_vocabularies(echo)
+            run._report_unknown_tokens(echo)
         return run
 
     def follow_main(self):
@@ -230,6 +232,23 @@ class Run:
             echo(f"note: --vocab-size {d.tokenizer_vocab_size} asked for, the {d.tokenizer} tokenizer learnt "
                  + ", ".join(f"{n} ({side})" for side, n in smaller.items())
                  + ": all the training text gave it; the model's vocabulary is that size")
+
+    def _report_unknown_tokens(self, echo):
+        """A text run whose pairs its tokenizers mostly cannot read: training pairs numbered by
+        another run's tokenizers (--tokenizer-from), and a --valid file."""
+        d = self.config.data
+        if d.kind != "tsv":
+            return
+        files = []
+        if d.tokenizer_from is not None:
+            files.append((self.data.train, d.train_path, f"the tokenizers of --tokenizer-from {d.tokenizer_from}"))
+        if d.valid_path is not None:
+            files.append((self.data.eval, d.valid_path, "the tokenizers trained on --data"
+                          if d.tokenizer_from is None else "the --tokenizer-from run's tokenizers"))
+        for pairs, path, what in files:
+            note = unknown_tokens_note(pairs, path, what)
+            if note:
+                echo(note)
 
     def _report_dropped(self, echo):
         for name, pairs in (("training", self.data.train), ("validation", self.data.eval)):
@@ -351,11 +370,12 @@ class Run:
     # --- training batches
 
     def train_batches(self, step):
-        """The micro-batches of optimizer update ``step`` (one, or ``accumulate`` of them): a
+        """The micro-batches of optimizer update ``step`` (one, or ``accumulate`` of them),
+        drawn one at a time as they are iterated (an update of many holds one in memory): a
         function of (seed, step) alone, so a resumed run sees the same batches. Micro-batch j
         of update k is the data stream's batch k * accumulate + j."""
         k = self.config.accumulate
-        return [self._batch(step * k + j) for j in range(k)]
+        return (self._batch(step * k + j) for j in range(k))
 
     def _batch(self, index):
         if self.data.train is None:  # an opened run whose training file moved (load_data)

@@ -82,6 +82,28 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     return RunData(train, valid, vocabs)
 
 
+# A side with more of its tokens outside the vocabulary than this is said: a --valid or
+# evaluate --data file, or the training file under another run's --tokenizer-from.
+UNKNOWN_NOTE_RATE = 0.05
+# ... and this many suggests the file is not what the tokenizers were made for.
+UNKNOWN_MISMATCH_RATE = 0.5
+
+
+def unknown_tokens_note(pairs, path, what):
+    """A line saying how many of ``pairs``' tokens (each side's) are UNK, or None when no side
+    passes ``UNKNOWN_NOTE_RATE``. ``what``: how the tokenizers came to this file."""
+    rates = dict(zip(("source", "target"), pairs.unknown_rates()))
+    high = {side: rate for side, rate in rates.items() if rate > UNKNOWN_NOTE_RATE}
+    if not high:
+        return None
+    said = " and ".join(f"{rate:.1%} of its {side} tokens" for side, rate in high.items())
+    hint = ""
+    if max(high.values()) > UNKNOWN_MISMATCH_RATE:
+        hint = ("; so many suggests swapped source and target columns (--columns) or another corpus than the "
+                "tokenizers were trained on")
+    return f"warning: {path}: {said} are outside the vocabulary ({what}) and read as <unk>{hint}"
+
+
 def _text_pairs(path, pairs, vocabs, config, held_out=0, line_numbers=None):
     """TextPairs of ``pairs`` read from ``path``; every pair too long is an error naming the
     file and the option that raises the limit (and the ``held_out`` pairs of the file that

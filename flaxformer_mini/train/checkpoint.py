@@ -14,6 +14,7 @@ import logging
 import re
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -218,7 +219,7 @@ def _silence_orbax_aftermath():
     each with a traceback: the "absl" logger (its signalling threads), the "asyncio" logger
     ("exception was never retrieved", often at exit), ``sys.unraisablehook`` (TensorStore's
     threads calling ``call_soon_threadsafe`` on orbax's closed event loop, seen from its
-    "Dummy" threads; collected futures) and ``sys.excepthook``.
+    "Dummy" threads; collected futures), ``sys.excepthook`` and ``threading.excepthook``.
     They carry nothing the caller's one-line summary has not said. Installed once, before the
     first save and before the first restore (not in an ``except`` after a failure: the
     threads report while the error is still propagating): it drops only the closed-event-loop
@@ -237,22 +238,44 @@ def _silence_orbax_aftermath():
         if not _is_closed_loop(value):
             previous_except(kind, value, traceback)
 
+    def thread_excepthook(args):  # a writer thread's own uncaught error, after the save's was reported
+        if not (_is_closed_loop(args.exc_value) or _is_disk_full(args.exc_value) or _is_removed_partial(args.exc_value)):
+            previous_thread(args)
+
+    previous_thread = threading.excepthook
     unraisable._flaxformer_mini = excepthook._flaxformer_mini = True
-    sys.unraisablehook, sys.excepthook = unraisable, excepthook
+    sys.unraisablehook, sys.excepthook, threading.excepthook = unraisable, excepthook, thread_excepthook
     for name in ("absl", "asyncio"):
         logging.getLogger(name).addFilter(_drop_reported_failures)
 
 
 def _drop_reported_failures(record):
-    """A logging filter: False (drop) for a record of a full disk, or of a TensorStore read
-    whose failure the caller has reported: asyncio logs "Task exception was never retrieved"
-    for each of orbax's abandoned reads when the task is collected, which may be after the
-    loggers were quieted (seen in 1 of 2 suite runs of test_parity_faults' five reads)."""
+    """A logging filter: False (drop) for a record of a full disk, of a save's temporary
+    directory gone (``save`` removes a full disk's half-written one while orbax's signalling
+    threads may still write into it), or of a TensorStore read whose failure the caller has
+    reported: asyncio logs "Task exception was never retrieved" for each of orbax's abandoned
+    reads when the task is collected, which may be after the loggers were quieted (seen in 1
+    of 2 suite runs of test_parity_faults' five reads)."""
     error = record.exc_info[1] if record.exc_info else None
     if _is_disk_full(error) or "No space left on device" in record.getMessage():
         return False
+    if _is_removed_partial(error) or (_PARTIAL in record.getMessage() and "No such file" in record.getMessage()):
+        return False
     abandoned = "exception was never retrieved" in record.getMessage()
     return not (abandoned and "tensorstore_spec" in str(error))
+
+
+_PARTIAL = ".orbax-checkpoint-tmp"  # orbax's name for a checkpoint being written
+
+
+def _is_removed_partial(error):
+    """Whether ``error`` (through its chain) is a file missing under a checkpoint that was being
+    written: what orbax's threads report after ``_remove_partial``."""
+    while error is not None:
+        if isinstance(error, FileNotFoundError) and _PARTIAL in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _is_closed_loop(error):
