@@ -112,9 +112,11 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
             if done % eval_every == 0 or done == steps:
                 log.flush()  # also checks the loss is finite
                 # Each process evaluates alone; a stop request ends the evaluation between batches
-                # (the run then stops at a step boundary, below), its metrics left unlogged.
-                result = evaluate(trainer, evaluation_state(state), eval_batches, stop=lambda: stop.requested,
-                                  **scoring)
+                # (the run then stops at a step boundary, below), its metrics left unlogged. Not the
+                # last step's: the run is finished then, its result is that evaluation, and a second
+                # signal still stops the process at once.
+                until = None if done == steps else (lambda: stop.requested)
+                result = evaluate(trainer, evaluation_state(state), eval_batches, stop=until, **scoring)
                 if result is None:
                     echo(f"the evaluation at step {done} was stopped: its metrics are not logged")
                 else:
