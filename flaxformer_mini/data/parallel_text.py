@@ -1,6 +1,7 @@
 """Parallel text: ``source<TAB>target`` files, and ``TextPairs``, their encoded pairs with
 length-bucketed training batches that are functions of ``(seed, step)`` alone."""
 
+import itertools
 import math
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from .batches import UNK, DataError, _non_negative_int, _positive_int, make_batc
 # Bucketing sorts by length within pools of this many batches, not over the whole data set:
 # batches still hold similar lengths, but which examples share a batch changes every epoch.
 _BUCKET_POOL_BATCHES = 32
+_ENCODE_CHUNK = 8192  # pairs encoded per encode_batch call: big enough to amortise it, small in memory
 
 
 def read_tsv(path, columns=None):
@@ -143,6 +145,12 @@ def iter_tsv(path, columns=None, lines=None):
         raise DataError(f"{path}: no source<TAB>target pairs ({why})")
 
 
+def _flatten(encoded):
+    """(flat int32 ids, int64 lengths) of a list of id lists."""
+    lengths = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
+    return np.fromiter(itertools.chain.from_iterable(encoded), np.int32, count=int(lengths.sum())), lengths
+
+
 def _split_line(line, columns):
     """(why ``line`` is not a pair: '' when it is one, None when it is blank; its (source,
     target) when it is one)."""
@@ -189,29 +197,56 @@ class TextPairs:
             raise ValueError(f"max_len must be >= 2 (a word and its EOS), got {max_len}")
         self.length_multiple = _positive_int("length_multiple", length_multiple)
         self.source_vocab, self.target_vocab = source_vocab, target_vocab
-        self.sources, self.targets = [], []  # int32 ids without specials
-        self.kept = []  # the input index of each kept pair
+        parts = {"s": [], "sl": [], "t": [], "tl": [], "kept": []}
         self.dropped = 0
         self.longest_dropped = 0  # tokens of the longest side of a dropped pair
-        for index, (source, target) in enumerate(pairs):
-            s, t = source_vocab.encode(source), target_vocab.encode(target)
-            if len(s) + 1 > self.max_len or len(t) + 1 > self.max_len:
-                self.dropped += 1
-                self.longest_dropped = max(self.longest_dropped, len(s), len(t))
-                continue
-            self.kept.append(index)
-            self.sources.append(np.asarray(s, np.int32))
-            self.targets.append(np.asarray(t, np.int32))
-        if not self.sources:
+        pairs, start = iter(pairs), 0
+        # Encoded a chunk at a time (encode_batch: parallel Rust for the Hugging Face kinds), each
+        # chunk's ids made flat arrays at once: no Python object per token or pair outlives it.
+        while chunk := list(itertools.islice(pairs, _ENCODE_CHUNK)):
+            sources, targets = zip(*chunk)
+            s_ids, s_len = _flatten(source_vocab.encode_batch(sources))
+            t_ids, t_len = _flatten(target_vocab.encode_batch(targets))
+            keep = (s_len + 1 <= self.max_len) & (t_len + 1 <= self.max_len)  # + EOS (or BOS)
+            if not keep.all():
+                self.dropped += int((~keep).sum())
+                self.longest_dropped = max(self.longest_dropped, int(np.maximum(s_len, t_len)[~keep].max()))
+                s_ids, t_ids = s_ids[np.repeat(keep, s_len)], t_ids[np.repeat(keep, t_len)]
+                s_len, t_len = s_len[keep], t_len[keep]
+            for key, value in zip(("s", "sl", "t", "tl", "kept"), (s_ids, s_len, t_ids, t_len,
+                                                                 start + np.flatnonzero(keep))):
+                parts[key].append(value)
+            start += len(chunk)
+        if not sum(map(len, parts["kept"])):
             raise DataError(f"no pairs: all {self.dropped} are longer than max_len={self.max_len}" if self.dropped else "no pairs")
+        # Per side: one flat int32 array of every example's ids (no BOS/EOS) and int64 offsets,
+        # example i being ids[offsets[i]:offsets[i + 1]].
+        self._source_ids, self._target_ids = np.concatenate(parts.pop("s")), np.concatenate(parts.pop("t"))
+        source_len, target_len = np.concatenate(parts.pop("sl")), np.concatenate(parts.pop("tl"))
+        self._source_offsets = np.concatenate([[0], np.cumsum(source_len)]).astype(np.int64)
+        self._target_offsets = np.concatenate([[0], np.cumsum(target_len)]).astype(np.int64)
+        self.kept = np.concatenate(parts.pop("kept")).tolist()  # the input index of each kept pair
         self.line_numbers = None if line_numbers is None else [line_numbers[i] for i in self.kept]
         # Padded lengths: tokens + EOS (source) and BOS/EOS + tokens (target).
-        self._source_lengths = np.array([s.size + 1 for s in self.sources])
-        self._target_lengths = np.array([t.size + 1 for t in self.targets])
+        self._source_lengths, self._target_lengths = source_len + 1, target_len + 1
         self._plan_key, self._plan = None, None
 
     def __len__(self):
-        return len(self.sources)
+        return len(self._source_lengths)
+
+    def source(self, i):
+        """Example i's source ids (int32, no EOS)."""
+        return self._source_ids[self._source_offsets[i]:self._source_offsets[i + 1]]
+
+    def target(self, i):
+        """Example i's target ids (int32, no BOS/EOS)."""
+        return self._target_ids[self._target_offsets[i]:self._target_offsets[i + 1]]
+
+    @property
+    def nbytes(self):
+        """The bytes of the encoded examples' arrays."""
+        return sum(a.nbytes for a in (self._source_ids, self._source_offsets, self._target_ids, self._target_offsets,
+                                      self._source_lengths, self._target_lengths))
 
     def steps_per_epoch(self, batch_size):
         return math.ceil(len(self) / _positive_int("batch_size", batch_size))
@@ -246,8 +281,8 @@ class TextPairs:
     def unknown_rates(self):
         """(source, target): the fraction of each side's tokens that are UNK, outside its
         vocabulary."""
-        return tuple(sum(int(np.sum(ids == UNK)) for ids in side) / max(sum(ids.size for ids in side), 1)
-                     for side in (self.sources, self.targets))
+        return tuple(int(np.count_nonzero(ids == UNK)) / max(ids.size, 1)
+                     for ids in (self._source_ids, self._target_ids))
 
     @property
     def source_lengths(self):
@@ -299,8 +334,8 @@ class TextPairs:
     def _batch_of(self, rows):
         rows = list(rows)
         return make_batch(
-            [self.sources[i] for i in rows],
-            [self.targets[i] for i in rows],
+            [self.source(i) for i in rows],
+            [self.target(i) for i in rows],
             self._padded_length(int(self._source_lengths[rows].max())),
             self._padded_length(int(self._target_lengths[rows].max())),
         )

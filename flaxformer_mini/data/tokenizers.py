@@ -91,7 +91,7 @@ class Tokenizer:
         """Vocabulary size, special tokens included: the model's vocab size."""
         raise NotImplementedError
 
-    # data.Vocab's names, so a Tokenizer drops in wherever a Vocab is used today
+    # data.Vocab's names, so a Tokenizer drops in wherever a Vocab is used
     # (data.TextPairs, generation's unknown-word note).
     def unknown_words(self, text):
         return self.unknown(text)

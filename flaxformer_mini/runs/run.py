@@ -54,7 +54,7 @@ class _PairNames:
     def __getitem__(self, i):
         lines = self.pairs.line_numbers
         where = f"{self.path}:{lines[i]}" if lines is not None else str(self.path)
-        source = self.pairs.source_vocab.decode(self.pairs.sources[i])
+        source = self.pairs.source_vocab.decode(self.pairs.source(i))
         shown = source if len(source) <= self.SHOWN else source[: self.SHOWN] + "..."
         return f"{where}: the pair whose source is {shown!r}"
 
