@@ -107,14 +107,15 @@ class Bfloat16Report:
 
         shown = [r for r in self.rows if show_all or not r.ok or landmark(r) or r is self.largest]
         width = max([len(r.name or "logits") for r in shown] + [12])
-        lines = [f"{self.preset}: Flax twin in bfloat16 against torch in float32{'; ' + self.devices if self.devices else ''}",
+        where = f"; {self.devices}" if self.devices else ""
+        lines = [f"{self.preset}: Flax twin in bfloat16 against torch in float32{where}",
                  f"tolerance = {self.factor:g} x 2^-8 x sqrt(depth + 1) x max |torch|",
                  f"{'intermediate':<{width}} {'depth':>5} {'dtype':<9} {'max abs diff':>12} {'max |torch|':>11} "
                  f"{'tolerance':>10} {'of tol.':>7}  ok"]
         for r in shown:
             status = "yes" if r.ok else "NO" + (f"  {r.note}" if r.note else "")
-            lines.append(f"{r.name or 'logits':<{width}} {r.depth:>5} {r.dtype:<9} {r.max_abs:>12.3e} {r.scale:>11.3e} "
-                         f"{r.tolerance:>10.3e} {r.share:>7.2f}  {status}")
+            lines.append(f"{r.name or 'logits':<{width}} {r.depth:>5} {r.dtype:<9} {r.max_abs:>12.3e} "
+                         f"{r.scale:>11.3e} {r.tolerance:>10.3e} {r.share:>7.2f}  {status}")
         if len(shown) < len(self.rows):
             lines.append(f"({len(self.rows) - len(shown)} more rows compared; --all shows them)")
         first, largest = self.first_divergence, self.largest
@@ -122,7 +123,8 @@ class Bfloat16Report:
             lines.append(f"all {len(self.rows)} rows within tolerance; nearest: {largest.name or 'logits'} at "
                          f"{largest.share:.2f} of its tolerance")
         else:
-            lines.append(f"first divergence: {first.name or 'logits'} ({first.note or f'{first.share:.2f} x its tolerance'})")
+            why = first.note or f"{first.share:.2f} x its tolerance"
+            lines.append(f"first divergence: {first.name or 'logits'} ({why})")
         return "\n".join(lines)
 
     def to_dict(self):
@@ -131,7 +133,8 @@ class Bfloat16Report:
                 "rule": "max |Flax bfloat16 - torch float32| <= factor * step * sqrt(depth + 1) * max |torch float32|",
                 "ok": self.ok, "first_divergence": self.first_divergence.name if self.first_divergence else None,
                 "largest_share_of_tolerance": largest.share if largest and math.isfinite(largest.share) else None,
-                "rows": [_finite({**dataclasses.asdict(r), "shape": list(r.shape), "share": r.share}) for r in self.rows]}
+                "rows": [_finite({**dataclasses.asdict(r), "shape": list(r.shape), "share": r.share})
+                         for r in self.rows]}
 
 
 def _finite(row):
@@ -235,7 +238,8 @@ def main(argv=None):
     if args.json:
         from flaxformer_mini.files import write_atomic
 
-        write_atomic(args.json, json.dumps({"reports": [r.to_dict() for r in reports]}, indent=1, allow_nan=False) + "\n")
+        text = json.dumps({"reports": [r.to_dict() for r in reports]}, indent=1, allow_nan=False)
+        write_atomic(args.json, text + "\n")
     return 0 if all(r.ok for r in reports) else 1
 
 
