@@ -33,8 +33,8 @@ from tools.ablation_variants import VARIANTS, Variant
 # Stand-ins for the XLA:GPU flag variants, which a CPU cannot run: one flag XLA:CPU knows (set
 # to its default value, so the step is the default's), and one it does not.
 KNOWN_FLAG = Variant("xla_cpu_known_flag", "a flag XLA:CPU knows, at its default value",
-                     child="xla_cpu_known_flag", xla_flags="--xla_cpu_enable_fast_min_max=true")
-UNKNOWN_FLAG = Variant("xla_unknown_flag", "a flag no XLA knows", child="xla_unknown_flag",
+                     group="xla_cpu_known_flag", xla_flags="--xla_cpu_enable_fast_min_max=true")
+UNKNOWN_FLAG = Variant("xla_unknown_flag", "a flag no XLA knows", group="xla_unknown_flag",
                        xla_flags="--xla_no_such_flag_here=true")
 GPU_ONLY = {name for name, v in VARIANTS.items() if v.gpu_only}
 
@@ -115,7 +115,7 @@ def test_a_spent_budget_leaves_each_variant_listed_as_not_run(tmp_path):
     # Inside a group: a compile does not start past the deadline either.
     records = {"default": ablations._record("default")}
     ablations.time_group(["default"], None, None, 1, records, deadline=0.0, budget_s=5)
-    assert records["default"]["status"] == "not_run" and "--budget-s 5" in records["default"]["reason"]
+    assert records["default"]["status"] == "not_run" and "given 5 s of it" in records["default"]["reason"]
 
 
 def test_bad_options_are_refused_before_anything_runs(tmp_path, capsys):

@@ -1,17 +1,18 @@
 """The ablations' variants: each a configuration of flaxformer_mini's train step, by name.
 
 ``VARIANTS`` maps a name to a ``Variant``: what it measures (``what``), how its path is built
-(``build(preset, jbatch) -> benchmarks.measure.Path``), and where it runs:
+(``build(preset, jbatch) -> benchmarks.measure.Path``), and the group it is timed in, each
+group a process of its own (``tools/ablations.py`` starts them one after the other):
 
-- in the process that times ``default`` (most of them: interleaved with it, so their ratios
-  to it hold whatever the machine's load);
-- in a child process of its own group (``child``): the unscanned step, whose compile takes
-  minutes on a GPU, and the larger batches, whose memory would add to every other variant's;
-  a child times ``default`` beside them (its compile comes from JAX's persistent cache where
-  one is set), so their ratios are within one process too;
-- in a child process with its own ``XLA_FLAGS`` (``xla_flags``): XLA reads its flags once,
-  when the backend starts, and aborts on a flag it does not know, so each flag variant is a
-  process of its own, compared with the parent's ``default`` (another process: said so).
+- ``main`` (``group`` empty): most of them, interleaved with ``default``, so their ratios to
+  it hold whatever the machine's load;
+- a named group (``group``) for the variants that would weigh on ``main``: the unscanned step,
+  whose compile takes minutes on a GPU, and the larger batches, whose memory would add to every
+  other variant's; the group times ``default`` beside them (compiled once for the whole run
+  where JAX's persistent cache is set), so their ratios are within one process too;
+- a group of its own per XLA flag (``xla_flags``): XLA reads its flags once, when the backend
+  starts, and aborts on a flag it does not know, so such a variant is ``default`` in a
+  process started with that flag, compared with ``main``'s ``default`` (another process).
 
 ``gpu_only`` says why a variant cannot run without a GPU; the runner lists such a variant as
 skipped rather than leave it out. ``skip(preset)`` gives a reason a variant is meaningless for
@@ -20,7 +21,7 @@ a preset (the unscanned step of an unscanned run), or None.
 Nothing in flaxformer_mini changes: a variant builds the model with other arguments (the
 remat policy, the dropout rate, the attention), runs under another ``jax_default_prng_impl``,
 or swaps one function for the time its step is traced (the LayerNorm, the loss), which only an
-investigation may do; ``tools/ablations.py`` runs them.
+investigation may do.
 """
 
 import contextlib
@@ -50,10 +51,10 @@ from flaxformer_mini.train.state import TrainState
 class Variant:
     name: str
     what: str
-    build: Callable | None = None  # (preset, jbatch) -> Path; None: the child's ``default`` under xla_flags
+    build: Callable | None = None  # (preset, jbatch) -> Path; None: ``default`` under ``xla_flags``
     gpu_only: str = ""  # why it needs a GPU ("" runs anywhere)
-    child: str = ""  # the child process group it runs in ("" : the parent's process)
-    xla_flags: str = ""  # a child of its own with these XLA_FLAGS added
+    group: str = ""  # the group (process) it is timed in; "": main
+    xla_flags: str = ""  # a group of its own, started with these XLA_FLAGS added
     skip: Callable = lambda preset: None  # (preset) -> reason it does not apply, or None
 
 
@@ -338,13 +339,13 @@ def _catalogue():
         Variant("eval_forward_x3", "three eval forwards: a train step at the forward pass's efficiency "
                                    "(backward = 2 forwards)", build=_forward_x3),
         Variant("batch_x2", "the batch doubled (B=32 on the large preset), time per step: where the step "
-                            "becomes GEMM-bound", build=_batch_path(2), child="batch"),
-        Variant("batch_x4", "the batch x4 (B=64 on the large preset)", build=_batch_path(4), child="batch"),
+                            "becomes GEMM-bound", build=_batch_path(2), group="batch"),
+        Variant("batch_x4", "the batch x4 (B=64 on the large preset)", build=_batch_path(4), group="batch"),
         Variant("unscanned", "the same step with the layers unscanned (one module per layer, no stacks to fill "
                              "or slice), at the run's other settings",
                 build=lambda p, b: train_path("unscanned", p.replace(scan_layers=False), b),
-                child="unscanned", skip=_not_scanned),
-        *[Variant(name, f"{flag_what[name]}: {flags}", gpu_only=_GPU_FLAG, child=name, xla_flags=flags)
+                group="unscanned", skip=_not_scanned),
+        *[Variant(name, f"{flag_what[name]}: {flags}", gpu_only=_GPU_FLAG, group=name, xla_flags=flags)
           for name, flags in flag_variants.items()],
     ]
     return {v.name: v for v in out}

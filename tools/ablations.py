@@ -107,14 +107,15 @@ def _budget_reason(budget_s):
 
 # --- one group, in its own process (--group) -------------------------------------------------
 
-def time_group(names, preset, jbatch, reps, records, deadline, budget_s):
+def time_group(names, preset, jbatch, reps, records, deadline=None, budget_s=None):
     """Build, compile (first call) and time ``names`` interleaved in this process; fill their
-    ``records``. No compile starts after ``deadline`` (time.monotonic()); a variant that fails
-    is recorded and the others go on."""
+    ``records``. No compile starts after ``deadline`` (time.monotonic(); ``budget_s``: the
+    seconds its group was given); a variant that fails is recorded and the others go on."""
     paths = {}
     for name in names:
         if deadline is not None and time.monotonic() > deadline:
-            records[name].update(status="not_run", reason=_budget_reason(budget_s))
+            records[name].update(status="not_run", reason=f"the run's budget was spent before it started (its "
+                                                          f"group was given {budget_s:.0f} s of it)")
             continue
         log(f"{name}: build and first call (compiles) ...")
         start = time.perf_counter()
@@ -311,7 +312,7 @@ def _list():
     lines = []
     for v in VARIANTS.values():
         where = (f"a group of its own, XLA_FLAGS {v.xla_flags}" if v.xla_flags
-                 else f"group {v.child}" if v.child else f"group {MAIN}")
+                 else f"group {v.group}" if v.group else f"group {MAIN}")
         lines.append(f"{v.name:<30} [{where}{'; GPU only: ' + v.gpu_only if v.gpu_only else ''}]\n    {v.what}")
     return "\n".join(lines)
 
@@ -380,7 +381,7 @@ def main(argv=None):
         if reason:
             records[name].update(status="skipped", reason=reason)
         else:
-            groups.setdefault(name if v.xla_flags else v.child or MAIN, []).append(name)
+            groups.setdefault(name if v.xla_flags else v.group or MAIN, []).append(name)
     report = {
         "tool": "python -m tools.ablations", "argv": sys.argv if argv is None else ["python -m tools.ablations", *argv],
         "complete": False,
