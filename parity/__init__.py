@@ -13,6 +13,9 @@
 - ``check_twins`` / ``check_checkpoint``: what ``parity check`` runs, gradients included
   (``float64_reference=True``: each output also judged against the torch twin in float64);
   ``check_decoding``: its ``--decode``, greedy decoding with KV caches compared id for id.
+- ``check_bfloat16`` / ``bfloat16_twin``: the Flax twin computing in bfloat16 against the torch
+  twin in float32, each intermediate held to the bfloat16 policy by its depth
+  (``python -m parity.bfloat16``).
 - ``save_flax_params`` / ``load_flax_params``: Flax parameter files (``parity convert``).
 
 This is the only package that imports both torch and JAX.
@@ -29,6 +32,8 @@ _EXPORTS = {
     "check_checkpoint": "parity.check",
     "check_twins": "parity.check",
     "check_decoding": "parity.decode_check",
+    "check_bfloat16": "parity.bfloat16",
+    "bfloat16_twin": "parity.bfloat16",
     "DecodeReport": "parity.decode_check",
     "Report": "parity.report",
     "Row": "parity.report",

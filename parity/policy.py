@@ -20,6 +20,14 @@ NEAR_TIE_FACTOR = 10
 # torch's rounding.
 FLOAT64_FACTOR = 2
 
+# ``parity.bfloat16``: the Flax twin computing in bfloat16 against the torch twin in float32.
+# Each row's max absolute difference may be BFLOAT16_FACTOR x 2^-8 (bfloat16's rounding step,
+# relative: 8 significant bits) x sqrt(depth + 1) x the row's largest float32 magnitude, depth
+# being the number of blocks the row's value has gone through. The factor is twice the largest
+# difference measured in those units (docs/design.md, "Parity policy", has the measurements).
+BFLOAT16_STEP = 2.0**-8
+BFLOAT16_FACTOR = 4
+
 # The largest tolerance a float64 comparison takes: above it, float32's rounding is back in
 # the tolerance and the slips float64 exists to show (a LayerNorm epsilon 1e-6 for 1e-5) pass.
 FLOAT64_MAX_ATOL = 1e-8
