@@ -55,8 +55,13 @@ def refuse_unusable_weights(state_dict, config):
     from parity import engine
     from parity.convert import tensor_to_numpy
     from parity.flax_io import abstract_model
+    from parity.tied import own_ties
 
-    arrays = engine.check_torch(engine.plan(abstract_model(config)), state_dict, "Transformer", read=tensor_to_numpy)
+    model = abstract_model(config)
+    tie, untied = own_ties(model), {}
+    if tie is not None:  # a tied model's copies: each its table bit for bit, then left out
+        state_dict, untied = tie.forward(state_dict, read=tensor_to_numpy)
+    arrays = engine.check_torch(engine.plan(model), state_dict, "Transformer", read=tensor_to_numpy, invalid=untied)
     lines, invalid = [], {}
     for name, found in (("NaN", np.isnan), ("Inf", np.isinf)):
         keys = [key for key, array in arrays.items() if found(array).any()]

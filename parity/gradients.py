@@ -36,7 +36,9 @@ def next_token_labels(target, pad_id=PAD):
 
 
 def _torch_loss_and_grads(model, source, target, labels, pad_id):
-    params = dict(model.named_parameters())
+    # Every name of a tied parameter (tie_embeddings): its one gradient under each key, as
+    # flax_to_torch writes the Flax table's under each (named_parameters() lists it once).
+    params = dict(model.named_parameters(remove_duplicate=False))
     for p in params.values():
         p.grad = None
     try:

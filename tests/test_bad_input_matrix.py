@@ -245,6 +245,14 @@ def tsv_with(content, *options):
     return lambda d, f: tsv(content)(d, f) + list(options)
 
 
+def tie_all_with_tokenizers_of_two_vocabularies(d, finished):
+    """--tie-embeddings all with --tokenizer-from a text run that has a tokenizer a side."""
+    run = copy_run("text")(d, finished)
+    return ["train", "--data", str(d / "train.tsv"), "--tokenizer-from", str(run), "--tie-embeddings", "all",
+            "--out", str(d / "out"), "--preset", "tiny", "--steps", "2", "--batch-size", "4", "--max-len", "8",
+            "--no-progress", "--no-plot"]
+
+
 CASES = [
     # --- TSV data
     ("tsv_line_without_tab", tsv("a b\tx y\nno tab here\n"), 2, r"train\.tsv:2: expected one tab.*found no tab"),
@@ -332,6 +340,14 @@ CASES = [
      r"the width 31 \(--embed-size or --preset tiny\) is not divisible by the 5 heads"),
     ("more_devices_than_exist", train_option("--devices", "3"), 2, r"asked for 3 devices"),
     ("clip_norm_not_a_number", train_option("--clip-norm", "lots"), 2, r"--clip-norm"),
+    ("tie_embeddings_unknown", train_option("--tie-embeddings", "encoder"), 2,
+     r"argument --tie-embeddings: invalid choice: 'encoder' \(choose from '?decoder'?, '?all'?\)"),
+    ("tie_all_without_shared_vocab", tsv_with(GOOD_TSV, "--tie-embeddings", "all"), 2,
+     r"flaxformer-mini train: error: --tie-embeddings all goes with --shared-vocab: one embedding table for source "
+     r"and target needs one vocabulary"),
+    ("tie_all_with_tokenizers_of_two_vocabularies", tie_all_with_tokenizers_of_two_vocabularies, 2,
+     r"--tie-embeddings all shares one embedding table between source and target, which needs one vocabulary for "
+     r"both sides \(--shared-vocab\): the run --tokenizer-from \S+ names has one tokenizer a side"),
     # --- run directories
     ("out_is_a_file", out_is_a_file, 2, r"--out .*out: is a file; give a directory for the run"),
     ("out_holds_something_else", out_not_a_run, 2, r"exists and is not a flaxformer-mini run"),
@@ -343,6 +359,9 @@ CASES = [
     ("out_holds_a_run_of_another_schedule", on_run("train", "--schedule", "constant"), 2,
      r"another run whose config differs: train\.schedule \(--schedule\): 'rsqrt' in the run, 'constant' now\. Use"),
     ("out_being_trained", run_held_by_another_process, 2, r"is being trained by process \d+ on "),
+    # Which tables are one is the model's parameters: an untied run resumed with a tie is another run.
+    ("out_holds_an_untied_run", on_run("train", "--tie-embeddings", "decoder"), 2,
+     r"another run whose config differs: model\.tie_embeddings \(--tie-embeddings\): None in the run, 'decoder' now"),
     ("config_not_json", on_run("evaluate", edit=write("config.json", "{")), 2, r"config\.json: not valid JSON"),
     ("config_not_json_on_resume", on_run("train", edit=write("config.json", "")), 2, r"config\.json: not valid JSON"),
     ("config_not_a_run", on_run("evaluate", edit=write("config.json", '{"a": 1}')), 2,
@@ -436,6 +455,12 @@ CASES = [
      r"is part of the flaxformer-mini run \S*synthetic, not a weights file"),
     ("init_from_on_a_run_started_without_it", init_from(init_weights(), run="synthetic"), 2,
      r"--init-from: the run started from a random init"),
+    # Untied weights (their output projection not their embedding) cannot start a tied run.
+    ("init_from_untied_weights_into_a_tied_run", lambda d, f: init_from(init_weights())(d, f) + [
+        "--tie-embeddings", "decoder"], 2,
+     r"--init-from \S*w\.safetensors does not fit the run's model: 'decoder\.fc\.weight': tied to "
+     r"'decoder\.embedding_layer\.weight', but \d+ of 330 values differ .*: a checkpoint whose tied weights differ "
+     r"is not tied\. The run's model: .*embeddings tied \('decoder'\), set by .*--tie-embeddings"),
 ]
 
 

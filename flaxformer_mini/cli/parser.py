@@ -5,7 +5,7 @@ fraction of a second)."""
 import argparse
 import math
 
-from flaxformer_mini.model.config import DTYPES, PRESETS, get_preset
+from flaxformer_mini.model.config import DTYPES, PRESETS, TIE_EMBEDDINGS, get_preset
 
 DEBUG_ENV = "FLAXFORMER_MINI_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
@@ -160,6 +160,11 @@ def _data_problem(args):
         if given:
             return (f"{' and '.join(given)} cannot go with --tokenizer-from: the tokenizers, their kind, size and "
                     f"sharing are those of the run it names")
+    if (getattr(args, "tie_embeddings", None) == "all" and getattr(args, "data", None) and not args.shared_vocab
+            and args.tokenizer_from is None):  # --tokenizer-from's run says its sharing: checked once it is read
+        return ("--tie-embeddings all goes with --shared-vocab: one embedding table for source and target needs one "
+                "vocabulary for both sides (--tie-embeddings decoder ties the target embedding and the output "
+                "projection alone)")
     if getattr(args, "columns", None) is not None and not getattr(args, "data", None):
         return ("--columns goes with --data: it says which columns of that file to read"
                 + (" (a synthetic task reads no file)" if getattr(args, "task", None) else ""))
@@ -224,6 +229,12 @@ def build_parser():
                         "torch) or parity convert's Flax file or directory. The model comes from the options as "
                         "always and must fit the file exactly (sizes, --max-len, vocabulary sizes). Recorded in "
                         "config.json (path, sha256): a resume gives the same FILE and continues from its checkpoints")
+    t.add_argument("--tie-embeddings", choices=TIE_EMBEDDINGS, default=None,
+                   help="one table for several embeddings (fairseq's sharing options): decoder ties the target "
+                        "embedding and the output projection (--share-decoder-input-output-embed), all ties the "
+                        "source embedding too (--share-all-embeddings; text needs --shared-vocab, a synthetic task's "
+                        "sides share their tokens); the output bias stays its own. Default: none, the seed's model. "
+                        "Recorded in the run")
     t.add_argument("--scan-layers", action="store_true",
                    help="hold each side's layers as one stacked block run by a scan: compile time stays flat in "
                         "depth (checkpoints hold stacked parameters; recorded in the run)")

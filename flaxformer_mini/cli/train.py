@@ -39,7 +39,7 @@ def run(args, stop):
                                clip_norm=args.clip_norm, label_smoothing=args.label_smoothing, dropout=args.dropout,
                                dtype=args.dtype, seed=args.seed, max_tokens=args.max_tokens,
                                accumulate=args.accumulate, scan_layers=args.scan_layers, remat=args.remat,
-                               init_from=args.init_from)
+                               init_from=args.init_from, tie_embeddings=args.tie_embeddings)
         run, mesh = launch(args.out, options, lambda: _prepare(args, batch_size, echo), echo)
         try:
             result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every,

@@ -11,7 +11,7 @@ from flaxformer_mini.model import scanned
 from flaxformer_mini.model.axes import EMBED, LENGTH, VOCAB
 from flaxformer_mini.model.config import ModelConfig
 from flaxformer_mini.model.layers import DecoderBlock, TransformerBlock
-from flaxformer_mini.model.primitives import embedding, linear
+from flaxformer_mini.model.primitives import SharedEmbedding, TiedLinear, embedding, linear
 from flaxformer_mini.model.token_checks import check_same_batch, check_tokens
 
 
@@ -71,11 +71,13 @@ class Encoder(nnx.Module):
 
 class Decoder(nnx.Module):
     """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits.
-    ``ffn_dim``, ``scan_layers``, ``remat``, ``remat_policy`` as in Encoder."""
+    ``ffn_dim``, ``scan_layers``, ``remat``, ``remat_policy`` as in Encoder. ``tie_output=True``:
+    the projection's weight is the embedding table (``TiedLinear``; its bias stays its own), as
+    torch_ref's ``fc.weight = embedding_layer.weight``; the state then has no ``fc/kernel``."""
 
     def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *,
                  ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False, remat=False,
-                 remat_policy=None, rngs: nnx.Rngs):
+                 remat_policy=None, tie_output=False, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.target_vocab_size = target_vocab_size
         self.max_len = max_len
@@ -86,7 +88,10 @@ class Decoder(nnx.Module):
             lambda rngs: DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, dtype=dtype,
                                       param_dtype=param_dtype, rngs=rngs),
             num_layers, rngs, scan_layers)
-        self.fc = linear(embed_size, target_vocab_size, axes=(EMBED, VOCAB), **kw)
+        fc = linear(embed_size, target_vocab_size, axes=(EMBED, VOCAB), **kw)
+        # Tied, the kernel just drawn is dropped: drawn all the same, as torch draws its Linear's
+        # weight before the tie replaces it, so every other initial value is the untied model's.
+        self.fc = TiedLinear(self.embedding_layer, fc.bias, dtype=dtype) if tie_output else fc
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, input, enc_out, source_mask, target_mask, *, check_inputs=True):
@@ -117,20 +122,35 @@ class Transformer(nnx.Module):
     only): a ``jax.checkpoint`` policy saying what each block keeps for the backward pass all
     the same (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``: its matmuls'
     outputs); None keeps nothing but the block's input. It changes no parameter.
+
+    ``tie_embeddings`` (``ModelConfig.tie_embeddings``): None, the default, is the seed's model,
+    every table its own. ``"decoder"``: the output projection's weight is the target embedding
+    table (fairseq's ``--share-decoder-input-output-embed``); ``"all"``: the source embedding
+    is that table too (``--share-all-embeddings``; needs one vocabulary for both sides, of one
+    size). The one table is ``decoder/embedding_layer/embedding``; the state has no
+    ``decoder/fc/kernel`` (and, with "all", no ``encoder/embedding_layer/embedding``), which
+    torch_ref's twin holds as the same tensor under its own keys. The tables a tie drops are
+    drawn all the same, so every other initial value is the untied model's of the same seed.
     """
 
     def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads,
-                 num_layers, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False,
-                 remat=False, remat_policy=None, rngs: nnx.Rngs):
+                 num_layers, dropout, *, ffn_dim=None, tie_embeddings=None, dtype=None, param_dtype=jnp.float32,
+                 scan_layers=False, remat=False, remat_policy=None, rngs: nnx.Rngs):
         # Validates the arguments (divisible heads, pad id inside the vocabulary, ...).
         self.config = ModelConfig(src_pad_idx, source_vocab_size, target_vocab_size, max_len,
-                                  embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
+                                  embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim,
+                                  tie_embeddings=tie_embeddings)
         self.src_pad_idx = src_pad_idx
         self.scan_layers, self.remat = scan_layers, remat
         kw = dict(ffn_dim=ffn_dim, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
                   remat_policy=remat_policy, rngs=rngs)
         self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
-        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
+        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout,
+                               tie_output=tie_embeddings is not None, **kw)
+        if tie_embeddings == "all":
+            # The decoder's table, looked up by the encoder: NNX holds a module reachable by two
+            # paths once, under the first in its (sorted) traversal, decoder/ before encoder/.
+            self.encoder.embedding_layer = SharedEmbedding(self.decoder.embedding_layer)
 
     @classmethod
     def from_config(cls, config: ModelConfig, *, dtype=None, param_dtype=jnp.float32, scan_layers=False,

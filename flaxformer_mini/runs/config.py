@@ -145,8 +145,8 @@ class RunConfig:
                                        remat=self.remat, rngs=rngs)
 
     def to_dict(self):
-        d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "train": _train_dict(self),
-             "data": self.data.to_dict()}
+        d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "model": self.model.to_dict(),
+             "train": _train_dict(self), "data": self.data.to_dict()}
         if self.init_from is None:  # a run from a random init: no key, as a config.json written without this field
             del d["init_from"]
         return d
@@ -219,11 +219,12 @@ class TrainOptions:
     scan_layers: bool = False
     remat: bool = False
     init_from: str | None = None  # --init-from FILE: step 0's parameters (init_from.py)
+    tie_embeddings: str | None = None  # --tie-embeddings: ModelConfig.tie_embeddings (None: untied)
 
 
 def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None, **sizes):
     """The preset's width, heads, depth and feed-forward width (each overridden by ``sizes``
-    where not None) with the data's vocabularies and lengths."""
+    where not None; ``tie_embeddings`` too) with the data's vocabularies and lengths."""
     base = get_preset(preset)
     return base.replace(
         src_pad_idx=0, source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size,
@@ -251,11 +252,27 @@ def peak_lr(train: TrainConfig, d_model):
     return train.lr_factor / math.sqrt(d_model * train.warmup_steps)
 
 
+def check_tie(tie_embeddings, data: DataConfig):
+    """Refuse (RunConfigError naming the options) ``--tie-embeddings all`` without one
+    vocabulary for both sides: a text run's needs --shared-vocab (its own, or that of the run
+    --tokenizer-from names), where one tokenizer numbers both sides, so row i of the one table
+    is one token on both; a synthetic task's sides share their integer tokens."""
+    if tie_embeddings != "all" or data.kind != "tsv" or data.shared_vocab:
+        return
+    whose = (f"the run --tokenizer-from {data.tokenizer_from} names has one tokenizer a side" if data.tokenizer_from
+             else "give --shared-vocab too")
+    raise RunConfigError(f"--tie-embeddings all shares one embedding table between source and target, which needs "
+                         f"one vocabulary for both sides (--shared-vocab): {whose}; --tie-embeddings decoder ties the "
+                         f"target embedding and the output projection alone")
+
+
 def resolve_config(options: TrainOptions, data: DataConfig, source_vocab_size, target_vocab_size):
     """The run's whole config from the user's options and the data's vocabulary sizes."""
+    check_tie(options.tie_embeddings, data)
     model = model_config_for(options.preset, source_vocab_size, target_vocab_size, data.model_max_len,
                              dropout=options.dropout, embed_size=options.embed_size, heads=options.heads,
-                             num_layers=options.num_layers, ffn_dim=options.ffn_dim)
+                             num_layers=options.num_layers, ffn_dim=options.ffn_dim,
+                             tie_embeddings=options.tie_embeddings)
     return RunConfig(model=model, train=train_config_for(options, model.embed_size), data=data,
                      batch_size=options.batch_size, dtype=options.dtype, max_tokens=options.max_tokens,
                      accumulate=options.accumulate, scan_layers=options.scan_layers, remat=options.remat)

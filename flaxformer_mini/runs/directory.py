@@ -129,6 +129,13 @@ class RunDir:
                 new_dict = {**new_dict, "data": new_data}
                 diffs = [line for line in _differences(old_dict, new_dict, present=stored)
                          if not line.startswith("init_from")]
+                if "tie_embeddings" not in stored.get("model", {}) and old.model.tie_embeddings != \
+                        config.model.tie_embeddings:
+                    # Compared though the file lacks it (an untied run's config.json holds no key,
+                    # as one written before the setting): which tables are one is the model's
+                    # parameters, not a behaviour an older run could keep by default.
+                    diffs.append(f"model.tie_embeddings ({_SET_BY['model.tie_embeddings']}): "
+                                 f"{old.model.tie_embeddings!r} in the run, {config.model.tie_embeddings!r} now")
                 self._refuse_differences(_init_from_differences(stored.get("init_from"), new_dict.get("init_from"))
                                          + _in_option_words(diffs, old_dict, new_dict))
                 config = old
@@ -463,6 +470,7 @@ _SET_BY = {
     "data.columns": "--columns",
     "data.tokenizer_from": "--tokenizer-from",
     "data.max_len": "--max-len minus one for a text run (its EOS)",
+    "model.tie_embeddings": "--tie-embeddings",
 }
 
 # The data settings --tokenizer-from's run sets; `_differences` lines start "KEY: " or "KEY (why): ".
