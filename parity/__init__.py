@@ -8,7 +8,8 @@
   any pair of models; ``compare_gradients`` for a loss the user gives on each side.
 - ``register_rule`` / ``Rule`` / ``Rename``: teach the converter a layer type, or other names;
   ``register_stack``: a layer list that may be one stacked block (scanned layers);
-  ``Tied`` (or ``tied={copy: source}``): weights torch ties and the Flax model holds once.
+  ``Tied`` (or ``tied={copy: source}``): weights torch ties and the Flax model holds once;
+  ``model_ties``: the ties a model declares itself (a Transformer built with ``tie_embeddings``).
 - ``infer_config``: a seed Transformer's ModelConfig from its state dict's shapes.
 - ``check_twins`` / ``check_checkpoint``: what ``parity check`` runs, gradients included
   (``float64_reference=True``: each output also judged against the torch twin in float64);
@@ -48,6 +49,7 @@ _EXPORTS = {
     "register_stack": "parity.rules",
     "Rename": "parity.rename",
     "Tied": "parity.tied",
+    "model_ties": "parity.tied",
     "ConversionError": "parity.engine",
     "ParamLink": "parity.convert",
     "Rule": "parity.rules",

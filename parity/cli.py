@@ -211,7 +211,8 @@ def _check(args):
     passed = report.ok and (decoded is None or decoded.ok)
     c = config
     print(f"{what}: vocab {c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, "
-          f"embed {c.embed_size}, ffn {c.feed_forward_width}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}; "
+          f"embed {c.embed_size}, ffn {c.feed_forward_width}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}"
+          f"{_tied(c)}; "
           f"batch {args.batch} with padding, float32, highest matmul precision (TF32 off), seed {args.seed}; "
           f"torch on {device}, JAX on {jax.devices()[0].platform}"
           + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
@@ -329,11 +330,16 @@ def _convert(args):
     said = {name: text + (f" ({sources[name]})" if name in sources else "") for name, text in settings.items()}
     print(f"config: {said['src_pad_idx']}, vocab {c.source_vocab_size}/{c.target_vocab_size}, "
           f"max_len {c.max_len}, embed {c.embed_size}, ffn {c.feed_forward_width}, {said['heads']}, "
-          f"{c.num_layers}+{c.num_layers} layers, {said['dropout']}")
+          f"{c.num_layers}+{c.num_layers} layers, {said['dropout']}{_tied(c)}")
     if kind != "torch":  # what a PyTorch user types, .pt or not
         arguments = ", ".join(f"{k}={v!r}" for k, v in c.to_dict().items())
         print(f"load it with: torch_ref.Transformer({arguments}).load_state_dict(<the state dict>, strict=True)")
     return EXIT_OK
+
+
+def _tied(config):
+    """', embeddings tied ('all')' for a config with tie_embeddings; nothing for the seed's untied model."""
+    return f", embeddings tied ({config.tie_embeddings!r})" if config.tie_embeddings else ""
 
 
 def _note_compute_dtype(args, run):
