@@ -33,6 +33,7 @@ from flaxformer_mini.train.optimizer import TrainConfig
 from flaxformer_mini.train.trainer import Trainer
 from parity import ConversionError
 from parity.check import check_twins
+from parity.decode_check import check_decoding
 from parity.twins import sample_batch, transformer_pair, twins_from_state_dict
 from torch_ref.training import make_optimizer, train_step
 
@@ -154,6 +155,14 @@ def test_tied_twins_agree_forward_and_gradients(tie):
     assert np.abs(got - want).max() <= ATOL
     report = check_twins(torch_twin, flax_twin, config, grads=True)
     assert report.ok, report.format_table()
+
+
+def test_tied_twins_decode_the_same_tokens_with_their_kv_caches():
+    # Cached decoding calls the head alone (decoder.fc) on each new position, in both twins.
+    config = CONFIGS["all"]
+    torch_twin, flax_twin = transformer_pair(config)
+    report = check_decoding(torch_twin, flax_twin, config, 8)
+    assert report.ok, report.format()
 
 
 def scaled_twins(config):
