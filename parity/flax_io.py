@@ -31,12 +31,12 @@ from flax import nnx
 import flaxformer_mini
 from flaxformer_mini.model.config import ModelConfig
 from parity import engine, output
-from parity.tied import own_ties
 from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
 from parity.file_kinds import (  # noqa: F401 - FLAX_FORMAT and CONFIG_METADATA_KEY are public names here too
     ASSUMED_METADATA_KEY, CONFIG_METADATA_KEY, FLAX_FORMAT, SAFETENSORS_SUFFIX, TOKENIZERS_METADATA_KEY, TORCH_SUFFIXES,
     CheckpointError, assumed_from_json, config_metadata, read_recorded_tokenizers, readable_file, safetensors_header,
     tokenizers_from_json)
+from parity.tied import own_ties
 
 _FLAX_SEP, _TORCH_SEP = "/", "."
 

@@ -129,13 +129,13 @@ class RunDir:
                 new_dict = {**new_dict, "data": new_data}
                 diffs = [line for line in _differences(old_dict, new_dict, present=stored)
                          if not line.startswith("init_from")]
-                if "tie_embeddings" not in stored.get("model", {}) and old.model.tie_embeddings != \
-                        config.model.tie_embeddings:
+                was, now = old.model.tie_embeddings, config.model.tie_embeddings
+                if "tie_embeddings" not in stored.get("model", {}) and was != now:
                     # Compared though the file lacks it (an untied run's config.json holds no key,
                     # as one written before the setting): which tables are one is the model's
                     # parameters, not a behaviour an older run could keep by default.
-                    diffs.append(f"model.tie_embeddings ({_SET_BY['model.tie_embeddings']}): "
-                                 f"{old.model.tie_embeddings!r} in the run, {config.model.tie_embeddings!r} now")
+                    diffs.append(f"model.tie_embeddings ({_SET_BY['model.tie_embeddings']}): {was!r} in the run, "
+                                 f"{now!r} now")
                 self._refuse_differences(_init_from_differences(stored.get("init_from"), new_dict.get("init_from"))
                                          + _in_option_words(diffs, old_dict, new_dict))
                 config = old
