@@ -282,6 +282,19 @@ def _is_closed_loop(error):
     return isinstance(error, RuntimeError) and "Event loop is closed" in str(error)
 
 
+def restore_readable(manager, template: TrainState, step):
+    """``restore`` of checkpoint ``step``; one that cannot be read is a ``CheckpointError`` naming
+    it and why (a checkpoint of another model still raises ``CheckpointMismatchError``)."""
+    _silence_orbax_aftermath()  # before the read: restore_latest_intact says why
+    try:
+        with _quiet():
+            return restore(manager, template, step)
+    except CheckpointMismatchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any read failure means this step is damaged
+        raise CheckpointError(f"checkpoint {step} in {manager.directory} cannot be read ({_summary(e)})") from None
+
+
 def restore_latest_intact(manager, template: TrainState):
     """(state, skipped): the newest checkpoint that restores, and [(step, why)] for each newer
     one that did not (a damaged file, a half-copied directory). A checkpoint of another model
