@@ -126,13 +126,14 @@ def _training_run_state_dict(args, path):
 
 def _which_checkpoint(path):
     """Which checkpoint of the training run ``path`` is read, in words."""
-    from flaxformer_mini.runs.directory import best_of
-
-    if best_of(path) is None:
-        return "newest checkpoint"
     from flaxformer_mini.runs.run import Run
 
-    return f"best checkpoint (--best-metric {Run.open(path).config.evaluation.best_metric})"
+    run = Run.open(path)
+    if run.best:
+        return f"best checkpoint (--best-metric {run.config.evaluation.best_metric})"
+    if run.config.averaged is not None:  # flaxformer-mini average's
+        return f"checkpoint averaged from steps {', '.join(map(str, run.config.averaged.steps))}"
+    return "newest checkpoint"
 
 
 def _seed_keys(state_dict, path):

@@ -49,7 +49,8 @@ def run(args, stop):
             result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every,
                          save_every=args.save_every, max_to_keep=args.keep, progress=not args.no_progress,
                          mesh=mesh, sharding=args.sharding, echo=echo, stop=stop, plot=not args.no_plot,
-                         patience=args.patience)
+                         # A run written before --best-metric existed resumes without it (Run.create's note).
+                         patience=args.patience if run.config.evaluation.best_metric is not None else None)
         except (RuntimeError, ValueError) as e:
             lost = distributed.as_lost_process(e)
             if lost is None:

@@ -20,7 +20,6 @@ import numpy as np
 
 from flaxformer_mini.data import PAD
 from flaxformer_mini.decode.evaluation import evaluate
-from flaxformer_mini.decode.options import OptionError, check_decoding_memory
 from flaxformer_mini.runs.config import RunConfigError
 from flaxformer_mini.runs.plot import plot_metrics
 from flaxformer_mini.runs.run import Run
@@ -68,9 +67,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
          patience):
     evaluation = run.config.evaluation
     if patience is not None and evaluation.best_metric is None:  # a run written before --best-metric existed
-        raise RunConfigError(f"--patience {patience}: the run in {run.path} has no --best-metric to count evaluations "
-                             f"by (it was written before the option existed, and resumes without it)")
-    _check_evaluation_memory(run)
+        raise RunConfigError(f"patience {patience}: the run in {run.path} has no best metric to count evaluations by")
     manager = run.checkpoints(max_to_keep)
     # Restored straight into the mesh's layout (whatever mesh the checkpoint was saved under).
     state = run.restore_or_init(manager, echo=echo, place=None if mesh is None else lambda s: shard_state(s, mesh, sharding))
@@ -211,17 +208,6 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
 def _no_better(selection, patience, best_dir):
     return (f"no better {selection.metric} in {patience} evaluation(s) since step {selection.best_step}'s "
             f"{selection.best_value:.6g} (its checkpoint: {best_dir})")
-
-
-def _check_evaluation_memory(run):
-    """--eval-beam-size: its decoding must fit in memory, checked before the first step (the
-    evaluation's batches are --batch-size rows, decoded up to the model's max_len)."""
-    beam, c = run.config.evaluation.beam_size, run.config.model
-    if beam > 1:
-        try:
-            check_decoding_memory(c, run.config.batch_size, beam, c.max_len, c.max_len)
-        except OptionError as e:
-            raise RunConfigError(f"--eval-beam-size {beam}: {e}") from None
 
 
 def _evaluation_history(run, start):

@@ -88,6 +88,7 @@ class Run:
         data = load_data(data_config, run_dir)
         config = resolve_config(options, data_config, *data.vocab_sizes)
         budget.check_training(config, data.train)  # before anything is written
+        budget.check_evaluation(config)
         params = None
         if options.init_from is not None:  # recorded (path, sha256): a resume checks both
             if run_dir.exists():  # a resume: the checkpoints hold the run; the file may have moved or gone
@@ -133,7 +134,7 @@ class Run:
                          f"resumes without it, as it was trained")
             if asked.evaluation != config.evaluation:  # absent from an older config.json (a difference is refused)
                 echo(f"note: the run in {out} was written before --best-metric and --eval-beam-size existed and "
-                     f"resumes without them: greedy evaluations, no best checkpoint")
+                     f"resumes without them: greedy evaluations, no best checkpoint, no --patience")
         if config.data != asked.data:  # a run written before a data setting existed keeps its old one
             data = load_data(config.data, run_dir)
         if data.vocabs is not None and not run_dir.has_vocabularies(config.data):
