@@ -239,6 +239,6 @@ def state_dict_from_run(path):
 
     run = Run.open(path)
     state = run.latest_state()  # FileNotFoundError naming the run when it has no checkpoint
-    model = run.trainer.model(state)
+    model = run.trainer.model(state.for_inference())  # with --ema: the moving average, as generate decodes
     arrays = engine.to_torch(_plan(model, None), engine.flax_arrays(model))
     return _in_torch_order(arrays, run.config.model), run.config.model, int(state.step)

@@ -87,6 +87,7 @@ RANGES = {
     "patience": (lambda v: v >= 1, ">= 1 (evaluations without a better --best-metric before the run stops)"),
     "eval_beam_size": (lambda v: v >= 1, ">= 1 (1: greedy)"),
     "eval_length_penalty": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: no length penalty)"),
+    "ema": (lambda v: 0 < v < 1, "in (0, 1) (the moving average's decay per update, e.g. 0.999)"),
     "last": (lambda v: v >= 2, ">= 2 (the checkpoints averaged; one would be the checkpoint itself)"),
 }
 
@@ -233,6 +234,10 @@ def build_parser():
     t.add_argument("--label-smoothing", type=float, default=0.0,
                    help="in [0, 1): the target distribution's mass spread over the vocabulary (default 0: none)")
     t.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    t.add_argument("--ema", type=float, default=None, metavar="DECAY",
+                   help="keep an exponential moving average of the parameters (Marian's --exponential-smoothing; "
+                        "decay min(DECAY, (1 + n) / (10 + n)) at update n), saved in the checkpoints: the evaluation "
+                        "during training, evaluate, generate and parity convert use it. Recorded in the run")
     t.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="compute dtype (parameters stay float32)")
     t.add_argument("--init-from", metavar="FILE", default=None,

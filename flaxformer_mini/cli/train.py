@@ -43,7 +43,7 @@ def run(args, stop):
                                init_from=args.init_from, eval_beam_size=args.eval_beam_size,
                                eval_length_penalty=(LENGTH_PENALTY if args.eval_length_penalty is None
                                                     else args.eval_length_penalty),
-                               best_metric=args.best_metric)
+                               best_metric=args.best_metric, ema=args.ema)
         run, mesh = launch(args.out, options, lambda: _prepare(args, batch_size, echo), echo)
         try:
             result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every,

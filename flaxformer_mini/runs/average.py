@@ -46,10 +46,12 @@ def average_run(source, last, out):
     total = newest = None
     for step in chosen:  # one state at a time, summed on the host in float64 (then rounded once to float32)
         newest = checkpoint.restore_readable(manager, template, step)
-        params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float64), newest.params)
-        total = params if total is None else jax.tree.map(np.add, total, params)
-    mean = jax.tree.map(lambda s, p: (s / last).astype(p.dtype), total, newest.params)
-    averaged = newest.replace(params=jax.tree.map(lambda m, p: jax.device_put(m, p.sharding), mean, newest.params))
+        # The parameters, and with --ema their moving average too (what evaluate and generate read).
+        trees = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float64), (newest.params, newest.ema))
+        total = trees if total is None else jax.tree.map(np.add, total, trees)
+    params, ema = jax.tree.map(lambda s, p: jax.device_put((s / last).astype(p.dtype), p.sharding), total,
+                               (newest.params, newest.ema))
+    averaged = newest.replace(params=params, ema=ema)
     config = dataclasses.replace(run.config, averaged=Averaged(run=str(Path(run.path).absolute()), steps=tuple(chosen)))
     _write(run, config, averaged, out)
     return chosen

@@ -13,7 +13,8 @@ def check_training(config: RunConfig, train):
     """Refuse (``RunConfigError``) a run whose largest training batch and model cannot fit.
     ``train``: the run's training examples (``TextPairs`` or a synthetic task)."""
     rows, source_len, target_len = largest_batch(config, train)
-    parts = memory.training_bytes(config.model, rows, source_len, target_len, remat=config.remat)
+    parts = memory.training_bytes(config.model, rows, source_len, target_len, remat=config.remat,
+                                  ema=config.train.ema_decay is not None)
     needed = sum(parts.values())
     short = memory.shortfall(needed)
     if short is None:

@@ -260,6 +260,7 @@ class TrainOptions:
     scan_layers: bool = False
     remat: bool = False
     init_from: str | None = None  # --init-from FILE: step 0's parameters (init_from.py)
+    ema: float | None = None  # --ema DECAY: the parameters' moving average (train/ema.py)
     eval_beam_size: int = 1
     eval_length_penalty: float = DEFAULT_LENGTH_PENALTY
     best_metric: str | None = None
@@ -283,7 +284,7 @@ def train_config_for(options: TrainOptions, d_model):
     factor * (D * w)^-0.5; so a peak ``lr`` needs factor = lr * sqrt(D * w).
     """
     common = dict(weight_decay=options.weight_decay, clip_norm=options.clip_norm,
-                  label_smoothing=options.label_smoothing, seed=options.seed)
+                  label_smoothing=options.label_smoothing, seed=options.seed, ema_decay=options.ema)
     if options.schedule == "rsqrt":
         return TrainConfig(schedule="rsqrt", lr_factor=options.lr * math.sqrt(d_model * options.warmup),
                            warmup_steps=options.warmup, **common)

@@ -472,6 +472,7 @@ _SET_BY = {
     "data.columns": "--columns",
     "data.tokenizer_from": "--tokenizer-from",
     "data.max_len": "--max-len minus one for a text run (its EOS)",
+    "train.ema_decay": "--ema",
     "evaluation.best_metric": "--best-metric",
     "evaluation.beam_size": "--eval-beam-size",
     "evaluation.length_penalty": "--eval-length-penalty",

@@ -337,11 +337,11 @@ def describe_model(params, dtype, mesh=None, sharding="replicated"):
 
 
 def evaluation_state(state):
-    """What evaluation reads of ``state`` (its parameters, through ``trainer.evaluate`` and
-    ``state.model()``), on this process's own device(s). The optimizer state is left out: with
-    FSDP, gathering it too (Adam's two moments) moved and held three times the bytes on one
-    device of every host, for nothing."""
-    return to_local(state.replace(opt_state=None))
+    """What evaluation reads of ``state`` (its parameters, or with --ema their moving average:
+    ``TrainState.for_inference``, through ``trainer.evaluate`` and ``state.model()``), on this
+    process's own device(s). The optimizer state is left out: with FSDP, gathering it too (Adam's
+    two moments) moved and held three times the bytes on one device of every host, for nothing."""
+    return to_local(state.for_inference())
 
 
 class _StepLog:

@@ -132,6 +132,9 @@ class Run:
                 if getattr(asked, name) and not getattr(config, name):  # absent from an older config.json
                     echo(f"note: the run in {out} was written before --{name.replace('_', '-')} existed and "
                          f"resumes without it, as it was trained")
+            if asked.train.ema_decay is not None and config.train.ema_decay is None:  # as --scan-layers above
+                echo(f"note: the run in {out} was written before --ema existed and resumes without it, as it was "
+                     f"trained")
             if asked.evaluation != config.evaluation:  # absent from an older config.json (a difference is refused)
                 echo(f"note: the run in {out} was written before --best-metric and --eval-beam-size existed and "
                      f"resumes without them: greedy evaluations, no best checkpoint, no --patience")
