@@ -477,6 +477,13 @@ CASES = [
     ("average_the_best_checkpoint",
      lambda d, f: ["average", "--checkpoint", str(copy_run()(d, f) / "best"), "--last", "2", "--out", str(d / "avg")],
      2, r"run/best: the best checkpoint is one state; average reads a run's rotating checkpoints"),
+    ("ema_one", train_option("--ema", "1"), 2, r"--ema must be in \(0, 1\) \(the moving average's decay per update"),
+    ("ema_nan", train_option("--ema", "nan"), 2, r"--ema must be in \(0, 1\)"),
+    ("out_holds_a_run_of_another_ema", on_run("train", "--ema", "0.99"), 2,
+     r"train\.ema_decay \(--ema\): None in the run, 0\.99 now"),
+    ("ema_on_a_run_written_before_it", on_run("train", "--ema", "0.99", edit=edit_json(
+        "config.json", lambda c: (c["train"].pop("ema_decay"), c["checksums"].pop("config")))), 0,
+     r"note: the run in \S+ was written before --ema existed and resumes without it, as it was trained"),
     ("train_into_an_averaged_run", on_run("train", edit=edit_json("config.json", lambda c: (
         c.update(averaged={"run": "/elsewhere/run", "steps": [1, 5]}), c["checksums"].pop("config")))), 2,
      r"holds an average of checkpoints of /elsewhere/run \(`flaxformer-mini average`\), which evaluate and generate "
