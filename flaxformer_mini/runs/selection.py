@@ -31,7 +31,6 @@ class Selection:
     best_step: int | None = None
     best_value: float | None = None
     since_best: int = 0  # evaluations after the best one that were no better
-    evaluated: list = dataclasses.field(default_factory=list)  # the steps observed, in order
 
     def __post_init__(self):
         if self.metric not in LOWER_IS_BETTER:
@@ -60,7 +59,6 @@ class Selection:
             self.best_step, self.best_value, self.since_best = step, value, 0
         else:
             self.since_best += 1
-        self.evaluated.append(step)
         return improved
 
     def exhausted(self, patience):
@@ -80,8 +78,7 @@ class Selection:
         return selection
 
     def to_json(self):
-        return {"metric": self.metric, "best_step": self.best_step, "best_value": self.best_value,
-                "since_best": self.since_best, "evaluated": list(self.evaluated)}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, d):
