@@ -218,10 +218,11 @@ def state_dict_from_flax_params(params, config):
 
 
 def is_training_run(path):
-    """A directory written by ``flaxformer-mini train --out PATH`` (it holds the run's config.json)."""
-    from flaxformer_mini.runs.directory import RunDir
+    """A directory written by ``flaxformer-mini train --out PATH`` (it holds the run's config.json),
+    or ``PATH/best``: its best checkpoint (``train --best-metric``)."""
+    from flaxformer_mini.runs.directory import RunDir, best_of
 
-    return Path(path).is_dir() and RunDir(path).exists()
+    return Path(path).is_dir() and RunDir(path).exists() or best_of(path) is not None
 
 
 def run_tokenizer_checksums(path):
@@ -239,7 +240,8 @@ def run_tokenizer_checksums(path):
 
 def state_dict_from_run(path):
     """(torch state dict, ModelConfig, step) of a training run's newest readable checkpoint
-    (damaged newer ones are skipped with a warning, as ``evaluate`` does): the weights of the
+    (damaged newer ones are skipped with a warning, as ``evaluate`` does), or of ``RUN/best`` its
+    best checkpoint: the weights of the
     model ``flaxformer-mini generate`` would use, in the torch twin's keys, layout and order, so
     ``torch_ref.Transformer(**config.to_dict())`` loads them with ``strict=True``. A run trained
     with ``--scan-layers`` (its layers stacked) comes out per layer, as torch keys them; the
@@ -250,7 +252,7 @@ def state_dict_from_run(path):
 
     run = Run.open(path)
     state = run.latest_state()  # FileNotFoundError naming the run when it has no checkpoint
-    model = run.trainer.model(state)
+    model = run.trainer.model(state.for_inference())  # with --ema: the moving average, as generate decodes
     the_plan = _plan(model, None)
     arrays = engine.to_torch(the_plan, engine.flax_arrays(model))
     tie = _tie(None, the_plan, None, model)  # a run with --tie-embeddings: each tied key, as torch lists it

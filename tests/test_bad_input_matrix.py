@@ -461,6 +461,58 @@ CASES = [
      r"--init-from \S*w\.safetensors does not fit the run's model: 'decoder\.fc\.weight': tied to "
      r"'decoder\.embedding_layer\.weight', but \d+ of 330 values differ .*: a checkpoint whose tied weights differ "
      r"is not tied\. The run's model: .*embeddings tied \('decoder'\), set by .*--tie-embeddings"),
+    # --- the best checkpoint, early stopping, the evaluation's beam, averaging
+    ("best_metric_unknown", train_option("--best-metric", "accuracy"), 2,
+     r"argument --best-metric: invalid choice: 'accuracy' \(choose from '?loss'?, '?wer'?, '?cer'?, '?bleu'?, '?chrf'?, "
+     r"'?exact_match'?\)"),
+    ("patience_without_best_metric", train_option("--patience", "3"), 2,
+     r"flaxformer-mini train: error: --patience goes with --best-metric"),
+    ("patience_zero", train_option("--best-metric", "loss", "--patience", "0"), 2, r"--patience must be >= 1"),
+    ("eval_beam_size_zero", train_option("--eval-beam-size", "0"), 2, r"--eval-beam-size must be >= 1"),
+    ("eval_length_penalty_with_greedy_evaluation", train_option("--eval-length-penalty", "1"), 2,
+     r"--eval-length-penalty goes with --eval-beam-size K > 1"),
+    ("eval_length_penalty_negative", train_option("--eval-beam-size", "2", "--eval-length-penalty", "-1"), 2,
+     r"--eval-length-penalty must be a finite number >= 0"),
+    ("eval_beam_size_past_memory", train_option("--eval-beam-size", "100000000"), 2,
+     r"the evaluation during training: decoding 8 source rows \(--batch-size\) with 100,000,000 beams each "
+     r"\(--eval-beam-size\) takes at least [\d,.]+ GiB, .*give a smaller --eval-beam-size or --batch-size\. Nothing "
+     r"was written"),
+    ("out_holds_a_run_of_another_best_metric", on_run("train", "--best-metric", "loss"), 2,
+     r"another run whose config differs: evaluation\.best_metric \(--best-metric\): None in the run, 'loss' now"),
+    ("out_holds_a_run_of_another_eval_beam_size", on_run("train", "--eval-beam-size", "3"), 2,
+     r"evaluation\.beam_size \(--eval-beam-size\): 1 in the run, 3 now"),
+    # A run written before --best-metric existed resumes as it was trained, and says so.
+    ("best_metric_on_a_run_written_before_it", on_run("train", "--best-metric", "loss", "--patience", "2", edit=edit_json(
+        "config.json", lambda c: (c.pop("evaluation"), c["checksums"].pop("config")))), 0,
+     r"note: the run in \S+ was written before --best-metric and --eval-beam-size existed and resumes without them"),
+    ("evaluate_best_of_a_run_without_best_metric",
+     lambda d, f: ["evaluate", "--checkpoint", str(copy_run()(d, f) / "best")], 2,
+     r"run/best: the run has no best checkpoint \(it was trained without --best-metric\); give \S*run for its latest"),
+    ("generate_a_step_of_best", lambda d, f: ["generate", "--checkpoint", str(copy_run(edit=lambda r: shutil.copytree(
+        r / "checkpoints" / "5", r / "best" / "5"))(d, f) / "best" / "5"), "1 2"], 2,
+     r"best/5: this is the best checkpoint's step directory of a training run; give \S*run/best"),
+    ("average_one_checkpoint", lambda d, f: ["average", "--checkpoint", str(d), "--last", "1", "--out", str(d / "a")],
+     2, r"flaxformer-mini average: error: --last must be >= 2"),
+    ("average_more_checkpoints_than_kept",
+     lambda d, f: ["average", "--checkpoint", str(copy_run()(d, f)), "--last", "2", "--out", str(d / "avg")], 2,
+     r"--last 2: \S*run holds 1 checkpoint\(s\) \(steps 5\); train --keep N keeps the newest N"),
+    ("average_into_a_directory_in_use", lambda d, f: (d / "avg").mkdir() or (d / "avg" / "notes").write_text("mine") and [
+        "average", "--checkpoint", str(copy_run()(d, f)), "--last", "2", "--out", str(d / "avg")], 2,
+     r"--out \S*avg: exists and is not an empty directory; give a new one for the average \(nothing was written\)"),
+    ("average_the_best_checkpoint",
+     lambda d, f: ["average", "--checkpoint", str(copy_run()(d, f) / "best"), "--last", "2", "--out", str(d / "avg")],
+     2, r"run/best: the best checkpoint is one state; average reads a run's rotating checkpoints"),
+    ("ema_one", train_option("--ema", "1"), 2, r"--ema must be in \(0, 1\) \(the moving average's decay per update"),
+    ("ema_nan", train_option("--ema", "nan"), 2, r"--ema must be in \(0, 1\)"),
+    ("out_holds_a_run_of_another_ema", on_run("train", "--ema", "0.99"), 2,
+     r"train\.ema_decay \(--ema\): None in the run, 0\.99 now"),
+    ("ema_on_a_run_written_before_it", on_run("train", "--ema", "0.99", edit=edit_json(
+        "config.json", lambda c: (c["train"].pop("ema_decay"), c["checksums"].pop("config")))), 0,
+     r"note: the run in \S+ was written before --ema existed and resumes without it, as it was trained"),
+    ("train_into_an_averaged_run", on_run("train", edit=edit_json("config.json", lambda c: (
+        c.update(averaged={"run": "/elsewhere/run", "steps": [1, 5]}), c["checksums"].pop("config")))), 2,
+     r"holds an average of checkpoints of /elsewhere/run \(`flaxformer-mini average`\), which evaluate and generate "
+     r"read; it does not train"),
 ]
 
 

@@ -34,11 +34,12 @@ def param_count(config):
     return L * (encoder_layer + decoder_layer) + embeddings + output
 
 
-def training_bytes(config, rows, source_len, target_len, remat=False):
+def training_bytes(config, rows, source_len, target_len, remat=False, ema=False):
     """A lower bound of one train step's memory, in bytes: ``{"model": ..., "batch": ...}``, the
-    parameters with their gradients and Adam's moments, and the batch's activations."""
+    parameters with their gradients and Adam's moments (and ``ema``: their moving average), and
+    the batch's activations."""
     H, L, V = config.heads, config.num_layers, config.target_vocab_size
-    state = 4 * param_count(config)  # parameters, gradients, Adam's mu and nu
+    state = (5 if ema else 4) * param_count(config)  # parameters, gradients, Adam's mu and nu, the average
     logits = 2 * rows * target_len * V
     layers = 1 if remat else L
     attention = layers * rows * H * (source_len**2 + target_len**2 + target_len * source_len)

@@ -4,6 +4,7 @@ machine has free. What cannot fit is refused naming the options that size it, wi
 figures; the run directory is left untouched."""
 
 from flaxformer_mini.data import TextPairs
+from flaxformer_mini.decode.options import OptionError, check_decoding_memory
 from flaxformer_mini.model import memory
 from flaxformer_mini.runs.config import RunConfig, RunConfigError
 
@@ -12,7 +13,8 @@ def check_training(config: RunConfig, train):
     """Refuse (``RunConfigError``) a run whose largest training batch and model cannot fit.
     ``train``: the run's training examples (``TextPairs`` or a synthetic task)."""
     rows, source_len, target_len = largest_batch(config, train)
-    parts = memory.training_bytes(config.model, rows, source_len, target_len, remat=config.remat)
+    parts = memory.training_bytes(config.model, rows, source_len, target_len, remat=config.remat,
+                                  ema=config.train.ema_decay is not None)
     needed = sum(parts.values())
     short = memory.shortfall(needed)
     if short is None:
@@ -31,6 +33,18 @@ def check_training(config: RunConfig, train):
         remedy = "a smaller " + option.split()[0] + (" or --remat" if not config.remat else "")
     raise RunConfigError(f"one train step takes at least {memory.gib(needed)} with {sizes}, more than the {short} "
                          f"free: give {remedy}. Nothing was written")
+
+
+def check_evaluation(config: RunConfig):
+    """Refuse (``RunConfigError``) an --eval-beam-size whose decoding cannot fit: the evaluation
+    during training decodes --batch-size rows, each up to the model's max_len."""
+    beam, m = config.evaluation.beam_size, config.model
+    if beam > 1:
+        try:
+            check_decoding_memory(m, config.batch_size, beam, m.max_len, m.max_len)
+        except OptionError as e:  # in the words of evaluate's options: train's are --eval-beam-size and --batch-size
+            raise RunConfigError(f"the evaluation during training: {e.cli.replace('--beam-size', '--eval-beam-size')}. "
+                                 f"Nothing was written") from None
 
 
 def largest_batch(config: RunConfig, train):

@@ -12,8 +12,10 @@ import math
 import jax.numpy as jnp
 
 from flaxformer_mini.data.parallel_text import check_columns
+from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY
 from flaxformer_mini.model.config import DTYPES, ModelConfig, get_preset
 from flaxformer_mini.model.transformer import Transformer
+from flaxformer_mini.runs.selection import BEST_METRICS
 from flaxformer_mini.train.optimizer import TrainConfig
 
 FORMAT, VERSION = "flaxformer-mini-run", 2
@@ -103,6 +105,39 @@ class InitFrom:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """How the evaluation during training decodes, and which of its metrics picks the best
+    checkpoint (``OUT/best``). Recorded in the run: the values it compares must mean the same
+    from one evaluation to the next. Runs written before these fields load with greedy
+    decoding and no best checkpoint (as they were trained)."""
+
+    beam_size: int = 1  # --eval-beam-size: 1 decodes greedily
+    length_penalty: float = DEFAULT_LENGTH_PENALTY  # --eval-length-penalty, with a beam
+    best_metric: str | None = None  # --best-metric: runs/selection.py's BEST_METRICS
+
+    def __post_init__(self):
+        if not isinstance(self.beam_size, int) or self.beam_size < 1:
+            raise RunConfigError(f"evaluation.beam_size must be an integer >= 1, got {self.beam_size!r}")
+        if not (isinstance(self.length_penalty, (int, float)) and math.isfinite(self.length_penalty)
+                and self.length_penalty >= 0):
+            raise RunConfigError(f"evaluation.length_penalty must be a finite number >= 0, got {self.length_penalty!r}")
+        if self.best_metric is not None and self.best_metric not in BEST_METRICS:
+            raise RunConfigError(f"evaluation.best_metric {self.best_metric!r} is none of {', '.join(BEST_METRICS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Averaged:
+    """A run directory written by ``flaxformer-mini average``: the run whose checkpoints it
+    averages (its absolute path) and their steps. ``train`` refuses to continue it."""
+
+    run: str
+    steps: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "steps", tuple(int(s) for s in self.steps))  # config.json holds a list
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig
     train: TrainConfig
@@ -121,6 +156,9 @@ class RunConfig:
     remat: bool = False
     # Where step 0's parameters came from (None: a random init, every run before this field).
     init_from: InitFrom | None = None
+    evaluation: EvalConfig = EvalConfig()
+    # An `average` run's source (None: a trained run, every run before this field).
+    averaged: Averaged | None = None
 
     def __post_init__(self):
         for name in ("scan_layers", "remat"):
@@ -147,8 +185,9 @@ class RunConfig:
     def to_dict(self):
         d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "model": self.model.to_dict(),
              "train": _train_dict(self), "data": self.data.to_dict()}
-        if self.init_from is None:  # a run from a random init: no key, as a config.json written without this field
-            del d["init_from"]
+        for key in ("init_from", "averaged"):  # None: no key, as a config.json written without the field
+            if d[key] is None:
+                del d[key]
         return d
 
     @classmethod
@@ -172,6 +211,8 @@ class RunConfig:
                 scan_layers=d.get("scan_layers", False),
                 remat=d.get("remat", False),
                 init_from=InitFrom(**d["init_from"]) if d.get("init_from") is not None else None,
+                evaluation=EvalConfig(**d.get("evaluation", {})),
+                averaged=Averaged(**d["averaged"]) if d.get("averaged") is not None else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise RunConfigError(f"{source}: malformed run config: {e}") from None
@@ -220,6 +261,10 @@ class TrainOptions:
     remat: bool = False
     init_from: str | None = None  # --init-from FILE: step 0's parameters (init_from.py)
     tie_embeddings: str | None = None  # --tie-embeddings: ModelConfig.tie_embeddings (None: untied)
+    ema: float | None = None  # --ema DECAY: the parameters' moving average (train/ema.py)
+    eval_beam_size: int = 1
+    eval_length_penalty: float = DEFAULT_LENGTH_PENALTY
+    best_metric: str | None = None
 
 
 def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None, **sizes):
@@ -240,7 +285,7 @@ def train_config_for(options: TrainOptions, d_model):
     factor * (D * w)^-0.5; so a peak ``lr`` needs factor = lr * sqrt(D * w).
     """
     common = dict(weight_decay=options.weight_decay, clip_norm=options.clip_norm,
-                  label_smoothing=options.label_smoothing, seed=options.seed)
+                  label_smoothing=options.label_smoothing, seed=options.seed, ema_decay=options.ema)
     if options.schedule == "rsqrt":
         return TrainConfig(schedule="rsqrt", lr_factor=options.lr * math.sqrt(d_model * options.warmup),
                            warmup_steps=options.warmup, **common)
@@ -275,4 +320,6 @@ def resolve_config(options: TrainOptions, data: DataConfig, source_vocab_size, t
                              tie_embeddings=options.tie_embeddings)
     return RunConfig(model=model, train=train_config_for(options, model.embed_size), data=data,
                      batch_size=options.batch_size, dtype=options.dtype, max_tokens=options.max_tokens,
-                     accumulate=options.accumulate, scan_layers=options.scan_layers, remat=options.remat)
+                     accumulate=options.accumulate, scan_layers=options.scan_layers, remat=options.remat,
+                     evaluation=EvalConfig(beam_size=options.eval_beam_size, length_penalty=options.eval_length_penalty,
+                                           best_metric=options.best_metric))

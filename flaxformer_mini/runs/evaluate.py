@@ -45,7 +45,7 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
              f"--max-len {held_out.max_len} allows and are not evaluated" + then)
     batches = run.eval_batches(batch_size) if data is None else list(
         held_out.iter_eval_batches(batch_size or run.config.batch_size))
-    result, hypotheses = evaluate_with_hypotheses(run.trainer, state, batches, with_exact_match, beam_size,
+    result, hypotheses = evaluate_with_hypotheses(run.trainer, state.for_inference(), batches, with_exact_match, beam_size,
                                                   codec=run.codec if with_exact_match else None, alpha=alpha)
     if output is not None:
         if data is not None:

@@ -24,7 +24,8 @@ def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=No
     max_new_tokens = run.config.model.max_len if max_new_tokens is None else max_new_tokens
     check_options(run.config.model, max_new_tokens=max_new_tokens, beam_size=beam_size, alpha=alpha,
                   temperature=temperature, top_k=top_k, nbest=nbest)
-    return generate_lines(texts, run.codec, lambda: run.latest_state().model(), run.config.model,
+    # A run trained with --ema decodes with the parameters' moving average (TrainState.for_inference).
+    return generate_lines(texts, run.codec, lambda: run.latest_state().for_inference().model(), run.config.model,
                           max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, beam_size=beam_size,
                           alpha=alpha, temperature=temperature, top_k=top_k, nbest=nbest,
                           unit=UNKNOWN_UNITS.get(run.config.data.tokenizer, "word"))

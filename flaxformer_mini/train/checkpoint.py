@@ -1,7 +1,8 @@
 """Rotating orbax checkpoints of the train state.
 
-What is saved: the step, the parameters and the optimizer state. The dropout RNG state is
-not: every step reseeds it from (seed, step), so it carries no information.
+What is saved: the step, the parameters, the optimizer state and, with ``--ema``, the
+parameters' moving average. The dropout RNG state is not: every step reseeds it from (seed,
+step), so it carries no information.
 
 orbax writes each checkpoint into a temporary directory and renames it when complete, so a
 run killed mid-save (even with ``kill -9``) leaves the previous checkpoints intact and no
@@ -37,7 +38,10 @@ class CheckpointError(ValueError):
 
 
 def _saved(state: TrainState):
-    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    saved = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    if state.ema is not None:  # a run without --ema keeps the layout of checkpoints written before it
+        saved["ema"] = state.ema
+    return saved
 
 
 def open_manager(directory, max_to_keep=3):
@@ -185,7 +189,7 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     other = fresh_streams(template.other, template.config.seed)
     other = on_default_device(other) if _unplaced(template.params) else other
     return template.replace(step=restored["step"], params=restored["params"], opt_state=restored["opt_state"],
-                            other=other)
+                            other=other, ema=restored.get("ema"))
 
 
 
@@ -280,6 +284,19 @@ def _is_removed_partial(error):
 
 def _is_closed_loop(error):
     return isinstance(error, RuntimeError) and "Event loop is closed" in str(error)
+
+
+def restore_readable(manager, template: TrainState, step):
+    """``restore`` of checkpoint ``step``; one that cannot be read is a ``CheckpointError`` naming
+    it and why (a checkpoint of another model still raises ``CheckpointMismatchError``)."""
+    _silence_orbax_aftermath()  # before the read: restore_latest_intact says why
+    try:
+        with _quiet():
+            return restore(manager, template, step)
+    except CheckpointMismatchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any read failure means this step is damaged
+        raise CheckpointError(f"checkpoint {step} in {manager.directory} cannot be read ({_summary(e)})") from None
 
 
 def restore_latest_intact(manager, template: TrainState):
