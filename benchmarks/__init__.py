@@ -21,6 +21,8 @@ One concept per module:
     report.py       JSON document, printed table, targets
     machine.py      where a figure holds: CPU, ISA extensions, cores, versions, GEMM backends
     scaling.py      ``python -m benchmarks.scaling``: cost against length, batch and depth
+    train_parity.py ``python -m benchmarks.train_parity``: whole training runs of both twins, from
+                    the same weights on the same batches: curves, held-out WER, time to target
 
 Investigation scripts (an XLA profile, ablations) are in ``tools/``, outside the product.
 

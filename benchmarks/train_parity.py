@@ -425,8 +425,8 @@ def build_report(args, config, env, per_seed, load, wall_s, argv):
     """The JSON document::
 
         {"benchmark": "train_parity", "date_utc", "machine": benchmarks.machine.describe(), "code",
-         "GLIBC_TUNABLES", "XLA_FLAGS", "load_average": {"start", "after_seed_N", "end"}, "wall_s",
-         "argv",
+         "torch_threads", "GLIBC_TUNABLES", "XLA_FLAGS", "jax_compilation_cache_dir",
+         "load_average": {"start", "after_seed_N", "end"}, "wall_s", "argv",
          "recipe": {"model": ModelConfig, "train": TrainConfig (its seed: the first seed's),
                     "data": DataConfig, "batch_size", "max_tokens", "beam_size", "steps",
                     "eval_every", "seeds", "eval_examples", "parameters", "targets": {"wer", "per"}},
@@ -460,6 +460,7 @@ def run_all(args, argv=(), log=None):
     which records ``argv``, the options it ran with."""
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started, load = time.perf_counter(), {"start": _loadavg()}
+    import jax
     import torch
 
     from benchmarks import machine
@@ -470,7 +471,9 @@ def run_all(args, argv=(), log=None):
     torch.set_num_threads(args.torch_threads or machine.usable_cores())
     env = {"date_utc": machine.date_utc(), "machine": machine.describe(), "code": code_version(),
            "torch_threads": torch.get_num_threads(),
-           "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""), "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
+           "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""), "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+           # Unset, every run compiles afresh, as a user's first run does: the compilations are in the time.
+           "jax_compilation_cache_dir": jax.config.jax_compilation_cache_dir}
     log(f"{machine.one_line(env['machine'])}\nload average {load['start']}")
     options, data_config = recipe(args)
     per_seed, first = {}, None
