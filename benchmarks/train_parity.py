@@ -43,7 +43,7 @@ twin's training time, and step, at its first evaluation at or below them.
 
 Writes ``OUT/train_parity.json`` (schema in ``build_report``) and ``OUT/train_parity.png``,
 headed by the machine (``benchmarks.machine``), the date and the code's commit, and prints a
-table. The verdict of issue 46: the Flax twin's final held-out WER is no worse than the
+table. The verdict: the Flax twin's final held-out WER is no worse than the
 torch twin's by more than the spread of the seeds (the larger of the two twins' max - min
 across seeds). Nothing here asserts it; ``tests/test_train_parity_benchmark.py`` runs a
 smoke version.
