@@ -1,0 +1,122 @@
+"""A run's examples from its ``DataConfig``: a synthetic task, or a text run's pairs with the
+tokenizers it trains (or keeps, or takes with ``--tokenizer-from``) and the pairs it holds out."""
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from flaxformer_mini.data import DataError, SyntheticTask, TextPairs, Vocab, iter_tsv, read_tsv, tokenizers
+from flaxformer_mini.runs import tokenizer_from
+from flaxformer_mini.runs.config import DataConfig, RunConfigError
+from flaxformer_mini.runs.directory import RunDir, data_file_sha256
+
+
+class RunData(NamedTuple):
+    train: object  # SyntheticTask or TextPairs: batch(seed, step, batch_size)
+    eval: object  # the held-out examples
+    vocabs: tuple | None  # (source Vocab, target Vocab) of a text run
+
+    @property
+    def vocab_sizes(self):
+        return (self.train.vocab_size,) * 2 if self.vocabs is None else tuple(len(v) for v in self.vocabs)
+
+
+def _check_held_out_file(config: DataConfig, run_dir: RunDir):
+    """An opened text run (evaluate) scores the pairs it held out: its --valid file's, or
+    pairs drawn from its training file's lines. That file gone, or changed since the run
+    started, would be an error about a path the user never typed, or other pairs (some of
+    them trained on) scored under the run's name, silently: refused, naming the file, as a
+    resume refuses it. A run that recorded no checksum keeps the old rule (the same path)."""
+    key = "valid_path" if config.valid_path else "train_path"
+    path = getattr(config, key)
+    what = "--valid file" if key == "valid_path" else "training file (the pairs it evaluates on come from its lines)"
+    instead = "restore it, or score a file of pairs with `evaluate --data FILE`"
+    if not os.path.isfile(path):
+        raise RunConfigError(f"{path}: the run's {what}, recorded in {run_dir.config_path} (data.{key}), is not "
+                             f"there: {instead}")
+    recorded = run_dir.recorded_checksums().get(f"data.{key}")
+    if recorded is not None and (found := data_file_sha256(path)) != recorded:
+        raise RunConfigError(f"{path}: the run's {what} has changed since the run in {run_dir.path} started (sha256 "
+                             f"{found[:12]}..., recorded {recorded[:12]}...), so the pairs it would score are no longer "
+                             f"the run's: {instead}")
+
+
+def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
+    """The run's examples. A text run keeps its saved vocabularies when it has them (a resumed
+    run keeps its ids even if the training file changed); a new one builds them from the
+    training pairs that fit ``max_len``, so a dropped pair adds no words."""
+    if config.kind == "synthetic":
+        task = SyntheticTask(config.task, config.vocab_size, config.min_len, config.max_len)
+        return RunData(task, task, None)
+    if not rebuild:
+        _check_held_out_file(config, run_dir)
+    if not rebuild and config.valid_path and not os.path.isfile(config.train_path):
+        # An opened run (evaluate, generate) whose training file moved since: its saved
+        # vocabularies and its --valid file are all that evaluating needs.
+        vocabs = run_dir.load_vocabularies(config)
+        valid = read_tsv(config.valid_path, config.columns)
+        return RunData(None, _text_pairs(config.valid_path, valid, vocabs, config), vocabs)
+    rows = list(iter_tsv(config.train_path, config.columns))  # (line number, source, target)
+    held_out = []
+    if config.valid_path is None and config.holdout:
+        # A fixed split (seed 0): the same file always holds out the same pairs.
+        n = min(config.holdout, len(rows) // 10)
+        chosen = set(np.random.default_rng(0).choice(len(rows), size=n, replace=False).tolist()) if n else set()
+        held_out = [(source, target) for i, (_, source, target) in enumerate(rows) if i in chosen]
+        rows = [row for i, row in enumerate(rows) if i not in chosen]
+    pairs = [(source, target) for _, source, target in rows]
+    if run_dir.has_vocabularies(config) or not rebuild:  # evaluate: a missing file is an error naming it
+        vocabs = run_dir.load_vocabularies(config)
+    elif config.tokenizer_from is not None:  # a new run numbering its tokens as an earlier run did
+        vocabs = tokenizer_from.load(config)
+    else:
+        vocabs = build_tokenizers(config, pairs)
+    train = _text_pairs(config.train_path, pairs, vocabs, config, held_out=len(held_out),
+                        line_numbers=[line for line, _, _ in rows])
+    if config.valid_path:
+        valid = _text_pairs(config.valid_path, read_tsv(config.valid_path, config.columns), vocabs, config)
+    else:
+        valid = _text_pairs(config.train_path, held_out, vocabs, config) if held_out else train
+    return RunData(train, valid, vocabs)
+
+
+def _text_pairs(path, pairs, vocabs, config, held_out=0, line_numbers=None):
+    """TextPairs of ``pairs`` read from ``path``; every pair too long is an error naming the
+    file and the option that raises the limit (and the ``held_out`` pairs of the file that
+    the count leaves out, so that it adds up to the file's)."""
+    try:
+        return TextPairs(pairs, *vocabs, config.model_max_len, line_numbers=line_numbers)
+    except DataError as e:
+        aside = f"; the file's other {held_out} pairs are held out for validation (no --valid)" if held_out else ""
+        raise DataError(f"{path}: {e} (--max-len {config.model_max_len}: a side's tokens plus its EOS){aside}; "
+                        f"--max-len raises the limit") from None
+
+
+def build_tokenizers(config: DataConfig, pairs):
+    """(source, target) tokenizers trained on the training ``pairs`` that can be kept (the
+    same object twice with ``shared_vocab``).
+
+    A side longer than max_len whitespace words (word), or characters (char), is a pair
+    TextPairs will drop, so it adds nothing to the vocabulary. A subword side has at least
+    as many pieces as words, so a pair over the limit in words is left out of bpe/unigram
+    training too (a pair that fits in words but not in pieces still trains them: its
+    pieces are only known after training)."""
+    kind = config.tokenizer
+    if kind == "char":
+        normalize = tokenizers._normalizer().normalize_str  # built once: tokenizers.normalize builds it per call
+        size = lambda text: len(normalize(text))  # noqa: E731
+    else:
+        size = lambda text: len(text.split())  # noqa: E731
+    kept = [(s, t) for s, t in pairs if max(size(s), size(t)) <= config.max_len]
+    if kind == "word" and not config.shared_vocab and config.tokenizer_vocab_size is None:
+        return Vocab.build([s for s, _ in kept]), Vocab.build([t for _, t in kept])
+
+    def fit(texts):
+        tokenizer = tokenizers.train(kind, texts, config.tokenizer_vocab_size)
+        return tokenizer.vocab if kind == "word" else tokenizer  # word: the Vocab, and its files
+
+    if config.shared_vocab:
+        shared = fit([s for s, _ in kept] + [t for _, t in kept])
+        return shared, shared
+    return fit([s for s, _ in kept]), fit([t for _, t in kept])
