@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from parity.cli import main as parity_main
-from test_real_corpora import text_args, write_corpus
-from test_train_cli import TINY_RUN, cli
+from helpers import TINY_RUN, cli, text_args, write_corpus
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
 SYNTHETIC_INPUTS = ["5 3 6 2", "1", "", "0 0 4", "6 5 4 3 2"]

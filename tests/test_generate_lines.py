@@ -12,8 +12,7 @@ from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.decode import generation
 from flaxformer_mini.runs.generate import generate
 from flaxformer_mini.runs.run import Run
-from test_real_corpora import text_args, write_corpus
-from test_train_cli import TINY_RUN, cli
+from helpers import TINY_RUN, cli, text_args, write_corpus
 
 # TINY_RUN's model: max_len 6, so at most 5 tokens and EOS; token values 0..6.
 LONGEST_FITTING = 5
