@@ -61,7 +61,7 @@ def _tiny_config(dropout):
     # by 8, so FSDP would replicate everything. Width 40 (K = 8 per head) gives the kernels,
     # embeddings and LayerNorm vectors an axis to split; the odd sizes stay odd. One layer on
     # each side: placement is by parameter name, whatever the depth, and a second layer doubled
-    # each compilation (tests/test_train_cli.py's TINY_RUN).
+    # each compilation (tests/helpers.py's TINY_RUN).
     return fm.get_preset("tiny").replace(embed_size=40, dropout=dropout, num_layers=1)
 
 
@@ -322,6 +322,12 @@ def test_a_mesh_takes_the_same_devices_of_every_process_in_process_order(monkeyp
     hosts_with(monkeypatch, [3, 3], me=1)
     assert [d.id for d in _per_process_devices(None)] == [0, 1, 2, 100, 101, 102]
     assert [d.id for d in _per_process_devices(2)] == [0, 1, 100, 101]
+    # More than two processes (tests/test_multiprocess.py launches two): process order still,
+    # whichever process asks.
+    for me in (0, 2, 3):
+        hosts_with(monkeypatch, [2, 2, 2, 2], me=me)
+        assert [d.id for d in _per_process_devices(1)] == [0, 100, 200, 300]
+        assert [d.id for d in _per_process_devices(None)] == [0, 1, 100, 101, 200, 201, 300, 301]
 
 
 def test_make_mesh_rejects_more_devices_than_exist():
