@@ -388,8 +388,7 @@ def test_convert_keeps_every_dtype_bit_for_bit(seed_state_dict, tmp_path, dtype)
 
 def test_flax_safetensors_holds_flax_paths_and_the_config_in_its_metadata(checkpoint, tmp_path):
     path = tmp_path / "flax.safetensors"
-    proc = run_cli("convert", checkpoint, path, "--heads", "5")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert main(["convert", str(checkpoint), str(path), "--heads", "5"]) == 0
     with safe_open(path, framework="numpy") as f:
         keys, metadata = set(f.keys()), f.metadata()
         assert f.get_tensor("encoder/embedding_layer/embedding").shape == (23, 30)
