@@ -1,55 +1,24 @@
-"""Test-wide numerics: parity runs use exact float32 matmuls on both sides (DESIGN.md), and,
-as in Equinox's tests, implicit rank promotion is an error so a missing axis is caught, and
-implicit dtype promotion too (a float32 constant silently widening a bfloat16 activation, an
-int mixing with a float): the few library calls that promote on purpose say so where they run
-(``jax.numpy_dtype_promotion("standard")`` around optax's update and Flax's LayerNorm).
+"""Test-wide settings, and why. How to run the suite, where its time goes and what was cut
+to keep it short: docs/testing.md.
 
-On a GPU, ``python -m pytest -m parity --torch-device cuda`` runs the files marked ``parity``
-with torch's tensors and modules made on CUDA (``torch.set_default_device``) and JAX on its
-default device, the GPU: TF32 off and JAX's highest matmul precision, as everywhere here.
+- Numerics: parity runs use exact float32 matmuls on both sides (DESIGN.md). As in Equinox's
+  tests, implicit rank promotion is an error, so a missing axis is caught, and implicit dtype
+  promotion too (a float32 constant silently widening a bfloat16 activation, an int mixing
+  with a float): the few library calls that promote on purpose say so where they run
+  (``jax.numpy_dtype_promotion("standard")`` around optax's update and Flax's LayerNorm).
+- ``--torch-device cuda`` (with ``-m parity``, on a GPU): torch's tensors and modules on CUDA
+  (``torch.set_default_device``), JAX on its default device, TF32 off and JAX's highest
+  matmul precision, as everywhere here.
+- Speed: XLA:CPU compiles at LLVM optimisation level 0 and runs its kernels on one thread,
+  torch on one thread per worker (below); the subprocesses the tests start (the CLI,
+  multi-process runs) share one persistent compilation cache per pytest run; the longest
+  files are scheduled first (HEAVY_FIRST).
 
-Speed: XLA:CPU compiles at LLVM optimisation level 0 and runs its kernels on one thread,
-torch on one thread per worker (below); the subprocesses the tests start (the CLI,
-multi-process runs) share one persistent compilation cache per pytest run, and the heaviest
-files are scheduled first (see below).
+Shared helpers are tests/helpers.py's (plain functions and constants); fixtures shared by
+several files are here. A test file never imports another.
+"""
 
-Where the time goes (AMD EPYC family 25 model 1, Zen 3, 2026-11-26): the whole suite took
-35.6 min of user CPU and 2.8 of system in 20 min with ``-n 2``, both cores busy throughout.
-test_run_lifecycle.py and test_training.py alone (``-n 0``, 300 s, JAX's monitoring events):
-XLA compiled 369 programs in 115 s (the tiny train step 16 times, 3.5 s each; the cached
-decoding loop 21 times, 1.2 s; the eval step 18 times, 0.66 s; the rest mostly eager ops of
-random inits), tracing took 43 s and lowering 16 s, orbax 25 s writing 53 checkpoints and 18 s
-reading 42 (the process used 329 s of CPU, its threads included). A ``perf`` profile of one
-train step's start is flat: 42% in XLA's, MLIR's and LLVM's code with no function above 1%, 39%
-in Python (tracing, lowering, imports). Tried for the compile, and not adopted: XLA:CPU flags,
-timed on the tiny train step's compile in 3 fresh processes each against 2.9-3.3 s with none
-(parallel codegen split counts 1 and 8, LLVM's expensive passes off, XNNPACK off: within that
-spread; the concurrency-optimised scheduler off: 3.5-4.1 s; fusion emitters off: 2.6-2.9 s, but
-the flag belongs to XLA's move to those emitters, and XLA aborts on a flag it no longer knows,
-which an unpinned jax would one day turn into every test failing), the
-random init under one ``jit`` (12-19 s to compile against 3-5 s eager, and other bits), an
-in-process compilation cache (1-3%: tests rarely compile one program twice), and
-``jax_share_binary_between_hosts`` for the multi-process tests (XLA:CPU's cache key holds each
-process's topology fingerprint, so process 1 waited for a key that process 0 never wrote, until
-the timeout).
-
-Per test (2026-11-27, the same CPU, a plugin reading each test's CPU time and JAX's compile
-events; 22 min 19 s): 1842 s of CPU in the two pytest workers and 711 s in the processes the
-tests started. XLA compiled 4243 programs in the workers in 908 s: the train, eval and
-accumulation steps and the decoding loops 569 s (the train step 43 times, 265 s; the cached
-decoding loop 70 times, 130 s), 3893 programs of under 0.3 s each (eager ops, mostly random
-inits) 239 s. The heaviest files: test_multiprocess.py 400 s (its equivalence launches 245 s: 2
-and 4 processes, each compiling every program: only process 0 writes the persistent cache),
-test_run_lifecycle.py 229 s, test_train_cli.py 162 s, test_real_corpora.py 136 s. Found there:
-a resume, or evaluate after train, in one process compiled every step again (restored arrays
-are committed to their device, fresh ones were not; training.on_default_device). Fixed:
-test_train_cli.py, test_evaluate_cli.py, test_exported_run_in_torch.py and test_init_from.py in
-one process (``-n 0``) compiled 40 steps and decoding loops instead of 45, in 263 s of CPU
-instead of 279. The whole suite's time did not move beyond its spread: fresh clones the same
-day took 20 min 36 s before and 21 min 25 s after. That spread is the machine's: one commit
-(699a4e2) took 13 min 38 s on 2026-11-26 and 21 min 37 s on 2026-11-27 on the same Zen 3
-machine, so compare timings only within one run, or runs minutes apart."""
-
+import gc
 import os
 import shutil
 import tempfile
@@ -88,6 +57,12 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # The compilation cache below is for the subprocesses; this process compiles each function once.
 jax.config.update("jax_enable_compilation_cache", False)
 torch.set_num_threads(1)  # one thread per worker: see TEST_XLA_FLAGS above
+# Python's cyclic garbage collector, less often: tracing and lowering allocate objects by the
+# million, and with the default thresholds (700, 10, 10) a worker ran a full collection, which
+# walks every object the worker holds (every module, every compiled program), every few seconds.
+# Garbage without cycles is freed at once either way; memory stayed within a few percent.
+# Measured: docs/testing.md, "Where the time goes".
+gc.set_threshold(100_000, 50, 100)
 
 # The tolerance of DESIGN.md's parity policy (Hugging Face's PT/Flax standard): parity's own.
 ATOL = DEFAULT_ATOL
