@@ -22,21 +22,18 @@ import gc
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # XLA:CPU's LLVM optimisation level 0, for this process and (inherited) every subprocess the
-# tests start: it cuts each compilation by about a third (the tiny train step's XLA compile,
-# Intel Xeon family 6 model 167: 2.6 s -> 1.8 s; two test files 91 s -> 66 s) and the suite is
-# mostly compilation. LLVM keeps float semantics at any level (XLA:CPU leaves fast-math off),
-# and both sides of every comparison here are compiled the same way. Set before JAX starts.
+# tests start: it cuts each compilation by about a third, and the suite is mostly compilation.
+# LLVM keeps float semantics at any level (XLA:CPU leaves fast-math off), and both sides of every
+# comparison here are compiled the same way. Set before JAX starts.
 #
 # One thread for XLA:CPU's Eigen kernels (here, in every process) and for torch (below, in
 # each pytest worker): the suite runs as `-n 2` on 2 cores, so each worker has a core of its
 # own already, and a second thread in each only made the workers (and their subprocesses) take
-# turns on the cores (Eigen's and OpenMP's waiting threads spin before they sleep). Measured,
-# the whole suite (AMD EPYC family 25 model 17, 2 cores, `python -m pytest -n 2`): 1084 s of
-# user CPU and 615 s with two threads, 1055 s and 594 s with one (one run each, the same day;
-# three more runs with two threads, each with a measuring hook or another cache setting, took
-# 604-639 s).
+# turns on the cores (Eigen's and OpenMP's waiting threads spin before they sleep).
+# The measurements behind both: docs/testing.md, "Where the time goes".
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit them
     os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), TEST_XLA_FLAGS]))
@@ -69,10 +66,13 @@ ATOL = DEFAULT_ATOL
 
 # One JAX compilation cache for every subprocess of this pytest run (its xdist workers share
 # it): the CLI and multi-process tests start dozens of processes compiling the same train, eval
-# and decode steps. Measured on a 2-process launch: compile 22 s -> 6 s, wall 34 s -> 22 s when
-# warm. Not used in the pytest processes themselves (they compile each function once anyway).
-# Set before the workers start (xdist copies the environment), removed at the end of the run.
+# and decode steps. Not used in the pytest processes themselves: each compiles a program once,
+# and the two workers seldom compile the same one (docs/testing.md). Set before the workers
+# start (xdist copies the environment), removed at the end of the run.
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+# The runs several files train alike (trained_run, below), in one directory every worker of
+# this pytest run reads: made like the compilation cache's, removed at the end of the run.
+RUNS_ENV = "FLAXFORMER_MINI_TEST_RUNS"
 _CACHE_CREATED = []
 
 
@@ -96,6 +96,9 @@ def pytest_configure(config):
         os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="flaxformer-mini-jax-cache-")
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # tiny runs compile fast
         _CACHE_CREATED.append(os.environ[CACHE_ENV])
+    if RUNS_ENV not in os.environ and not hasattr(config, "workerinput"):
+        os.environ[RUNS_ENV] = tempfile.mkdtemp(prefix="flaxformer-mini-test-runs-")
+        _CACHE_CREATED.append(os.environ[RUNS_ENV])
 
 
 def pytest_report_header(config):
@@ -110,10 +113,9 @@ def pytest_unconfigure(config):
         shutil.rmtree(path, ignore_errors=True)
 
 
-# The longest files (alone on 2 cores, 2026-11-23: 271 s, 253 s, 182 s, 96 s; test_multiprocess.py,
-# then the longest, split in two on 2026-11-26: its equivalence runs and its faults), first, so that
-# under `-n 2 --dist loadfile --no-loadscope-reorder` (pyproject) the longest file does not
-# start, and end, last: xdist hands files out in this order as workers free up.
+# The longest files first, so that under `-n 2 --dist loadfile --no-loadscope-reorder`
+# (pyproject) the longest file does not start, and end, last: xdist hands files out in this
+# order as workers free up (their times: docs/testing.md).
 HEAVY_FIRST = ("test_multiprocess.py", "test_multiprocess_faults.py", "test_real_corpora.py", "test_run_lifecycle.py",
                "test_train_cli.py")
 
@@ -126,6 +128,34 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def tiny_config():
     return fm.get_preset("tiny")
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """``trained_run(name)``: the directory holding the run ``helpers.SHARED_RUNS[name]``
+    trains, and its data files: trained once per pytest run, whichever worker asks first (a
+    file lock keeps the other waiting, then it reads the same run). Read only: a test that
+    changes a run copies it first."""
+    import fcntl
+
+    from helpers import SHARED_RUNS, cli
+
+    # Without xdist's controller (pytest -n 0 run by hand in another way), a directory of this session's.
+    root = Path(os.environ.get(RUNS_ENV) or tmp_path_factory.mktemp("shared_runs"))
+
+    def get(name):
+        d, done = root / name, root / f"{name}.done"
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not done.exists():
+                shutil.rmtree(d, ignore_errors=True)  # what a failed attempt left
+                d.mkdir()
+                proc = cli(*SHARED_RUNS[name](d))
+                assert proc.returncode == 0, proc.stderr
+                done.touch()
+        return d
+
+    return get
 
 
 def assert_close(flax_value, torch_value, atol=ATOL):

@@ -158,6 +158,22 @@ def text_args(corpus, out, *extra):
             "--no-progress", "--no-plot", *extra]
 
 
+# ----------------------------------------------------------------------------- runs several files share
+
+# name -> the `train` arguments of a run, given the directory to make it and its data files in:
+# conftest.py's trained_run trains each once per pytest run, for every worker and file that
+# asks (its run in DIR/run).
+SHARED_RUNS = {
+    # Trained until no short input of its 0..6 decodes to an empty line (tests/test_generate_lines.py).
+    "copy_60_steps": lambda d: ["train", *TINY_RUN, "--steps", "60", "--lr", "1e-2", "--save-every", "60",
+                                "--out", str(d / "run")],
+    # A briefly trained character-level run of the 60-pair corpus: its hypotheses run long (few EOS
+    # learnt yet), which truncation at the references' length used to hide (tests/test_evaluate_cli.py).
+    "char_4_steps": lambda d: [*text_args((write_corpus(d / "train.tsv", 60), write_corpus(d / "valid.tsv", 7)),
+                                          d / "run", "--tokenizer", "char"), "--steps", "4"],
+}
+
+
 # ----------------------------------------------------------------------------- damaged files
 
 

@@ -20,15 +20,12 @@ OVER_LONG = ("big sun " * 4, "x")  # 32 characters: over the run's --max-len 24
 
 
 @pytest.fixture(scope="module")
-def char_run(tmp_path_factory):
+def char_run(trained_run):
     """A briefly trained character-level run: its hypotheses run long (few EOS learnt yet),
-    which is what truncation at the references' length used to hide."""
-    d = tmp_path_factory.mktemp("evaluate")
-    corpus = write_corpus(d / "train.tsv", 60), write_corpus(d / "valid.tsv", 7)
-    out = d / "run"
-    proc = cli(*text_args(corpus, out, "--tokenizer", "char"), "--steps", "4")
-    assert proc.returncode == 0, proc.stderr
-    return out, corpus
+    which is what truncation at the references' length used to hide (helpers.SHARED_RUNS;
+    tests/test_exported_run_in_torch.py exports the same run). Read only: copied where changed."""
+    d = trained_run("char_4_steps")
+    return d / "run", (d / "train.tsv", d / "valid.tsv")
 
 
 @pytest.fixture(scope="module")
