@@ -8,11 +8,15 @@
   any pair of models; ``compare_gradients`` for a loss the user gives on each side.
 - ``register_rule`` / ``Rule`` / ``Rename``: teach the converter a layer type, or other names;
   ``register_stack``: a layer list that may be one stacked block (scanned layers);
-  ``Tied`` (or ``tied={copy: source}``): weights torch ties and the Flax model holds once.
+  ``Tied`` (or ``tied={copy: source}``): weights torch ties and the Flax model holds once;
+  ``model_ties``: the ties a model declares itself (a Transformer built with ``tie_embeddings``).
 - ``infer_config``: a seed Transformer's ModelConfig from its state dict's shapes.
 - ``check_twins`` / ``check_checkpoint``: what ``parity check`` runs, gradients included
   (``float64_reference=True``: each output also judged against the torch twin in float64);
   ``check_decoding``: its ``--decode``, greedy decoding with KV caches compared id for id.
+- ``check_bfloat16`` / ``bfloat16_twin``: the Flax twin computing in bfloat16 against the torch
+  twin in float32, each intermediate held to the bfloat16 policy by its depth
+  (``python -m parity.bfloat16``).
 - ``save_flax_params`` / ``load_flax_params``: Flax parameter files (``parity convert``).
 
 This is the only package that imports both torch and JAX.
@@ -29,6 +33,8 @@ _EXPORTS = {
     "check_checkpoint": "parity.check",
     "check_twins": "parity.check",
     "check_decoding": "parity.decode_check",
+    "check_bfloat16": "parity.bfloat16",
+    "bfloat16_twin": "parity.bfloat16",
     "DecodeReport": "parity.decode_check",
     "Report": "parity.report",
     "Row": "parity.report",
@@ -43,6 +49,7 @@ _EXPORTS = {
     "register_stack": "parity.rules",
     "Rename": "parity.rename",
     "Tied": "parity.tied",
+    "model_ties": "parity.tied",
     "ConversionError": "parity.engine",
     "ParamLink": "parity.convert",
     "Rule": "parity.rules",

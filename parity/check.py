@@ -17,7 +17,7 @@ import numpy as np
 from parity.compare import compare_models, model_intermediates
 from parity.report import Report
 from parity.gradients import gradient_rows
-from parity.policy import DEFAULT_ATOL
+from parity.policy import DEFAULT_ATOL, check_tolerance
 from parity.twins import as_inputs, sample_batch, twins_from_state_dict
 
 
@@ -30,6 +30,7 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAUL
     is also measured against the torch twin in float64, and one beyond ``atol`` agrees when
     Flax's error there is at most FLOAT64_FACTOR times torch's (parity/float64_reference.py).
     """
+    check_tolerance(atol, "check_twins")
     source, target = sample_batch(config, batch=batch, seed=seed)
     torch_inputs, flax_inputs = as_inputs(source, target)
     named = model_intermediates(torch_model, flax_model, torch_inputs, flax_inputs)
@@ -54,8 +55,13 @@ def refuse_unusable_weights(state_dict, config):
     from parity import engine
     from parity.convert import tensor_to_numpy
     from parity.flax_io import abstract_model
+    from parity.tied import own_ties
 
-    arrays = engine.check_torch(engine.plan(abstract_model(config)), state_dict, "Transformer", read=tensor_to_numpy)
+    model = abstract_model(config)
+    tie, untied = own_ties(model), {}
+    if tie is not None:  # a tied model's copies: each its table bit for bit, then left out
+        state_dict, untied = tie.forward(state_dict, read=tensor_to_numpy)
+    arrays = engine.check_torch(engine.plan(model), state_dict, "Transformer", read=tensor_to_numpy, invalid=untied)
     lines, invalid = [], {}
     for name, found in (("NaN", np.isnan), ("Inf", np.isinf)):
         keys = [key for key, array in arrays.items() if found(array).any()]
@@ -72,6 +78,7 @@ def check_checkpoint(state_dict, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, 
                      float64_reference=False) -> Report:
     """Load ``state_dict`` into both twins of ``config`` (strictly) and check them; weights
     that cannot be judged (``refuse_unusable_weights``) raise ConversionError first."""
+    check_tolerance(atol, "check_checkpoint")
     refuse_unusable_weights(state_dict, config)
     torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=seed)
     return check_twins(torch_model, flax_model, config, batch=batch, seed=seed, atol=atol, grads=grads,

@@ -124,6 +124,18 @@ def _training_run_state_dict(args, path):
     return state_dict_from_run(path)
 
 
+def _which_checkpoint(path):
+    """Which checkpoint of the training run ``path`` is read, in words."""
+    from flaxformer_mini.runs.run import Run
+
+    run = Run.open(path)
+    if run.best:
+        return f"best checkpoint (--best-metric {run.config.evaluation.best_metric})"
+    if run.config.averaged is not None:  # flaxformer-mini average's
+        return f"checkpoint averaged from steps {', '.join(map(str, run.config.averaged.steps))}"
+    return "newest checkpoint"
+
+
 def _seed_keys(state_dict, path):
     """A state dict of PyTorch's nn.Transformer (parity.nn_transformer's keys, detected by its
     keys) renamed to the seed's; any other state dict as it is."""
@@ -147,7 +159,7 @@ def _load_checkpoint(args):
     if is_training_run(path):
         state_dict, config, step = _training_run_state_dict(args, path)
         sources = dict.fromkeys(("heads", "src_pad_idx"), "the run's config.json")
-        return state_dict, config, sources, f"training run {path}, its newest checkpoint (step {step})"
+        return state_dict, config, sources, f"training run {path}, its {_which_checkpoint(path)} (step {step})"
     if Path(path).is_dir():
         run = run_holding(path)
         if run is not None:
@@ -211,7 +223,8 @@ def _check(args):
     passed = report.ok and (decoded is None or decoded.ok)
     c = config
     print(f"{what}: vocab {c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, "
-          f"embed {c.embed_size}, ffn {c.feed_forward_width}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}; "
+          f"embed {c.embed_size}, ffn {c.feed_forward_width}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}"
+          f"{_tied(c)}; "
           f"batch {args.batch} with padding, float32, highest matmul precision (TF32 off), seed {args.seed}; "
           f"torch on {device}, JAX on {jax.devices()[0].platform}"
           + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
@@ -301,7 +314,7 @@ def _convert(args):
             from parity.convert import run_tokenizer_checksums
 
             state_dict, config, step = _training_run_state_dict(args, source)
-            what = f"training run, its newest checkpoint: step {step}"
+            what = f"training run, its {_which_checkpoint(source)}: step {step}"
             try:
                 tokenizers = run_tokenizer_checksums(source)  # which token each embedding row is
             except (OSError, ValueError) as e:  # a missing, unreadable or edited tokenizer file: the weights still export
@@ -329,19 +342,24 @@ def _convert(args):
     said = {name: text + (f" ({sources[name]})" if name in sources else "") for name, text in settings.items()}
     print(f"config: {said['src_pad_idx']}, vocab {c.source_vocab_size}/{c.target_vocab_size}, "
           f"max_len {c.max_len}, embed {c.embed_size}, ffn {c.feed_forward_width}, {said['heads']}, "
-          f"{c.num_layers}+{c.num_layers} layers, {said['dropout']}")
+          f"{c.num_layers}+{c.num_layers} layers, {said['dropout']}{_tied(c)}")
     if kind != "torch":  # what a PyTorch user types, .pt or not
         arguments = ", ".join(f"{k}={v!r}" for k, v in c.to_dict().items())
         print(f"load it with: torch_ref.Transformer({arguments}).load_state_dict(<the state dict>, strict=True)")
     return EXIT_OK
 
 
+def _tied(config):
+    """', embeddings tied ('all')' for a config with tie_embeddings; nothing for the seed's untied model."""
+    return f", embeddings tied ({config.tie_embeddings!r})" if config.tie_embeddings else ""
+
+
 def _note_compute_dtype(args, run):
     """A run that computes in bfloat16 decodes with bfloat16 logits; torch_ref in float32 picks
     other tokens on some inputs (the parameters are float32 either way)."""
-    from flaxformer_mini.runs.directory import RunDir
+    from flaxformer_mini.runs.run import Run
 
-    dtype = RunDir(run).load_config().dtype
+    dtype = Run.open(run).config.dtype  # RUN/best too
     if dtype != "float32":
         print(f"note: {run} computes in {dtype}; the exported parameters are float32, and torch_ref run in "
               f"float32 gives the run's logits only to {dtype}'s precision, so greedy and beam search may pick "

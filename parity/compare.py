@@ -26,7 +26,7 @@ from flax import nnx
 
 from parity.convert import tensor_to_numpy
 from parity.flax_calls import record_flax_calls, within
-from parity.policy import DEFAULT_ATOL
+from parity.policy import DEFAULT_ATOL, check_tolerance
 from parity.report import (  # noqa: F401 - names parity.compare has always given
     ALIASES,
     GRAD_PREFIX,
@@ -181,6 +181,7 @@ def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFA
     """Run both twins (in eval mode) on the same inputs and compare every intermediate; the
     seed Transformer's landmark rows carry their ``ALIASES`` (``logits``, ``encoder.embeddings``).
     ``named``: ``model_intermediates``' result for these inputs, when the caller has it already."""
+    check_tolerance(atol, "compare_models")
     t, f = named if named is not None else model_intermediates(torch_model, flax_model, torch_inputs, flax_inputs)
     report = compare_intermediates(t, f, atol)
     for row in report.rows:
@@ -197,6 +198,9 @@ def _check_inputs(torch_inputs, flax_inputs, channels_last=False, who="compare")
         if hasattr(given, "shape"):  # an array iterates over its first axis: say it, not a count
             raise TypeError(f"{who}: {side} is a tuple of the model's positional inputs, got one array of shape "
                             f"{tuple(given.shape)}: pass (x,)")
+        if not isinstance(given, (tuple, list)):  # a generator would be used up here, and reach the model empty
+            raise TypeError(f"{who}: {side} is a tuple (or list) of the model's positional inputs, got a "
+                            f"{type(given).__name__}: pass tuple(...) of it")
     torch_inputs, flax_inputs = tuple(torch_inputs), tuple(flax_inputs)
     if len(torch_inputs) != len(flax_inputs):
         raise ValueError(f"{who}: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")
@@ -340,6 +344,8 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
     """
     from parity.rename import Rename
 
+    if atol is not None:
+        check_tolerance(atol, "compare", float64=float64)
     _check_inputs(torch_inputs, flax_inputs, channels_last)
     if rename is not None:
         _check_rename(rename, torch_model, flax_model, rules)

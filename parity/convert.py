@@ -27,17 +27,25 @@ from parity import engine
 from parity.engine import ConversionError, layer_depths  # noqa: F401 - public names
 from parity.rename import Rename
 from parity.rules import RULES, Rule, register_rule  # noqa: F401 - public names
-from parity.tied import Tied
+from parity.tied import Tied, model_ties
 
 
 def _plan(model, rules=None):
     return engine.plan(model, rules)
 
 
-def _tie(tied, the_plan, rename, what):
+def _tie(tied, the_plan, rename, model):
     """``tied`` ({copy key: the key it is tied to}, the user's torch names) checked against the
-    plan's keys as the user names them (after ``rename`` backward), or None for no ties."""
+    plan's keys as the user names them (after ``rename`` backward), or None for no ties. None
+    stands for the model's own ties (``parity.tied.model_ties``: a Transformer built with
+    ``tie_embeddings``), named as ``rename`` names their keys; ``{}`` for none at all."""
+    what = type(model).__name__
     if tied is None:
+        tied = model_ties(model)
+        if rename is not None:
+            names = Rename(rename)
+            tied = {names.user_name(copy): names.user_name(source) for copy, source in tied.items()}
+    if isinstance(tied, dict) and not tied:
         return None
     tie = Tied(tied)
     keys = {key: None for key in the_plan}
@@ -59,7 +67,7 @@ def torch_key_shapes(model, rules=None, rename=None, tied=None):
     what the torch model's ``state_dict()`` holds. Without them, the plan's names.
     """
     the_plan = _plan(model, rules)
-    tie = _tie(tied, the_plan, rename, type(model).__name__)
+    tie = _tie(tied, the_plan, rename, model)
     shapes = {key: the_plan.torch_shape(key) for key, links in the_plan.items() if links[0].flax_path is not None}
     if rename is not None:
         shapes = Rename(rename).backward(shapes, concat=_concatenated_shape)
@@ -122,7 +130,7 @@ def check_state_dict(state_dict, model, rules=None, rename=None, tied=None):
     """Everything wrong with loading ``state_dict`` into ``model``, as one ConversionError, or
     (plan, {Flax path: numpy array in Flax layout, the state dict's dtype})."""
     the_plan = _plan(model, rules)
-    tie, untied = _tie(tied, the_plan, rename, type(model).__name__), {}
+    tie, untied = _tie(tied, the_plan, rename, model), {}
     if tie is not None:  # ties are in the user's names: before the rename map
         state_dict, untied = tie.forward(state_dict, read=tensor_to_numpy)
     try:
@@ -147,7 +155,9 @@ def torch_to_flax(state_dict, model, rename=None, rules=None, tied=None):
     ``rename``: a rename map (``parity.rename``) for torch names that differ from the Flax
     model's; ``rules``: a rule table in place of ``parity.RULES``; ``tied``: {copy key: the key
     it is tied to} for weights torch ties and the Flax model holds once (``parity.tied``; the
-    user's torch names, before ``rename``): each copy must equal its source bit for bit.
+    user's torch names, before ``rename``): each copy must equal its source bit for bit. None:
+    the ties the model declares itself (a Transformer built with ``tie_embeddings``; none for
+    any other model); ``{}``: none.
     Strict: any missing key, unexpected key, shape mismatch or value of the wrong dtype kind
     raises ConversionError naming all of them, and ``model`` is left exactly as it was. Values
     are cast to each variable's dtype, as torch's load_state_dict copies into its own (an
@@ -166,11 +176,12 @@ def torch_to_flax(state_dict, model, rename=None, rules=None, tied=None):
 
 def flax_to_torch(model, rename=None, rules=None, tied=None):
     """The torch state dict of the Flax ``model`` (torch keys, torch layout; renamed back by
-    ``rename``; each ``tied`` copy written as a tensor of its own, equal to its source); the
+    ``rename``; each ``tied`` copy written as a tensor of its own, equal to its source; ``tied``
+    as ``torch_to_flax`` takes it, None for the model's own ties); the
     torch model loads it with strict=True. Dtypes are the Flax variables' (an int32 buffer
     comes back int32; torch's load_state_dict copies it into its int64 buffer)."""
     the_plan = _plan(model, rules)
-    tie = _tie(tied, the_plan, rename, type(model).__name__)
+    tie = _tie(tied, the_plan, rename, model)
     arrays = engine.to_torch(the_plan, engine.flax_arrays(model))
     if rename is not None:
         arrays = Rename(rename).backward(arrays)
@@ -207,10 +218,11 @@ def state_dict_from_flax_params(params, config):
 
 
 def is_training_run(path):
-    """A directory written by ``flaxformer-mini train --out PATH`` (it holds the run's config.json)."""
-    from flaxformer_mini.runs.directory import RunDir
+    """A directory written by ``flaxformer-mini train --out PATH`` (it holds the run's config.json),
+    or ``PATH/best``: its best checkpoint (``train --best-metric``)."""
+    from flaxformer_mini.runs.directory import RunDir, best_of
 
-    return Path(path).is_dir() and RunDir(path).exists()
+    return Path(path).is_dir() and RunDir(path).exists() or best_of(path) is not None
 
 
 def run_tokenizer_checksums(path):
@@ -228,15 +240,22 @@ def run_tokenizer_checksums(path):
 
 def state_dict_from_run(path):
     """(torch state dict, ModelConfig, step) of a training run's newest readable checkpoint
-    (damaged newer ones are skipped with a warning, as ``evaluate`` does): the weights of the
+    (damaged newer ones are skipped with a warning, as ``evaluate`` does), or of ``RUN/best`` its
+    best checkpoint: the weights of the
     model ``flaxformer-mini generate`` would use, in the torch twin's keys, layout and order, so
     ``torch_ref.Transformer(**config.to_dict())`` loads them with ``strict=True``. A run trained
     with ``--scan-layers`` (its layers stacked) comes out per layer, as torch keys them; the
-    compute dtype is the run's business, the parameters are float32 either way."""
+    compute dtype is the run's business, the parameters are float32 either way. A tied run's
+    (``--tie-embeddings``) holds every key of its torch twin's state dict, each tied copy a
+    tensor of its own equal to the table it is tied to, as ``flax_to_torch`` writes it."""
     from flaxformer_mini.runs.run import Run
 
     run = Run.open(path)
     state = run.latest_state()  # FileNotFoundError naming the run when it has no checkpoint
-    model = run.trainer.model(state)
-    arrays = engine.to_torch(_plan(model, None), engine.flax_arrays(model))
+    model = run.trainer.model(state.for_inference())  # with --ema: the moving average, as generate decodes
+    the_plan = _plan(model, None)
+    arrays = engine.to_torch(the_plan, engine.flax_arrays(model))
+    tie = _tie(None, the_plan, None, model)  # a run with --tie-embeddings: each tied key, as torch lists it
+    if tie is not None:
+        arrays = tie.backward(arrays)
     return _in_torch_order(arrays, run.config.model), run.config.model, int(state.step)

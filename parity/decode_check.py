@@ -30,7 +30,7 @@ from flax import nnx
 from flaxformer_mini import data as flax_data
 from flaxformer_mini.decode import search as decoding
 from parity.compare import on_device_of
-from parity.policy import DEFAULT_ATOL, NEAR_TIE_FACTOR
+from parity.policy import DEFAULT_ATOL, NEAR_TIE_FACTOR, check_tolerance
 from parity.twins import as_inputs, sample_batch
 from torch_ref import decoding as torch_decoding
 from torch_ref.cached_decoding import CachedDecoder, prefill
@@ -128,6 +128,7 @@ def check_decoding(torch_model, flax_model, config, max_new_tokens, *, batch=4, 
 def compare_greedy(torch_model, flax_model, source, max_new_tokens, *, atol=DEFAULT_ATOL) -> DecodeReport:
     """Decode ``source`` (B, S) int64 greedily on both twins and compare the ids row by row.
     Each decoder checks its inputs (a ValueError names the problem)."""
+    check_tolerance(atol, "compare_greedy")
     # Each decoder starts from its own package's BOS and stops at its EOS; torch_ref repeats
     # flaxformer_mini.data's ids because it may not import JAX. If they drifted apart, every
     # row would differ at position 0 and the report would blame the port.

@@ -36,6 +36,7 @@ from parity.file_kinds import (  # noqa: F401 - FLAX_FORMAT and CONFIG_METADATA_
     ASSUMED_METADATA_KEY, CONFIG_METADATA_KEY, FLAX_FORMAT, SAFETENSORS_SUFFIX, TOKENIZERS_METADATA_KEY, TORCH_SUFFIXES,
     CheckpointError, assumed_from_json, config_metadata, read_recorded_tokenizers, readable_file, safetensors_header,
     tokenizers_from_json)
+from parity.tied import own_ties
 
 _FLAX_SEP, _TORCH_SEP = "/", "."
 
@@ -87,19 +88,26 @@ def flax_params_from_state_dict(state_dict, config: ModelConfig, read=np.asarray
     """{Flax path: numpy array in Flax layout} from a torch state dict of the model ``config``.
 
     Strict, as ``torch_to_flax``: a missing, unexpected or misshapen key raises ConversionError
-    naming every one. Dtypes are kept as they are in ``state_dict``. ``read``: value -> numpy
+    naming every one, and so does a tied copy (``config.tie_embeddings``) that is not its table
+    bit for bit. Dtypes are kept as they are in ``state_dict``. ``read``: value -> numpy
     (``parity.convert.tensor_to_numpy`` for torch tensors, bfloat16 included).
     """
-    the_plan = engine.plan(abstract_model(config))
-    arrays = engine.check_torch(the_plan, state_dict, "Transformer", read=read)
+    model = abstract_model(config)
+    the_plan, tie, untied = engine.plan(model), own_ties(model), {}
+    if tie is not None:
+        state_dict, untied = tie.forward(state_dict, read=read)
+    arrays = engine.check_torch(the_plan, state_dict, "Transformer", read=read, invalid=untied)
     return engine.to_flax(the_plan, arrays)
 
 
 def torch_arrays_from_flax_params(params, config: ModelConfig):
-    """{torch key: numpy array in torch layout} of Flax parameters {Flax path: array}, strictly."""
-    the_plan = engine.plan(abstract_model(config))
+    """{torch key: numpy array in torch layout} of Flax parameters {Flax path: array}, strictly;
+    a tied model's (``config.tie_embeddings``) with each tied key, as its torch twin lists it."""
+    model = abstract_model(config)
+    the_plan, tie = engine.plan(model), own_ties(model)
     _check_flax_params(params, the_plan, f"the Transformer of {_describe(config)}")
-    return engine.to_torch(the_plan, params)
+    arrays = engine.to_torch(the_plan, params)
+    return arrays if tie is None else tie.backward(arrays)
 
 
 def _check_flax_params(params, the_plan, what):

@@ -22,7 +22,7 @@ from flaxformer_mini.train.loss import token_cross_entropy as flax_token_cross_e
 from parity.compare import on_device_of
 from parity.report import GRAD_PREFIX, LOSS_ROW, Row, compared_row
 from parity.convert import flax_to_torch, tensor_to_numpy
-from parity.policy import DEFAULT_ATOL
+from parity.policy import DEFAULT_ATOL, check_tolerance
 from torch_ref.training import token_cross_entropy as torch_token_cross_entropy
 
 
@@ -36,7 +36,9 @@ def next_token_labels(target, pad_id=PAD):
 
 
 def _torch_loss_and_grads(model, source, target, labels, pad_id):
-    params = dict(model.named_parameters())
+    # Every name of a tied parameter (tie_embeddings): its one gradient under each key, as
+    # flax_to_torch writes the Flax table's under each (named_parameters() lists it once).
+    params = dict(model.named_parameters(remove_duplicate=False))
     for p in params.values():
         p.grad = None
     try:
@@ -100,6 +102,7 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     from parity.compare import _check_inputs, _say, random_layer_notes
     from parity.report import Report
 
+    check_tolerance(atol, "compare_gradients")
     _check_inputs(torch_inputs, flax_inputs, channels_last, who="compare_gradients")
     notes = random_layer_notes(torch_model, flax_model)
     params = dict(torch_model.named_parameters())

@@ -12,12 +12,13 @@ Shapes tell most of it (V vocabulary, D width, max_len, depth, F feed-forward wi
     decoder.decoder_layers.N.transformer_block.fc.0.weight    every block (F = D: None)
 
 Shapes cannot tell the number of heads (every projection is (D, D) whatever H is), the
-source padding id, or the dropout rate. Those come from the caller (options or a config
-file: a JSON object of ModelConfig fields, or a flaxformer-mini run's config.json or
-directory), from the config a file records in its metadata, or else are the seed's values,
-a guess that ``resolve_config`` names as assumed. Beware: the weights do not record H, and
-both twins agree for any H that divides D, so a parity check cannot catch a wrong H; only the
-model's own outputs (and its training run) can.
+source padding id, the dropout rate, or which embeddings are tied. Those come from the caller
+(options or a config file: a JSON object of ModelConfig fields, or a flaxformer-mini run's
+config.json or directory), from the config a file records in its metadata, or else are the
+seed's values, a guess that ``resolve_config`` names as assumed (no ties, the seed's model, is
+no guess: a tie told nowhere is none). Beware: the weights do not record H, and both twins
+agree for any H that divides D, so a parity check cannot catch a wrong H; only the model's own
+outputs (and its training run) can.
 
 Every error is a ``ConversionError`` naming the key (or the option) at fault.
 """
@@ -186,8 +187,11 @@ def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> Mo
         )
     try:
         # F = D is the seed's model: ffn_dim None, so a seed checkpoint infers the seed's config.
+        # The ties come from the caller alone (a run's config, file metadata, a config file):
+        # shapes cannot tell them, and equal values are no proof of a tie (the conversion then
+        # checks each tied copy against its table, bit for bit).
         return ModelConfig(**{name: value for name, (value, _) in from_shapes.items()}, **chosen,
-                           ffn_dim=None if F == D else F)
+                           ffn_dim=None if F == D else F, tie_embeddings=overrides.get("tie_embeddings"))
     except (TypeError, ValueError) as e:  # e.g. a dropout of 1.5 in the config file
         raise ConversionError(str(e)) from None
 

@@ -2,7 +2,7 @@
 
 ``flaxformer_mini.runs.init_from`` finds this module through the packaging entry point
 ``flaxformer_mini.weight_readers`` (pyproject.toml), so the Flax package never imports parity
-(DESIGN.md's import rule). It provides ``read_params(path, config, preset)`` and
+(docs/design.md's import rule). It provides ``read_params(path, config, preset)`` and
 ``params_into_model(params, model)``, which any reader in that group must, and
 ``recorded_tokenizers(path)``, which a reader may.
 
@@ -33,6 +33,7 @@ from flaxformer_mini.runs.config import RunConfig
 from flaxformer_mini.runs.directory import run_holding
 from parity import engine, flax_io
 from parity.file_kinds import read_recorded_config
+from parity.tied import own_ties
 
 _SHOWN = 4  # offending keys named in one error line; the rest are counted
 
@@ -63,8 +64,9 @@ def read_params(path, config: RunConfig, preset=None):
             params, file_config, assumed = flax_io.read_flax_params(path)
             recorded = (dataclasses.asdict(file_config), assumed)
             sizes = _sizes_of_config(file_config)
-            # Strict against the run's model (unscanned), naming Flax paths; then torch keys.
-            arrays = flax_io.torch_arrays_from_flax_params(params, config.model)
+            # Strict against the run's model (unscanned) with the file's own ties, naming Flax
+            # paths; then torch keys, a tie's copies included, for the run's ties to check below.
+            arrays = flax_io.torch_arrays_from_flax_params(params, _with_ties(config.model, file_config))
         else:
             arrays = _read_torch_file(path)
             sizes = _sizes_of_torch(arrays)
@@ -72,8 +74,10 @@ def read_params(path, config: RunConfig, preset=None):
                 sizes["heads"] = recorded[0].get("heads")  # the misfit message can then name them
         # The run's layout: its dtype and its stacked or per-layer blocks (abstract: no arrays).
         model = nnx.eval_shape(lambda: config.build_model(nnx.Rngs(0)))
-        plan = engine.plan(model)
-        arrays = engine.check_torch(plan, arrays, "the run's model")
+        plan, tie, untied = engine.plan(model), own_ties(model), {}
+        if tie is not None:  # --tie-embeddings: each copy the file holds must be its table, bit for bit
+            arrays, untied = tie.forward(arrays)
+        arrays = engine.check_torch(plan, arrays, "the run's model", invalid=untied)
     except engine.ConversionError as e:
         raise InitFromError(_does_not_fit(path, e, config, preset, sizes)) from None
     except ValueError as e:  # CheckpointError: a truncated or foreign file
@@ -154,6 +158,16 @@ def _sizes_of_torch(arrays):
                 ffn=ffn[0] if ffn else None, max_len=pos[0], vocabs=(src[0], tgt[0]), heads=None)
 
 
+def _with_ties(model_config, file_config):
+    """The run's ``model_config`` with the ties of the file's model (``file_config``), where it
+    can take them: the file's parameters then convert to every torch key its model has, and the
+    run's own ties decide what fits (a tied file into an untied run: its tables start equal)."""
+    try:
+        return model_config.replace(tie_embeddings=file_config.tie_embeddings)
+    except ValueError:  # "all" with the run's two vocabulary sizes: the sizes' misfit is named instead
+        return model_config
+
+
 def _sizes_of_config(c):
     return dict(embed=c.embed_size, layers=c.num_layers, ffn=c.feed_forward_width, max_len=c.max_len,
                 vocabs=(c.source_vocab_size, c.target_vocab_size), heads=c.heads)
@@ -185,6 +199,13 @@ def _recorded_config_notes(path, config, recorded):
                                 f"model's outputs. Train with --heads {heads}")
         notes.append(f"note: {OPTION} {path}: its metadata marks {heads} heads as assumed by parity convert (not "
                      f"known); this run uses {m.heads}: give --heads the number the model was trained with")
+    tie = settings.get("tie_embeddings")
+    if tie != m.tie_embeddings:  # the weights fitted (a refused tie is an error before this)
+        rank = {None: 0, "decoder": 1, "all": 2}  # each tie holds the one before it
+        fewer = rank.get(tie, 0) > rank[m.tie_embeddings]
+        notes.append(f"note: {OPTION} {path}: its model's tie_embeddings is {tie!r}, this run's {m.tie_embeddings!r} "
+                     f"(--tie-embeddings): " + ("the tables its model tied start equal here and train apart" if fewer
+                                                else "its tables were equal bit for bit, so they load as one"))
     pad = settings.get("src_pad_idx")
     if pad is not None and pad != m.src_pad_idx:
         notes.append(f"note: {OPTION} {path}: its model masked source id {pad} as padding; "
@@ -224,11 +245,12 @@ def _does_not_fit(path, error, config: RunConfig, preset, sizes):
     else:
         vocab = (f"the vocabularies built from --data ({m.source_vocab_size} source, {m.target_vocab_size} target "
                  f"tokens; --tokenizer {data.tokenizer}, --vocab-size, --shared-vocab)")
+    tied = f", embeddings tied ({m.tie_embeddings!r})" if m.tie_embeddings else ""
     line = (f"{OPTION} {path} does not fit the run's model: {_listed(problems)}. The run's model: width "
             f"{m.embed_size}, {m.heads} heads, {m.num_layers} + {m.num_layers} layers, feed-forward "
-            f"{m.feed_forward_width}, max_len {m.max_len}, vocabularies {m.source_vocab_size}/{m.target_vocab_size}, "
-            f"set by --preset{f' {preset}' if preset else ''}, --embed-size, --heads, --layers, --ffn-dim, "
-            f"--max-len and {vocab}")
+            f"{m.feed_forward_width}, max_len {m.max_len}, vocabularies {m.source_vocab_size}/{m.target_vocab_size}"
+            f"{tied}, set by --preset{f' {preset}' if preset else ''}, --embed-size, --heads, --layers, --ffn-dim, "
+            f"--max-len{', --tie-embeddings' if tied else ''} and {vocab}")
     if sizes:
         # --max-len is the model's max_len for text, one less (the EOS) for a synthetic task.
         max_len = sizes["max_len"] - 1 if data.kind == "synthetic" else sizes["max_len"]

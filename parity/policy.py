@@ -1,4 +1,7 @@
-"""The parity policy's numbers, defined once (DESIGN.md, Parity policy)."""
+"""The parity policy's numbers, defined once (docs/design.md, Parity policy), and the check
+every comparison makes of a tolerance it is given."""
+
+import math
 
 # Max absolute difference allowed between the twins in float32 at the highest matmul
 # precision: the standard of Hugging Face's PT/Flax equivalence tests.
@@ -13,8 +16,30 @@ NEAR_TIE_FACTOR = 10
 # ``parity check --float64-reference``: an output beyond the tolerance still agrees when the
 # Flax twin's float32 error against the torch twin run in float64 is at most this many times
 # torch's own float32 error there. A trained model's large activations make float32 rounding
-# alone exceed 1e-5 (the README's main job: logits up to 31.6, torch float32 against float64
-# 1.9e-5, Flax float32 against float64 2.5e-5, a ratio of 1.3; one measurement, on an AMD
-# EPYC CPU, not yet on a GPU, whose summation orders differ); a port's bug is many times
+# alone exceed 1e-5 (docs/design.md has the measured ratio); a port's bug is many times
 # torch's rounding.
 FLOAT64_FACTOR = 2
+
+# ``parity.bfloat16``: the Flax twin computing in bfloat16 against the torch twin in float32.
+# Each row's max absolute difference may be BFLOAT16_FACTOR x 2^-8 (bfloat16's rounding step,
+# relative: 8 significant bits) x sqrt(depth + 1) x the row's largest float32 magnitude, depth
+# being the number of blocks the row's value has gone through. The factor is twice the largest
+# difference measured in those units (docs/design.md, "Parity policy", has the measurements).
+BFLOAT16_STEP = 2.0**-8
+BFLOAT16_FACTOR = 4
+
+# The largest tolerance a float64 comparison takes: above it, float32's rounding is back in
+# the tolerance and the slips float64 exists to show (a LayerNorm epsilon 1e-6 for 1e-5) pass.
+FLOAT64_MAX_ATOL = 1e-8
+
+
+def check_tolerance(atol, who, float64=False):
+    """Refuse (ValueError naming ``who``) a tolerance that is not a finite number >= 0, under
+    which every row would fail (negative, NaN) or pass (infinite), and with ``float64`` one
+    above ``FLOAT64_MAX_ATOL``."""
+    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not math.isfinite(atol) or atol < 0:
+        raise ValueError(f"{who}: atol must be a finite number >= 0, got {atol!r}")
+    if float64 and atol > FLOAT64_MAX_ATOL:
+        raise ValueError(f"{who}: atol={atol:g} with float64=True keeps a float32-sized tolerance, which passes the "
+                         f"slips float64 exists to catch; leave atol out (float64's default, 1e-10) or give at most "
+                         f"{FLOAT64_MAX_ATOL:g}")

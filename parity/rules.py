@@ -141,6 +141,19 @@ RULES = {
     # torch's nn.PReLU() holds its slope as a (1,) weight, nnx.PReLU as a scalar. A per-channel
     # nn.PReLU(num_parameters=C) has no nnx.PReLU counterpart and is refused by its shape.
     nnx.PReLU: (Rule("weight", "negative_slope", (Reshape((1,)),)),),
+    # A tied head (flaxformer_mini's tie_embeddings): its bias alone is its own; its torch
+    # weight is a copy of an embedding's (TIES, below).
+    primitives.TiedLinear: (Rule("bias", "bias"),),
+}
+
+
+# The third table: layers whose torch weight is another layer's, held once in Flax (a tied
+# head computed from the embedding table, a second side looking ids up in the first side's).
+# {layer type: (the torch name of its copy, the attribute holding the layer it is tied to)};
+# the copy's torch key is tied to that layer's own "weight" key (parity.tied.model_ties).
+TIES = {
+    primitives.TiedLinear: ("weight", "embed"),
+    primitives.SharedEmbedding: ("weight", "embed"),
 }
 
 

@@ -14,11 +14,45 @@ drop one of them. A checkpoint that holds only one of the two names loads from t
 (safetensors' ``save_model`` keeps one name of tensors that share memory). On save
 (``backward``) the copy is written back under its own key, so the torch model loads the state
 dict with ``strict=True``. Needs no torch: ``read`` turns a value into a numpy array.
+
+A model may declare its own ties: a layer of a type in ``parity.rules.TIES`` (flaxformer_mini's
+``TiedLinear`` and ``SharedEmbedding``, which a Transformer built with ``tie_embeddings`` holds)
+stands for a torch weight that is another layer's. ``model_ties(model)`` reads them off the
+model, and the conversion functions use them when no ``tied`` is given.
 """
 
 import numpy as np
+from flax import nnx
 
+from parity import rules as _rules
 from parity.engine import ConversionError, _closest
+
+
+def model_ties(model, ties=None):
+    """{copy key: the key it is tied to} that ``model``'s own layers declare (``ties``: a table
+    like ``parity.rules.TIES``, the default), in the model's torch names (the plan's keys), in
+    the model's order; empty for a model without any."""
+    ties = _rules.TIES if ties is None else ties
+    modules = list(nnx.iter_modules(model))
+    path_of = {}
+    for path, module in modules:
+        path_of.setdefault(id(module), path)  # a layer reachable by two paths: the one the state keeps
+    table = {}
+    for path, module in modules:
+        if type(module) not in ties:
+            continue
+        copy_name, attribute = ties[type(module)]
+        source = getattr(module, attribute)
+        if id(source) not in path_of:
+            raise ConversionError(f"{'.'.join(map(str, path))}: tied to a layer outside the model")
+        table[".".join(map(str, (*path, copy_name)))] = ".".join(map(str, (*path_of[id(source)], "weight")))
+    return table
+
+
+def own_ties(model):
+    """``Tied`` of ``model``'s own ties (``model_ties``), or None for a model without any."""
+    table = model_ties(model)
+    return Tied(table) if table else None
 
 
 class Tied:

@@ -61,15 +61,17 @@ def transformer_pair(config, seed=0):
     return torch_model, flax_twin(torch_model.state_dict(), config, seed)
 
 
-def flax_twin(state_dict, config, seed=0):
+def flax_twin(state_dict, config, seed=0, *, dtype=None):
     """The ``flaxformer_mini.Transformer`` of ``config`` holding ``state_dict``'s weights (every
-    one of them: ``torch_to_flax`` is strict), in eval mode.
+    one of them: ``torch_to_flax`` is strict), in eval mode. ``dtype``: its compute dtype
+    (``jnp.bfloat16``: parity/bfloat16.py); the parameters stay float32 whatever it is.
 
     Built from shapes (``nnx.eval_shape``): a random init would be overwritten, and eager, op by
     op, it cost seconds (docs/benchmarks.md, "Loading"). A state dict holds no dropout
     streams: ``fresh_streams`` makes them from ``seed`` (train mode needs real keys;
     ``train_step`` reseeds them from (seed, step))."""
-    flax_model = nnx.eval_shape(lambda: flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(seed)))
+    flax_model = nnx.eval_shape(lambda: flaxformer_mini.Transformer.from_config(config, dtype=dtype,
+                                                                                rngs=nnx.Rngs(seed)))
     torch_to_flax(state_dict, flax_model)
     # Over the whole state: any variable other than a stream still holding shapes (neither the
     # state dict nor fresh_streams fills it: a bug here) is a ValueError naming it.

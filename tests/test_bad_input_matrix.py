@@ -218,6 +218,42 @@ def init_from(make, run=None):
     return setup
 
 
+def swapped_text(d):
+    """GOOD_TSV with its columns swapped: words the finished text run's tokenizers never saw
+    on either side."""
+    (d / "swapped.tsv").write_text("".join(f"{t}\t{s}\n" for s, t in (line.split("\t") for line in GOOD_TSV.splitlines())))
+    return d / "swapped.tsv"
+
+
+def tokenizer_from_other_text(d, finished):
+    run = copy_run("text")(d, finished)
+    return ["train", "--data", str(swapped_text(d)), "--tokenizer-from", str(run), "--out", str(d / "out"),
+            "--preset", "tiny", "--steps", "2", "--batch-size", "4", "--max-len", "8", "--no-progress", "--no-plot"]
+
+
+def valid_in_other_words(d, finished):
+    (d / "train.tsv").write_text(GOOD_TSV)
+    return ["train", "--data", str(d / "train.tsv"), "--valid", str(swapped_text(d)), "--out", str(d / "out"),
+            "--preset", "tiny", "--steps", "2", "--batch-size", "4", "--no-progress", "--no-plot"]
+
+
+def evaluate_data_in_other_words(d, finished):
+    run = copy_run("text")(d, finished)
+    return ["evaluate", "--checkpoint", str(run), "--data", str(swapped_text(d))]
+
+
+def tsv_with(content, *options):
+    return lambda d, f: tsv(content)(d, f) + list(options)
+
+
+def tie_all_with_tokenizers_of_two_vocabularies(d, finished):
+    """--tie-embeddings all with --tokenizer-from a text run that has a tokenizer a side."""
+    run = copy_run("text")(d, finished)
+    return ["train", "--data", str(d / "train.tsv"), "--tokenizer-from", str(run), "--tie-embeddings", "all",
+            "--out", str(d / "out"), "--preset", "tiny", "--steps", "2", "--batch-size", "4", "--max-len", "8",
+            "--no-progress", "--no-plot"]
+
+
 CASES = [
     # --- TSV data
     ("tsv_line_without_tab", tsv("a b\tx y\nno tab here\n"), 2, r"train\.tsv:2: expected one tab.*found no tab"),
@@ -229,7 +265,7 @@ CASES = [
     ("tsv_empty_source", tsv("a\tx\n \ty\n"), 2, r"train\.tsv:2: empty source"),
     ("tsv_empty_target", tsv("a\t \n"), 2, r"train\.tsv:1: empty target"),
     ("tsv_invalid_utf8", tsv(b"a\tx\n\xff\xfe\ty\n"), 2, r"train\.tsv:2: not valid UTF-8 .*; a file in another encoding converts with `iconv -f ENCODING -t UTF-8`"),
-    ("tsv_binary_file", tsv(bytes(range(256)) * 4), 2, r"train\.tsv:\d+: (not valid UTF-8|expected one tab|empty)"),
+    ("tsv_binary_file", tsv(bytes(range(256)) * 4), 2, r"train\.tsv:1: a NUL byte at byte 0: text files hold none \(a binary file"),
     ("tsv_empty_file", tsv(""), 2, r"train\.tsv: no source<TAB>target pairs \(the file is empty\)"),
     ("tsv_only_blank_lines", tsv("\n \n\n"), 2, r"train\.tsv: no source<TAB>target pairs \(its 3 lines are blank\)"),
     ("tsv_every_pair_too_long", tsv(("w " * 70 + "\tx\n") * 3), 2, r"no pairs: all 3 are longer than max_len"),
@@ -243,6 +279,41 @@ CASES = [
     ("max_tokens_below_the_longest_example", max_tokens_below_the_longest_example, 2,
      r"--max-tokens 3 is smaller than the longest example \(.*train\.tsv:1: the pair whose source is 'a b c'.*8 padded"
      r".*at least 8"),
+    # Text in another encoding, or holding NUL bytes, is refused by name: UTF-16 without a BOM
+    # decodes as valid UTF-8 (a NUL between letters) and would train on tokens like '\x00q\x00u'.
+    ("tsv_utf16_with_a_byte_order_mark", tsv(GOOD_TSV.encode("utf-16")), 2,
+     r"train\.tsv: a UTF-16LE file \(its byte-order mark says so\), not UTF-8; it converts with `iconv -f UTF-16LE -t UTF-8`"),
+    ("tsv_utf16_without_a_byte_order_mark", tsv(GOOD_TSV.encode("utf-16-le")), 2,
+     r"train\.tsv:1: looks like UTF-16LE text without a byte-order mark, not UTF-8; it converts with `iconv -f UTF-16LE"),
+    ("tsv_utf32_big_endian_without_a_byte_order_mark", tsv(GOOD_TSV.encode("utf-32-be")), 2,
+     r"train\.tsv:1: looks like UTF-32BE text without a byte-order mark"),
+    ("tsv_nul_inside_a_word", tsv("a b\tx y\nthe\tgr\x00een\n" + GOOD_TSV), 2,
+     r"train\.tsv:2: a NUL byte at byte 6: text files hold none \(a binary file, or a NUL inside a word\)"),
+    ("generate_utf16_standard_input", on_run("generate", stdin="1 2\n".encode("utf-16")), 2,
+     r"standard input: a UTF-16LE file \(its byte-order mark says so\)"),
+    # Sizes past what the text or the machine holds: clamped where only clamping is needed,
+    # refused before anything is allocated or written otherwise.
+    ("tsv_bpe_vocab_size_past_the_text", tsv_with(GOOD_TSV, "--tokenizer", "bpe", "--vocab-size", "100000000000"), 0,
+     r"note: --vocab-size 100000000000 asked for, the bpe tokenizer learnt \d+ \(source\), \d+ \(target\)"),
+    ("tsv_unigram_vocab_size_past_the_text", tsv_with(GOOD_TSV, "--tokenizer", "unigram", "--vocab-size", "100000000000"),
+     0, r"note: --vocab-size 100000000000 asked for, the unigram tokenizer learnt"),
+    ("tsv_max_tokens_past_the_corpus", tsv_with(GOOD_TSV, "--max-tokens", "100000000000"), 0, r'"step": 2, "loss"'),
+    ("vocab_size_past_memory", train_option("--vocab-size", "100000000000"), 2,
+     r"one train step takes at least [\d,.]+ GiB with the model's [\d,]+ parameters .*, more than the [\d,.]+ GiB "
+     r"\(this machine's available memory\) free: give a smaller --vocab-size, --embed-size, --layers or --ffn-dim\. "
+     r"Nothing was written"),
+    ("batch_size_past_memory", train_option("--batch-size", "1000000000"), 2,
+     r"a training batch of 1,000,000,000 rows of up to 6 tokens \(--batch-size 1000000000\).*: give a smaller "
+     r"--batch-size"),
+    # Words the tokenizers never saw, nearly all of them: said, with the likely cause.
+    ("tokenizer_from_a_run_of_other_text", tokenizer_from_other_text, 0,
+     r"warning: \S*swapped\.tsv: 100\.0% of its source tokens and 100\.0% of its target tokens are outside the "
+     r"vocabulary \(the tokenizers of --tokenizer-from \S+\) and read as <unk>; so many suggests swapped source and "
+     r"target columns \(--columns\)"),
+    ("valid_in_other_words", valid_in_other_words, 0,
+     r"warning: \S*swapped\.tsv: 100\.0% of its source tokens .*\(the tokenizers trained on --data\)"),
+    ("evaluate_data_in_other_words", evaluate_data_in_other_words, 0,
+     r"warning: \S*swapped\.tsv: 100\.0% of its source tokens .*\(the run's tokenizers\)"),
     # --- train options
     # The checks after parsing speak as the command they refuse: its usage, "flaxformer-mini train: error:".
     ("valid_without_data", train_option("--valid", "v.tsv"), 2, r"flaxformer-mini train: error: --valid goes with --data"),
@@ -270,6 +341,14 @@ CASES = [
      r"the width 31 \(--embed-size or --preset tiny\) is not divisible by the 5 heads"),
     ("more_devices_than_exist", train_option("--devices", "3"), 2, r"asked for 3 devices"),
     ("clip_norm_not_a_number", train_option("--clip-norm", "lots"), 2, r"--clip-norm"),
+    ("tie_embeddings_unknown", train_option("--tie-embeddings", "encoder"), 2,
+     r"argument --tie-embeddings: invalid choice: 'encoder' \(choose from '?decoder'?, '?all'?\)"),
+    ("tie_all_without_shared_vocab", tsv_with(GOOD_TSV, "--tie-embeddings", "all"), 2,
+     r"flaxformer-mini train: error: --tie-embeddings all goes with --shared-vocab: one embedding table for source "
+     r"and target needs one vocabulary"),
+    ("tie_all_with_tokenizers_of_two_vocabularies", tie_all_with_tokenizers_of_two_vocabularies, 2,
+     r"--tie-embeddings all shares one embedding table between source and target, which needs one vocabulary for "
+     r"both sides \(--shared-vocab\): the run --tokenizer-from \S+ names has one tokenizer a side"),
     # --- run directories
     ("out_is_a_file", out_is_a_file, 2, r"--out .*out: is a file; give a directory for the run"),
     ("out_holds_something_else", out_not_a_run, 2, r"exists and is not a flaxformer-mini run"),
@@ -281,6 +360,9 @@ CASES = [
     ("out_holds_a_run_of_another_schedule", on_run("train", "--schedule", "constant"), 2,
      r"another run whose config differs: train\.schedule \(--schedule\): 'rsqrt' in the run, 'constant' now\. Use"),
     ("out_being_trained", run_held_by_another_process, 2, r"is being trained by process \d+ on "),
+    # Which tables are one is the model's parameters: an untied run resumed with a tie is another run.
+    ("out_holds_an_untied_run", on_run("train", "--tie-embeddings", "decoder"), 2,
+     r"another run whose config differs: model\.tie_embeddings \(--tie-embeddings\): None in the run, 'decoder' now"),
     ("config_not_json", on_run("evaluate", edit=write("config.json", "{")), 2, r"config\.json: not valid JSON"),
     ("config_not_json_on_resume", on_run("train", edit=write("config.json", "")), 2, r"config\.json: not valid JSON"),
     ("config_not_a_run", on_run("evaluate", edit=write("config.json", '{"a": 1}')), 2,
@@ -346,6 +428,13 @@ CASES = [
     ("generate_value_out_of_range", on_run("generate", "99"), 2,
      r"input 1: token '99' is out of range: values are 0\.\.6"),
     ("generate_batch_size_zero", on_run("generate", "--batch-size", "0", "1"), 2, r"--batch-size must be >= 1"),
+    ("generate_beam_size_past_memory", on_run("generate", "--beam-size", "100000000", "1 2"), 2,
+     r"decoding 1 source rows \(--batch-size\) with 100,000,000 beams each \(--beam-size\) takes at least [\d,.]+ GiB, "
+     r"more than the .* free: give a smaller --beam-size or --batch-size"),
+    ("evaluate_beam_size_past_memory", on_run("evaluate", "--beam-size", "100000000"), 2,
+     r"decoding \d+ source rows \(--batch-size\) with 100,000,000 beams each \(--beam-size\) takes at least"),
+    # A batch larger than the input decodes the input's rows alone: one output line, no warning.
+    ("generate_batch_size_past_the_input", on_run("generate", "--batch-size", "1000000000", "1 2"), 0, r"\A[0-9 ]*\n\Z"),
     ("evaluate_beam_size_zero", on_run("evaluate", "--beam-size", "0"), 2, r"--beam-size must be >= 1"),
     ("evaluate_batch_size_zero", on_run("evaluate", "--batch-size", "0"), 2, r"--batch-size must be >= 1"),
     ("init_from_missing", init_from("nope.safetensors"), 2, r"--init-from \S*nope\.safetensors: no such file"),
@@ -367,6 +456,64 @@ CASES = [
      r"is part of the flaxformer-mini run \S*synthetic, not a weights file"),
     ("init_from_on_a_run_started_without_it", init_from(init_weights(), run="synthetic"), 2,
      r"--init-from: the run started from a random init"),
+    # Untied weights (their output projection not their embedding) cannot start a tied run.
+    ("init_from_untied_weights_into_a_tied_run", lambda d, f: init_from(init_weights())(d, f) + [
+        "--tie-embeddings", "decoder"], 2,
+     r"--init-from \S*w\.safetensors does not fit the run's model: 'decoder\.fc\.weight': tied to "
+     r"'decoder\.embedding_layer\.weight', but \d+ of 330 values differ .*: a checkpoint whose tied weights differ "
+     r"is not tied\. The run's model: .*embeddings tied \('decoder'\), set by .*--tie-embeddings"),
+    # --- the best checkpoint, early stopping, the evaluation's beam, averaging
+    ("best_metric_unknown", train_option("--best-metric", "accuracy"), 2,
+     r"argument --best-metric: invalid choice: 'accuracy' \(choose from '?loss'?, '?wer'?, '?cer'?, '?bleu'?, '?chrf'?, "
+     r"'?exact_match'?\)"),
+    ("patience_without_best_metric", train_option("--patience", "3"), 2,
+     r"flaxformer-mini train: error: --patience goes with --best-metric"),
+    ("patience_zero", train_option("--best-metric", "loss", "--patience", "0"), 2, r"--patience must be >= 1"),
+    ("eval_beam_size_zero", train_option("--eval-beam-size", "0"), 2, r"--eval-beam-size must be >= 1"),
+    ("eval_length_penalty_with_greedy_evaluation", train_option("--eval-length-penalty", "1"), 2,
+     r"--eval-length-penalty goes with --eval-beam-size K > 1"),
+    ("eval_length_penalty_negative", train_option("--eval-beam-size", "2", "--eval-length-penalty", "-1"), 2,
+     r"--eval-length-penalty must be a finite number >= 0"),
+    ("eval_beam_size_past_memory", train_option("--eval-beam-size", "100000000"), 2,
+     r"the evaluation during training: decoding 8 source rows \(--batch-size\) with 100,000,000 beams each "
+     r"\(--eval-beam-size\) takes at least [\d,.]+ GiB, .*give a smaller --eval-beam-size or --batch-size\. Nothing "
+     r"was written"),
+    ("out_holds_a_run_of_another_best_metric", on_run("train", "--best-metric", "loss"), 2,
+     r"another run whose config differs: evaluation\.best_metric \(--best-metric\): None in the run, 'loss' now"),
+    ("out_holds_a_run_of_another_eval_beam_size", on_run("train", "--eval-beam-size", "3"), 2,
+     r"evaluation\.beam_size \(--eval-beam-size\): 1 in the run, 3 now"),
+    # A run written before --best-metric existed resumes as it was trained, and says so.
+    ("best_metric_on_a_run_written_before_it", on_run("train", "--best-metric", "loss", "--patience", "2", edit=edit_json(
+        "config.json", lambda c: (c.pop("evaluation"), c["checksums"].pop("config")))), 0,
+     r"note: the run in \S+ was written before --best-metric and --eval-beam-size existed and resumes without them"),
+    ("evaluate_best_of_a_run_without_best_metric",
+     lambda d, f: ["evaluate", "--checkpoint", str(copy_run()(d, f) / "best")], 2,
+     r"run/best: the run has no best checkpoint \(it was trained without --best-metric\); give \S*run for its latest"),
+    ("generate_a_step_of_best", lambda d, f: ["generate", "--checkpoint", str(copy_run(edit=lambda r: shutil.copytree(
+        r / "checkpoints" / "5", r / "best" / "5"))(d, f) / "best" / "5"), "1 2"], 2,
+     r"best/5: this is the best checkpoint's step directory of a training run; give \S*run/best"),
+    ("average_one_checkpoint", lambda d, f: ["average", "--checkpoint", str(d), "--last", "1", "--out", str(d / "a")],
+     2, r"flaxformer-mini average: error: --last must be >= 2"),
+    ("average_more_checkpoints_than_kept",
+     lambda d, f: ["average", "--checkpoint", str(copy_run()(d, f)), "--last", "2", "--out", str(d / "avg")], 2,
+     r"--last 2: \S*run holds 1 checkpoint\(s\) \(steps 5\); train --keep N keeps the newest N"),
+    ("average_into_a_directory_in_use", lambda d, f: (d / "avg").mkdir() or (d / "avg" / "notes").write_text("mine") and [
+        "average", "--checkpoint", str(copy_run()(d, f)), "--last", "2", "--out", str(d / "avg")], 2,
+     r"--out \S*avg: exists and is not an empty directory; give a new one for the average \(nothing was written\)"),
+    ("average_the_best_checkpoint",
+     lambda d, f: ["average", "--checkpoint", str(copy_run()(d, f) / "best"), "--last", "2", "--out", str(d / "avg")],
+     2, r"run/best: the best checkpoint is one state; average reads a run's rotating checkpoints"),
+    ("ema_one", train_option("--ema", "1"), 2, r"--ema must be in \(0, 1\) \(the moving average's decay per update"),
+    ("ema_nan", train_option("--ema", "nan"), 2, r"--ema must be in \(0, 1\)"),
+    ("out_holds_a_run_of_another_ema", on_run("train", "--ema", "0.99"), 2,
+     r"train\.ema_decay \(--ema\): None in the run, 0\.99 now"),
+    ("ema_on_a_run_written_before_it", on_run("train", "--ema", "0.99", edit=edit_json(
+        "config.json", lambda c: (c["train"].pop("ema_decay"), c["checksums"].pop("config")))), 0,
+     r"note: the run in \S+ was written before --ema existed and resumes without it, as it was trained"),
+    ("train_into_an_averaged_run", on_run("train", edit=edit_json("config.json", lambda c: (
+        c.update(averaged={"run": "/elsewhere/run", "steps": [1, 5]}), c["checksums"].pop("config")))), 2,
+     r"holds an average of checkpoints of /elsewhere/run \(`flaxformer-mini average`\), which evaluate and generate "
+     r"read; it does not train"),
 ]
 
 

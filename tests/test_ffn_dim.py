@@ -38,9 +38,11 @@ def ffn_state_dict(ffn_config):
 # --- ModelConfig -------------------------------------------------------------------------
 
 
-def test_ffn_dim_defaults_to_none_and_comes_last_so_seed_positional_args_are_unchanged(tiny_config):
+def test_ffn_dim_defaults_to_none_and_comes_after_the_seed_arguments_so_their_positions_are_unchanged(tiny_config):
     fields = [f.name for f in fm.ModelConfig.__dataclass_fields__.values()]
-    assert fields[-1] == "ffn_dim" and tiny_config.ffn_dim is None
+    seed_arguments = ["src_pad_idx", "source_vocab_size", "target_vocab_size", "max_len",
+                      "embed_size", "heads", "num_layers", "dropout"]
+    assert fields[:8] == seed_arguments and fields[8] == "ffn_dim" and tiny_config.ffn_dim is None
     assert tiny_config.feed_forward_width == tiny_config.embed_size
     assert tiny_config.replace(ffn_dim=F).feed_forward_width == F
 

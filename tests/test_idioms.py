@@ -1,6 +1,6 @@
 """docs/idioms.md quotes the source it explains, and the defaults it says differ do differ.
 
-- drift: the committed guide equals what ``docs/build_idioms.py`` generates from today's
+- drift: the committed guide equals what ``tools/build_idioms.py`` generates from today's
   source (a quoted function that changed makes this fail, naming the snippet);
 - every placeholder of the template resolves, and the generator's filters (``skip=`` too) do
   what it says;
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _load_generator():
-    spec = importlib.util.spec_from_file_location("build_idioms", ROOT / "docs" / "build_idioms.py")
+    spec = importlib.util.spec_from_file_location("build_idioms", ROOT / "tools" / "build_idioms.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -53,7 +53,7 @@ def guide():
 def test_committed_guide_matches_the_source_it_quotes(generated, guide):
     problems = gen.drifted(guide, generated)
     assert not problems, (
-        "docs/idioms.md is out of date; run `python docs/build_idioms.py` and review the diff:\n  "
+        "docs/idioms.md is out of date; run `python tools/build_idioms.py` and review the diff:\n  "
         + "\n  ".join(problems)
     )
 

@@ -63,7 +63,7 @@ def test_step_zero_holds_the_files_weights_and_the_first_loss_is_torchs(weights,
     first = json.loads((started / "metrics.jsonl").read_text().splitlines()[0])
     assert first["step"] == 1
     run = Run.open(started)
-    batch = run.train_batches(0)[0]
+    (batch,) = run.train_batches(0)
     with torch.no_grad():
         logits = model(torch.from_numpy(np.asarray(batch.source)).long(), torch.from_numpy(np.asarray(batch.target_in)).long())
         loss = F.cross_entropy(logits.flatten(0, 1), torch.from_numpy(np.asarray(batch.target_out)).long().flatten(),

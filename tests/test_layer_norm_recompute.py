@@ -1,5 +1,6 @@
 """The ablation that recomputes the LayerNorms in the backward pass (``tools.ablations``'
-``layer_norm_recomputed``), for the GPU lease that times it (docs/benchmarks.md, "GPU").
+``layer_norm_recomputed``, tools/ablation_variants.py), for the GPU lease that times it
+(docs/benchmarks.md, "GPU").
 
 Property checked: a scanned bfloat16 model keeps three float32 (L, B, T, D) arrays per
 LayerNorm for its backward pass (the copies the H100's profile found), and none with the
@@ -17,7 +18,7 @@ from flax import nnx
 from jax.ad_checkpoint import print_saved_residuals
 
 import flaxformer_mini as fm
-from tools import ablations
+from tools import ablation_variants
 
 L, B, S, D = 3, 2, 8, 32
 
@@ -50,5 +51,5 @@ def _float32_activations_kept(dtype, scan):
 def test_recomputed_layer_norms_leave_a_scanned_bfloat16_model_no_float32_activations_to_keep(prevent_cse):
     # Five LayerNorms per encoder + decoder layer pair, three float32 arrays each.
     assert _float32_activations_kept(jnp.bfloat16, scan=True) == 5 * 3
-    with ablations.layer_norms_recomputed(prevent_cse):
+    with ablation_variants.layer_norms_recomputed(prevent_cse):
         assert _float32_activations_kept(jnp.bfloat16, scan=True) == 0

@@ -249,3 +249,36 @@ def test_a_sequential_ported_as_a_list_or_as_nnx_sequential_compares_clean_and_n
     assert [r.name for r in report.rows] == rows
     (f.fc.layers if isinstance(f.fc, nnx.Sequential) else f.fc)[1].epsilon = 1e-1  # a planted fault
     assert parity.compare(t, f, *inputs, atol=1e-5, rename=rename).first_divergence.name == rows[1]
+
+
+@pytest.mark.parametrize("atol", [-1, float("nan"), float("inf"), "1e-5", None.__class__])
+def test_a_tolerance_that_is_not_a_finite_number_at_least_0_is_refused_by_every_comparison(pair, atol):
+    # A negative or NaN tolerance fails every row, an infinite one passes every row: neither is
+    # a verdict, so each is refused before anything runs, naming the call.
+    t, f = pair
+    ids = (torch.as_tensor(IDS),), (IDS,)
+    with pytest.raises(ValueError, match=r"^compare: atol must be a finite number >= 0, got "):
+        parity.compare(t, f, *ids, atol=atol, rename=RENAME)
+    with pytest.raises(ValueError, match=r"^compare_gradients: atol must be a finite number >= 0"):
+        parity.compare_gradients(t, f, lambda m, x: m(x).sum(), lambda m, x: m(x).sum(), *ids, atol=atol,
+                                 rename=RENAME)
+
+
+def test_float64_with_a_float32_sized_tolerance_is_refused_and_its_default_is_kept(pair):
+    t, f = pair
+    ids = (torch.as_tensor(IDS),), (IDS,)
+    with pytest.raises(ValueError, match=r"atol=1e-05 with float64=True keeps a float32-sized tolerance.*leave atol "
+                                         r"out \(float64's default, 1e-10\) or give at most 1e-08"):
+        parity.compare(t, f, *ids, atol=1e-5, rename=RENAME, float64=True)
+    report = parity.compare(t, f, *ids, rename=RENAME, float64=True)
+    assert report.atol == 1e-10 and report.ok
+    assert parity.compare(t, f, *ids, atol=1e-9, rename=RENAME, float64=True).atol == 1e-9
+
+
+def test_inputs_given_as_a_generator_are_refused_by_name(pair):
+    # The input check would use a generator up, and the model would be called with nothing.
+    t, f = pair
+    with pytest.raises(TypeError, match=r"compare: torch_inputs is a tuple \(or list\) of the model's positional "
+                                        r"inputs, got a generator: pass tuple\(\.\.\.\) of it"):
+        parity.compare(t, f, (x for x in [torch.as_tensor(IDS)]), (IDS,), rename=RENAME)
+    assert parity.compare(t, f, [torch.as_tensor(IDS)], [IDS], rename=RENAME).ok  # a list is fine

@@ -3,6 +3,7 @@ run, --max-tokens batches with exact resume, --accumulate equal to one larger ba
 metrics from `evaluate`, TensorBoard events, and the bad input around them."""
 
 import dataclasses
+import functools
 import json
 
 import chex
@@ -18,6 +19,7 @@ from flaxformer_mini.runs.run import Run
 from flaxformer_mini.runs.directory import RunDir
 from flaxformer_mini.runs.tensorboard import read_scalars
 from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train import trainer as trainer_module
 from flaxformer_mini.train.trainer import Trainer
 from helpers import assert_same_training_state, cli, latest_state, run_process, text_args, write_corpus
 
@@ -115,8 +117,9 @@ def budget_args(corpus, out, steps):
 @pytest.fixture(scope="module")
 def accumulating_run(corpus, tmp_path_factory):
     """A `--max-tokens 60 --accumulate 2` run of 4 updates, with every batch its trainer's
-    compiled steps were fed: [(step name, source shape, target shape)], and its trainer."""
-    fed, trainers = [], []
+    compiled steps were fed: [(step name, source shape, target shape)], and how often each of
+    its accumulation steps was traced (compiled): {name: count}."""
+    fed = []
     init = Trainer.__init__
 
     def recording(name, step):
@@ -127,22 +130,33 @@ def accumulating_run(corpus, tmp_path_factory):
 
     def recording_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        trainers.append(self)
         for name in ("train_step", "add_micro_batch"):
             if hasattr(self, name):
-                self.__dict__[f"compiled_{name}"] = getattr(self, name)
                 setattr(self, name, recording(name, getattr(self, name)))
+
+    # Traces of the steps this run jits, counted on wrappers of its own: jit's cache is shared by
+    # every jit of the same function, so another test's trainer in this worker would count there.
+    traces = {"add_micro_batch": 0, "apply_gradient_sums": 0}
+
+    def traced(name, step):
+        @functools.wraps(step)
+        def call(*args, **kwargs):
+            traces[name] += 1
+            return step(*args, **kwargs)
+        return call
 
     out = tmp_path_factory.mktemp("accumulate") / "run"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Trainer, "__init__", recording_init)
+        for name in traces:
+            patch.setattr(f"flaxformer_mini.train.trainer.{name}", traced(name, getattr(trainer_module, name)))
         proc = cli(*budget_args(corpus, out, 4))
     assert proc.returncode == 0, proc.stderr
-    return out, fed, trainers[0]
+    return out, fed, traces
 
 
 def test_max_tokens_with_accumulate_feeds_every_micro_batch_in_its_own_shape_within_the_budget(accumulating_run):
-    out, fed, trainer = accumulating_run
+    out, fed, traces = accumulating_run
     micro = [b for step in range(4) for b in Run.open(out).train_batches(step)]
     shapes = [(b.source.shape, b.target_in.shape) for b in micro]
     assert any(len({shapes[i], shapes[i + 1]}) == 2 for i in range(0, 8, 2)), f"no update mixes shapes: {shapes}"
@@ -152,8 +166,7 @@ def test_max_tokens_with_accumulate_feeds_every_micro_batch_in_its_own_shape_wit
     assert {name for name, _, _ in fed} == {"add_micro_batch"}
     assert all(s[0] * max(s[1], t[1]) <= BUDGET for _, s, t in fed), fed
     # One program per micro-batch shape, as a run without --accumulate compiles; one update program.
-    assert trainer.compiled_add_micro_batch._cache_size() == len(set(shapes))
-    assert trainer.apply_gradient_sums._cache_size() == 1
+    assert traces == {"add_micro_batch": len(set(shapes)), "apply_gradient_sums": 1}
 
 
 def test_accumulating_micro_batches_equals_one_step_on_their_union(accumulating_run):
@@ -161,7 +174,7 @@ def test_accumulating_micro_batches_equals_one_step_on_their_union(accumulating_
     # against one train step on the two micro-batches' union. One trainer for both, so each
     # program compiles once.
     run = Run.open(accumulating_run[0])
-    a, b = next(m for m in map(run.train_batches, range(4)) if m[0].source.shape != m[1].source.shape)
+    a, b = next(m for m in (list(run.train_batches(step)) for step in range(4)) if m[0].source.shape != m[1].source.shape)
     # The union: both padded with PAD to the longer lengths (masked keys, labels that do not
     # count, causally after every real position) and concatenated along the rows.
     s, t = max(a.source.shape[1], b.source.shape[1]), max(a.target_in.shape[1], b.target_in.shape[1])
@@ -213,7 +226,7 @@ def test_a_max_tokens_accumulate_run_on_two_devices_counts_updates_and_batches_b
     assert "--max-tokens 60 wins" in proc.stderr
     assert "on 2 cpu device(s), mesh data=2, replicated sharding" in proc.stderr
     assert latest_state(out)[0] == 2  # optimizer updates, not micro-batches
-    micro = Run.open(out).train_batches(0)
+    micro = list(Run.open(out).train_batches(0))
     assert len(micro) == 2 and all(b.source.shape[0] > 3 for b in micro)  # rows from the budget, not --batch-size
 
 

@@ -179,3 +179,59 @@ def test_stop_requests_outside_the_main_thread_are_refused_and_leave_no_descript
     thread.start()
     thread.join()
     assert len(errors) == 1 and len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_second_sigterm_ends_the_process_at_once_as_a_second_ctrl_c_does():
+    # A scheduler that sends SIGTERM twice (or a user who repeats `kill`) must not wait for a
+    # native call to return: the second signal of either kind is the second Ctrl-C.
+    with child_in_native_code() as (proc, stderr):
+        proc.send_signal(signal.SIGTERM)
+        heard = stderr.wait_for("stopping")
+        assert heard.endswith("; a second signal stops at once, without saving")
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+        took = time.monotonic() - sent
+    assert proc.returncode == 130 and stop.STOPPED_AT_ONCE in err and "returned" not in out
+    assert stop.GRACE_S <= took < stop.GRACE_S + 10, took
+
+
+def test_a_second_sigterm_raises_stop_now_in_python_code():
+    with stop.StopRequests() as requests:
+        signal.raise_signal(signal.SIGTERM)
+        assert requests.requested
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except stop.StopNow:
+            pass
+        else:
+            raise AssertionError("a second SIGTERM was ignored")
+
+
+# A run whose first update has a billion micro-batches: it never ends by itself.
+ENDLESS_UPDATE = ["--task", "copy", "--preset", "tiny", "--layers", "1", "--vocab-size", "11", "--max-len", "5",
+                  "--batch-size", "8", "--accumulate", "1000000000", "--steps", "3", "--no-progress", "--no-plot"]
+
+
+def test_sigterm_during_a_long_accumulation_stops_within_seconds_and_keeps_the_last_complete_state(tmp_path):
+    from flaxformer_mini.runs.run import Run
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "flaxformer_mini", "train", *ENDLESS_UPDATE, "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        Lines(proc.stderr, proc).wait_for("model: ")  # restored or initialised: the update is under way
+        time.sleep(3)  # into the micro-batches (their step compiles first)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out_text, err = proc.communicate(timeout=TIMEOUT_S)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted during update 1's micro-batches: saved step 0; run the same command to resume" in err
+    assert "Traceback" not in err
+    assert took < 10, took  # a micro-batch or two after the signal, and one save (tiny preset)
+    # The update's sums were dropped; the state saved is the complete one before it, and reads back.
+    state = Run.open(out).latest_state()
+    assert int(state.step) == 0

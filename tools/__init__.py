@@ -4,9 +4,15 @@
                     instruction; instructions are put in categories by reading the optimised
                     HLO text with regular expressions (a heuristic, good enough to point at
                     the matmuls, the RNG and the layout copies; not a stable interface)
-    ablations.py    Flax train-step variants timed side by side in one process; one variant
-                    (nnx_linear) swaps flaxformer_mini's Linear class for the duration of a
-                    model's construction, which only an investigation may do
+    ablations.py    Flax train-step variants timed side by side, each group of them in one
+                    process (issue 48's GPU lease runs them: ``gpu_items.sh decide``)
+    ablation_variants.py  the variants, by name; some swap a function of flaxformer_mini (its
+                    Linear class, its LayerNorm call, the step's loss) while a model is built or
+                    its step traced, which only an investigation may do
+    dispatch.py     per-call dispatch cost of small jitted steps (docs/benchmarks.md)
+    build_idioms.py docs/idioms.md from docs/idioms_template.md, quoting the source
+                    (``--check``: exit 1 when the guide no longer matches the code)
+    measure_loading.py  time and peak memory of loading a 1M-line TSV (docs/data.md)
 
 ``python -m tools.xla_profile --preset base`` and ``python -m tools.ablations --preset base``;
 the product is ``python -m benchmarks`` (and ``python -m benchmarks.scaling``).

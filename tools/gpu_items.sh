@@ -12,20 +12,37 @@
 #     bash tools/gpu_items.sh check     # `parity check --torch-device cuda` (the command) on the GPU
 #     bash tools/gpu_items.sh profile   # where the large train step's time goes (tools.xla_profile)
 #     bash tools/gpu_items.sh ablations # what each part of it costs (tools.ablations)
+#     bash tools/gpu_items.sh ablate    # issue 48's ablations of the large train step (tools.ablations, budgeted)
+#     bash tools/gpu_items.sh bfloat16  # the Flax twin in bfloat16 against torch in float32, by layer (parity.bfloat16)
 # or all three in one call, each under its own time limit (the tool lends 15 minutes of device
 # time in all, the machine's start included, so one call of under 10 minutes is the safe plan):
 #     bash tools/gpu_items.sh all       # train, parity, bench (Flax and torch eager), torch.compile
 #     GPU_ITEMS="profile ablations" LIMIT_ABLATIONS=300 bash tools/gpu_items.sh all  # what is still open
 #     GPU_ITEMS="parity bench" bash tools/gpu_items.sh all   # some of them
+# Issue 48 in one call of about 7-9 minutes (docs/benchmarks.md, "Running the GPU items": the
+# exact `run` call), JAX's persistent compilation cache shared by its items and their processes:
+#     bash tools/gpu_items.sh decide    # = GPU_ITEMS="ablate bfloat16 check" all
+#     ABLATE_VARIANTS="default batch_x2 batch_x4 unscanned" bash tools/gpu_items.sh decide  # what a first call left
 # Everything each writes is under $OUT (or ./gpu_out where OUT is unset), logs included; `all`
 # puts each item's files in one archive there (the tool brings back at most 8 files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train|check|profile|ablations|all}
+item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train|check|profile|ablations|ablate|bfloat16|all|decide}
 case "$item" in
-wheels | parity | bench | train | check | profile | ablations | all) ;;
-*) echo "unknown item $item: wheels, parity, bench, train, check, profile, ablations or all" >&2; exit 2 ;;
+wheels | parity | bench | train | check | profile | ablations | ablate | bfloat16 | all | decide) ;;
+*) echo "unknown item $item: wheels, parity, bench, train, check, profile, ablations, ablate, bfloat16, all or decide" >&2
+    exit 2 ;;
 esac
+if [ "$item" = decide ]; then
+    # Issue 48's items, each under its own limit (seconds): the ablations (their own budget inside,
+    # ABLATE_BUDGET, is 120 s shorter: a group may finish its compile and its timing after it),
+    # the bfloat16 parity by layer, then the parity command. One compilation cache for the whole
+    # call: the ablations' groups compile `default` once between them, and XLA's GEMM autotuning
+    # results are kept there too (jax_persistent_cache_enable_xla_caches).
+    export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/gpu_items_jax_cache}
+    export GPU_ITEMS=${GPU_ITEMS:-ablate bfloat16 check}
+    exec bash "$0" all
+fi
 out=${OUT:-gpu_out}
 mkdir -p "$out"
 
@@ -77,13 +94,15 @@ if [ "$item" = all ]; then
         worst=$((rc > worst ? rc : worst))
         # Collected after each item, so a call cut short still brings back what ran.
         cp "$work/summary.txt" "$out/"
-        if [ -f "$work/$name/${logs[$name]}" ]; then cp "$work/$name/${logs[$name]}" "$out/${name}_${logs[$name]}"; fi
+        for file in ${logs[$name]}; do  # (names without spaces: word-split on purpose)
+            if [ -f "$work/$name/$file" ]; then cp "$work/$name/$file" "$out/${name}_$file"; fi
+        done
         tar czf "$out/gpu_items.tar.gz" -C "$work" .
     }
     worst=0
     declare -A logs=([train]=train.log [parity]=parity.log [bench]=large.log [bench_scan]=large.log
         [bench_decode]=large.log [bench_compile]=large.log [bench_train]=large.log [check]=check.log
-        [profile]=profile.log [ablations]=ablations.log)
+        [profile]=profile.log [ablations]=ablations.log [ablate]="ablations.json ablations.log" [bfloat16]=bfloat16.log)
     # GPU_ITEMS: which, in this order (default all); LIMIT_*: their seconds.
     for name in ${GPU_ITEMS:-train parity bench bench_decode bench_compile}; do
         case "$name" in
@@ -105,6 +124,9 @@ if [ "$item" = all ]; then
         check) run_item check "${LIMIT_CHECK:-90}" ;;
         profile) run_item profile "${LIMIT_PROFILE:-150}" ;;
         ablations) run_item ablations "${LIMIT_ABLATIONS:-300}" ;;
+        # Its JSON (every variant, measured or not, and why) and log come back beside the archive.
+        ablate) run_item ablate "${LIMIT_ABLATE:-360}" ;;
+        bfloat16) run_item bfloat16 "${LIMIT_BFLOAT16:-100}" ;;
         *) echo "unknown GPU_ITEMS entry $name" >&2; exit 2 ;;
         esac
     done
@@ -130,6 +152,32 @@ check)
     # compared too; float32 and TF32 off on both sides (parity_numerics), the default 1e-5. (9: the
     # seed preset's max_len is 10, the BOS included.)
     python3 -m parity check --torch-device cuda --grads --decode 9 --json "$out/check.json" 2>&1 | tee -i "$out/check.log"
+    ;;
+ablate)
+    # The large train step's variants (tools/ablation_variants.py), most telling first: in one
+    # process with `default` (`main`), then the larger batches, the XLA:GPU flags (each in its
+    # own process; a flag this XLA does not know ends that process alone and is reported as
+    # refused) and the unscanned step, while the budget lasts; what it leaves is listed as not
+    # run in the JSON. ABLATE_VARIANTS: another list (word-split on purpose).
+    # shellcheck disable=SC2086
+    # (ABLATE_PRESET=tiny ABLATE_REPS=1: the same plumbing on a CPU, in minutes)
+    python3 -m tools.ablations --preset "${ABLATE_PRESET:-large}" --scan-layers --reps "${ABLATE_REPS:-10}" \
+        --budget-s "${ABLATE_BUDGET:-240}" --json "$out/ablations.json" --variants ${ABLATE_VARIANTS:-default \
+        no_dropout rbg_dropout unsafe_rbg_dropout layer_norm_recomputed layer_norm_stats_kept remat_nothing \
+        remat_dots_no_batch_dims remat_bfloat16_dots remat_dots fused_loss xla_latency_hiding_scheduler \
+        xla_simplify_fp_conversions xla_custom_fusions xla_dynamic_slice_fusion batch_x2 batch_x4 unscanned} \
+        2>&1 | tee -i "$out/ablations.log"
+    ;;
+bfloat16)
+    # The bfloat16 policy by layer (docs/design.md, "Parity policy"): the table and JSON of the
+    # tiny and seed presets, then its tests, torch in float32 on CUDA (TF32 off), JAX's GPU in bfloat16.
+    rc=0
+    # (TORCH_DEVICE=cpu: the same on a machine without one)
+    python3 -m parity.bfloat16 --torch-device "${TORCH_DEVICE:-cuda}" --json "$out/bfloat16.json" 2>&1 \
+        | tee -i "$out/bfloat16.log" || rc=$?
+    python3 -m pytest tests/test_parity_bfloat16.py --torch-device "${TORCH_DEVICE:-cuda}" -p no:cacheprovider -q \
+        2>&1 | tee -i -a "$out/bfloat16.log" || rc=$?
+    exit "$rc"
     ;;
 train)
     rm -rf /tmp/gpu_reverse

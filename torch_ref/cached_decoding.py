@@ -11,8 +11,8 @@ It runs the modules of an unchanged ``torch_ref.Transformer`` (the seed's weight
 state-dict keys) and reproduces the seed's numerics: masked scores are filled with -1e20
 *before* the scaling by 1/sqrt(K) (``torch_ref/attention.py``). Greedy decoding picks the
 same tokens as ``torch_ref.decoding.greedy_decode`` (no cache) and as
-``flaxformer_mini.decoding.greedy_decode``; beam search follows
-``flaxformer_mini.decoding.beam_search`` rule for rule (fairseq's finished hypotheses, GNMT
+``flaxformer_mini.decode.search.greedy_decode``; beam search follows
+``flaxformer_mini.decode.search.beam_search`` rule for rule (fairseq's finished hypotheses, GNMT
 length penalty).
 
 Shapes: B batch, S source length, N decode positions, L decoder layers, H heads, K head
@@ -25,7 +25,7 @@ import torch
 from torch_ref.attention import MASK_FILL_VALUE
 from torch_ref.decoding import BOS, EOS, PAD, check_decode_inputs
 
-# The Flax twin's defaults (flaxformer_mini.decoding), repeated: torch_ref never imports JAX.
+# The Flax twin's defaults (flaxformer_mini.decode), repeated: torch_ref never imports JAX.
 DEFAULT_LENGTH_PENALTY = 0.6
 _NEG = -1e9  # a score no hypothesis reaches; finite, so no inf - inf = NaN anywhere
 
@@ -158,7 +158,7 @@ class CachedDecoder:
     def beam_search(self, source, max_new_tokens, beam_size=4, alpha=DEFAULT_LENGTH_PENALTY):
         """(tokens (B, W, N), scores (B, W)), best first; a score is the hypothesis's
         log-probability divided by ``length_penalty(length, alpha)``. The rules are
-        ``flaxformer_mini.decoding.beam_search``'s (fairseq's)."""
+        ``flaxformer_mini.decode.search.beam_search``'s (fairseq's)."""
         if beam_size < 1:
             raise ValueError(f"beam size must be >= 1, got {beam_size}")
         if not alpha >= 0:  # NaN included

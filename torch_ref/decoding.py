@@ -2,7 +2,7 @@
 source once, then run the decoder over the whole prefix for every new token (no cache).
 
 This is the torch side of the cross-framework decoding check: with the same weights it must
-pick the same tokens as ``flaxformer_mini.decoding.greedy_decode`` (which uses a KV cache).
+pick the same tokens as ``flaxformer_mini.decode.search.greedy_decode`` (which uses a KV cache).
 It is a reference, not how PyTorch users decode: ``torch_ref.cached_decoding`` has the
 key/value-cache decoder (greedy and beam search) that the benchmark compares with Flax's.
 

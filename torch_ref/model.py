@@ -10,6 +10,10 @@ import torch.nn as nn
 
 from torch_ref.layers import DecoderBlock, TransformerBlock
 
+# The values of Transformer's tie_embeddings (flaxformer_mini.model.config.TIE_EMBEDDINGS:
+# torch_ref imports nothing of the JAX side).
+TIE_EMBEDDINGS = ("decoder", "all")
+
 
 def check_tokens(tokens, vocab_size, max_len, name="input"):
     """Raise a clear error for token ids the embedding tables cannot look up.
@@ -68,9 +72,12 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
     """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits.
-    ``ffn_dim`` as in Encoder."""
+    ``ffn_dim`` as in Encoder. ``tie_output=True``: the projection's weight is the embedding
+    table, one Parameter under both keys (``fc.weight``, ``embedding_layer.weight``); its bias
+    stays its own."""
 
-    def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *, ffn_dim=None):
+    def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *, ffn_dim=None,
+                 tie_output=False):
         super().__init__()
         self.target_vocab_size = target_vocab_size
         self.max_len = max_len
@@ -80,6 +87,11 @@ class Decoder(nn.Module):
             [DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim) for _ in range(num_layers)]
         )
         self.fc = nn.Linear(embed_size, target_vocab_size)
+        if tie_output:
+            # Linear's weight is (V, D), as the Embedding's table: the same tensor fits both.
+            # Tied after the Linear drew its own, so every other initial value is the untied
+            # model's of the same seed (its RNG draws are the same, in the same order).
+            self.fc.weight = self.embedding_layer.weight
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, input, enc_out, source_mask, target_mask, *, check_inputs=True):
@@ -101,14 +113,30 @@ class Transformer(nn.Module):
 
     ``ffn_dim`` (keyword-only): the feed-forward width F of every block; None keeps the
     seed's F = D (the paper's base model has D = 512, F = 2048).
+
+    ``tie_embeddings`` (keyword-only): None keeps the seed's separate tables. ``"decoder"``:
+    the output projection's weight is the target embedding (fairseq's
+    ``--share-decoder-input-output-embed``); ``"all"``: the source embedding is that table too
+    (``--share-all-embeddings``: one vocabulary, so the two vocabulary sizes must be equal).
+    A tied weight is one Parameter; ``state_dict()`` still lists each of its keys (the seed's
+    keys, every one), all holding that tensor.
     """
 
     def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads, num_layers,
-                 dropout, *, ffn_dim=None):
+                 dropout, *, ffn_dim=None, tie_embeddings=None):
         super().__init__()
+        if tie_embeddings is not None and tie_embeddings not in TIE_EMBEDDINGS:
+            raise ValueError(f"tie_embeddings must be None or one of {', '.join(map(repr, TIE_EMBEDDINGS))}, "
+                             f"got {tie_embeddings!r}")
+        if tie_embeddings == "all" and source_vocab_size != target_vocab_size:
+            raise ValueError(f"tie_embeddings='all' shares one table between the source and target vocabularies, "
+                             f"which must then have one size, got {source_vocab_size} and {target_vocab_size}")
         self.src_pad_idx = src_pad_idx
         self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
-        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
+        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim,
+                               tie_output=tie_embeddings is not None)
+        if tie_embeddings == "all":
+            self.encoder.embedding_layer.weight = self.decoder.embedding_layer.weight
 
     def create_source_mask(self, source_input):
         mask = source_input != self.src_pad_idx

@@ -1,6 +1,6 @@
 """Loss, optimizer, schedule and one training step in plain PyTorch.
 
-The twin of ``flaxformer_mini.training``: same loss (cross-entropy over the non-padding
+The twin of ``flaxformer_mini.train``: same loss (cross-entropy over the non-padding
 target tokens), same optimizer (Adam, or AdamW with decoupled weight decay), same learning-
 rate schedules and the same global-norm clipping, so that the parity suite can run both for
 N steps from the same weights and compare the parameters at the end.
@@ -72,7 +72,7 @@ def make_optimizer(
     eps=1e-9,
     weight_decay=0.0,
 ):
-    """``(optimizer, lr_scheduler)`` with the semantics of ``flaxformer_mini.training.TrainConfig``.
+    """``(optimizer, lr_scheduler)`` with the semantics of ``flaxformer_mini.train.optimizer.TrainConfig``.
 
     ``schedule='rsqrt'``: ``rsqrt_learning_rate`` with ``lr_factor``, ``warmup_steps`` and
     ``d_model`` (default: the model's embedding width). ``schedule='constant'``:

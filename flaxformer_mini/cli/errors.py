@@ -8,6 +8,7 @@ import here is light: errors are told apart without starting JAX.
 """
 
 import errno
+import sys
 
 from flaxformer_mini.files import describe_os_error
 from flaxformer_mini.scale.errors import ProcessLostError
@@ -33,7 +34,23 @@ def explain(error):
         return EXIT_UNUSABLE, describe_os_error(error)
     if isinstance(error, (ValueError, FileNotFoundError)):  # bad files, configs or options, named by the raiser
         return EXIT_UNUSABLE, str(error)
+    if _is_out_of_memory(error):
+        return EXIT_FAILED, ("out of memory: " + _last_line(error) + ". The sizes fit the check made before the "
+                             "work started, but not what XLA allocated: give a smaller --batch-size, --max-tokens or "
+                             "--beam-size (whichever the command takes)")
     return None, None
+
+
+def _is_out_of_memory(error):
+    """XLA's out-of-memory error. Told by JAX's own error type when JAX is loaded (it is, once
+    anything has run), so that this module never loads it."""
+    jax = sys.modules.get("jax")
+    return (jax is not None and isinstance(error, jax.errors.JaxRuntimeError)
+            and any(m in str(error) for m in ("RESOURCE_EXHAUSTED", "Out of memory")))
+
+
+def _last_line(error):
+    return (str(error).strip().splitlines() or [type(error).__name__])[-1].strip().rstrip(".")
 
 
 def exits_at_once(interrupt):

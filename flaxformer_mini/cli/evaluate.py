@@ -7,7 +7,7 @@ from flaxformer_mini.cli.parser import length_penalty
 from flaxformer_mini.decode.options import OptionError
 from flaxformer_mini.files import check_writable, refuse_existing, same_file
 from flaxformer_mini.runs.config import RunConfigError
-from flaxformer_mini.runs.directory import RunDir
+from flaxformer_mini.runs.directory import RunDir, best_of
 from flaxformer_mini.runs.evaluate import evaluate_run
 
 
@@ -38,7 +38,7 @@ def _refuse_the_runs_data(output, checkpoint):
     """--output must not be the run's own training or --valid file: even with --force, it
     would replace the pairs the run trains and scores on (and a resume refuses a changed file)."""
     try:
-        data = RunDir(checkpoint).load_config().data
+        data = RunDir(best_of(checkpoint) or checkpoint).load_config().data  # RUN/best: RUN's
     except RunConfigError:
         return  # no run there: evaluate_run names the problem
     for key, what in (("train_path", "training file"), ("valid_path", "--valid file")):

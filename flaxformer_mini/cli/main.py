@@ -1,10 +1,12 @@
-"""``flaxformer-mini``: train, evaluate, generate.
+"""``flaxformer-mini``: train, evaluate, generate, average.
 
     flaxformer-mini train --task reverse --out runs/reverse
     flaxformer-mini train --data train.tsv --valid valid.tsv --out runs/mt
     flaxformer-mini evaluate --checkpoint runs/reverse --json
     flaxformer-mini evaluate --checkpoint runs/mt --data test.tsv --output hypotheses.txt
     flaxformer-mini generate --checkpoint runs/reverse 5 3 9 2 7
+    flaxformer-mini evaluate --checkpoint runs/mt/best     # train --best-metric's best checkpoint
+    flaxformer-mini average --checkpoint runs/mt --last 3 --out runs/mt-avg3
 
 Running the same ``train`` command again with the same ``--out`` resumes the run. ``main``
 parses (``parser.py``), dispatches to the command's module (``train.py``, ``evaluate.py``,
@@ -25,7 +27,7 @@ from flaxformer_mini.train.stop import STOPPED_AT_ONCE, StopNow, Stopped, StopRe
 # Each command's module, imported once its options are known good: `--help` and an option's
 # error answer without loading JAX (seconds).
 COMMANDS = {"train": "flaxformer_mini.cli.train", "evaluate": "flaxformer_mini.cli.evaluate",
-            "generate": "flaxformer_mini.cli.generate"}
+            "generate": "flaxformer_mini.cli.generate", "average": "flaxformer_mini.cli.average"}
 
 
 def main(argv=None):

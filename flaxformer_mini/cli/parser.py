@@ -5,7 +5,8 @@ fraction of a second)."""
 import argparse
 import math
 
-from flaxformer_mini.model.config import DTYPES, PRESETS, get_preset
+from flaxformer_mini.model.config import DTYPES, PRESETS, TIE_EMBEDDINGS, get_preset
+from flaxformer_mini.runs.selection import BEST_METRICS
 
 DEBUG_ENV = "FLAXFORMER_MINI_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
@@ -83,6 +84,11 @@ RANGES = {
     "max_new_tokens": (lambda v: v >= 1, ">= 1"),
     "temperature": (lambda v: v > 0, "> 0 (inf samples uniformly; greedy decoding is the limit -> 0)"),
     "top_k": (lambda v: v >= 1, ">= 1"),
+    "patience": (lambda v: v >= 1, ">= 1 (evaluations without a better --best-metric before the run stops)"),
+    "eval_beam_size": (lambda v: v >= 1, ">= 1 (1: greedy)"),
+    "eval_length_penalty": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: no length penalty)"),
+    "ema": (lambda v: 0 < v < 1, "in (0, 1) (the moving average's decay per update, e.g. 0.999)"),
+    "last": (lambda v: v >= 2, ">= 2 (the checkpoints averaged; one would be the checkpoint itself)"),
 }
 
 
@@ -145,6 +151,18 @@ def _decoding_problem(args):
     return None
 
 
+def _selection_problem(args):
+    """Evaluation options that go only with others, named as typed."""
+    if getattr(args, "command", None) != "train":
+        return None
+    if args.patience is not None and args.best_metric is None:
+        return ("--patience goes with --best-metric: it counts the evaluations in a row that bring no better "
+                "--best-metric")
+    if args.eval_length_penalty is not None and args.eval_beam_size == 1:
+        return "--eval-length-penalty goes with --eval-beam-size K > 1: greedy decoding ranks no hypotheses"
+    return None
+
+
 def _data_problem(args):
     """Data options that go only with others, named as typed."""
     if getattr(args, "valid", None) and not getattr(args, "data", None):
@@ -160,6 +178,11 @@ def _data_problem(args):
         if given:
             return (f"{' and '.join(given)} cannot go with --tokenizer-from: the tokenizers, their kind, size and "
                     f"sharing are those of the run it names")
+    if (getattr(args, "tie_embeddings", None) == "all" and getattr(args, "data", None) and not args.shared_vocab
+            and args.tokenizer_from is None):  # --tokenizer-from's run says its sharing: checked once it is read
+        return ("--tie-embeddings all goes with --shared-vocab: one embedding table for source and target needs one "
+                "vocabulary for both sides (--tie-embeddings decoder ties the target embedding and the output "
+                "projection alone)")
     if getattr(args, "columns", None) is not None and not getattr(args, "data", None):
         return ("--columns goes with --data: it says which columns of that file to read"
                 + (" (a synthetic task reads no file)" if getattr(args, "task", None) else ""))
@@ -169,7 +192,7 @@ def _data_problem(args):
 def problem(args):
     """What is wrong with the parsed options that argparse cannot see, in one line naming the
     options as typed, or None: checked before anything is read, written or computed."""
-    return _data_problem(args) or check_ranges(args) or _decoding_problem(args)
+    return _data_problem(args) or check_ranges(args) or _decoding_problem(args) or _selection_problem(args)
 
 
 def build_parser():
@@ -216,6 +239,10 @@ def build_parser():
     t.add_argument("--label-smoothing", type=float, default=0.0,
                    help="in [0, 1): the target distribution's mass spread over the vocabulary (default 0: none)")
     t.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    t.add_argument("--ema", type=float, default=None, metavar="DECAY",
+                   help="keep an exponential moving average of the parameters (Marian's --exponential-smoothing; "
+                        "decay min(DECAY, (1 + n) / (10 + n)) at update n), saved in the checkpoints: the evaluation "
+                        "during training, evaluate, generate and parity convert use it. Recorded in the run")
     t.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="compute dtype (parameters stay float32)")
     t.add_argument("--init-from", metavar="FILE", default=None,
@@ -224,6 +251,12 @@ def build_parser():
                         "torch) or parity convert's Flax file or directory. The model comes from the options as "
                         "always and must fit the file exactly (sizes, --max-len, vocabulary sizes). Recorded in "
                         "config.json (path, sha256): a resume gives the same FILE and continues from its checkpoints")
+    t.add_argument("--tie-embeddings", choices=TIE_EMBEDDINGS, default=None,
+                   help="one table for several embeddings (fairseq's sharing options): decoder ties the target "
+                        "embedding and the output projection (--share-decoder-input-output-embed), all ties the "
+                        "source embedding too (--share-all-embeddings; text needs --shared-vocab, a synthetic task's "
+                        "sides share their tokens); the output bias stays its own. Default: none, the seed's model. "
+                        "Recorded in the run")
     t.add_argument("--scan-layers", action="store_true",
                    help="hold each side's layers as one stacked block run by a scan: compile time stays flat in "
                         "depth (checkpoints hold stacked parameters; recorded in the run)")
@@ -268,7 +301,20 @@ def build_parser():
                    "last step)")
     t.add_argument("--save-every", type=int, default=500, help="steps between checkpoints (default 500; also at the "
                    "last step and on Ctrl-C/SIGTERM; a process killed with -9 resumes from the last one saved)")
-    t.add_argument("--keep", type=int, default=3, help="checkpoints kept")
+    t.add_argument("--keep", type=int, default=3, help="checkpoints kept (the rotating ones; OUT/best is apart)")
+    t.add_argument("--best-metric", choices=BEST_METRICS, default=None,
+                   help="keep the state of the best evaluation by this held-out metric in OUT/best (lower loss, wer, "
+                        "cer; higher bleu, chrf, exact_match), apart from the rotating checkpoints; evaluate, "
+                        "generate and parity convert read it as OUT/best. Recorded in the run")
+    t.add_argument("--patience", type=int, default=None, metavar="N",
+                   help="with --best-metric: stop when N evaluations in a row bring no better value (a resume "
+                        "continues the count; run again with a larger N to train on)")
+    t.add_argument("--eval-beam-size", type=int, default=1, metavar="K",
+                   help="the evaluation during training decodes with beam search over K hypotheses (1: greedy), so "
+                        "--best-metric picks by the decoding users run. Recorded in the run")
+    t.add_argument("--eval-length-penalty", type=float, default=None, metavar="ALPHA",
+                   help=f"with --eval-beam-size K > 1: the beam's length penalty, as --length-penalty of evaluate and "
+                        f"generate (default {LENGTH_PENALTY})")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--no-plot", action="store_true",
                    help="do not draw loss.png at the end (sweeps, CI; metrics.jsonl and TensorBoard hold the curves)")
@@ -308,6 +354,19 @@ def build_parser():
                    help="examples decoded together (default: the run's); the hypotheses do not depend on it")
     e.add_argument("--beam-size", type=int, default=1, help="exact match of the best beam (1: greedy)")
     length_penalty_option(e)
+
+    a = sub.add_parser("average", help="average the parameters of a run's last N checkpoints into a new run "
+                                       "directory that evaluate, generate and parity convert read",
+                       parents=[common], formatter_class=_DefaultsHelp,
+                       description="Average the parameters of the last N checkpoints of RUN (its rotating ones: "
+                                   "train --keep sets how many there are), as fairseq's average_checkpoints.py "
+                                   "--num-epoch-checkpoints does, into --out: a run directory holding one checkpoint "
+                                   "(at the newest averaged step; its optimizer state that step's), RUN's config and "
+                                   "tokenizers. evaluate, generate and parity convert read it as any run; train does "
+                                   "not continue it.")
+    a.add_argument("--checkpoint", required=True, metavar="RUN", help="a run directory made by train")
+    a.add_argument("--last", type=int, required=True, metavar="N", help="how many of the newest checkpoints to average")
+    a.add_argument("--out", required=True, metavar="DIR", help="the averaged run's directory (new, or empty)")
 
     g = sub.add_parser("generate", help="decode inputs with a run's latest checkpoint", parents=[common],
                        description="Decode TEXT (the words given), or one input per line of standard input "

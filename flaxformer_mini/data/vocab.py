@@ -65,6 +65,10 @@ class Vocab:
         """Token ids of ``text``, unknown words -> UNK. No BOS/EOS."""
         return [self._ids.get(word, UNK) for word in text.split()]
 
+    def encode_batch(self, texts):
+        """``[encode(t) for t in texts]``: the tokenizers' interface (``tokenizers.Tokenizer``)."""
+        return [self.encode(text) for text in texts]
+
     def decode(self, ids):
         """The text of a model output: up to the first EOS, without PAD and BOS."""
         words = []

@@ -18,33 +18,40 @@ import numpy as np
 
 from flaxformer_mini.data import pad_rows
 from flaxformer_mini.decode.metrics import corpus_metrics, exact_match
-from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY
+from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, check_decoding_memory
 from flaxformer_mini.decode.search import decode
 
 TEXT_METRICS = ("bleu", "chrf", "wer", "cer")  # the keys corpus_metrics adds (exact_match: ours, on ids)
 
 
 def evaluate(trainer, state, batches, with_exact_match=True, beam_size=1, codec=None, decode_lines=None,
-             alpha=DEFAULT_LENGTH_PENALTY):
+             alpha=DEFAULT_LENGTH_PENALTY, stop=None):
     """Teacher-forced loss and token accuracy, and exact-match accuracy of cached greedy
     decoding (or of the best beam, with ``beam_size`` > 1, ranked with length penalty
     ``alpha``). With a ``codec``, also BLEU, chrF, WER and CER of the first ``decode_lines``
-    decoded examples (None: all)."""
+    decoded examples (None: all). ``stop()``, asked between batches: True ends the
+    evaluation, which returns None."""
     return evaluate_with_hypotheses(trainer, state, batches, with_exact_match, beam_size, codec, decode_lines,
-                                    alpha)[0]
+                                    alpha, stop)[0]
 
 
 def evaluate_with_hypotheses(trainer, state, batches, with_exact_match=True, beam_size=1, codec=None,
-                             decode_lines=None, alpha=DEFAULT_LENGTH_PENALTY):
+                             decode_lines=None, alpha=DEFAULT_LENGTH_PENALTY, stop=None):
     """``(metrics, hypotheses)``: ``evaluate``'s metrics and the scored hypotheses' text, in
-    the batches' order."""
-    result = trainer.evaluate(state, batches)
+    the batches' order; ``(None, None)`` when ``stop()`` ended it."""
+    result = trainer.evaluate(state, batches, stop=stop)
+    if result is None:
+        return None, None
     hypotheses, references = [], []
     if with_exact_match:
         model = state.model()
         hits, rows = [], None
         for b in batches:
-            rows = rows or len(b.source)  # a smaller last batch is padded: one compiled shape
+            if stop is not None and stop():
+                return None, None
+            if rows is None:  # a smaller last batch is padded: one compiled shape
+                rows = len(b.source)
+                check_decoding_memory(model.config, rows, beam_size, model.config.max_len, b.source.shape[1])
             # The model's max_len, never the references' length: the hypotheses are generate's.
             predicted = decode(model, pad_rows(b, rows).source, model.config.max_len, beam_size=beam_size, alpha=alpha)
             predicted = np.asarray(predicted)[: len(b.source)]

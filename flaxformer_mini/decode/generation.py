@@ -26,7 +26,7 @@ import itertools
 import numpy as np
 
 from flaxformer_mini.data import EOS, make_source
-from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY
+from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, check_decoding_memory
 from flaxformer_mini.decode.search import NO_HYPOTHESIS, beam_search, decode
 
 DEFAULT_BATCH_SIZE = 64
@@ -49,13 +49,13 @@ class Generated:
     unit: str = "word"  # what ``unknown_words`` are: "word", "character" or "piece"
 
 
-def generate_lines(texts, codec, load_model, max_len, *, max_new_tokens, batch_size=DEFAULT_BATCH_SIZE, seed=0,
+def generate_lines(texts, codec, load_model, model_config, *, max_new_tokens, batch_size=DEFAULT_BATCH_SIZE, seed=0,
                    beam_size=1, alpha=DEFAULT_LENGTH_PENALTY, temperature=None, top_k=None, nbest=None, unit="word"):
     """Yield a ``Generated`` per text of the iterable ``texts`` (read lazily), in input order.
 
     ``codec``: ``encode(text) -> (ids, unknown words)`` and ``decode(ids) -> text``;
     ``load_model()``: the model, called once, after the first inputs are known good (a bad
-    line fails fast); ``max_len``: the model's. Greedy by default; beam search with
+    line fails fast); ``model_config``: its ``ModelConfig``. Greedy by default; beam search with
     ``beam_size`` > 1 (the best beam; ``alpha``: its length penalty); sampling when
     ``temperature`` or ``top_k`` is given (seeded per batch, so the same inputs, seed and
     batch size give the same samples). ``nbest`` (1 to ``beam_size``; greedy is beam size 1):
@@ -65,11 +65,13 @@ def generate_lines(texts, codec, load_model, max_len, *, max_new_tokens, batch_s
     if batch_size < 1:  # here, not in the generator: refused at the call, before any input is read
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     options = dict(beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k)
-    return _stream(iter(texts), codec, load_model, max_len, max_new_tokens, batch_size, seed, options, nbest, unit)
+    return _stream(iter(texts), codec, load_model, model_config, max_new_tokens, batch_size, seed, options, nbest, unit)
 
 
-def _stream(texts, codec, load_model, max_len, max_new_tokens, batch_size, seed, options, nbest, unit):
+def _stream(texts, codec, load_model, model_config, max_new_tokens, batch_size, seed, options, nbest, unit):
+    max_len = model_config.max_len
     model, n_read, batch_index, seen_text = None, 0, 0, False
+    checked = set()  # the batch row counts whose decoding memory was checked
 
     def undecoded(unknown_words=(), left_empty=None):  # a blank or left-empty input's output
         return Generated("", list(unknown_words), left_empty, hypotheses=None if nbest is None else [], unit=unit)
@@ -87,12 +89,19 @@ def _stream(texts, codec, load_model, max_len, max_new_tokens, batch_size, seed,
         # Blank and left-empty inputs keep their empty outputs; the others are decoded below.
         outputs = [undecoded() if e is None else undecoded(e.unknown_words, e.left_empty) for e in encoded]
         fit = [i for i, e in enumerate(encoded) if e is not None and e.left_empty is None]
+        order = sorted(fit, key=lambda i: len(encoded[i].ids))
+        # Batches of batch_size rows, or of all the chunk's inputs when fewer: a batch size
+        # above the input's size pads no rows of PAD (it only needs clamping).
+        rows_per_batch = min(batch_size, len(order))
+        if order and rows_per_batch not in checked:  # before the checkpoint is read: fail fast
+            checked.add(rows_per_batch)
+            shortest = len(encoded[order[0]].ids) + 1  # + EOS: a lower bound of every batch's source length
+            check_decoding_memory(model_config, rows_per_batch, options["beam_size"], max_new_tokens, shortest)
         if fit and model is None:  # after the first inputs are known good: a bad line fails fast
             model = load_model()
-        order = sorted(fit, key=lambda i: len(encoded[i].ids))
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            source = _source([encoded[i].ids for i in rows], batch_size, max_len)
+        for start in range(0, len(order), rows_per_batch or 1):
+            rows = order[start : start + rows_per_batch]
+            source = _source([encoded[i].ids for i in rows], rows_per_batch, max_len)
             if nbest is None:
                 tokens = decode(model, source, max_new_tokens, seed=seed + batch_index, **options)
                 best, scores = np.asarray(tokens)[:, None], None  # (B, 1, N)

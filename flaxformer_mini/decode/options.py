@@ -2,6 +2,8 @@
 ``check_options`` refuses what cannot work with an ``OptionError`` that names the option as the
 library spells it and as the command line does."""
 
+from flaxformer_mini.model import memory
+
 # The Flax WMT example's default length penalty: score = log p / ((5 + length) / 6) ** alpha,
 # length counting the hypothesis's tokens with its EOS (`generate --length-penalty`).
 DEFAULT_LENGTH_PENALTY = 0.6
@@ -25,6 +27,7 @@ _NAMES = {
     "temperature": ("temperature", "--temperature"),
     "top_k": ("top_k", "--top-k"),
     "nbest": ("nbest", "--nbest"),
+    "batch_size": ("batch size", "--batch-size"),
 }
 
 
@@ -65,3 +68,16 @@ def check_options(model_config, *, max_new_tokens=None, beam_size=1, alpha=DEFAU
         raise _refuse("{temperature} must be > 0, got {t} (greedy decoding is temperature -> 0)", t=temperature)
     if top_k is not None and not 1 <= top_k <= c.target_vocab_size:
         raise _refuse("{top_k} must be in [1, {V}] (the target vocabulary), got {k}", V=c.target_vocab_size, k=top_k)
+
+
+def check_decoding_memory(model_config, rows, beam_size, max_new_tokens, source_len):
+    """Refuse (``OptionError``, naming the batch size and the beam size) decoding ``rows``
+    sources with ``beam_size`` beams each when its least memory (``model/memory.py``) is more
+    than the machine has free: before anything is allocated, not an out-of-memory error from
+    XLA."""
+    needed = memory.decoding_bytes(model_config, rows, max_new_tokens, source_len, beams=beam_size)
+    short = memory.shortfall(needed)
+    if short is not None:
+        raise _refuse("decoding {n} source rows ({batch_size}) with {w} beams each ({beam_size}) takes at least "
+                      "{needed}, more than the {short} free: give a smaller {beam_size} or {batch_size}",
+                      n=f"{rows:,}", w=f"{beam_size:,}", needed=memory.gib(needed), short=short)

@@ -2,8 +2,9 @@
 
 A ``ModelConfig`` holds the constructor arguments of seed 001's ``Transformer``, in the
 seed's order, then the keyword-only ``ffn_dim`` (feed-forward width F; None = the seed's
-F = D), so ``Transformer(**cfg.to_dict(), rngs=...)`` and ``torch_ref.Transformer(**cfg.to_dict())``
-build the two twins of the same model.
+F = D) and ``tie_embeddings`` (None = the seed's separate tables), so
+``Transformer(**cfg.to_dict(), rngs=...)`` and ``torch_ref.Transformer(**cfg.to_dict())`` build the
+two twins of the same model.
 """
 
 import dataclasses
@@ -11,6 +12,13 @@ import dataclasses
 # A run's compute dtypes, by name (run_config.COMPUTE_DTYPES maps them to JAX's): here, where
 # the CLI's parser reads them without starting JAX.
 DTYPES = ("float32", "bfloat16")
+
+# What ``tie_embeddings`` may tie (None: nothing, the seed's model), as fairseq's options do:
+# "decoder" the target embedding and the output projection (--share-decoder-input-output-embed),
+# "all" those and the source embedding too (--share-all-embeddings: one vocabulary for both
+# sides, so the source and target vocabularies must have one size). Here, where the CLI's
+# parser reads them without starting JAX.
+TIE_EMBEDDINGS = ("decoder", "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +34,11 @@ class ModelConfig:
     # Not a seed argument: keyword-only in both twins' constructors, so it comes last, with a
     # default (a run's config.json written before it existed still loads). None = F = D.
     ffn_dim: int | None = None
+    # Keyword-only too, after ffn_dim: which embedding tables are one (TIE_EMBEDDINGS). None,
+    # the default, is the seed's untied model, and to_dict leaves it out: an untied model's
+    # dict (config.json, file metadata, the constructors' arguments) holds no key for it, and
+    # a dict without it (a run's config.json written without the field) loads untied.
+    tie_embeddings: str | None = None
 
     def __post_init__(self):
         problems = []
@@ -39,13 +52,22 @@ class ModelConfig:
             problems.append(f"embed_size={self.embed_size} is not divisible by heads={self.heads}")
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.tie_embeddings is not None and self.tie_embeddings not in TIE_EMBEDDINGS:
+            problems.append(f"tie_embeddings must be None or one of {', '.join(map(repr, TIE_EMBEDDINGS))}, "
+                            f"got {self.tie_embeddings!r}")
+        elif self.tie_embeddings == "all" and self.source_vocab_size != self.target_vocab_size:
+            problems.append(f"tie_embeddings='all' shares one table between the source and target vocabularies, "
+                            f"which must then have one size, got {self.source_vocab_size} and {self.target_vocab_size}")
         if not 0 <= self.src_pad_idx < self.source_vocab_size:
             problems.append(f"src_pad_idx={self.src_pad_idx} is outside the source vocabulary [0, {self.source_vocab_size})")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
 
     def to_dict(self):
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["tie_embeddings"] is None:  # untied, the seed's model: no key, as the seed has no argument
+            del d["tie_embeddings"]
+        return d
 
     @property
     def feed_forward_width(self):

@@ -19,6 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx.nn.dtypes import promote_dtype
 
 # nn.LayerNorm's default; Flax's nnx.LayerNorm defaults to 1e-6.
 LAYER_NORM_EPS = 1e-5
@@ -92,6 +93,44 @@ def embedding(num_embeddings, features, *, axes=None, dtype=None, param_dtype=jn
     )
 
 
+class TiedLinear(nnx.Module):
+    """An output projection whose weight is an embedding table: ``x @ table.T + bias``, the
+    Flax side of torch's ``fc.weight = embedding_layer.weight`` (a tied head).
+
+    It holds a reference to ``embed`` (an ``nnx.Embed`` owned elsewhere, which NNX keeps once
+    in the model's state, under its owner's path) and a bias of its own, as torch's tied Linear
+    keeps its own bias. torch's ``Linear`` weight is (V, D) like the ``Embedding`` table, so the
+    product contracts D of both, with no transposed copy of the table. Computed over flattened
+    leading axes, for the reason ``Linear`` gives; the compute dtype as ``nnx.Linear``'s."""
+
+    def __init__(self, embed: nnx.Embed, bias: nnx.Param, *, dtype=None):
+        self.embed = embed
+        self.bias = bias
+        self.dtype = dtype
+
+    def __call__(self, x):
+        x, table, bias = promote_dtype((x, self.embed.embedding[...], self.bias[...]), dtype=self.dtype)
+        y = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), table, (((1,), (1,)), ((), ())))  # (N, V)
+        return (y + bias[None]).reshape(*x.shape[:-1], table.shape[0])  # bias[None]: no implicit rank promotion
+
+
+class SharedEmbedding(nnx.Module):
+    """Looks ids up in another module's table (``embed``, an ``nnx.Embed``): the source
+    embedding of a model whose source and target share one (torch: ``encoder.embedding_layer.weight
+    = decoder.embedding_layer.weight``). A module of its own, so the owner's table is called
+    once by its own owner and each side's lookup has its own place (and its own row in
+    ``parity.compare``); computed as ``nnx.Embed.__call__`` computes it."""
+
+    def __init__(self, embed: nnx.Embed):
+        self.embed = embed
+
+    def __call__(self, ids):
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise ValueError("Input type must be an integer or unsigned integer.")  # nnx.Embed's words
+        (table,) = promote_dtype((self.embed.embedding[...],), dtype=self.embed.dtype, inexact=False)
+        return jnp.take(table, ids, axis=0)
+
+
 def layer_norm(num_features, *, axes=None, dtype=None, param_dtype=jnp.float32, rngs):
     """nnx.LayerNorm with torch's epsilon and torch's two-pass variance. ``axes``: the
     (features,) logical name of its scale and bias.
@@ -118,7 +157,7 @@ def normalize(norm, x):
     With a bfloat16 ``dtype``, Flax's LayerNorm takes its statistics in float32 by promotion
     (``jnp.promote_types(dtype, float32)`` inside flax's ``_compute_stats``), which
     ``jax_numpy_dtype_promotion="strict"`` (the tests' setting) refuses. That promotion is the
-    intended one (DESIGN.md: LayerNorm statistics in float32) and happens inside the library,
+    intended one (docs/design.md: LayerNorm statistics in float32) and happens inside the library,
     where no explicit cast of ours can reach it: so this call alone runs under standard
     promotion, and the rest of the model stays checked. (PyTorch's LayerNorm under autocast
     also runs in float32.)

@@ -20,7 +20,9 @@ from the same seed; loaded with the same weights, the two compute the same numbe
 Rematerialisation (``remat=True``) wraps each block's forward in ``nnx.remat``
 (``jax.checkpoint``): the backward pass recomputes a block's activations from its input
 instead of keeping them, trading about one more forward pass for memory that does not grow
-with L x (activations of one block).
+with L x (activations of one block). ``remat_policy``, a ``jax.checkpoint`` policy
+(``jax.checkpoint_policies.dots_saveable``, ...), chooses what each block keeps all the same;
+None keeps nothing but the block's input (``jax.checkpoint``'s default).
 
 Like every nnx transform, ``nnx.scan`` refuses Variables made at another trace level: trace a
 scanned model through nnx's own transforms (``nnx.jit``, ``nnx.value_and_grad``), or merge it
@@ -53,17 +55,18 @@ def stack(make_block, num_layers, rngs: nnx.Rngs):
     return build(rngs)
 
 
-def apply(blocks, x, call, *, scan, remat):
+def apply(blocks, x, call, *, scan, remat, remat_policy=None):
     """``x`` through every block in order: ``x = call(block, x)`` per layer.
 
     ``blocks``: an ``nnx.List`` of blocks (``scan=False``) or one stacked block from ``stack``
     (``scan=True``, run by ``nnx.scan`` over axis 0, carrying ``x``). ``call`` may close over
     arrays every layer reads (masks, the encoder output). ``remat``: recompute each block's
-    activations in the backward pass instead of keeping them.
+    activations in the backward pass instead of keeping them, but for what ``remat_policy``
+    (a ``jax.checkpoint`` policy; None: nothing) lets it keep.
     """
     # prevent_cse=False under scan: the loop already keeps XLA from merging the recomputation
     # with the forward pass (jax.checkpoint's docs), and CSE barriers would slow the body.
-    body = nnx.remat(call, prevent_cse=not scan) if remat else call
+    body = nnx.remat(call, prevent_cse=not scan, policy=remat_policy) if remat else call
     if not scan:
         for block in blocks:
             x = body(block, x)

@@ -11,7 +11,7 @@ from flaxformer_mini.model import scanned
 from flaxformer_mini.model.axes import EMBED, LENGTH, VOCAB
 from flaxformer_mini.model.config import ModelConfig
 from flaxformer_mini.model.layers import DecoderBlock, TransformerBlock
-from flaxformer_mini.model.primitives import embedding, linear
+from flaxformer_mini.model.primitives import SharedEmbedding, TiedLinear, embedding, linear
 from flaxformer_mini.model.token_checks import check_same_batch, check_tokens
 
 
@@ -19,6 +19,16 @@ def _positions(B, T):
     # (B, T) like the seed's torch.arange(T).expand(B, T): the embedding outputs then have the
     # same (B, T, D) shape in both twins, which the parity harness compares.
     return jnp.broadcast_to(jnp.arange(T), (B, T))
+
+
+def _checked_policy(remat, remat_policy):
+    """``remat_policy`` if it can apply: a policy without ``remat`` would be silently ignored."""
+    if remat_policy is not None and not remat:
+        raise ValueError("remat_policy chooses what a rematerialised block keeps: it needs remat=True")
+    if remat_policy is not None and not callable(remat_policy):
+        raise TypeError(f"remat_policy must be a jax.checkpoint policy (a callable, e.g. "
+                        f"jax.checkpoint_policies.dots_saveable), got {remat_policy!r}")
+    return remat_policy
 
 
 def _blocks(make_block, num_layers, rngs, scan_layers):
@@ -32,15 +42,15 @@ def _blocks(make_block, num_layers, rngs, scan_layers):
 class Encoder(nnx.Module):
     """Token embedding + learned position embedding, dropout, then ``num_layers`` blocks.
     ``ffn_dim``: the blocks' feed-forward width F; None keeps the seed's F = D.
-    ``scan_layers``, ``remat``: as in ``Transformer``."""
+    ``scan_layers``, ``remat``, ``remat_policy``: as in ``Transformer``."""
 
     def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout, *,
                  ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False, remat=False,
-                 rngs: nnx.Rngs):
+                 remat_policy=None, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.num_embeddings = num_embeddings
         self.max_len = max_len
-        self.scan_layers, self.remat = scan_layers, remat
+        self.scan_layers, self.remat, self.remat_policy = scan_layers, remat, _checked_policy(remat, remat_policy)
         self.embedding_layer = embedding(num_embeddings, embed_size, axes=(VOCAB, EMBED), **kw)
         self.positional_encoding = embedding(max_len, embed_size, axes=(LENGTH, EMBED), **kw)
         self.transformer_layers = _blocks(
@@ -56,27 +66,32 @@ class Encoder(nnx.Module):
         B, S = input.shape
         out = self.dropout(self.embedding_layer(input) + self.positional_encoding(_positions(B, S)))
         return scanned.apply(self.transformer_layers, out, lambda block, x: block(x, x, x, mask),
-                             scan=self.scan_layers, remat=self.remat)  # (B, S, D)
+                             scan=self.scan_layers, remat=self.remat, remat_policy=self.remat_policy)  # (B, S, D)
 
 
 class Decoder(nnx.Module):
     """Target embedding + positions, ``num_layers`` decoder blocks, projection to V logits.
-    ``ffn_dim``, ``scan_layers``, ``remat`` as in Encoder."""
+    ``ffn_dim``, ``scan_layers``, ``remat``, ``remat_policy`` as in Encoder. ``tie_output=True``:
+    the projection's weight is the embedding table (``TiedLinear``; its bias stays its own), as
+    torch_ref's ``fc.weight = embedding_layer.weight``; the state then has no ``fc/kernel``."""
 
     def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *,
                  ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False, remat=False,
-                 rngs: nnx.Rngs):
+                 remat_policy=None, tie_output=False, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.target_vocab_size = target_vocab_size
         self.max_len = max_len
-        self.scan_layers, self.remat = scan_layers, remat
+        self.scan_layers, self.remat, self.remat_policy = scan_layers, remat, _checked_policy(remat, remat_policy)
         self.embedding_layer = embedding(target_vocab_size, embed_size, axes=(VOCAB, EMBED), **kw)
         self.positional_embedding = embedding(max_len, embed_size, axes=(LENGTH, EMBED), **kw)
         self.decoder_layers = _blocks(
             lambda rngs: DecoderBlock(embed_size, heads, dropout, ffn_dim=ffn_dim, dtype=dtype,
                                       param_dtype=param_dtype, rngs=rngs),
             num_layers, rngs, scan_layers)
-        self.fc = linear(embed_size, target_vocab_size, axes=(EMBED, VOCAB), **kw)
+        fc = linear(embed_size, target_vocab_size, axes=(EMBED, VOCAB), **kw)
+        # Tied, the kernel just drawn is dropped: drawn all the same, as torch draws its Linear's
+        # weight before the tie replaces it, so every other initial value is the untied model's.
+        self.fc = TiedLinear(self.embedding_layer, fc.bias, dtype=dtype) if tie_output else fc
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, input, enc_out, source_mask, target_mask, *, check_inputs=True):
@@ -86,7 +101,7 @@ class Decoder(nnx.Module):
         x = self.dropout(self.embedding_layer(input) + self.positional_embedding(_positions(B, T)))
         x = scanned.apply(self.decoder_layers, x,
                           lambda layer, x: layer(x, enc_out, enc_out, source_mask, target_mask),
-                          scan=self.scan_layers, remat=self.remat)
+                          scan=self.scan_layers, remat=self.remat, remat_policy=self.remat_policy)
         # Logits, no softmax: the loss applies log-softmax itself.
         return self.fc(x)  # (B, T, V)
 
@@ -103,27 +118,45 @@ class Transformer(nnx.Module):
     (compile time flat in depth; parameter paths without the layer index, a leading L axis
     instead: ``flaxformer_mini/model/scanned.py``). ``remat=True`` recomputes each block's
     activations in the backward pass (``nnx.remat``) instead of keeping them. Both default to
-    off: the seed's model, paths and initial values.
+    off: the seed's model, paths and initial values. ``remat_policy`` (with ``remat=True``
+    only): a ``jax.checkpoint`` policy saying what each block keeps for the backward pass all
+    the same (``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``: its matmuls'
+    outputs); None keeps nothing but the block's input. It changes no parameter.
+
+    ``tie_embeddings`` (``ModelConfig.tie_embeddings``): None, the default, is the seed's model,
+    every table its own. ``"decoder"``: the output projection's weight is the target embedding
+    table (fairseq's ``--share-decoder-input-output-embed``); ``"all"``: the source embedding
+    is that table too (``--share-all-embeddings``; needs one vocabulary for both sides, of one
+    size). The one table is ``decoder/embedding_layer/embedding``; the state has no
+    ``decoder/fc/kernel`` (and, with "all", no ``encoder/embedding_layer/embedding``), which
+    torch_ref's twin holds as the same tensor under its own keys. The tables a tie drops are
+    drawn all the same, so every other initial value is the untied model's of the same seed.
     """
 
     def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads,
-                 num_layers, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False,
-                 remat=False, rngs: nnx.Rngs):
+                 num_layers, dropout, *, ffn_dim=None, tie_embeddings=None, dtype=None, param_dtype=jnp.float32,
+                 scan_layers=False, remat=False, remat_policy=None, rngs: nnx.Rngs):
         # Validates the arguments (divisible heads, pad id inside the vocabulary, ...).
         self.config = ModelConfig(src_pad_idx, source_vocab_size, target_vocab_size, max_len,
-                                  embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim)
+                                  embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim,
+                                  tie_embeddings=tie_embeddings)
         self.src_pad_idx = src_pad_idx
         self.scan_layers, self.remat = scan_layers, remat
         kw = dict(ffn_dim=ffn_dim, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
-                  rngs=rngs)
+                  remat_policy=remat_policy, rngs=rngs)
         self.encoder = Encoder(source_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
-        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout, **kw)
+        self.decoder = Decoder(target_vocab_size, max_len, embed_size, heads, num_layers, dropout,
+                               tie_output=tie_embeddings is not None, **kw)
+        if tie_embeddings == "all":
+            # The decoder's table, looked up by the encoder: NNX holds a module reachable by two
+            # paths once, under the first in its (sorted) traversal, decoder/ before encoder/.
+            self.encoder.embedding_layer = SharedEmbedding(self.decoder.embedding_layer)
 
     @classmethod
     def from_config(cls, config: ModelConfig, *, dtype=None, param_dtype=jnp.float32, scan_layers=False,
-                    remat=False, rngs: nnx.Rngs):
+                    remat=False, remat_policy=None, rngs: nnx.Rngs):
         return cls(**config.to_dict(), dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
-                   rngs=rngs)
+                   remat_policy=remat_policy, rngs=rngs)
 
     def create_source_mask(self, source_input):
         return (source_input != self.src_pad_idx)[:, None, None, :]  # (B, 1, 1, S)

@@ -12,13 +12,15 @@ import math
 import jax.numpy as jnp
 
 from flaxformer_mini.data.parallel_text import check_columns
+from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY
 from flaxformer_mini.model.config import DTYPES, ModelConfig, get_preset
 from flaxformer_mini.model.transformer import Transformer
+from flaxformer_mini.runs.selection import BEST_METRICS
 from flaxformer_mini.train.optimizer import TrainConfig
 
 FORMAT, VERSION = "flaxformer-mini-run", 2
 
-# The compute dtype of each name in config.DTYPES: parameters always stay float32 (DESIGN.md, Numerics).
+# The compute dtype of each name in config.DTYPES: parameters always stay float32 (docs/design.md, Numerics).
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 assert tuple(COMPUTE_DTYPES) == DTYPES
 
@@ -103,6 +105,39 @@ class InitFrom:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """How the evaluation during training decodes, and which of its metrics picks the best
+    checkpoint (``OUT/best``). Recorded in the run: the values it compares must mean the same
+    from one evaluation to the next. Runs written before these fields load with greedy
+    decoding and no best checkpoint (as they were trained)."""
+
+    beam_size: int = 1  # --eval-beam-size: 1 decodes greedily
+    length_penalty: float = DEFAULT_LENGTH_PENALTY  # --eval-length-penalty, with a beam
+    best_metric: str | None = None  # --best-metric: runs/selection.py's BEST_METRICS
+
+    def __post_init__(self):
+        if not isinstance(self.beam_size, int) or self.beam_size < 1:
+            raise RunConfigError(f"evaluation.beam_size must be an integer >= 1, got {self.beam_size!r}")
+        if not (isinstance(self.length_penalty, (int, float)) and math.isfinite(self.length_penalty)
+                and self.length_penalty >= 0):
+            raise RunConfigError(f"evaluation.length_penalty must be a finite number >= 0, got {self.length_penalty!r}")
+        if self.best_metric is not None and self.best_metric not in BEST_METRICS:
+            raise RunConfigError(f"evaluation.best_metric {self.best_metric!r} is none of {', '.join(BEST_METRICS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Averaged:
+    """A run directory written by ``flaxformer-mini average``: the run whose checkpoints it
+    averages (its absolute path) and their steps. ``train`` refuses to continue it."""
+
+    run: str
+    steps: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "steps", tuple(int(s) for s in self.steps))  # config.json holds a list
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig
     train: TrainConfig
@@ -121,6 +156,9 @@ class RunConfig:
     remat: bool = False
     # Where step 0's parameters came from (None: a random init, every run before this field).
     init_from: InitFrom | None = None
+    evaluation: EvalConfig = EvalConfig()
+    # An `average` run's source (None: a trained run, every run before this field).
+    averaged: Averaged | None = None
 
     def __post_init__(self):
         for name in ("scan_layers", "remat"):
@@ -145,10 +183,11 @@ class RunConfig:
                                        remat=self.remat, rngs=rngs)
 
     def to_dict(self):
-        d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "train": _train_dict(self),
-             "data": self.data.to_dict()}
-        if self.init_from is None:  # a run from a random init: no key, as a config.json written without this field
-            del d["init_from"]
+        d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "model": self.model.to_dict(),
+             "train": _train_dict(self), "data": self.data.to_dict()}
+        for key in ("init_from", "averaged"):  # None: no key, as a config.json written without the field
+            if d[key] is None:
+                del d[key]
         return d
 
     @classmethod
@@ -172,6 +211,8 @@ class RunConfig:
                 scan_layers=d.get("scan_layers", False),
                 remat=d.get("remat", False),
                 init_from=InitFrom(**d["init_from"]) if d.get("init_from") is not None else None,
+                evaluation=EvalConfig(**d.get("evaluation", {})),
+                averaged=Averaged(**d["averaged"]) if d.get("averaged") is not None else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise RunConfigError(f"{source}: malformed run config: {e}") from None
@@ -219,11 +260,16 @@ class TrainOptions:
     scan_layers: bool = False
     remat: bool = False
     init_from: str | None = None  # --init-from FILE: step 0's parameters (init_from.py)
+    tie_embeddings: str | None = None  # --tie-embeddings: ModelConfig.tie_embeddings (None: untied)
+    ema: float | None = None  # --ema DECAY: the parameters' moving average (train/ema.py)
+    eval_beam_size: int = 1
+    eval_length_penalty: float = DEFAULT_LENGTH_PENALTY
+    best_metric: str | None = None
 
 
 def model_config_for(preset, source_vocab_size, target_vocab_size, max_len, dropout=None, **sizes):
     """The preset's width, heads, depth and feed-forward width (each overridden by ``sizes``
-    where not None) with the data's vocabularies and lengths."""
+    where not None; ``tie_embeddings`` too) with the data's vocabularies and lengths."""
     base = get_preset(preset)
     return base.replace(
         src_pad_idx=0, source_vocab_size=source_vocab_size, target_vocab_size=target_vocab_size,
@@ -239,7 +285,7 @@ def train_config_for(options: TrainOptions, d_model):
     factor * (D * w)^-0.5; so a peak ``lr`` needs factor = lr * sqrt(D * w).
     """
     common = dict(weight_decay=options.weight_decay, clip_norm=options.clip_norm,
-                  label_smoothing=options.label_smoothing, seed=options.seed)
+                  label_smoothing=options.label_smoothing, seed=options.seed, ema_decay=options.ema)
     if options.schedule == "rsqrt":
         return TrainConfig(schedule="rsqrt", lr_factor=options.lr * math.sqrt(d_model * options.warmup),
                            warmup_steps=options.warmup, **common)
@@ -251,11 +297,29 @@ def peak_lr(train: TrainConfig, d_model):
     return train.lr_factor / math.sqrt(d_model * train.warmup_steps)
 
 
+def check_tie(tie_embeddings, data: DataConfig):
+    """Refuse (RunConfigError naming the options) ``--tie-embeddings all`` without one
+    vocabulary for both sides: a text run's needs --shared-vocab (its own, or that of the run
+    --tokenizer-from names), where one tokenizer numbers both sides, so row i of the one table
+    is one token on both; a synthetic task's sides share their integer tokens."""
+    if tie_embeddings != "all" or data.kind != "tsv" or data.shared_vocab:
+        return
+    whose = (f"the run --tokenizer-from {data.tokenizer_from} names has one tokenizer a side" if data.tokenizer_from
+             else "give --shared-vocab too")
+    raise RunConfigError(f"--tie-embeddings all shares one embedding table between source and target, which needs "
+                         f"one vocabulary for both sides (--shared-vocab): {whose}; --tie-embeddings decoder ties the "
+                         f"target embedding and the output projection alone")
+
+
 def resolve_config(options: TrainOptions, data: DataConfig, source_vocab_size, target_vocab_size):
     """The run's whole config from the user's options and the data's vocabulary sizes."""
+    check_tie(options.tie_embeddings, data)
     model = model_config_for(options.preset, source_vocab_size, target_vocab_size, data.model_max_len,
                              dropout=options.dropout, embed_size=options.embed_size, heads=options.heads,
-                             num_layers=options.num_layers, ffn_dim=options.ffn_dim)
+                             num_layers=options.num_layers, ffn_dim=options.ffn_dim,
+                             tie_embeddings=options.tie_embeddings)
     return RunConfig(model=model, train=train_config_for(options, model.embed_size), data=data,
                      batch_size=options.batch_size, dtype=options.dtype, max_tokens=options.max_tokens,
-                     accumulate=options.accumulate, scan_layers=options.scan_layers, remat=options.remat)
+                     accumulate=options.accumulate, scan_layers=options.scan_layers, remat=options.remat,
+                     evaluation=EvalConfig(beam_size=options.eval_beam_size, length_penalty=options.eval_length_penalty,
+                                           best_metric=options.best_metric))

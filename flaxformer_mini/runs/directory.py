@@ -8,6 +8,8 @@
     OUT/tensorboard/         TensorBoard event files (the metrics.jsonl values)
     OUT/metrics.jsonl        one JSON object per logged step and per evaluation
     OUT/checkpoints/<step>/  rotating orbax checkpoints
+    OUT/best/<step>/         --best-metric: the best evaluation's checkpoint (one; evaluate, generate and
+                             parity convert read it as OUT/best)
     OUT/loss.png             the loss curves, drawn at the end of the run
     OUT/.lock                held (flock) by the one process training the run
 """
@@ -32,6 +34,7 @@ def _write_json(path, obj):
 
 
 LOCK_NAME = ".lock"
+BEST_NAME = "best"  # OUT/best: the best checkpoint's orbax directory; "RUN/best" names it to evaluate and generate
 
 
 class RunLockedError(RunConfigError):
@@ -78,6 +81,7 @@ class RunDir:
         self.config_path = self.path / "config.json"
         self.metrics_path = self.path / "metrics.jsonl"
         self.checkpoints = self.path / "checkpoints"
+        self.best = self.path / BEST_NAME
         self.plot_path = self.path / "loss.png"
         self.vocab_paths = (self.path / "vocab_source.json", self.path / "vocab_target.json")
         self.tensorboard = self.path / "tensorboard"
@@ -121,6 +125,11 @@ class RunDir:
             resuming = self.exists()
             if resuming:
                 old = self.load_config()  # first: a damaged config.json is an error naming it
+                if old.averaged is not None:
+                    raise RunConfigError(
+                        f"--out {self.path} holds an average of checkpoints of {old.averaged.run} (`flaxformer-mini "
+                        f"average`), which evaluate and generate read; it does not train. Give another --out (or "
+                        f"{old.averaged.run} to continue that run). Nothing was overwritten.")
                 stored = json.loads(self.config_path.read_text())
                 old_dict, new_dict = _absolute_data_paths(old.to_dict()), config.to_dict()
                 new_data, moved = self._identify_data_files(old_dict["data"], new_dict["data"])
@@ -129,6 +138,13 @@ class RunDir:
                 new_dict = {**new_dict, "data": new_data}
                 diffs = [line for line in _differences(old_dict, new_dict, present=stored)
                          if not line.startswith("init_from")]
+                was, now = old.model.tie_embeddings, config.model.tie_embeddings
+                if "tie_embeddings" not in stored.get("model", {}) and was != now:
+                    # Compared though the file lacks it (an untied run's config.json holds no key,
+                    # as one written before the setting): which tables are one is the model's
+                    # parameters, not a behaviour an older run could keep by default.
+                    diffs.append(f"model.tie_embeddings ({_SET_BY['model.tie_embeddings']}): {was!r} in the run, "
+                                 f"{now!r} now")
                 self._refuse_differences(_init_from_differences(stored.get("init_from"), new_dict.get("init_from"))
                                          + _in_option_words(diffs, old_dict, new_dict))
                 config = old
@@ -463,6 +479,11 @@ _SET_BY = {
     "data.columns": "--columns",
     "data.tokenizer_from": "--tokenizer-from",
     "data.max_len": "--max-len minus one for a text run (its EOS)",
+    "model.tie_embeddings": "--tie-embeddings",
+    "train.ema_decay": "--ema",
+    "evaluation.best_metric": "--best-metric",
+    "evaluation.beam_size": "--eval-beam-size",
+    "evaluation.length_penalty": "--eval-length-penalty",
 }
 
 # The data settings --tokenizer-from's run sets; `_differences` lines start "KEY: " or "KEY (why): ".
@@ -484,6 +505,18 @@ def run_holding(path):
             checkpoints = RunDir(run).checkpoints.absolute()
             if checkpoints in (path.absolute(), path.absolute().parent, path.absolute().parent.parent):
                 return run
+            # One checkpoint of OUT/best (or an item of it): OUT/best itself is what to give.
+            if RunDir(run).best.absolute() in (path.absolute().parent, path.absolute().parent.parent):
+                return run / BEST_NAME
+    return None
+
+
+def best_of(path):
+    """The run (as the user wrote it) whose best checkpoint ``path`` names: runs/r for runs/r/best
+    (``train --best-metric``'s OUT/best); None for any other path, a run itself included."""
+    path = Path(path)
+    if path.name == BEST_NAME and not RunDir(path).exists() and RunDir(path.parent).exists():
+        return path.parent
     return None
 
 
@@ -499,6 +532,8 @@ def not_a_run(path):
                 f"`flaxformer-mini train` (its config.json, tokenizers and checkpoints); {_CONVERT}")
     run = run_holding(path)
     if run is not None:
+        if run.name == BEST_NAME and best_of(run) is not None:
+            return f"this is the best checkpoint's step directory of a training run; give {run}"
         what = "the checkpoints directory" if path.parent == run else "one checkpoint"
         return f"this is {what} of a training run; give the run directory ({run})"
     if path.is_dir() and (path / "params").is_dir() and (path / "config").is_dir():

@@ -1,11 +1,12 @@
-"""A finished run's latest checkpoint scored on its held-out pairs, or on a file of pairs:
-what ``flaxformer-mini evaluate`` runs (``decode/evaluation.py`` holds the run-free metrics)."""
+"""``evaluate`` of a finished run: its latest checkpoint scored on its held-out data or on
+another file of pairs, the hypotheses optionally written out line for line."""
 
 from flaxformer_mini.data import DataError, SyntheticTask, TextPairs, iter_lines, iter_tsv
 from flaxformer_mini.decode.evaluation import evaluate_with_hypotheses
 from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, check_options
 from flaxformer_mini.files import write_atomic
 from flaxformer_mini.runs.run import Run, warn
+from flaxformer_mini.runs.run_data import unknown_tokens_note
 
 
 def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, output=None, echo=warn, data=None,
@@ -27,6 +28,8 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     check_options(run.config.model, beam_size=beam_size, alpha=alpha)
     if data is not None:  # before the checkpoint: fail fast
         held_out, file_lines = read_pairs(run, data, columns)
+        if run.config.data.kind == "tsv" and (note := unknown_tokens_note(held_out, data, "the run's tokenizers")):
+            echo(note)
     else:
         held_out = run.data.eval
     state = run.latest_state()
@@ -42,7 +45,7 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
              f"--max-len {held_out.max_len} allows and are not evaluated" + then)
     batches = run.eval_batches(batch_size) if data is None else list(
         held_out.iter_eval_batches(batch_size or run.config.batch_size))
-    result, hypotheses = evaluate_with_hypotheses(run.trainer, state, batches, with_exact_match, beam_size,
+    result, hypotheses = evaluate_with_hypotheses(run.trainer, state.for_inference(), batches, with_exact_match, beam_size,
                                                   codec=run.codec if with_exact_match else None, alpha=alpha)
     if output is not None:
         if data is not None:

@@ -10,6 +10,7 @@ except at logging, evaluation and checkpoint steps.
 """
 
 import contextlib
+import json
 import math
 import sys
 import time
@@ -19,8 +20,10 @@ import numpy as np
 
 from flaxformer_mini.data import PAD
 from flaxformer_mini.decode.evaluation import evaluate
+from flaxformer_mini.runs.config import RunConfigError
 from flaxformer_mini.runs.plot import plot_metrics
 from flaxformer_mini.runs.run import Run
+from flaxformer_mini.runs.selection import Selection
 from flaxformer_mini.runs.tensorboard import open_writer
 from flaxformer_mini.scale import distributed
 from flaxformer_mini.scale.partitioning import format_mesh
@@ -32,7 +35,7 @@ from flaxformer_mini.train.stop import StopNow, Stopped, StopRequests
 
 
 def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to_keep=3, progress=True,
-        mesh=None, sharding="replicated", echo=print, stop=None, plot=True):
+        mesh=None, sharding="replicated", echo=print, stop=None, plot=True, patience=None):
     """Train ``run`` up to ``steps`` updates, resuming from its latest checkpoint if it has
     one. With a ``mesh`` (``sharding.training_mesh``) each batch is split over its 'data'
     axis and the state laid out by ``sharding`` ('replicated' or 'fsdp'; tensor parallel too
@@ -46,16 +49,25 @@ def fit(run: Run, steps, *, log_every=50, eval_every=500, save_every=500, max_to
     (before the first step: at once, nothing new to save), on every process at the same step.
 
     ``plot``: draw ``loss.png`` from the metrics at the end (process 0); False leaves it out
-    (sweeps, CI: matplotlib's import and a first drawing cost about a second of CPU)."""
+    (sweeps, CI: matplotlib's import and a first drawing cost about a second of CPU).
+
+    A run with a best metric (``run.config.evaluation.best_metric``) saves the state of each
+    evaluation better than every earlier one in ``OUT/best`` (``runs/selection.py``); with
+    ``patience`` N it stops after N evaluations in a row that were no better (the result then
+    says ``"stopped_early": true``), and run again it stops there at once."""
     try:
         with contextlib.nullcontext(stop) if stop is not None else StopRequests() as stop:
             return _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo,
-                        stop, plot)
+                        stop, plot, patience)
     finally:
         run.close()
 
 
-def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo, stop, plot):
+def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, mesh, sharding, echo, stop, plot,
+         patience):
+    evaluation = run.config.evaluation
+    if patience is not None and evaluation.best_metric is None:  # a run written before --best-metric existed
+        raise RunConfigError(f"patience {patience}: the run in {run.path} has no best metric to count evaluations by")
     manager = run.checkpoints(max_to_keep)
     # Restored straight into the mesh's layout (whatever mesh the checkpoint was saved under).
     state = run.restore_or_init(manager, echo=echo, place=None if mesh is None else lambda s: shard_state(s, mesh, sharding))
@@ -79,10 +91,12 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     trainer, eval_batches = run.trainer, run.eval_batches(limit=run.config.data.eval_pairs)
     if run.describe_evaluation():
         echo(run.describe_evaluation())
-    # Scored as text (BLEU, chrF, WER, CER) at each evaluation: the first eval_decode_lines examples.
-    scoring = dict(codec=run.codec, decode_lines=run.config.data.eval_decode_lines)
+    selection, logged_at_start = _evaluation_history(run, start)
     log = _StepLog(run, steps, start, log_every, progress, write=main)
-    last_eval = {}
+    evaluations = _Evaluations(run, trainer, eval_batches, selection, log, run_devices, echo)
+    if selection is not None:
+        evaluations.check_best_held(state, start)
+    last_eval, evaluated_at = {}, None
     # A signal that came while the runtime started, the run was restored or (on another
     # process) anything before this point: every process agrees, and stops before its first step.
     if distributed.any_process(stop.requested, run_devices):
@@ -91,32 +105,59 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                    + (f" (the run stays at step {start})" if start else "") + "; run the same command to resume")
         echo(message)
         raise Stopped(message)
+    # The evaluation at the restored step was stopped by the stop request that saved it: done now,
+    # as a run never stopped did it, before the next step.
+    if start and start < steps and start % eval_every == 0 and not logged_at_start:
+        echo(f"evaluating step {start}, whose evaluation the stop request had cut short")
+        result = evaluations.at(start, state, stop=lambda: stop.requested)
+        if result is None:
+            log.close()
+            message = f"interrupted before the first step: nothing new to save (the run stays at step {start}); " \
+                      f"run the same command to resume"
+            echo(message)
+            raise Stopped(message)
+        last_eval, evaluated_at = result, start
+    stopped_early = selection is not None and selection.exhausted(patience)
+    if stopped_early:
+        echo(f"{run.path} stopped early at step {start}: {_no_better(selection, patience, run.dir.best)}"
+             + ("" if last_eval else "; evaluating"))
     vote = None  # the previous step boundary's all-reduce of the stop flag
+    place = None if mesh is None else lambda b: shard_batch(process_local_rows(b, mesh), mesh)
     try:
-        for step in range(start, steps):
-            micro = run.train_batches(step)
-            for batch in micro:
-                check_batch(batch, trainer.model_config)  # on the host, before any sharding
-            if mesh is not None:  # --max-tokens rows: a multiple of the data-parallel groups
-                micro = [pad_to_data_groups(b, mesh) for b in micro]
-            place = None if mesh is None else lambda b: shard_batch(process_local_rows(b, mesh), mesh)
-            if len(micro) == 1:
-                state, metrics = trainer.train_step(state, micro[0] if place is None else place(micro[0]))
+        for step in range(start, steps if not stopped_early else start):
+            tokens = [0]  # the update's target tokens, counted as its micro-batches are drawn
+            micro = _prepared(run.train_batches(step), trainer.model_config, mesh, place, tokens)
+            if run.config.accumulate == 1:
+                state, metrics = trainer.train_step(state, next(micro))
             else:
                 # --accumulate K: one update from K micro-batches, each in its own shape, split over
-                # 'data' as a lone batch is. Never stacked (accumulated_train_step): stacking pads all K
-                # to the most rows and the longest lengths among them, past --max-tokens, and compiles
-                # a program per combination of shapes. Text --batch-size batches vary in length too;
-                # only the synthetic tasks' share one shape, and there the per-micro-batch steps cost
-                # what the stacked scan does (tiny preset, K=4 of 8 rows, the fastest of 5 rounds on a
-                # loaded 2-core CPU: 15.5 ms per update, the scan 18.2 ms).
-                state, metrics = trainer.accumulate(state, micro, place)
+                # 'data' as a lone batch is, drawn one at a time. A stop request is voted on between
+                # them, as at step boundaries, so every process abandons the update at the same one.
+                update = trainer.accumulate(state, micro, stop=_votes(stop, run_devices))
+                if update is None:
+                    _stop_mid_update(manager, state, step, log, echo)
+                state, metrics = update
             done = step + 1
-            log.push(done, metrics, micro)
+            log.push(done, metrics, tokens[0])
             if done % eval_every == 0 or done == steps:
                 log.flush()  # also checks the loss is finite
-                last_eval = evaluate(trainer, evaluation_state(state), eval_batches, **scoring)
-                log.eval(done, last_eval)
+                # Each process evaluates alone; a stop request ends the evaluation between batches,
+                # and the run stops here, saved, its metrics unlogged: run again, it evaluates this
+                # step first, so its log, best checkpoint and patience are a run never stopped's. Not
+                # the last step's: the run is finished then, its result is that evaluation, and a
+                # second signal still stops the process at once.
+                until = None if done == steps else (lambda: stop.requested)
+                result = evaluations.at(done, state, stop=until)
+                if result is None:
+                    log.flush()
+                    checkpoint.save(manager, state)
+                    log.close()
+                    echo(f"the evaluation at step {done} was stopped; the resumed run does it first")
+                    message = f"interrupted: saved step {done}; run the same command to resume"
+                    echo(message)
+                    raise Stopped(message)
+                last_eval, evaluated_at = result, done
+                stopped_early = selection is not None and selection.exhausted(patience)
             # Every process must save the same step: a SIGTERM seen by one stops all. Each boundary
             # queues an all-reduce of the stop flag and reads the previous boundary's, which the
             # devices have finished by now (the host waits only where logging already waited):
@@ -125,9 +166,12 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
             # lost SIGTERM); it counts at the next boundary.
             stopping = vote is not None and vote()
             vote = distributed.any_process_later(stop.requested, run_devices)
-            if done % save_every == 0 or done == steps or stopping:
+            if done % save_every == 0 or done == steps or stopping or stopped_early:
                 log.flush()  # never checkpoint a NaN state; the saved step's metrics are on disk first
                 checkpoint.save(manager, state)
+            if stopped_early:  # saved: run again, the run stops here at once
+                echo(f"stopping early at step {done}: {_no_better(selection, patience, run.dir.best)}")
+                break
             if stopping and done < steps:  # a signal at the last step: the run is finished anyway
                 log.close()
                 message = f"interrupted: saved step {done}; run the same command to resume"
@@ -147,18 +191,142 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
         remedy = "a lower --lr" + (" or --dtype float32" if run.config.dtype != "float32" else "")
         raise NonFiniteLossError(f"{e}; stopped. {where}. Try {remedy}.") from None
     log.close()
-    evaluated_at = steps
-    if not last_eval and start >= steps:
-        echo(f"{run.path} has already reached step {start} (asked for {steps}); evaluating")
-        last_eval, evaluated_at = evaluate(trainer, evaluation_state(state), eval_batches, **scoring), start
+    if not last_eval and (start >= steps or stopped_early):
+        if not stopped_early:
+            echo(f"{run.path} has already reached step {start} (asked for {steps}); evaluating")
+        last_eval, evaluated_at = evaluations.again(state), start
     if main and plot:
         plot_metrics(run.dir)
-    return {"step": evaluated_at, **last_eval}
+    result = {"step": steps if evaluated_at is None else evaluated_at, **last_eval}
+    if selection is not None:
+        result.update(selection.summary())
+        if patience is not None:
+            result["stopped_early"] = stopped_early
+    return result
+
+
+def _no_better(selection, patience, best_dir):
+    return (f"no better {selection.metric} in {patience} evaluation(s) since step {selection.best_step}'s "
+            f"{selection.best_value:.6g} (its checkpoint: {best_dir})")
+
+
+def _evaluation_history(run, start):
+    """``(selection, logged)`` from the evaluations metrics.jsonl logs up to ``start`` (cut there
+    on resume): the best-metric ``Selection`` replayed (None without a best metric), and whether
+    the evaluation at ``start`` is logged. Process 0 reads the file; every process takes its
+    reading, so all of them decide alike from here on (best saves are collective)."""
+    metric = run.config.evaluation.best_metric
+    payload = b""
+    if distributed.is_main():
+        records = [r for r in run.dir.read_metrics() if isinstance(r.get("step"), int) and r["step"] <= start]
+        selection = Selection.replay(metric, records, start) if metric is not None else None
+        logged = any(r["step"] == start and "eval_loss" in r for r in records)
+        payload = json.dumps({"selection": selection and selection.to_json(), "logged": logged}).encode()
+    if distributed.is_multiprocess():
+        payload = distributed.allgather_bytes(payload)[0]
+    history = json.loads(payload)
+    selection = history["selection"] and Selection.from_json(history["selection"])
+    return selection or None, history["logged"]
+
+
+class _Evaluations:
+    """The evaluations during training: each scored (with the run's --eval-beam-size), logged,
+    and with a best metric compared with the best so far, its state saved to OUT/best when better."""
+
+    def __init__(self, run, trainer, eval_batches, selection, log, run_devices, echo):
+        self.run, self.trainer, self.batches, self.selection = run, trainer, eval_batches, selection
+        self.log, self.devices, self.echo = log, run_devices, echo
+        e = run.config.evaluation
+        # Scored as text (BLEU, chrF, WER, CER): the first eval_decode_lines examples.
+        self.scoring = dict(codec=run.codec, decode_lines=run.config.data.eval_decode_lines, beam_size=e.beam_size,
+                            alpha=e.length_penalty)
+        self.best = run.best_checkpoints() if selection is not None else None
+
+    def again(self, state):
+        """The evaluation of a step already evaluated (a finished or stopped-early run): its result alone."""
+        return evaluate(self.trainer, evaluation_state(state), self.batches, **self.scoring)
+
+    def at(self, step, state, stop=None):
+        """Evaluate ``state`` at ``step``: its metrics, or None when a stop request on any process
+        ended it (every process agrees: the best checkpoint's saves are collective)."""
+        result = evaluate(self.trainer, evaluation_state(state), self.batches, stop=stop, **self.scoring)
+        if distributed.any_process(result is None, self.devices):
+            return None
+        self.log.eval(step, result)
+        if self.selection is not None:
+            value = self.selection.value_of(result)
+            # Decided alike on every process (one vote), whatever each one's last bits.
+            improved = distributed.any_process(self.selection.better(value), self.devices)
+            if self.selection.observe(step, value, improved):
+                self.save_best(state, step)
+        return result
+
+    def save_best(self, state, step):
+        """``state`` as the one checkpoint in OUT/best. A step it already holds, or a later one (a
+        killed run's, replayed since), is deleted first: orbax keeps the newest step."""
+        for held in sorted(self.best.all_steps()):
+            if held >= step:
+                self.best.delete(held)
+        checkpoint.save(self.best, state)
+
+    def check_best_held(self, state, start):
+        """On resume: OUT/best should hold the best step of the evaluations replayed, or a later
+        one that a killed run saved past the restored step (the resumed run evaluates it again).
+        Saved again when it is the restored step itself; said when it is gone."""
+        best = self.selection.best_step
+        held = self.best.all_steps()
+        if best is None or best in held or any(step > start for step in held):
+            return
+        if best == start:
+            self.save_best(state, start)
+            return
+        self.echo(f"warning: {self.run.dir.best} does not hold step {best}, the best evaluation so far "
+                  f"({self.selection.metric} {self.selection.best_value:.6g}); the next better evaluation's state "
+                  f"is saved there")
+
+
+def _prepared(batches, model_config, mesh, place, tokens):
+    """Each micro-batch checked on the host (before any sharding), its target tokens added to
+    ``tokens[0]``, its rows padded to the mesh's data-parallel groups (--max-tokens batches)
+    and placed on the devices."""
+    for batch in batches:
+        check_batch(batch, model_config)
+        tokens[0] += int(np.sum(batch.target_out != PAD))
+        if mesh is not None:
+            batch = pad_to_data_groups(batch, mesh)
+        yield batch if place is None else place(batch)
+
+
+def _votes(stop, devices):
+    """A function every process calls at the same points: True on every process once any
+    process's stop request has been voted on, one call after the call that saw it (each call
+    queues an all-reduce and reads the previous one's, as the step boundaries do)."""
+    pending = None
+
+    def stopping():
+        nonlocal pending
+        agreed = pending is not None and pending()
+        pending = distributed.any_process_later(stop.requested, devices)
+        return agreed
+
+    return stopping
+
+
+def _stop_mid_update(manager, state, step, log, echo):
+    """A stop voted between an update's micro-batches: its sums are dropped, and ``state``,
+    the last complete update's, is saved where no checkpoint holds that step yet."""
+    log.flush()
+    if manager.latest_step() != step:
+        checkpoint.save(manager, state)
+    log.close()
+    message = f"interrupted during update {step + 1}'s micro-batches: saved step {step}; run the same command to resume"
+    echo(message)
+    raise Stopped(message)
 
 
 def describe_model(params, dtype, mesh=None, sharding="replicated"):
     """The run's start line: its parameters' count and dtype, the compute dtype (parameters
-    stay float32 whatever --dtype computes in: DESIGN.md, Numerics), and the devices. The mesh
+    stay float32 whatever --dtype computes in: docs/design.md, Numerics), and the devices. The mesh
     is said here, not stored in config.json: a run may resume under another mesh (checkpoints
     hold whole arrays; orbax restores them into the new mesh's layout)."""
     leaves = jax.tree.leaves(params)
@@ -169,11 +337,11 @@ def describe_model(params, dtype, mesh=None, sharding="replicated"):
 
 
 def evaluation_state(state):
-    """What evaluation reads of ``state`` (its parameters, through ``trainer.evaluate`` and
-    ``state.model()``), on this process's own device(s). The optimizer state is left out: with
-    FSDP, gathering it too (Adam's two moments) moved and held three times the bytes on one
-    device of every host, for nothing."""
-    return to_local(state.replace(opt_state=None))
+    """What evaluation reads of ``state`` (its parameters, or with --ema their moving average:
+    ``TrainState.for_inference``, through ``trainer.evaluate`` and ``state.model()``), on this
+    process's own device(s). The optimizer state is left out: with FSDP, gathering it too (Adam's
+    two moments) moved and held three times the bytes on one device of every host, for nothing."""
+    return to_local(state.for_inference())
 
 
 class _StepLog:
@@ -189,8 +357,8 @@ class _StepLog:
         self.tokens, self.t0 = 0, time.perf_counter()
         self.events = None  # TensorBoard writer, opened at the first logged line (tensorboardX loads then)
 
-    def push(self, step, metrics, micro_batches):
-        self.tokens += sum(int(np.sum(b.target_out != PAD)) for b in micro_batches)
+    def push(self, step, metrics, tokens):
+        self.tokens += tokens
         self.flush()
         rate = None
         # Every log_every steps and at the run's last step, so a run shorter than log_every (or

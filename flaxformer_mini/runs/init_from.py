@@ -11,7 +11,7 @@ FILE is one of
 The run's model comes from its options and data as always; FILE must fit it exactly. Reading
 and converting FILE is parity's work (``parity.init_weights``: its strict conversion, every
 key and shape named), found here through the packaging entry point below, so that
-``flaxformer_mini`` never imports parity (DESIGN.md's import rule). This module keeps what
+``flaxformer_mini`` never imports parity (docs/design.md's import rule). This module keeps what
 the run records of FILE (path and sha256) and the resume rules.
 """
 
@@ -123,6 +123,7 @@ def load_into_state(state, params):
     """``state`` (a fresh TrainState, or its shapes: ``Trainer.state_template()``) at step 0
     with ``params`` (``read_params``) as its parameters, a fresh optimizer state for them, and
     dropout streams (``training.fresh_streams``: made where ``state`` has shapes for them)."""
+    import jax
     import jax.numpy as jnp
     from flax import nnx
 
@@ -136,7 +137,8 @@ def load_into_state(state, params):
         raise InitFromError(f"{OPTION}: the weight reader {name} left {len(left)} parameter(s) without values, "
                             f"e.g. {'/'.join(map(str, left[0]))}")
     return state.replace(step=jnp.zeros((), jnp.int32), params=new, opt_state=state.tx.init(new),
-                         other=fresh_streams(state.other, state.config.seed))
+                         other=fresh_streams(state.other, state.config.seed),
+                         ema=None if state.ema is None else jax.tree.map(jnp.copy, new))  # --ema starts at them
 
 
 def weight_reader():

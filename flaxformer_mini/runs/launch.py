@@ -1,24 +1,31 @@
-"""A run started on every process of a (possibly multi-process) training job: each process
-prepares its options, every process agrees on them, then ``Run.start``; an error on any one
-process, at any of these points, stops every process at once."""
+"""Start one training run on every process of a job, or on none: the options and data files
+agreed on, the run directory made or resumed by process 0, and process 0's config and
+tokenizers adopted by the others.
+
+An error on one process (its --data missing on that host, another device count, a directory
+it cannot use) stops every process at once (``distributed.all_started``): the others would
+otherwise wait for it in the next collective until the timeout, then abort. In one process
+every step is a plain call.
+"""
 
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.scale import distributed
 
 
 def launch(out, options, prepare, echo):
-    """``(run, mesh)`` of this process, once every process of the job has started the run in
-    ``out`` with ``options``. ``prepare()``: this process's ``(data config, mesh, identity)``,
-    built before anything is written (``identity``: what every process must agree on)."""
-    # An error here on one process (its --data missing on that host, another device count)
-    # stops every process at once: the others would otherwise wait for it in agree_on until
-    # the timeout, then abort.
-    error = mesh = identity = data = None
+    """``(run, mesh)``: the run in ``out`` started (new or resumed) on every process.
+
+    ``prepare()`` -> ``(data_config, mesh, identity)`` is computed on each process before
+    anything is written: the data settings, the device mesh, and what every process must
+    agree on (the options and the data files' digests). Call after
+    ``distributed.start_runtime``; close the run (``fit`` does) when done."""
+    error = prepared = None
     try:
-        data, mesh, identity = prepare()
+        prepared = prepare()
     except (ValueError, OSError) as e:
         error = e
     distributed.all_started(error)
+    data, mesh, identity = prepared
     distributed.agree_on(identity)  # every process started with the same options, or none runs
     error = run = None
     try:

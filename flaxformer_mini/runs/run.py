@@ -26,10 +26,11 @@ from flax import nnx
 from flaxformer_mini.data import Batch, SyntheticTask, TextPairs
 from flaxformer_mini.data.codec import Codec
 from flaxformer_mini.data.token_batches import TokenBatcher
-from flaxformer_mini.runs import init_from
+from flaxformer_mini.runs import budget, init_from
 from flaxformer_mini.runs.config import DataConfig, RunConfig, RunConfigError, TrainOptions, resolve_config
-from flaxformer_mini.runs.directory import RunDir, comparable_tokenizer_bytes, data_file_checksums, not_a_run
-from flaxformer_mini.runs.run_data import RunData, load_data
+from flaxformer_mini.runs.directory import (RunDir, best_of, comparable_tokenizer_bytes, data_file_checksums,
+                                            not_a_run)
+from flaxformer_mini.runs.run_data import RunData, load_data, unknown_tokens_note
 from flaxformer_mini.scale import distributed
 from flaxformer_mini.train import checkpoint
 from flaxformer_mini.train.state import TrainState, on_default_device
@@ -54,7 +55,7 @@ class _PairNames:
     def __getitem__(self, i):
         lines = self.pairs.line_numbers
         where = f"{self.path}:{lines[i]}" if lines is not None else str(self.path)
-        source = self.pairs.source_vocab.decode(self.pairs.sources[i])
+        source = self.pairs.source_vocab.decode(self.pairs.source(i))
         shown = source if len(source) <= self.SHOWN else source[: self.SHOWN] + "..."
         return f"{where}: the pair whose source is {shown!r}"
 
@@ -62,8 +63,9 @@ class _PairNames:
 class Run:
     """A run directory with its config and (loaded on first use) its data."""
 
-    def __init__(self, directory: RunDir, config: RunConfig, data: RunData | None = None):
+    def __init__(self, directory: RunDir, config: RunConfig, data: RunData | None = None, best=False):
         self.dir, self.config, self._data = directory, config, data
+        self.best = best  # opened as RUN/best: latest_state reads the best checkpoint (train --best-metric)
         self._lock = None  # held from create() to close(): one training process per directory
         self._init_params = None  # a new --init-from run: the file's parameters, read by start()
 
@@ -85,6 +87,8 @@ class Run:
             run_dir.check_data(data_config)
         data = load_data(data_config, run_dir)
         config = resolve_config(options, data_config, *data.vocab_sizes)
+        budget.check_training(config, data.train)  # before anything is written
+        budget.check_evaluation(config)
         params = None
         if options.init_from is not None:  # recorded (path, sha256): a resume checks both
             if run_dir.exists():  # a resume: the checkpoints hold the run; the file may have moved or gone
@@ -128,6 +132,12 @@ class Run:
                 if getattr(asked, name) and not getattr(config, name):  # absent from an older config.json
                     echo(f"note: the run in {out} was written before --{name.replace('_', '-')} existed and "
                          f"resumes without it, as it was trained")
+            if asked.train.ema_decay is not None and config.train.ema_decay is None:  # as --scan-layers above
+                echo(f"note: the run in {out} was written before --ema existed and resumes without it, as it was "
+                     f"trained")
+            if asked.evaluation != config.evaluation:  # absent from an older config.json (a difference is refused)
+                echo(f"note: the run in {out} was written before --best-metric and --eval-beam-size existed and "
+                     f"resumes without them: greedy evaluations, no best checkpoint, no --patience")
         if config.data != asked.data:  # a run written before a data setting existed keeps its old one
             data = load_data(config.data, run_dir)
         if data.vocabs is not None and not run_dir.has_vocabularies(config.data):
@@ -147,6 +157,7 @@ class Run:
         if not resuming:
             run._report_dropped(echo)
             run._report_smaller_vocabularies(echo)
+            run._report_unknown_tokens(echo)
         return run
 
     def follow_main(self):
@@ -186,9 +197,13 @@ class Run:
 
     @classmethod
     def open(cls, out):
-        """The run in ``out``, as ``evaluate`` and ``generate`` read it. Where ``out`` is
+        """The run in ``out``, as ``evaluate`` and ``generate`` read it; ``RUN/best`` opens RUN
+        reading its best checkpoint (``latest_state``). Where ``out`` is
         something else a user may hand them (a weights file, one checkpoint of a run,
         ``parity convert``'s orbax directory), the error says what it is and what to give."""
+        best = best_of(out)
+        if best is not None:  # RUN/best: the run, reading its best checkpoint
+            return cls(RunDir(best), RunDir(best).load_config(), best=True)
         run_dir = RunDir(out)
         try:
             return cls(run_dir, run_dir.load_config())
@@ -231,6 +246,23 @@ class Run:
                  + ", ".join(f"{n} ({side})" for side, n in smaller.items())
                  + ": all the training text gave it; the model's vocabulary is that size")
 
+    def _report_unknown_tokens(self, echo):
+        """A text run whose pairs its tokenizers mostly cannot read: training pairs numbered by
+        another run's tokenizers (--tokenizer-from), and a --valid file."""
+        d = self.config.data
+        if d.kind != "tsv":
+            return
+        files = []
+        if d.tokenizer_from is not None:
+            files.append((self.data.train, d.train_path, f"the tokenizers of --tokenizer-from {d.tokenizer_from}"))
+        if d.valid_path is not None:
+            files.append((self.data.eval, d.valid_path, "the tokenizers trained on --data"
+                          if d.tokenizer_from is None else "the --tokenizer-from run's tokenizers"))
+        for pairs, path, what in files:
+            note = unknown_tokens_note(pairs, path, what)
+            if note:
+                echo(note)
+
     def _report_dropped(self, echo):
         for name, pairs in (("training", self.data.train), ("validation", self.data.eval)):
             if isinstance(pairs, TextPairs) and pairs.dropped and (name == "training" or pairs is not self.data.train):
@@ -255,6 +287,10 @@ class Run:
 
     def checkpoints(self, max_to_keep=3):
         return checkpoint.open_manager(self.dir.checkpoints.absolute(), max_to_keep=max_to_keep)
+
+    def best_checkpoints(self):
+        """OUT/best's manager: the one checkpoint of the best evaluation (``fit``, --best-metric)."""
+        return checkpoint.open_manager(self.dir.best.absolute(), max_to_keep=1)
 
     def restore_or_init(self, manager, echo=warn, place=None):
         """The state of the newest readable checkpoint in ``manager``, or a fresh one at step
@@ -339,8 +375,15 @@ class Run:
 
     def latest_state(self, echo=warn):
         """The newest readable checkpoint's state (damaged newer ones are skipped and named,
-        left in place); an error naming the run when it has none."""
-        manager = self.checkpoints()
+        left in place), or of a run opened as RUN/best its best checkpoint; an error naming the
+        run when it has none."""
+        manager = None if self.best and not self.dir.best.is_dir() else (
+            self.best_checkpoints() if self.best else self.checkpoints())
+        if self.best and (manager is None or manager.latest_step() is None):
+            why = ("it was trained without --best-metric" if self.config.evaluation.best_metric is None
+                   else "it has not evaluated yet")
+            raise FileNotFoundError(f"{self.dir.best}: the run has no best checkpoint ({why}); give {self.path} "
+                                    f"for its latest")
         if manager.latest_step() is None:
             raise FileNotFoundError(f"{self.path}: the run has no checkpoint yet")
         state, skipped = checkpoint.restore_latest_intact(manager, self.trainer.state_template())
@@ -351,11 +394,12 @@ class Run:
     # --- training batches
 
     def train_batches(self, step):
-        """The micro-batches of optimizer update ``step`` (one, or ``accumulate`` of them): a
+        """The micro-batches of optimizer update ``step`` (one, or ``accumulate`` of them),
+        drawn one at a time as they are iterated (an update of many holds one in memory): a
         function of (seed, step) alone, so a resumed run sees the same batches. Micro-batch j
         of update k is the data stream's batch k * accumulate + j."""
         k = self.config.accumulate
-        return [self._batch(step * k + j) for j in range(k)]
+        return (self._batch(step * k + j) for j in range(k))
 
     def _batch(self, index):
         if self.data.train is None:  # an opened run whose training file moved (load_data)

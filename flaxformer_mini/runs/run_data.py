@@ -1,5 +1,6 @@
-"""A run's examples from its ``DataConfig``: a synthetic task, or a text run's pairs with the
-tokenizers it trains (or keeps, or takes with ``--tokenizer-from``) and the pairs it holds out."""
+"""A run's examples: the synthetic task, or the text pairs encoded with the run's tokenizers
+(saved ones when the run has them, trained on the training file when it is new), and the
+held-out pairs it evaluates on."""
 
 import os
 from typing import NamedTuple
@@ -81,6 +82,28 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     return RunData(train, valid, vocabs)
 
 
+# A side with more of its tokens outside the vocabulary than this is said: a --valid or
+# evaluate --data file, or the training file under another run's --tokenizer-from.
+UNKNOWN_NOTE_RATE = 0.05
+# ... and this many suggests the file is not what the tokenizers were made for.
+UNKNOWN_MISMATCH_RATE = 0.5
+
+
+def unknown_tokens_note(pairs, path, what):
+    """A line saying how many of ``pairs``' tokens (each side's) are UNK, or None when no side
+    passes ``UNKNOWN_NOTE_RATE``. ``what``: how the tokenizers came to this file."""
+    rates = dict(zip(("source", "target"), pairs.unknown_rates()))
+    high = {side: rate for side, rate in rates.items() if rate > UNKNOWN_NOTE_RATE}
+    if not high:
+        return None
+    said = " and ".join(f"{rate:.1%} of its {side} tokens" for side, rate in high.items())
+    hint = ""
+    if max(high.values()) > UNKNOWN_MISMATCH_RATE:
+        hint = ("; so many suggests swapped source and target columns (--columns) or another corpus than the "
+                "tokenizers were trained on")
+    return f"warning: {path}: {said} are outside the vocabulary ({what}) and read as <unk>{hint}"
+
+
 def _text_pairs(path, pairs, vocabs, config, held_out=0, line_numbers=None):
     """TextPairs of ``pairs`` read from ``path``; every pair too long is an error naming the
     file and the option that raises the limit (and the ``held_out`` pairs of the file that
@@ -114,7 +137,7 @@ def build_tokenizers(config: DataConfig, pairs):
 
     def fit(texts):
         tokenizer = tokenizers.train(kind, texts, config.tokenizer_vocab_size)
-        return tokenizer.vocab if kind == "word" else tokenizer  # word: the Vocab, and its files
+        return tokenizer.vocab if kind == "word" else tokenizer  # word: the Vocab and its vocab_*.json files
 
     if config.shared_vocab:
         shared = fit([s for s, _ in kept] + [t for _, t in kept])

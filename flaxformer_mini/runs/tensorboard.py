@@ -6,7 +6,7 @@ this module only when it writes events, and this module imports tensorboardX onl
 ``open_writer`` / ``read_scalars``.
 
 tensorboardX imports torch at import time if torch is installed, only to accept
-``torch.Tensor`` values. ``flaxformer_mini`` never imports torch (DESIGN.md) and we pass
+``torch.Tensor`` values. ``flaxformer_mini`` never imports torch (docs/design.md) and we pass
 plain floats, so the import below hides torch from it (as if torch were not installed, the
 case tensorboardX supports) unless torch is already loaded. That also saves the second or
 two importing torch costs.

@@ -177,14 +177,12 @@ def _data_size(mesh):
 # ----------------------------------------------------------------------------- batches
 
 
-def batch_sharding(mesh, batch_axis=0):
-    """Every batch array is split along its batch axis over 'data' (and replicated over
-    'model': the devices of one tensor-parallel group see the same rows): ``P('data')``, or
-    ``P(None, 'data')`` for ``batch_axis=1`` (micro-batches stacked (K, B, T) by
-    ``training.stack_batches``: every micro-batch split the same way). ``--accumulate`` feeds
-    each micro-batch in its own shape instead, as one batch (``Trainer.accumulate``)."""
+def batch_sharding(mesh):
+    """Every batch array is split along its batch axis B over 'data' (and replicated over
+    'model': the devices of one tensor-parallel group see the same rows): ``P('data')``.
+    ``--accumulate`` feeds each micro-batch as one batch (``Trainer.accumulate``)."""
     _data_size(mesh)  # the mesh has a 'data' axis
-    return NamedSharding(mesh, P(*(None,) * batch_axis, DATA_AXIS))
+    return NamedSharding(mesh, P(DATA_AXIS))
 
 
 def pad_to_data_groups(batch, mesh):
@@ -222,32 +220,30 @@ def local_row_range(mesh, global_batch_size):
     return start, stop
 
 
-def process_local_rows(global_batch, mesh, batch_axis=0):
+def process_local_rows(global_batch, mesh):
     """The rows of a global batch that this process feeds to ``shard_batch`` (multi-host).
 
     Every host can draw the same global batch (the data are functions of (seed, step)) and
-    keep its own rows (along ``batch_axis``: 1 for stacked micro-batches). In a single process
-    this is the whole batch.
+    keep its own rows. In a single process this is the whole batch.
     """
     if jax.process_count() == 1:
         return global_batch
-    start, stop = local_row_range(mesh, np.shape(jax.tree.leaves(global_batch)[0])[batch_axis])
-    rows = (slice(None),) * batch_axis + (slice(start, stop),)
-    return jax.tree.map(lambda a: np.asarray(a)[rows], global_batch)
+    start, stop = local_row_range(mesh, np.shape(jax.tree.leaves(global_batch)[0])[0])
+    return jax.tree.map(lambda a: np.asarray(a)[start:stop], global_batch)
 
 
-def shard_batch(batch, mesh, batch_axis=0):
-    """Put a ``Batch`` (or any pytree of arrays with a batch axis, the first by default) on the mesh.
+def shard_batch(batch, mesh):
+    """Put a ``Batch`` (or any pytree of arrays whose first axis is the batch) on the mesh.
 
     Single process: ``batch`` is the whole batch, placed with ``jax.device_put``. Multi-host:
     ``batch`` is this host's slice (``process_local_rows``) and the result is the global
     array, assembled with ``jax.make_array_from_process_local_data``.
     """
-    sharding = batch_sharding(mesh, batch_axis)
+    sharding = batch_sharding(mesh)
     leaves = jax.tree.leaves(batch)
-    sizes = {np.shape(a)[batch_axis] if np.ndim(a) > batch_axis else None for a in leaves}
+    sizes = {np.shape(a)[0] if np.ndim(a) else None for a in leaves}
     if None in sizes:
-        raise ValueError(f"every batch array needs a batch axis (axis {batch_axis}); got one with fewer dimensions")
+        raise ValueError("every batch array needs a batch axis (its first); got a scalar")
     if len(sizes) != 1:
         raise ValueError(f"batch arrays disagree on the batch size: {sorted(sizes)}")
     (size,) = sizes

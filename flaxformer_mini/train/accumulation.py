@@ -23,7 +23,7 @@ from flax import nnx
 from flaxformer_mini.train.loss import correct_tokens, token_cross_entropy
 from flaxformer_mini.train.optimizer import learning_rate_schedule
 from flaxformer_mini.train.state import TrainState
-from flaxformer_mini.train.step import reseed_dropout
+from flaxformer_mini.train.step import averaged, reseed_dropout
 
 
 def _summed_loss(model, batch, label_smoothing):
@@ -85,4 +85,4 @@ def apply_gradient_sums(state: TrainState, sums: GradientSums):
         "grad_norm": optax.tree.norm(grads),
         "learning_rate": learning_rate_schedule(state.config, d_model)(state.step),
     }
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=averaged(state, params)), metrics

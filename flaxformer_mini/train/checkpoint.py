@@ -1,7 +1,8 @@
 """Rotating orbax checkpoints of the train state.
 
-What is saved: the step, the parameters and the optimizer state. The dropout RNG state is
-not: every step reseeds it from (seed, step), so it carries no information.
+What is saved: the step, the parameters, the optimizer state and, with ``--ema``, the
+parameters' moving average. The dropout RNG state is not: every step reseeds it from (seed,
+step), so it carries no information.
 
 orbax writes each checkpoint into a temporary directory and renames it when complete, so a
 run killed mid-save (even with ``kill -9``) leaves the previous checkpoints intact and no
@@ -14,6 +15,7 @@ import logging
 import re
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,7 +38,10 @@ class CheckpointError(ValueError):
 
 
 def _saved(state: TrainState):
-    return {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    saved = {"step": state.step, "params": state.params, "opt_state": state.opt_state}
+    if state.ema is not None:  # a run without --ema keeps the layout of checkpoints written before it
+        saved["ema"] = state.ema
+    return saved
 
 
 def open_manager(directory, max_to_keep=3):
@@ -184,7 +189,7 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     other = fresh_streams(template.other, template.config.seed)
     other = on_default_device(other) if _unplaced(template.params) else other
     return template.replace(step=restored["step"], params=restored["params"], opt_state=restored["opt_state"],
-                            other=other)
+                            other=other, ema=restored.get("ema"))
 
 
 
@@ -218,7 +223,7 @@ def _silence_orbax_aftermath():
     each with a traceback: the "absl" logger (its signalling threads), the "asyncio" logger
     ("exception was never retrieved", often at exit), ``sys.unraisablehook`` (TensorStore's
     threads calling ``call_soon_threadsafe`` on orbax's closed event loop, seen from its
-    "Dummy" threads; collected futures) and ``sys.excepthook``.
+    "Dummy" threads; collected futures), ``sys.excepthook`` and ``threading.excepthook``.
     They carry nothing the caller's one-line summary has not said. Installed once, before the
     first save and before the first restore (not in an ``except`` after a failure: the
     threads report while the error is still propagating): it drops only the closed-event-loop
@@ -237,26 +242,61 @@ def _silence_orbax_aftermath():
         if not _is_closed_loop(value):
             previous_except(kind, value, traceback)
 
+    def thread_excepthook(args):  # a writer thread's own uncaught error, after the save's was reported
+        if not (_is_closed_loop(args.exc_value) or _is_disk_full(args.exc_value) or _is_removed_partial(args.exc_value)):
+            previous_thread(args)
+
+    previous_thread = threading.excepthook
     unraisable._flaxformer_mini = excepthook._flaxformer_mini = True
-    sys.unraisablehook, sys.excepthook = unraisable, excepthook
+    sys.unraisablehook, sys.excepthook, threading.excepthook = unraisable, excepthook, thread_excepthook
     for name in ("absl", "asyncio"):
         logging.getLogger(name).addFilter(_drop_reported_failures)
 
 
 def _drop_reported_failures(record):
-    """A logging filter: False (drop) for a record of a full disk, or of a TensorStore read
-    whose failure the caller has reported: asyncio logs "Task exception was never retrieved"
-    for each of orbax's abandoned reads when the task is collected, which may be after the
-    loggers were quieted (seen in 1 of 2 suite runs of test_parity_faults' five reads)."""
+    """A logging filter: False (drop) for a record of a full disk, of a save's temporary
+    directory gone (``save`` removes a full disk's half-written one while orbax's signalling
+    threads may still write into it), or of a TensorStore read whose failure the caller has
+    reported: asyncio logs "Task exception was never retrieved" for each of orbax's abandoned
+    reads when the task is collected, which may be after the loggers were quieted (seen in 1
+    of 2 suite runs of test_parity_faults' five reads)."""
     error = record.exc_info[1] if record.exc_info else None
     if _is_disk_full(error) or "No space left on device" in record.getMessage():
+        return False
+    if _is_removed_partial(error) or (_PARTIAL in record.getMessage() and "No such file" in record.getMessage()):
         return False
     abandoned = "exception was never retrieved" in record.getMessage()
     return not (abandoned and "tensorstore_spec" in str(error))
 
 
+_PARTIAL = ".orbax-checkpoint-tmp"  # orbax's name for a checkpoint being written
+
+
+def _is_removed_partial(error):
+    """Whether ``error`` (through its chain) is a file missing under a checkpoint that was being
+    written: what orbax's threads report after ``_remove_partial``."""
+    while error is not None:
+        if isinstance(error, FileNotFoundError) and _PARTIAL in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def _is_closed_loop(error):
     return isinstance(error, RuntimeError) and "Event loop is closed" in str(error)
+
+
+def restore_readable(manager, template: TrainState, step):
+    """``restore`` of checkpoint ``step``; one that cannot be read is a ``CheckpointError`` naming
+    it and why (a checkpoint of another model still raises ``CheckpointMismatchError``)."""
+    _silence_orbax_aftermath()  # before the read: restore_latest_intact says why
+    try:
+        with _quiet():
+            return restore(manager, template, step)
+    except CheckpointMismatchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any read failure means this step is damaged
+        raise CheckpointError(f"checkpoint {step} in {manager.directory} cannot be read ({_summary(e)})") from None
 
 
 def restore_latest_intact(manager, template: TrainState):

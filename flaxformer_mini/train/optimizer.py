@@ -26,6 +26,9 @@ class TrainConfig:
     clip_norm: float | None = 1.0  # global-norm gradient clipping; None turns it off
     label_smoothing: float = 0.0
     seed: int = 0
+    # An exponential moving average of the parameters, kept beside them (``ema.py``; Marian's
+    # --exponential-smoothing, fairseq's --ema-decay): its decay, or None for none.
+    ema_decay: float | None = None
 
     def __post_init__(self):
         if self.schedule not in ("rsqrt", "constant"):
@@ -41,6 +44,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number > 0, got {value}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:  # NaN fails it too
+            raise ValueError(f"ema_decay must be in (0, 1) or None (no moving average), got {self.ema_decay}")
         if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             # clip_norm <= 0 would scale every gradient to zero (or flip its sign): use None for no clipping.
             raise ValueError(f"clip_norm must be a finite number > 0 or None (no clipping), got {self.clip_norm}")

@@ -33,6 +33,8 @@ class TrainState:
     eval_graphdef: nnx.GraphDef = flax.struct.field(pytree_node=False)
     tx: optax.GradientTransformation = flax.struct.field(pytree_node=False)
     config: TrainConfig = flax.struct.field(pytree_node=False)
+    # The parameters' exponential moving average (``config.ema_decay``; ema.py), or None.
+    ema: nnx.State | None = None
 
     @classmethod
     def create(cls, model, config: TrainConfig):
@@ -51,19 +53,30 @@ class TrainState:
         if was_training:
             model.train()
         tx = make_optimizer(config, model.config.embed_size)
+        # The moving average (--ema) starts at the initial parameters.
         if is_abstract(params):
             step, opt_state = jax.ShapeDtypeStruct((), jnp.int32), jax.eval_shape(tx.init, params)
+            ema = None if config.ema_decay is None else params
         else:
             params, other = jax.tree.map(jnp.copy, (params, other))
             step, opt_state = jnp.zeros((), jnp.int32), tx.init(params)
+            # Arrays of their own: the step donates the state, and XLA refuses to donate one buffer twice.
+            ema = None if config.ema_decay is None else jax.tree.map(jnp.copy, params)
             # Laid out as a restored state is (on_default_device says why).
-            step, params, opt_state, other = on_default_device((step, params, opt_state, other))
+            step, params, opt_state, other, ema = on_default_device((step, params, opt_state, other, ema))
         return cls(step=step, params=params, opt_state=opt_state, other=other,
-                   graphdef=graphdef, eval_graphdef=eval_graphdef, tx=tx, config=config)
+                   graphdef=graphdef, eval_graphdef=eval_graphdef, tx=tx, config=config, ema=ema)
 
     def model(self, train=False):
         """A live model holding this state's parameters (for decoding, saving, inspection)."""
         return nnx.merge(self.graphdef if train else self.eval_graphdef, self.params, self.other)
+
+    def for_inference(self):
+        """The state whose parameters evaluation and decoding read: the moving average in place
+        of the parameters where the run keeps one (``--ema``), else this state. Without its
+        optimizer state and average: what decoding never reads, it does not hold."""
+        params = self.params if self.ema is None else self.ema
+        return self.replace(params=params, opt_state=None, ema=None)
 
 
 def default_device():

@@ -15,6 +15,7 @@ import optax
 from flax import nnx
 
 from flaxformer_mini.model.token_checks import check_same_batch, check_tokens
+from flaxformer_mini.train import ema
 from flaxformer_mini.train.loss import correct_tokens, token_cross_entropy
 from flaxformer_mini.train.optimizer import learning_rate_schedule
 from flaxformer_mini.train.state import TrainState
@@ -58,7 +59,12 @@ def train_step(state: TrainState, batch):
         "grad_norm": optax.tree.norm(grads),
         "learning_rate": learning_rate_schedule(state.config, model.config.embed_size)(state.step),
     }
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=averaged(state, params)), metrics
+
+
+def averaged(state: TrainState, params):
+    """The parameters' moving average after the update that made ``params`` (None without one)."""
+    return None if state.ema is None else ema.update(state.ema, params, state.config.ema_decay, state.step)
 
 
 def eval_step(state: TrainState, batch):

@@ -1,6 +1,6 @@
 """Stop requests: the first Ctrl-C (SIGINT) or SIGTERM (what SLURM, Kubernetes and Cloud TPU
 send before they take a machine back) asks the run to finish its current step, save and stop;
-a second Ctrl-C stops at once.
+a second signal of either kind stops at once, as a second Ctrl-C does.
 
     with StopRequests() as stop:       # installed before anything slow (runtime, restore, compile)
         ...                            # a signal only sets stop.requested
@@ -14,11 +14,11 @@ imports nothing heavy, so it can be installed before jax starts.
 
 The handler runs in the main thread between bytecodes, and during an XLA compilation it does
 run, inside the compile call (seconds on a CPU, minutes for a large model on a GPU), but the
-StopNow it raises there surfaces only when the compilation returns. So a second Ctrl-C did not
-stop at once, and the first went unanswered until the run stopped. A watcher thread reads each
+StopNow it raises there surfaces only when the compilation returns: alone, a second Ctrl-C would
+not stop at once, and the first would go unanswered until the run stopped. A watcher thread reads each
 signal from ``signal``'s wakeup file descriptor (written by the interpreter's C-level handler
 as the signal arrives) and acts when the run has not stopped within ``GRACE_S``: after the
-first, it says the stop was heard; after a second Ctrl-C (``force_exit``, which ``train``
+first, it says the stop was heard; after a second signal (``force_exit``, which ``train``
 asks for), it ends the process as ``kill -9`` would (the last complete checkpoint is kept, and
 the same command resumes from it). A forked child shares the wakeup descriptor; nothing here
 forks.
@@ -36,7 +36,7 @@ EXIT_INTERRUPTED = 130  # as cli/errors.py's: the exit code of any Ctrl-C
 
 
 class StopNow(KeyboardInterrupt):
-    """The second Ctrl-C: stop at once, without saving (not the coordinated stop)."""
+    """The second signal (Ctrl-C or SIGTERM): stop at once, without saving (not the coordinated stop)."""
 
 
 class Stopped(KeyboardInterrupt):
@@ -50,7 +50,7 @@ STOPPED_AT_ONCE = ("stopped at once, without saving: the last complete checkpoin
 
 class StopRequests:
     """A flag set by SIGINT/SIGTERM while installed (a context manager); the previous handlers
-    come back on exit. ``force_exit``: a second Ctrl-C that the run has not acted on within
+    come back on exit. ``force_exit``: a second signal that the run has not acted on within
     GRACE_S ends the process (``train`` asks for it; a library caller's process is never ended
     from here, it gets StopNow when its code next runs)."""
 
@@ -83,13 +83,13 @@ class StopRequests:
         return self
 
     def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
+        if self.requested:  # the second signal, whichever: a scheduler's second SIGTERM too
             raise StopNow
         self.requested = True
 
     def _watch(self, read):
         """Each of our signals, as it arrives: after the first, a line if the run has not stopped
-        within GRACE_S of it; after a second Ctrl-C (force_exit), the process ended if it has not
+        within GRACE_S of it; after a second signal (force_exit), the process ended if it has not
         stopped within GRACE_S of that one. A second signal cuts the first's wait short."""
         stops, say_at, end_at, first = 0, None, None, None
         while True:
@@ -108,7 +108,7 @@ class StopRequests:
                     stops += 1
                     if stops == 1:
                         say_at, first = time.monotonic() + GRACE_S, signum
-                    elif signum == signal.SIGINT and self.force_exit and end_at is None:
+                    elif self.force_exit and end_at is None:
                         say_at, end_at = None, time.monotonic() + GRACE_S  # no hint once it is pressed again
             if self._closing.is_set():
                 return
@@ -120,7 +120,7 @@ class StopRequests:
             if say_at is not None and now >= say_at:
                 say_at = None
                 name, hint = (("Ctrl-C", "; Ctrl-C again stops at once, without saving") if first == signal.SIGINT
-                              else (signal.Signals(first).name, ""))
+                              else (signal.Signals(first).name, "; a second signal stops at once, without saving"))
                 print(f"\n{name}: stopping: the run saves when the step or compilation in progress ends, then "
                       f"exits{hint}", file=sys.stderr, flush=True)
 

@@ -54,19 +54,27 @@ class Trainer:
         check_batch(batch, self.model_config)
         return self.train_step(state, batch)
 
-    def accumulate(self, state, micro_batches, place=None):
-        """One optimizer update from ``micro_batches`` (K ``Batch``es, each of its own shape):
-        ``(state, metrics)``, the update ``train_step`` makes on their union.
+    def accumulate(self, state, micro_batches, stop=None):
+        """One optimizer update from ``micro_batches`` (K ``Batch``es, each of its own shape,
+        any iterable: drawn one at a time): ``(state, metrics)``, the update ``train_step``
+        makes on their union. ``stop()``, asked between micro-batches: True abandons the update
+        and returns None, ``state`` untouched (only the sums are donated), so a stop request
+        is honoured within a micro-batch however many an update holds.
 
         Each micro-batch goes through ``add_micro_batch`` in its own shape, so a --max-tokens
         budget holds for every one of them and the compiled shapes are the ones a run
         without --accumulate compiles; stacking them into one array would pad all K to the most
         rows and the longest lengths among them (up to K times the budget in rows, and a compiled
-        shape per combination of shapes). ``place(batch)`` puts a checked micro-batch on the
-        devices (``sharding.shard_batch`` on a mesh)."""
+        shape per combination of shapes). Each micro-batch is placed on the devices as given
+        (``sharding.shard_batch`` on a mesh), and checked by the caller (``check_batch``)."""
         sums = self._zeros_for(state)(state)
+        micro_batches = iter(micro_batches)
         for batch in micro_batches:
-            sums = self.add_micro_batch(state, sums, batch if place is None else place(batch))
+            sums = self.add_micro_batch(state, sums, batch)
+            if stop is not None and stop():
+                if next(micro_batches, None) is None:  # that was the last: the update is whole
+                    break
+                return None
         return self.apply_gradient_sums(state, sums)
 
     def _zeros_for(self, state):
@@ -92,12 +100,15 @@ class Trainer:
                 self._zero_sums[key] = jax.jit(zero_gradient_sums, out_shardings=shardings)
         return self._zero_sums[key]
 
-    def evaluate(self, state, batches):
+    def evaluate(self, state, batches, stop=None):
         """Teacher-forced loss and token accuracy over ``batches`` (summed, then divided); a
-        last batch smaller than the first is padded to its size (``data.pad_rows``)."""
+        last batch smaller than the first is padded to its size (``data.pad_rows``). ``stop()``,
+        asked between batches: True ends the evaluation, which returns None."""
         total = count = correct = 0.0
         rows = None
         for batch in batches:
+            if stop is not None and stop():
+                return None
             check_batch(batch, self.model_config)
             rows = rows or len(batch.source)
             m = jax.device_get(self.eval_step(state, pad_rows(batch, rows)))

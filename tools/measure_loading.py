@@ -1,12 +1,12 @@
 """Measure the time and peak memory of loading a 1M-line TSV into token arrays (docs/data.md).
 
-    PYTHONPATH=. python docs/measure_loading.py [--lines 1000000] [--file /tmp/synthetic_1m.tsv]
+    PYTHONPATH=. python tools/measure_loading.py [--lines 1000000] [--file /tmp/synthetic_1m.tsv]
 
 Writes a synthetic corpus (Zipf-distributed words of random letters, 3-15 words a side;
 never committed), then, each in a fresh process so peak RSS is its own: trains a tokenizer
-on the file, loads the file into ``EncodedCorpus`` (flat int32 ids + offsets), and for
-comparison into today's ``data.read_tsv`` + ``data.TextPairs`` (a list of strings, then one
-numpy array per example). Prints one line per measurement.
+on the file, then loads the file into ``data.TextPairs`` (flat int32 ids + offsets per side),
+streamed from ``iter_tsv`` (``streamed``) or from the list of string pairs ``read_tsv`` returns,
+as ``train --data`` holds it (``listed``). Prints one line per measurement.
 """
 
 import argparse
@@ -39,7 +39,6 @@ def measure(mode, path, kind, vocab_size, workdir):
     """Run in a child process: prints a JSON line with seconds and peak RSS."""
     from flaxformer_mini import data
     from flaxformer_mini.data import tokenizers as tk
-    from flaxformer_mini.data.corpus_arrays import EncodedCorpus
     from flaxformer_mini.data.parallel_text import iter_tsv
 
     # Peak RSS after the imports (jax comes with flaxformer_mini): subtract it for the data's own cost.
@@ -50,15 +49,12 @@ def measure(mode, path, kind, vocab_size, workdir):
         tok = tk.train(kind, texts, vocab_size=vocab_size)
         tok.save(workdir, kind)
         result["vocab"] = len(tok)
-    elif mode == "encoded":
+    else:
         tok = tk.load(workdir, kind, kind)
-        corpus = EncodedCorpus.from_tsv(path, tok, tok)
-        result.update(examples=len(corpus), tokens=int(corpus.source_ids.size + corpus.target_ids.size), array_mb=corpus.nbytes / 2**20)
-    elif mode == "textpairs":
-        tok = tk.load(workdir, kind, kind)
-        pairs = data.read_tsv(path)
-        corpus = data.TextPairs(pairs, tok.vocab, tok.vocab, max_len=10_000)
-        result["examples"] = len(corpus)
+        pairs = ((s, t) for _, s, t in iter_tsv(path)) if mode == "streamed" else data.read_tsv(path)
+        corpus = data.TextPairs(pairs, tok, tok, max_len=10_000)
+        result.update(examples=len(corpus), tokens=int(corpus.source_lengths.sum() + corpus.target_lengths.sum())
+                      - 2 * len(corpus), array_mb=round(corpus.nbytes / 2**20, 1))
     result["seconds"] = round(time.perf_counter() - start, 1)
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print(json.dumps(result), flush=True)
@@ -80,8 +76,8 @@ def main():
         start = time.perf_counter()
         write_corpus(path, args.lines)
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - start:.0f} s", flush=True)
-    runs = [("train", "word", "none"), ("encoded", "word", "none"), ("textpairs", "word", "none")]
-    runs += [("train", "bpe", "8000"), ("encoded", "bpe", "none"), ("train", "char", "none"), ("encoded", "char", "none")]
+    runs = [("train", "word", "none"), ("streamed", "word", "none"), ("listed", "word", "none")]
+    runs += [("train", "bpe", "8000"), ("streamed", "bpe", "none"), ("train", "char", "none"), ("streamed", "char", "none")]
     for mode, kind, vocab in runs:
         cmd = [sys.executable, __file__, "--workdir", str(workdir), "--child", mode, str(path), kind, vocab]
         subprocess.run(cmd, check=True)

@@ -1,0 +1,51 @@
+"""`flaxformer-mini average --checkpoint RUN --last N --out AVG`: AVG is a run directory holding
+the mean of the parameters of RUN's newest N checkpoints (fairseq's average_checkpoints.py), at
+the newest step with that step's optimizer state, which evaluate, generate and parity convert
+read as any run and train refuses to continue."""
+
+import json
+
+import chex
+import jax
+import numpy as np
+
+from flaxformer_mini.runs.run import Run
+from flaxformer_mini.train import checkpoint
+from helpers import TINY_RUN, cli
+
+
+def test_average_writes_a_run_of_the_last_checkpoints_mean_parameters(tmp_path):
+    run, avg = tmp_path / "run", tmp_path / "avg"
+    trained = cli("train", *TINY_RUN, "--steps", "20", "--save-every", "5", "--out", str(run))  # keeps 10, 15, 20
+    assert trained.returncode == 0, trained.stderr
+    averaged = cli("average", "--checkpoint", str(run), "--last", "3", "--out", str(avg))
+    assert averaged.returncode == 0, averaged.stderr
+    assert "checkpoints at steps 10, 15, 20 (read as a run at step 20)" in averaged.stdout
+
+    source = Run.open(run)
+    states = [checkpoint.restore(source.checkpoints(), source.trainer.state_template(), step) for step in (10, 15, 20)]
+    # The mean in float64, added in step order as average adds them, rounded once to float32:
+    # the same arithmetic, so equal bit for bit.
+    expected = jax.tree.map(lambda a, b, c: ((np.float64(a) + np.float64(b) + np.float64(c)) / 3).astype(np.float32),
+                            *(s.params for s in states))
+    state = Run.open(avg).latest_state()
+    assert int(state.step) == 20
+    chex.assert_trees_all_equal(jax.device_get(state.params), expected)
+    chex.assert_trees_all_equal(state.opt_state, states[-1].opt_state)
+    config = json.loads((avg / "config.json").read_text())
+    assert config["averaged"] == {"run": str(run.absolute()), "steps": [10, 15, 20]}
+
+    scored = cli("evaluate", "--checkpoint", str(avg), "--json")
+    assert scored.returncode == 0, scored.stderr
+    assert cli("generate", "--checkpoint", str(avg), "1 2 3").returncode == 0
+    from parity.cli import main as parity_main
+
+    assert parity_main(["convert", str(avg), str(tmp_path / "avg.safetensors")]) == 0
+
+    # Its optimizer state belongs to other parameters: train does not continue it.
+    snapshot = lambda root: {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}  # noqa: E731
+    before = snapshot(avg)
+    refused = cli("train", *TINY_RUN, "--steps", "30", "--out", str(avg))
+    assert refused.returncode == 2
+    assert f"--out {avg} holds an average of checkpoints of {run.absolute()} (`flaxformer-mini average`)" in refused.stderr
+    assert snapshot(avg) == before

@@ -1,0 +1,111 @@
+"""Time-boxed recipe runs: each configuration trains for the same wall time, then is scored.
+
+    PYTHONPATH=. python -m tools.recipe_sweep --data DIR --out SWEEP --minutes 10 [--configs NAME ...]
+
+``DIR`` holds ``train.tsv``, ``valid.tsv`` and ``test.tsv`` (``python -m flaxformer_mini.data.corpora
+cmudict DIR``). Each configuration (``CONFIGS``, ``flaxformer-mini train`` options) trains in a
+fresh process with a step count it cannot reach; after ``--minutes`` of wall time, counted from
+the process's start (imports and compilation included, as a user waits for them), it gets a
+SIGTERM and saves where it is, as a scheduler's time limit would stop it. Then ``evaluate``
+scores the run's latest checkpoint (and its best and averaged ones where the configuration
+keeps them) on the validation file, greedily and with a beam. One JSON line a configuration
+goes to ``SWEEP/results.jsonl``: its options, steps reached, wall seconds, target tokens/s,
+and each score's phoneme error rate (``wer``) and word error rate (``1 - exact_match``).
+
+The machine is named in every line (``benchmarks.machine``): wall-time results hold for the CPU
+they ran on, and for the load it had (``uptime`` before and after each run is recorded too).
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import machine as machines
+
+COMMON = ["--tokenizer", "word", "--max-len", "32", "--no-progress", "--no-plot", "--log-every", "100"]
+
+# name -> train options (besides --data, --valid, --out): the candidates, smallest first.
+CONFIGS = {
+    "small": ["--preset", "small", "--batch-size", "64", "--lr", "3e-3", "--warmup", "1000"],
+    "d128x3": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim", "512",
+               "--max-tokens", "4096", "--lr", "2e-3", "--warmup", "1000", "--dropout", "0.1"],
+    "d128x3_ls": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim", "512",
+                  "--max-tokens", "4096", "--lr", "2e-3", "--warmup", "1000", "--dropout", "0.1",
+                  "--label-smoothing", "0.1"],
+    "d192x3_ls": ["--preset", "small", "--embed-size", "192", "--heads", "4", "--layers", "3", "--ffn-dim", "768",
+                  "--max-tokens", "4096", "--lr", "1.5e-3", "--warmup", "1000", "--dropout", "0.1",
+                  "--label-smoothing", "0.1"],
+    "d256x3_ls": ["--preset", "medium", "--max-tokens", "4096", "--lr", "1e-3", "--warmup", "1000",
+                  "--label-smoothing", "0.1"],
+}
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+def train(name, options, data, out, minutes, eval_every):
+    run = out / name
+    cmd = [sys.executable, "-m", "flaxformer_mini", "train", "--data", str(data / "train.tsv"), "--valid",
+           str(data / "valid.tsv"), "--out", str(run), "--steps", "10000000", "--eval-every", str(eval_every),
+           "--save-every", str(eval_every), *COMMON, *options]
+    started, load_before = time.monotonic(), load()
+    with open(out / f"{name}.train.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=minutes * 60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+    wall = time.monotonic() - started
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    logged = [m for m in metrics if "tokens_per_s" in m]
+    return {"steps": max(m["step"] for m in metrics), "train_wall_s": round(wall, 1), "exit_code": proc.returncode,
+            "tokens_per_s": round(sum(m["tokens_per_s"] for m in logged[1:]) / max(len(logged) - 1, 1)),
+            "load_before": round(load_before, 2), "load_after": round(load(), 2), "command": cmd}
+
+
+def score(checkpoint, data, beam):
+    cmd = [sys.executable, "-m", "flaxformer_mini", "evaluate", "--checkpoint", str(checkpoint), "--data",
+           str(data / "valid.tsv"), "--json", "--batch-size", "256", "--beam-size", str(beam)]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"per": round(result["wer"], 5), "word_error_rate": round(1 - result["exact_match"], 5),
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--eval-every", type=int, default=1000)
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    machine = machines.one_line(machines.describe())
+    for name in args.configs:
+        if (args.out / name).exists():
+            print(f"{name}: {args.out / name} exists; skipped", file=sys.stderr)
+            continue
+        record = {"name": name, "options": CONFIGS[name], "minutes": args.minutes, "machine": machine,
+                  "date": machines.date_utc()}
+        record.update(train(name, CONFIGS[name], args.data, args.out, args.minutes, args.eval_every))
+        record["greedy"] = score(args.out / name, args.data, 1)
+        record[f"beam{args.beam_size}"] = score(args.out / name, args.data, args.beam_size)
+        with open(args.out / "results.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(json.dumps({k: record[k] for k in ("name", "steps", "tokens_per_s", "greedy", f"beam{args.beam_size}")}),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
