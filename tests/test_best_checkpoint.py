@@ -130,7 +130,7 @@ def test_a_stop_during_an_evaluation_saves_that_step_and_the_resumed_run_evaluat
 def test_two_processes_keep_the_best_checkpoint_and_stop_early_where_one_process_does(straight, tmp_path):
     # Every process takes the decisions from its own evaluation, one vote each (saving OUT/best is
     # collective): the run keeps the best checkpoint and stops early where one process does.
-    from test_multiprocess import assert_all_ok, finish, start_processes, train_cli
+    from helpers import assert_all_ok, finish, start_processes, train_cli
 
     one, expected = straight
     two = tmp_path / "two"
