@@ -1,73 +1,39 @@
-"""Test-wide numerics: parity runs use exact float32 matmuls on both sides (DESIGN.md), and,
-as in Equinox's tests, implicit rank promotion is an error so a missing axis is caught, and
-implicit dtype promotion too (a float32 constant silently widening a bfloat16 activation, an
-int mixing with a float): the few library calls that promote on purpose say so where they run
-(``jax.numpy_dtype_promotion("standard")`` around optax's update and Flax's LayerNorm).
+"""Test-wide settings, and why. How to run the suite, where its time goes and what was cut
+to keep it short: docs/testing.md.
 
-On a GPU, ``python -m pytest -m parity --torch-device cuda`` runs the files marked ``parity``
-with torch's tensors and modules made on CUDA (``torch.set_default_device``) and JAX on its
-default device, the GPU: TF32 off and JAX's highest matmul precision, as everywhere here.
+- Numerics: parity runs use exact float32 matmuls on both sides (DESIGN.md). As in Equinox's
+  tests, implicit rank promotion is an error, so a missing axis is caught, and implicit dtype
+  promotion too (a float32 constant silently widening a bfloat16 activation, an int mixing
+  with a float): the few library calls that promote on purpose say so where they run
+  (``jax.numpy_dtype_promotion("standard")`` around optax's update and Flax's LayerNorm).
+- ``--torch-device cuda`` (with ``-m parity``, on a GPU): torch's tensors and modules on CUDA
+  (``torch.set_default_device``), JAX on its default device, TF32 off and JAX's highest
+  matmul precision, as everywhere here.
+- Speed: XLA:CPU compiles at LLVM optimisation level 0 and runs its kernels on one thread,
+  torch on one thread per worker (below); the subprocesses the tests start (the CLI,
+  multi-process runs) share one persistent compilation cache per pytest run; the longest
+  files are scheduled first (HEAVY_FIRST).
 
-Speed: XLA:CPU compiles at LLVM optimisation level 0 and runs its kernels on one thread,
-torch on one thread per worker (below); the subprocesses the tests start (the CLI,
-multi-process runs) share one persistent compilation cache per pytest run, and the heaviest
-files are scheduled first (see below).
+Shared helpers are tests/helpers.py's (plain functions and constants); fixtures shared by
+several files are here. A test file never imports another.
+"""
 
-Where the time goes (AMD EPYC family 25 model 1, Zen 3, 2026-11-26): the whole suite took
-35.6 min of user CPU and 2.8 of system in 20 min with ``-n 2``, both cores busy throughout.
-test_run_lifecycle.py and test_training.py alone (``-n 0``, 300 s, JAX's monitoring events):
-XLA compiled 369 programs in 115 s (the tiny train step 16 times, 3.5 s each; the cached
-decoding loop 21 times, 1.2 s; the eval step 18 times, 0.66 s; the rest mostly eager ops of
-random inits), tracing took 43 s and lowering 16 s, orbax 25 s writing 53 checkpoints and 18 s
-reading 42 (the process used 329 s of CPU, its threads included). A ``perf`` profile of one
-train step's start is flat: 42% in XLA's, MLIR's and LLVM's code with no function above 1%, 39%
-in Python (tracing, lowering, imports). Tried for the compile, and not adopted: XLA:CPU flags,
-timed on the tiny train step's compile in 3 fresh processes each against 2.9-3.3 s with none
-(parallel codegen split counts 1 and 8, LLVM's expensive passes off, XNNPACK off: within that
-spread; the concurrency-optimised scheduler off: 3.5-4.1 s; fusion emitters off: 2.6-2.9 s, but
-the flag belongs to XLA's move to those emitters, and XLA aborts on a flag it no longer knows,
-which an unpinned jax would one day turn into every test failing), the
-random init under one ``jit`` (12-19 s to compile against 3-5 s eager, and other bits), an
-in-process compilation cache (1-3%: tests rarely compile one program twice), and
-``jax_share_binary_between_hosts`` for the multi-process tests (XLA:CPU's cache key holds each
-process's topology fingerprint, so process 1 waited for a key that process 0 never wrote, until
-the timeout).
-
-Per test (2026-11-27, the same CPU, a plugin reading each test's CPU time and JAX's compile
-events; 22 min 19 s): 1842 s of CPU in the two pytest workers and 711 s in the processes the
-tests started. XLA compiled 4243 programs in the workers in 908 s: the train, eval and
-accumulation steps and the decoding loops 569 s (the train step 43 times, 265 s; the cached
-decoding loop 70 times, 130 s), 3893 programs of under 0.3 s each (eager ops, mostly random
-inits) 239 s. The heaviest files: test_multiprocess.py 400 s (its equivalence launches 245 s: 2
-and 4 processes, each compiling every program: only process 0 writes the persistent cache),
-test_run_lifecycle.py 229 s, test_train_cli.py 162 s, test_real_corpora.py 136 s. Found there:
-a resume, or evaluate after train, in one process compiled every step again (restored arrays
-are committed to their device, fresh ones were not; training.on_default_device). Fixed:
-test_train_cli.py, test_evaluate_cli.py, test_exported_run_in_torch.py and test_init_from.py in
-one process (``-n 0``) compiled 40 steps and decoding loops instead of 45, in 263 s of CPU
-instead of 279. The whole suite's time did not move beyond its spread: fresh clones the same
-day took 20 min 36 s before and 21 min 25 s after. That spread is the machine's: one commit
-(699a4e2) took 13 min 38 s on 2026-11-26 and 21 min 37 s on 2026-11-27 on the same Zen 3
-machine, so compare timings only within one run, or runs minutes apart."""
-
+import gc
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # XLA:CPU's LLVM optimisation level 0, for this process and (inherited) every subprocess the
-# tests start: it cuts each compilation by about a third (the tiny train step's XLA compile,
-# Intel Xeon family 6 model 167: 2.6 s -> 1.8 s; two test files 91 s -> 66 s) and the suite is
-# mostly compilation. LLVM keeps float semantics at any level (XLA:CPU leaves fast-math off),
-# and both sides of every comparison here are compiled the same way. Set before JAX starts.
+# tests start: it cuts each compilation by about a third, and the suite is mostly compilation.
+# LLVM keeps float semantics at any level (XLA:CPU leaves fast-math off), and both sides of every
+# comparison here are compiled the same way. Set before JAX starts.
 #
 # One thread for XLA:CPU's Eigen kernels (here, in every process) and for torch (below, in
 # each pytest worker): the suite runs as `-n 2` on 2 cores, so each worker has a core of its
 # own already, and a second thread in each only made the workers (and their subprocesses) take
-# turns on the cores (Eigen's and OpenMP's waiting threads spin before they sleep). Measured,
-# the whole suite (AMD EPYC family 25 model 17, 2 cores, `python -m pytest -n 2`): 1084 s of
-# user CPU and 615 s with two threads, 1055 s and 594 s with one (one run each, the same day;
-# three more runs with two threads, each with a measuring hook or another cache setting, took
-# 604-639 s).
+# turns on the cores (Eigen's and OpenMP's waiting threads spin before they sleep).
+# The measurements behind both: docs/testing.md, "Where the time goes".
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit them
     os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), TEST_XLA_FLAGS]))
@@ -88,16 +54,25 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 # The compilation cache below is for the subprocesses; this process compiles each function once.
 jax.config.update("jax_enable_compilation_cache", False)
 torch.set_num_threads(1)  # one thread per worker: see TEST_XLA_FLAGS above
+# Python's cyclic garbage collector, less often: tracing and lowering allocate objects by the
+# million, and with the default thresholds (700, 10, 10) a worker ran a full collection, which
+# walks every object the worker holds (every module, every compiled program), every few seconds.
+# Garbage without cycles is freed at once either way; memory stayed within a few percent.
+# Measured: docs/testing.md, "Where the time goes".
+gc.set_threshold(100_000, 50, 100)
 
 # The tolerance of DESIGN.md's parity policy (Hugging Face's PT/Flax standard): parity's own.
 ATOL = DEFAULT_ATOL
 
 # One JAX compilation cache for every subprocess of this pytest run (its xdist workers share
 # it): the CLI and multi-process tests start dozens of processes compiling the same train, eval
-# and decode steps. Measured on a 2-process launch: compile 22 s -> 6 s, wall 34 s -> 22 s when
-# warm. Not used in the pytest processes themselves (they compile each function once anyway).
-# Set before the workers start (xdist copies the environment), removed at the end of the run.
+# and decode steps. Not used in the pytest processes themselves: each compiles a program once,
+# and the two workers seldom compile the same one (docs/testing.md). Set before the workers
+# start (xdist copies the environment), removed at the end of the run.
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+# The runs several files train alike (trained_run, below), in one directory every worker of
+# this pytest run reads: made like the compilation cache's, removed at the end of the run.
+RUNS_ENV = "FLAXFORMER_MINI_TEST_RUNS"
 _CACHE_CREATED = []
 
 
@@ -121,6 +96,9 @@ def pytest_configure(config):
         os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="flaxformer-mini-jax-cache-")
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # tiny runs compile fast
         _CACHE_CREATED.append(os.environ[CACHE_ENV])
+    if RUNS_ENV not in os.environ and not hasattr(config, "workerinput"):
+        os.environ[RUNS_ENV] = tempfile.mkdtemp(prefix="flaxformer-mini-test-runs-")
+        _CACHE_CREATED.append(os.environ[RUNS_ENV])
 
 
 def pytest_report_header(config):
@@ -135,12 +113,13 @@ def pytest_unconfigure(config):
         shutil.rmtree(path, ignore_errors=True)
 
 
-# The longest files (alone on 2 cores, 2026-11-23: 271 s, 253 s, 182 s, 96 s; test_multiprocess.py,
-# then the longest, split in two on 2026-11-26: its equivalence runs and its faults), first, so that
-# under `-n 2 --dist loadfile --no-loadscope-reorder` (pyproject) the longest file does not
-# start, and end, last: xdist hands files out in this order as workers free up.
-HEAVY_FIRST = ("test_multiprocess.py", "test_multiprocess_faults.py", "test_real_corpora.py", "test_run_lifecycle.py",
-               "test_train_cli.py")
+# The longest files first, so that under `-n 2 --dist loadfile --no-loadscope-reorder`
+# (pyproject) the longest file does not start, and end, last: xdist hands files out in this
+# order as workers free up (their times: docs/testing.md).
+HEAVY_FIRST = ("test_multiprocess.py", "test_benchmarks.py", "test_run_lifecycle.py", "test_parity_cli.py",
+               "test_scanned_layers.py", "test_multiprocess_faults.py", "test_real_corpora.py", "test_train_cli.py",
+               "test_training.py", "test_tensor_parallel.py", "test_decoding.py", "test_generate_lines.py",
+               "test_sharding.py", "test_properties.py", "test_idioms.py", "test_attention_impl.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -151,6 +130,34 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def tiny_config():
     return fm.get_preset("tiny")
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """``trained_run(name)``: the directory holding the run ``helpers.SHARED_RUNS[name]``
+    trains, and its data files: trained once per pytest run, whichever worker asks first (a
+    file lock keeps the other waiting, then it reads the same run). Read only: a test that
+    changes a run copies it first."""
+    import fcntl
+
+    from helpers import SHARED_RUNS, cli
+
+    # Without xdist's controller (pytest -n 0 run by hand in another way), a directory of this session's.
+    root = Path(os.environ.get(RUNS_ENV) or tmp_path_factory.mktemp("shared_runs"))
+
+    def get(name):
+        d, done = root / name, root / f"{name}.done"
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not done.exists():
+                shutil.rmtree(d, ignore_errors=True)  # what a failed attempt left
+                d.mkdir()
+                proc = cli(*SHARED_RUNS[name](d))
+                assert proc.returncode == 0, proc.stderr
+                done.touch()
+        return d
+
+    return get
 
 
 def assert_close(flax_value, torch_value, atol=ATOL):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flaxformer_mini.runs.directory import RunLock
-from test_train_cli import TINY_RUN, cli
+from helpers import TINY_RUN, cli
 
 GOOD_TSV = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2
 
@@ -28,7 +28,8 @@ def finished(tmp_path_factory):
     root = tmp_path_factory.mktemp("finished")
     assert cli("train", *TINY_RUN, "--steps", "5", "--save-every", "5", "--out", str(root / "synthetic")).returncode == 0
     (root / "train.tsv").write_text(GOOD_TSV)
-    text = cli("train", "--data", str(root / "train.tsv"), "--out", str(root / "text"), "--preset", "tiny",
+    # One layer on each side, as TINY_RUN (which says why), and tests/test_run_lifecycle.py's text runs.
+    text = cli("train", "--data", str(root / "train.tsv"), "--out", str(root / "text"), "--preset", "tiny", "--layers", "1",
                "--steps", "3", "--batch-size", "4", "--max-len", "8", "--save-every", "3", "--no-progress", "--no-plot")
     assert text.returncode == 0, text.stderr
     return root
@@ -83,7 +84,7 @@ def training_file_changed(d, finished):
     run = copy_run("text")(d, finished)
     with open(d / "train.tsv", "a") as f:
         f.write("a\tx\n")
-    return ["train", "--data", str(d / "train.tsv"), "--out", str(run), "--preset", "tiny", "--steps", "5",
+    return ["train", "--data", str(d / "train.tsv"), "--out", str(run), "--preset", "tiny", "--layers", "1", "--steps", "5",
             "--batch-size", "4", "--max-len", "8", "--save-every", "3", "--no-progress", "--no-plot"]
 
 

@@ -14,7 +14,7 @@ import pytest
 import flaxformer_mini.runs.fit as fit_module
 from flaxformer_mini.runs.directory import RunDir
 from flaxformer_mini.runs.run import Run
-from test_train_cli import TINY_RUN, assert_same_training_state, cli, latest_state
+from helpers import TINY_RUN, assert_same_training_state, cli, latest_state
 
 # exact_match over the 16 held-out sequences ties often on the tiny model, so --patience 4 stops
 # the run well before --steps (at step 50, its best at step 30).
@@ -130,7 +130,7 @@ def test_a_stop_during_an_evaluation_saves_that_step_and_the_resumed_run_evaluat
 def test_two_processes_keep_the_best_checkpoint_and_stop_early_where_one_process_does(straight, tmp_path):
     # Every process takes the decisions from its own evaluation, one vote each (saving OUT/best is
     # collective): the run keeps the best checkpoint and stops early where one process does.
-    from test_multiprocess import assert_all_ok, finish, start_processes, train_cli
+    from helpers import assert_all_ok, finish, start_processes, train_cli
 
     one, expected = straight
     two = tmp_path / "two"

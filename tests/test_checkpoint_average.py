@@ -11,7 +11,7 @@ import numpy as np
 
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train import checkpoint
-from test_train_cli import TINY_RUN, cli
+from helpers import TINY_RUN, cli
 
 
 def test_average_writes_a_run_of_the_last_checkpoints_mean_parameters(tmp_path):

@@ -59,13 +59,13 @@ def test_a_save_failing_midway_keeps_the_previous_file_and_leaves_no_temporary_f
     import os
 
     import flaxformer_mini.files
-    from test_parity_faults import _DiskFullAfterHalf
+    from helpers import DiskFullAfterHalf
 
     path = tmp_path / f"model{suffix}"
     previous = {"w": torch.arange(6.0)}
     save_state_dict(previous, path)
     sizes, real_fdopen = [], os.fdopen
-    monkeypatch.setattr(flaxformer_mini.files.os, "fdopen", lambda fd, *a, **k: _DiskFullAfterHalf(real_fdopen(fd, *a, **k), sizes))
+    monkeypatch.setattr(flaxformer_mini.files.os, "fdopen", lambda fd, *a, **k: DiskFullAfterHalf(real_fdopen(fd, *a, **k), sizes))
     with pytest.raises(OSError) as info:
         save_state_dict(state_dict, path)
     assert info.value.errno == errno.ENOSPC and sizes and sizes[0] > 0

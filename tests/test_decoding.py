@@ -36,6 +36,7 @@ from parity import sample_batch, torch_to_flax, transformer_pair
 from torch_ref.decoding import greedy_decode as torch_greedy_decode
 
 from conftest import ATOL
+from helpers import WIDE_BEAM, eos_biased_pair, wide_beam_case
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 
@@ -53,11 +54,7 @@ ALPHAS = (0.0, 0.6, 2.0)
 
 def make_pair(config=CONFIG, seed=MODEL_SEED, eos_bias=EOS_BIAS):
     """(torch model, Flax twin) with the same weights; ``eos_bias`` added to the EOS bias."""
-    torch_model, flax_model = transformer_pair(config, seed)
-    with torch.no_grad():
-        torch_model.decoder.fc.bias[EOS] += eos_bias
-    torch_to_flax(torch_model.state_dict(), flax_model)
-    return torch_model, flax_model
+    return eos_biased_pair(config, seed, eos_bias)
 
 
 @pytest.fixture(scope="module")
@@ -355,16 +352,6 @@ def test_beam_search_matches_a_plain_reference_beam_search(model, source, beams,
 # near _NEG) fill the top W; alpha = 10 puts the length penalty past 2 at step 2, where a
 # dead beam's EOS once scored above _NEG / 2 and counted as a finished hypothesis (seeds 0
 # and 2 returned 32 and 16 phantom hypotheses scored -2.1e8 before the fix).
-WIDE_BEAM = dict(config=CONFIG.replace(target_vocab_size=4), max_new_tokens=8, beam_size=16, alpha=10.0)
-
-
-def wide_beam_case(seed):
-    """(torch model, Flax model, source (3, 7)) of the WIDE_BEAM config."""
-    config = WIDE_BEAM["config"]
-    torch_model, flax_model = make_pair(config, seed=seed, eos_bias=0.0)
-    return torch_model, flax_model, sample_batch(config, batch=3, seed=1, source_len=7)[0]
-
-
 @pytest.mark.parametrize("seed", [0, 2])
 def test_a_beam_wider_than_the_vocabulary_finishes_only_real_hypotheses(seed):
     _, model, source = wide_beam_case(seed)

@@ -16,7 +16,7 @@ from flaxformer_mini.data import SyntheticTask
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train.optimizer import TrainConfig
 from flaxformer_mini.train.trainer import Trainer
-from test_train_cli import TINY_RUN, assert_same_training_state, cli, latest_state
+from helpers import TINY_RUN, assert_same_training_state, cli, latest_state
 
 DECAY = 0.6  # reached from the third update on: (1 + n) / (10 + n) is 0.1, 0.18, 0.25, ... then DECAY
 

@@ -4,7 +4,7 @@ best checkpoint is the one users decode with."""
 
 import json
 
-from test_train_cli import TINY_RUN, cli
+from helpers import TINY_RUN, cli
 
 METRICS = ("loss", "token_accuracy", "exact_match", "bleu", "chrf", "wer", "cer")
 

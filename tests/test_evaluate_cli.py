@@ -12,8 +12,7 @@ from flaxformer_mini.decode.metrics import exact_match
 from flaxformer_mini.data import EOS, PAD
 from flaxformer_mini.decode.metrics import corpus_metrics
 from flaxformer_mini.runs.run import Run
-from test_real_corpora import text_args, write_corpus
-from test_train_cli import cli
+from helpers import cli, text_args, write_corpus
 
 TEXT_METRICS = ("exact_match", "bleu", "chrf", "wer", "cer")
 SHORT_REFERENCE = ("the cat", "a")  # one character: its labels (a, EOS) pad to 8 positions
@@ -21,15 +20,12 @@ OVER_LONG = ("big sun " * 4, "x")  # 32 characters: over the run's --max-len 24
 
 
 @pytest.fixture(scope="module")
-def char_run(tmp_path_factory):
+def char_run(trained_run):
     """A briefly trained character-level run: its hypotheses run long (few EOS learnt yet),
-    which is what truncation at the references' length used to hide."""
-    d = tmp_path_factory.mktemp("evaluate")
-    corpus = write_corpus(d / "train.tsv", 60), write_corpus(d / "valid.tsv", 7)
-    out = d / "run"
-    proc = cli(*text_args(corpus, out, "--tokenizer", "char"), "--steps", "4")
-    assert proc.returncode == 0, proc.stderr
-    return out, corpus
+    which is what truncation at the references' length used to hide (helpers.SHARED_RUNS;
+    tests/test_exported_run_in_torch.py exports the same run). Read only: copied where changed."""
+    d = trained_run("char_4_steps")
+    return d / "run", (d / "train.tsv", d / "valid.tsv")
 
 
 @pytest.fixture(scope="module")
@@ -204,9 +200,11 @@ def test_evaluate_refuses_its_valid_file_changed_or_gone_and_an_output_onto_it_e
                                      f"(data.valid_path), is not there: restore it") in gone.stderr
 
 
-def test_a_run_without_valid_refuses_its_training_file_changed_since_and_an_output_onto_it(tmp_path):
+def test_a_run_without_valid_refuses_its_training_file_changed_since_and_an_output_onto_it(tmp_path, monkeypatch):
     # Its held-out pairs are drawn from the training file's lines: another file draws others,
     # some of them trained on, which evaluate once scored silently (and --output overwrote it).
+    # Both refusals come before evaluate reads a checkpoint: the run is started, not trained.
+    monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)
     train = write_corpus(tmp_path / "train.tsv", 60)
     args = text_args((train, None), tmp_path / "run", "--steps", "2")
     del args[args.index("--valid"):args.index("--valid") + 2]

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from parity.cli import main as parity_main
-from test_real_corpora import text_args, write_corpus
-from test_train_cli import TINY_RUN, cli
+from helpers import cli, text_args, write_corpus
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
 SYNTHETIC_INPUTS = ["5 3 6 2", "1", "", "0 0 4", "6 5 4 3 2"]
@@ -42,17 +41,15 @@ def exported(run, out):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, trained_run):
+    # The synthetic and char runs are the ones tests/test_generate_lines.py and
+    # tests/test_evaluate_cli.py decode (helpers.SHARED_RUNS), trained once for all three files.
     d = tmp_path_factory.mktemp("exported")
-    synthetic = d / "synthetic"
-    proc = cli("train", *TINY_RUN, "--steps", "60", "--lr", "1e-2", "--save-every", "60", "--out", str(synthetic))
-    assert proc.returncode == 0, proc.stderr
+    synthetic = trained_run("copy_60_steps") / "run"
+    text = {"word": d / "word", "char": trained_run("char_4_steps") / "run"}
     corpus = write_corpus(d / "train.tsv", 40), write_corpus(d / "valid.tsv", 5)
-    text = {}
-    for tokenizer, steps in (("word", "8"), ("char", "4")):
-        text[tokenizer] = d / tokenizer
-        proc = cli(*text_args(corpus, text[tokenizer], "--tokenizer", tokenizer, "--steps", steps))
-        assert proc.returncode == 0, proc.stderr
+    proc = cli(*text_args(corpus, text["word"], "--tokenizer", "word", "--steps", "8"))
+    assert proc.returncode == 0, proc.stderr
     return {"synthetic": (synthetic, exported(synthetic, d / "synthetic.pt"), SYNTHETIC_INPUTS),
             "word": (text["word"], exported(text["word"], d / "word.safetensors"), TEXT_INPUTS),
             "char": (text["char"], exported(text["char"], d / "char.pt"), TEXT_INPUTS)}

@@ -12,8 +12,7 @@ from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.decode import generation
 from flaxformer_mini.runs.generate import generate
 from flaxformer_mini.runs.run import Run
-from test_real_corpora import text_args, write_corpus
-from test_train_cli import TINY_RUN, cli
+from helpers import cli, text_args, write_corpus
 
 # TINY_RUN's model: max_len 6, so at most 5 tokens and EOS; token values 0..6.
 LONGEST_FITTING = 5
@@ -22,12 +21,10 @@ TOO_LONG = "1 2 3 4 5 6"  # 6 tokens
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("generate_lines") / "run"
-    # Trained until no FITTING input decodes to an empty line, which would look left empty.
-    proc = cli("train", *TINY_RUN, "--steps", "60", "--lr", "1e-2", "--save-every", "60", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    return out
+def run(trained_run):
+    # Trained until no FITTING input decodes to an empty line, which would look left empty
+    # (helpers.SHARED_RUNS; tests/test_exported_run_in_torch.py decodes the same run).
+    return trained_run("copy_60_steps") / "run"
 
 
 @pytest.fixture(scope="module")

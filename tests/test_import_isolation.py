@@ -7,43 +7,15 @@ raise ImportError), so the test cannot pass vacuously, then builds a model and r
 finally checks that nothing blocked slipped into ``sys.modules`` another way.
 """
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from helpers import run_blocking
+
 REPO = Path(__file__).resolve().parents[1]
-
-BLOCKER = textwrap.dedent(
-    """
-    import importlib.abc
-    import sys
-
-    BLOCKED = {blocked!r}
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname, path=None, target=None):
-            if fullname.partition(".")[0] in BLOCKED:
-                raise ImportError(f"{{fullname}} is blocked by test_import_isolation")
-            return None
-
-    sys.meta_path.insert(0, Block())
-    assert not BLOCKED & set(sys.modules), "imported before the block: " + repr(BLOCKED & set(sys.modules))
-
-    # The block works: each blocked package really fails to import.
-    for name in sorted(BLOCKED):
-        try:
-            __import__(name)
-        except ImportError:
-            pass
-        else:
-            raise SystemExit(f"block failed: import {{name}} succeeded")
-    """
-)
 
 FLAX_ALONE = textwrap.dedent(
     """
@@ -83,38 +55,18 @@ TORCH_ALONE = textwrap.dedent(
     """
 )
 
-AFTER = textwrap.dedent(
-    """
-    leaked = sorted(m for m in sys.modules if m.partition(".")[0] in BLOCKED)
-    assert not leaked, f"blocked modules were imported anyway: {leaked}"
-    print("OK")
-    """
-)
-
-
-def _run_blocking(blocked, body):
-    script = BLOCKER.format(blocked=set(blocked)) + body + AFTER
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0 and result.stdout.strip().endswith("OK"), (
-        f"subprocess failed (rc {result.returncode}):\n{result.stdout}\n{result.stderr}"
-    )
-
-
 def test_flaxformer_mini_runs_without_torch_torch_ref_or_parity():
-    _run_blocking({"torch", "torch_ref", "parity"}, FLAX_ALONE)
+    run_blocking({"torch", "torch_ref", "parity"}, FLAX_ALONE)
 
 
 def test_torch_ref_runs_without_jax_flax_flaxformer_mini_or_parity():
-    _run_blocking({"jax", "jaxlib", "flax", "flaxformer_mini", "parity"}, TORCH_ALONE)
+    run_blocking({"jax", "jaxlib", "flax", "flaxformer_mini", "parity"}, TORCH_ALONE)
 
 
 def test_block_fails_the_subprocess_when_a_blocked_package_is_needed():
     # The harness itself can fail: blocking jax must break the Flax forward.
     with pytest.raises(AssertionError, match="subprocess failed"):
-        _run_blocking({"jax"}, FLAX_ALONE)
+        run_blocking({"jax"}, FLAX_ALONE)
 
 
 # Both command lines parse before they start a framework: `--help` and an option's error answer
@@ -147,7 +99,7 @@ FRAMEWORKS = {"jax", "jaxlib", "flax", "optax", "orbax", "torch", "numpy"}
     ("parity.cli", [(["--help"], 0, "convert"), (["convert", "--help"], 0, "--heads H"), (["check", "--batch", "0"], 2, "--batch must be >= 1, got 0")]),
 ])
 def test_command_line_help_and_option_errors_answer_without_importing_a_framework(cli, cases):
-    _run_blocking(FRAMEWORKS, CLI_ALONE.format(cli=cli, cases=cases))
+    run_blocking(FRAMEWORKS, CLI_ALONE.format(cli=cli, cases=cases))
 
 
 # --- static check over the source ----------------------------------------------------------
@@ -247,4 +199,4 @@ def test_train_init_from_reads_a_torch_safetensors_file_without_torch(tmp_path):
     model = torch_ref.Transformer(0, 11, 11, 6, 30, 5, 1, 0.0)
     save_file(model.state_dict(), tmp_path / "model.safetensors")
     torch.save(model.state_dict(), tmp_path / "model.pt")
-    _run_blocking({"torch", "torch_ref"}, INIT_FROM_WITHOUT_TORCH.format(d=str(tmp_path)))
+    run_blocking({"torch", "torch_ref"}, INIT_FROM_WITHOUT_TORCH.format(d=str(tmp_path)))

@@ -15,7 +15,7 @@ import torch_ref
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.runs.config import DataConfig, TrainOptions
 from parity import flax_to_torch
-from test_train_cli import TINY_RUN, cli
+from helpers import TINY_RUN, cli
 
 # TINY_RUN's model: the tiny preset (width 30, 5 heads) with one layer, 11 token ids, --max-len 5
 # (max_len 6 with the BOS/EOS). Dropout 0, so the first step's loss is a function of the weights.

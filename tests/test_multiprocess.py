@@ -18,129 +18,36 @@ import contextlib
 import json
 import re
 import signal
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import chex
 import jax
 import numpy as np
 import pytest
-from simulated_devices import worker_env
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = 6
-BATCH_SIZE = 8
-LAUNCH_TIMEOUT_S = 300
-HEARTBEAT_S = 30  # --distributed-timeout of the CLI tests: start-up skew under load, and how long a lost process may go unnoticed
-# Adam's epsilon and learning rate of the equivalence runs: tests/test_sharding.py explains
-# why 1e-9 turns round-off in the attention key biases' (exactly zero) gradients into ~lr-sized
-# steps whose sign depends on summation order. 1e-4 damps that; the real updates keep their size.
-ADAM_EPS = 1e-4
-LEARNING_RATE = 1e-2
+from helpers import (
+    BATCH_SIZE,
+    HEARTBEAT_S,
+    STEPS,
+    assert_all_ok,
+    checkpoint_steps,
+    cli,
+    damage,
+    final_state,
+    finish,
+    free_port,
+    saved_step_in,
+    start_processes,
+    train_cli,
+    wait_for,
+    worker_config,
+    write_corpus,
+)
+
 EQUIV_ATOL = 1e-6  # the issue's bar for losses and parameters; reached, no looser tolerance needed
 
-# The CLI's tiny run: tests/test_train_cli.py's (one layer on each side, no loss.png unless a
-# test looks at it: PLOTTED_TINY_RUN there says why), logging every step.
-TINY_RUN = ["--task", "copy", "--preset", "tiny", "--layers", "1", "--vocab-size", "11", "--max-len", "5", "--batch-size", "8",
-            "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every", "1", "--no-progress",
-            "--no-plot"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env_with(devices_per_process=1):
-    return dict(worker_env(devices_per_process), PYTHONUNBUFFERED="1")
-
-
-def start_processes(argv_for, n, devices_per_process=1):
-    """``n`` processes, process i running ``argv_for(i)``; stdout/stderr kept per process."""
-    return [subprocess.Popen(argv_for(i), env=env_with(devices_per_process), cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for i in range(n)]
-
-
-def finish(procs, timeout=LAUNCH_TIMEOUT_S):
-    """[(returncode, stdout, stderr)] once every process has ended; kills them all on a timeout.
-
-    Every process's pipes are drained at once (a thread each): reading them one process after
-    another lets a later process fill its pipe (64 KiB) and block on a write while the earlier
-    one waits for it in a collective, a deadlock that only the timeout ends."""
-    import threading
-
-    outputs = [None] * len(procs)
-
-    def drain(i):
-        outputs[i] = procs[i].communicate()
-
-    threads = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
-    for t in threads:
-        t.start()
-    deadline = time.time() + timeout
-    try:
-        for t in threads:
-            t.join(max(0.0, deadline - time.time()))
-        if any(t.is_alive() for t in threads):
-            raise subprocess.TimeoutExpired([p.args for p in procs], timeout)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for t in threads:
-            t.join(10)
-    return [(p.returncode, *out) for p, out in zip(procs, outputs)]
-
-
-def train_cli(out, n, *extra, port=None, timeout_s=HEARTBEAT_S, plot=False):
-    port = port or free_port()
-    run = TINY_RUN if not plot else [a for a in TINY_RUN if a != "--no-plot"]
-
-    def argv(i):
-        dist = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)] if n > 1 else []
-        return [sys.executable, "-m", "flaxformer_mini", "train", *run, "--out", str(out), *dist,
-                "--distributed-timeout", str(timeout_s), *extra]
-
-    return argv
-
-
-def assert_all_ok(results):
-    for i, (code, _, err) in enumerate(results):
-        assert code == 0, f"process {i} exited {code}:\n{err[-3000:]}"
-
-
 # ----------------------------------------------------------------------------- the worker
-
-
-def _worker_config(text=None):
-    """The equivalence runs' config: the copy task, or with ``text`` ({'train', 'valid',
-    'max_tokens', 'accumulate'}) a word-vocabulary run of those files (built the same in every
-    process) with token-budget batches and accumulation."""
-    from flaxformer_mini.runs.run_data import load_data
-    from flaxformer_mini.runs.config import DataConfig, RunConfig, model_config_for
-    from flaxformer_mini.runs.directory import RunDir
-    from flaxformer_mini.train.optimizer import TrainConfig
-
-    budget = {}
-    if text is None:
-        data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
-        sizes = (11, 11)
-    else:
-        data = DataConfig(kind="tsv", max_len=23, train_path=text["train"], valid_path=text["valid"])
-        # The vocabularies' sizes, built from the file (a RunDir that holds none; nothing is written).
-        sizes = load_data(data, RunDir(text["train"] + ".no-run")).vocab_sizes
-        budget = dict(max_tokens=text["max_tokens"], accumulate=text["accumulate"])
-    # tiny's width 30 has no factor 4: width 40 gives FSDP on 4 devices an axis to split in
-    # every kernel, and 4 heads (K = 10) give tensor parallelism over 2 devices heads to split.
-    # One layer on each side, as the CLI tests (tests/test_train_cli.py's TINY_RUN says why).
-    model = model_config_for("tiny", *sizes, data.model_max_len).replace(embed_size=40, heads=4, num_layers=1)
-    return RunConfig(model=model,
-                     train=TrainConfig(schedule="constant", learning_rate=LEARNING_RATE, eps=ADAM_EPS, seed=0),
-                     data=data, batch_size=BATCH_SIZE, **budget)
 
 
 def _worker(spec):
@@ -161,7 +68,7 @@ def _worker(spec):
         batch_size = None if "text" in r else BATCH_SIZE  # --max-tokens: rows follow the lengths
         mesh = (training_mesh(None, r["sharding"], batch_size, mesh_shape=r["mesh"]) if "mesh" in r
                 else training_mesh(r["devices"], r["sharding"], batch_size))
-        run = Run.create(r["out"], _worker_config(r.get("text")), echo=lambda m: None)
+        run = Run.create(r["out"], worker_config(r.get("text")), echo=lambda m: None)
         if "text" in r:  # say how each micro-batch reaches the step: in its own shape (B, S), and B's split
             step = run.trainer.add_micro_batch
             layout = lambda a: getattr(a, "sharding", None) and a.sharding.spec  # noqa: E731
@@ -177,9 +84,9 @@ def _worker(spec):
 def _evaluating(really):
     """fit's evaluations as they are, or (``really`` False) left out: the equivalence compares the
     training losses and parameters, and an evaluation's decoding loop costs every process a
-    compilation (about 2 s of a 6.6 s one-process run here). The reference and the 2x2 launch's
-    FSDP and tensor-parallel runs evaluate: their states gathered from two processes score as one
-    process scores them (test_evaluation_gathered_from_two_processes_...)."""
+    compilation (about 2 s of a 6.6 s one-process run here). The reference and the launch's
+    tensor-parallel run evaluate: its state gathered from two processes scores as one process
+    scores it (test_evaluation_gathered_from_two_processes_...)."""
     import flaxformer_mini.runs.fit as fit_module
 
     kept = fit_module.evaluate
@@ -209,12 +116,6 @@ def losses(out):
     return {r["step"]: r["loss"] for r in RunDir(out).read_metrics() if "loss" in r}
 
 
-def final_state(out):
-    from flaxformer_mini.runs.run import Run
-
-    return Run.open(out).latest_state()
-
-
 def max_param_diff(a, b):
     worst, where = 0.0, None
     flat_b = dict(jax.tree_util.tree_flatten_with_path(b.params)[0])
@@ -227,82 +128,86 @@ def max_param_diff(a, b):
 
 # ----------------------------------------------------------------------------- equivalence
 
+# The layouts of the 2-process launch besides its tensor-parallel and text runs, each against the
+# reference (one process, one device). Each process of the launch has two devices (LAUNCH_DEVICES):
+# a 2x1 layout uses the first of each. FSDP over 2 processes x 2 devices is the text run's
+# (test_max_tokens_and_accumulate_...), and tensor parallelism's (below).
 LAYOUTS = {
-    # name: (processes, devices per process, sharding)
-    "2x1_replicated": (2, 1, "replicated"),
-    "2x2_fsdp": (2, 2, "fsdp"),
-    "4x1_fsdp": (4, 1, "fsdp"),
+    # name: (devices per process, sharding)
+    "2x1_replicated": (1, "replicated"),
 }
-# The devices each process of a launch has, by the launch's process count (one launch each):
-# a layout that uses fewer, uses the first of each process's (equivalence_runs says why).
-LAUNCH_DEVICES = {2: 2, 4: 1}
+LAUNCH_DEVICES = 2
 # Tensor parallelism across processes (--mesh data=2,model=2 on 2 processes x 2 devices): each
 # process's two devices split the heads and feed-forward units (make_mesh_2d keeps a row of
 # the mesh inside a process), the data axis and FSDP span the processes.
 TENSOR_PARALLEL = "2x2_mesh_data=2,model=2_fsdp"
 
 
-# Token-budget batches with accumulation over 2 processes of 2 devices (--max-tokens 60 --accumulate 2
-# of a word-vocabulary text run), against the same run in one process on one device.
+# Token-budget batches with accumulation over 2 processes of 2 devices, FSDP (--max-tokens 60
+# --accumulate 2 of a word-vocabulary text run), against the same run in one process on one device.
 TEXT_RUN = "text_max_tokens_accumulate"
+TEXT_REFERENCE, TEXT_2X2 = f"{TEXT_RUN}_reference", f"{TEXT_RUN}_2x2"
 TEXT_MAX_TOKENS = 60
 
 
 # Checkpoints across meshes: a run saved at STEPS under one layout, continued to 2 * STEPS
-# under another, against the single-process run continued on its own mesh.
+# under another, against its single-process source continued on its own mesh (OWN_MESH).
+OWN_MESH = {
+    # name: (the run whose step-STEPS checkpoint it continues, its sharding on one device)
+    "continued_on_1_process": ("reference", "replicated"),
+    "text_continued_on_1_process": (TEXT_REFERENCE, "fsdp"),
+}
 CONTINUED = {
-    # name: (the run whose step-STEPS checkpoint it starts from, processes, devices per process, sharding)
-    "continued_on_1_process": ("reference", 1, 1, "replicated"),  # the original mesh
-    "1_process_to_2_processes": ("reference", 2, 1, "fsdp"),
-    "fsdp_4_devices_to_1_device": ("2x2_fsdp", 1, 1, "replicated"),
+    # name: (the run whose step-STEPS checkpoint it starts from, processes, devices per process,
+    #        sharding, the OWN_MESH run it is compared with)
+    "1_process_to_2_processes": ("reference", 2, 1, "fsdp", "continued_on_1_process"),
+    # One device, in the text reference's own sharding: the same compiled steps as its continuation.
+    "fsdp_4_devices_to_1_device": (TEXT_2X2, 1, 1, "fsdp", "text_continued_on_1_process"),
 }
 
 
 @pytest.fixture(scope="module")
 def equivalence_runs(tmp_path_factory):
-    """Two launches (6 processes), each running its runs one after another, and the
-    single-process runs in this process: the reference first (the 2-process runs continue its
-    checkpoint), then the 2-process launch, then the single-process runs that continue its 2x2
-    FSDP run or need none, then the 4-process launch (each launch costs a JAX start-up per
-    process, and every process but process 0 compiles every program: only process 0 writes the
-    persistent compilation cache, and on the CPU the others' keys differ from its keys).
+    """One launch of 2 processes with 2 devices each, running its runs one after another, and
+    the single-process runs in this process: the reference first (the 2-process runs continue
+    its checkpoint), then the launch, then the single-process runs that continue its 2x2 FSDP
+    run or need none (a launch costs a JAX start-up per process, and every process but process
+    0 compiles every program: only process 0 writes the persistent compilation cache, and on the
+    CPU the others' keys differ from its keys).
 
-    The 2-process layouts share one launch of processes with two devices each: a 2x1 layout
-    uses one device of each, as ``--devices 1`` does on such a host. That once aborted every
-    process (the stop votes ran on all of each host's devices, the train step on the mesh's:
-    XLA:CPU's collectives took one program's data for the other's); the 2x1 runs here are its
-    test."""
+    Two processes, not more: every property here shows with two (a 4-process launch of one
+    4x1 FSDP run cost 36 s of CPU; docs/testing.md, "What was cut and why"). The 2-process
+    layouts share one launch of processes with two devices each: a 2x1 layout uses one device
+    of each, as ``--devices 1`` does on such a host. That once aborted every process (the stop
+    votes ran on all of each host's devices, the train step on the mesh's: XLA:CPU's
+    collectives took one program's data for the other's); the 2x1 runs here are its test."""
     import shutil
-
-    from test_real_corpora import write_corpus
 
     root = tmp_path_factory.mktemp("equivalence")
     t0 = time.time()
     run = lambda name, d, sharding, **kw: {"out": str(root / name), "devices": d, "sharding": sharding, **kw}  # noqa: E731
-    assert CONTINUED["fsdp_4_devices_to_1_device"][0] == "2x2_fsdp"
-    assert all(source == "reference" for source, n, _, _ in CONTINUED.values() if n > 1)
     text = {"train": str(write_corpus(root / "train.tsv", 60)), "valid": str(write_corpus(root / "valid.tsv", 7)),
             "max_tokens": TEXT_MAX_TOKENS, "accumulate": 2}
     # The text runs and the runs below but the reference leave fit's evaluations out (_evaluating says why).
     _worker({"n": 1, "runs": [run("reference", 1, "replicated")]})  # one process on one device: this one (no launch to pay)
-    launches = {2: [run("2x2_fsdp", 2, "fsdp"), run(TENSOR_PARALLEL, None, "fsdp", mesh={"data": 2, "model": 2}),
-                    run(f"{TEXT_RUN}_2x2", 2, "fsdp", text=text, evaluate=False)]}
-    one_process = [run(f"{TEXT_RUN}_reference", 1, "fsdp", text=text, evaluate=False)]
-    for name, (n, d, sharding) in LAYOUTS.items():
-        if name != "2x2_fsdp":
-            launches.setdefault(n, []).append(run(name, d, sharding, evaluate=False))
-    for name, (source, n, d, sharding) in CONTINUED.items():
+    launch = [run(TENSOR_PARALLEL, None, "fsdp", mesh={"data": 2, "model": 2}),
+              run(TEXT_2X2, 2, "fsdp", text=text, evaluate=False)]
+    launch += [run(name, d, sharding, evaluate=False) for name, (d, sharding) in LAYOUTS.items()]
+    data = lambda source: {"text": text} if source.startswith(TEXT_RUN) else {}  # noqa: E731 - a text run's files
+    one_process = [run(TEXT_REFERENCE, 1, "fsdp", text=text, evaluate=False)]
+    one_process += [run(name, 1, sharding, steps=2 * STEPS, copy_from=str(root / source), evaluate=False, **data(source))
+                    for name, (source, sharding) in OWN_MESH.items()]
+    for name, (source, n, d, sharding, _) in CONTINUED.items():
         if n == 1:  # continued in this process, once its source exists
-            one_process.append(run(name, d, sharding, steps=2 * STEPS, copy_from=str(root / source), evaluate=False))
+            one_process.append(run(name, d, sharding, steps=2 * STEPS, copy_from=str(root / source), evaluate=False,
+                                   **data(source)))
         else:  # copied here, once, not by each process of the launch
+            assert source == "reference"  # it exists before the launch
             shutil.copytree(root / source, root / name)
-            launches[n].append(run(name, d, sharding, steps=2 * STEPS, evaluate=False))
-    assert all((r["devices"] or 0) <= LAUNCH_DEVICES[n] for n, runs in launches.items() for r in runs)
-    results = launch_workers(2, launches.pop(2), devices_per_process=LAUNCH_DEVICES[2])
+            launch.append(run(name, d, sharding, steps=2 * STEPS, evaluate=False))
+    results = launch_workers(2, launch, devices_per_process=LAUNCH_DEVICES)
     (root / "2x2_launch.stderr").write_text(results[0][2])  # what process 0 said of its runs
     _worker({"n": 1, "runs": one_process})
-    for n, runs in launches.items():
-        launch_workers(n, runs, devices_per_process=LAUNCH_DEVICES[n])
     print(f"equivalence launches: {time.time() - t0:.0f}s", file=sys.stderr)
     return root
 
@@ -326,15 +231,16 @@ def test_multiprocess_losses_and_parameters_equal_one_process(equivalence_runs, 
                                 final_state(equivalence_runs / "reference").params, atol=EQUIV_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("run", ["2x2_fsdp", TENSOR_PARALLEL])
-def test_evaluation_gathered_from_two_processes_scores_as_one_process(equivalence_runs, run):
+def test_evaluation_gathered_from_two_processes_scores_as_one_process(equivalence_runs):
+    # The tensor-parallel run's parameters are split over both mesh axes, 'data' across the
+    # processes (FSDP) and 'model' within each: gathered, they score as the reference's.
     from flaxformer_mini.runs.directory import RunDir
 
     def evaluation(name):
         (record,) = [r for r in RunDir(equivalence_runs / name).read_metrics() if "eval_loss" in r]
         return record
 
-    got, ref = evaluation(run), evaluation("reference")
+    got, ref = evaluation(TENSOR_PARALLEL), evaluation("reference")
     assert got["step"] == ref["step"] == STEPS
     assert sorted(got) == sorted(ref) and "eval_exact_match" in ref
     for key in ref:
@@ -347,9 +253,9 @@ def test_the_tensor_parallel_run_used_the_2d_mesh_over_both_processes(equivalenc
     assert "on 4 cpu device(s), mesh data=2,model=2, fsdp sharding" in said, said[-2000:]
 
 
-@pytest.mark.parametrize("name", [n for n in CONTINUED if n != "continued_on_1_process"])
+@pytest.mark.parametrize("name", CONTINUED)
 def test_a_checkpoint_continues_on_another_mesh_as_on_its_own(equivalence_runs, name):
-    own, other = equivalence_runs / "continued_on_1_process", equivalence_runs / name
+    own, other = equivalence_runs / CONTINUED[name][-1], equivalence_runs / name
     assert int(final_state(own).step) == int(final_state(other).step) == 2 * STEPS
     ref, got = losses(own), losses(other)
     assert sorted(got) == list(range(1, 2 * STEPS + 1))
@@ -359,10 +265,10 @@ def test_a_checkpoint_continues_on_another_mesh_as_on_its_own(equivalence_runs, 
 
 
 def test_only_process_0_writes_the_run_files(equivalence_runs):
-    # Four processes, one metrics log with each step once (not four interleaved copies).
+    # Two processes, one metrics log with each step once (not two interleaved copies).
     from flaxformer_mini.runs.directory import RunDir
 
-    records = [r for r in RunDir(equivalence_runs / "4x1_fsdp").read_metrics() if "loss" in r]
+    records = [r for r in RunDir(equivalence_runs / "2x1_replicated").read_metrics() if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
 
 
@@ -372,7 +278,7 @@ def test_max_tokens_and_accumulate_on_two_processes_of_two_devices_train_as_one_
     # and each of --accumulate's micro-batches (B, S) keeps its own shape, split along B across hosts.
     from flaxformer_mini.runs.run import Run
 
-    one, two = equivalence_runs / f"{TEXT_RUN}_reference", equivalence_runs / f"{TEXT_RUN}_2x2"
+    one, two = equivalence_runs / TEXT_REFERENCE, equivalence_runs / TEXT_2X2
     reference = Run.open(one)
     assert (reference.config.max_tokens, reference.config.accumulate) == (TEXT_MAX_TOKENS, 2)
     rows = {len(b.source) for step in range(STEPS) for b in reference.train_batches(step)}
@@ -399,10 +305,8 @@ def test_only_process_0_checks_the_token_budget_before_the_tokenizers_are_agreed
     # 0's files; its lengths would then refuse or accept other pairs than the run trains on.
     from flaxformer_mini.scale import distributed
     from flaxformer_mini.runs.run import Run
-    from test_real_corpora import write_corpus
-
     files = {"train": str(write_corpus(tmp_path / "train.tsv", 20)), "valid": str(write_corpus(tmp_path / "valid.tsv", 3))}
-    config = _worker_config(dict(files, max_tokens=4, accumulate=1))
+    config = worker_config(dict(files, max_tokens=4, accumulate=1))
     with pytest.raises(ValueError, match="--max-tokens 4 is smaller than the longest example"):
         Run.create(tmp_path / "main", config)
     monkeypatch.setattr(distributed, "is_main", lambda: False)
@@ -417,22 +321,6 @@ def test_only_process_0_checks_the_token_budget_before_the_tokenizers_are_agreed
 # 2-process step takes 50-100 ms here, 300 ms on a loaded machine, and the test acts within
 # one 50 ms poll of what it waits for, 5 or more steps before the run would end).
 CLI_STEPS, SAVE_EVERY = 30, 5
-
-
-def wait_for(predicate, procs, what, timeout=LAUNCH_TIMEOUT_S):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        if any(p.poll() is not None for p in procs):
-            raise AssertionError(f"a process ended before {what}: " + "".join(p.stderr.read()[-2000:] for p in procs))
-        time.sleep(0.05)
-    raise AssertionError(f"not {what} within {timeout}s")
-
-
-def checkpoint_steps(out):
-    ckpts = out / "checkpoints"
-    return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.exists() else []
 
 
 def assert_bit_identical(a, b):
@@ -470,8 +358,6 @@ def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two
 
 
 def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_two_process_run):
-    from test_train_cli import cli
-
     out = straight_two_process_run[0]
     result = cli("evaluate", "--checkpoint", str(out), "--json")
     assert result.returncode == 0, result.stderr
@@ -483,8 +369,6 @@ def test_evaluate_and_generate_read_a_multiprocess_run_in_one_process(straight_t
 
 
 def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_ends_bit_identical(straight_two_process_run, tmp_path):
-    from test_train_cli import saved_step_in
-
     # Preemption, a lost host and a restart, as a scheduler would cause them; the same command
     # every time, as a user (or a job's restart policy) would run it.
     out, port = tmp_path / "run", free_port()
@@ -522,8 +406,6 @@ def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_end
     #    (each process's manager rereads the directory; before, process 1 raised
     #    StepAlreadyExistsError there while process 0 waited) and ends bit-identical to the
     #    uninterrupted run.
-    from test_run_lifecycle import damage
-
     damage(out / "checkpoints" / str(kept))
     previous = checkpoint_steps(out)[-2]
     results = finish(start_processes(command, 2))

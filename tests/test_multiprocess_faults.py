@@ -4,8 +4,8 @@ are refused by name before anything is written; a lost peer, an unreachable coor
 port or process id in use, and signals at awkward moments end every process cleanly, never
 with a hang or an abort.
 
-The launchers and the tiny CLI run are tests/test_multiprocess.py's (which holds the
-equivalence runs and a run's whole life: kill, SIGTERM, resume).
+The launchers and the tiny CLI run are tests/helpers.py's; tests/test_multiprocess.py holds the
+equivalence runs and a run's whole life (kill, SIGTERM, resume).
 """
 
 import json
@@ -20,12 +20,14 @@ import chex
 import jax
 import numpy as np
 import pytest
-from test_multiprocess import (
+
+from helpers import (
+    EVERY_STEP_TINY_RUN,
     HEARTBEAT_S,
-    ROOT,
+    REPO,
     TINY_RUN,
-    _worker_config,
     checkpoint_steps,
+    cli,
     env_with,
     final_state,
     finish,
@@ -33,6 +35,7 @@ from test_multiprocess import (
     start_processes,
     train_cli,
     wait_for,
+    worker_config,
 )
 
 
@@ -58,7 +61,7 @@ def test_every_process_trains_with_the_config_process_0_resolved(tmp_path, monke
     from flaxformer_mini.runs.run import Run
     from flaxformer_mini.runs.directory import RunDir
 
-    main = _worker_config()
+    main = worker_config()
     mine = dataclasses.replace(main, batch_size=2 * main.batch_size,
                                data=dataclasses.replace(main.data, eval_sequences=32))
     monkeypatch.setattr(distributed, "is_multiprocess", lambda: True)
@@ -87,15 +90,16 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
     from flaxformer_mini.runs import run_data as run_module
     from flaxformer_mini.runs.run import Run
     from flaxformer_mini.runs.directory import RunDir, comparable_tokenizer_bytes
-    from test_train_cli import cli
     from tokenizers import Tokenizer as HFTokenizer
 
     lines = [f"{a} {b}\t{b} {a}" for a in ("red fox", "old tree", "blue sky") for b in ("ran far", "sat on")] * 4
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"
-    assert cli("train", "--data", str(tmp_path / "train.tsv"), "--tokenizer", "unigram", "--vocab-size", "30",
-               "--shared-vocab", "--preset", "tiny", "--layers", "1", "--steps", "1", "--no-progress", "--no-plot",
-               "--out", str(out)).returncode == 0
+    with monkeypatch.context() as m:  # the run's files are written before training, and no step is looked at
+        m.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)
+        assert cli("train", "--data", str(tmp_path / "train.tsv"), "--tokenizer", "unigram", "--vocab-size", "30",
+                   "--shared-vocab", "--preset", "tiny", "--layers", "1", "--steps", "1", "--no-progress", "--no-plot",
+                   "--out", str(out)).returncode == 0
     main = Run.open(out)
     (saved,) = [path for _, path in main.dir.tokenizer_files(main.config.data)]
     spec = json.loads(saved.read_text())
@@ -132,8 +136,7 @@ def test_an_error_adopting_process_0s_files_stops_every_process_at_once(tmp_path
     # fit's first collective until --distributed-timeout, then both aborted (exit 134).
     from flaxformer_mini.scale import distributed
     from flaxformer_mini.runs.run import Run
-    from test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
-
+    
     gathered, all_started = [], distributed.all_started
 
     def spy(error):
@@ -146,11 +149,12 @@ def test_an_error_adopting_process_0s_files_stops_every_process_at_once(tmp_path
     monkeypatch.setattr(distributed, "all_started", spy)
     monkeypatch.setattr(Run, "follow_main", unreadable)
     out = tmp_path / "run"
-    proc = cli("train", *CLI_TINY_RUN, "--steps", "2", "--out", str(out))
+    proc = cli("train", *TINY_RUN, "--steps", "2", "--out", str(out))
     assert proc.returncode == 2 and "tokenizer_shared.json: the run's tokenizer is missing" in proc.stderr
     assert isinstance(gathered[-1], FileNotFoundError), gathered  # every process hears of it
     monkeypatch.undo()
-    assert cli("train", *CLI_TINY_RUN, "--steps", "2", "--out", str(out)).returncode == 0  # the lock was released
+    monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)  # starting the run is what is asked
+    assert cli("train", *TINY_RUN, "--steps", "2", "--out", str(out)).returncode == 0  # the lock was released
 
 
 def test_options_that_act_on_one_process_only_may_differ_between_processes():
@@ -158,7 +162,7 @@ def test_options_that_act_on_one_process_only_may_differ_between_processes():
     from flaxformer_mini.cli.train import _identity
 
     def identity(*extra):
-        return _identity(build_parser().parse_args(["train", *TINY_RUN, "--out", "run", *extra]))
+        return _identity(build_parser().parse_args(["train", *EVERY_STEP_TINY_RUN, "--out", "run", *extra]))
 
     assert identity("--debug", "--keep-freed-memory", "--process-id", "1") == identity()
     assert identity("--log-every", "7") != identity()  # guard: a shared option still counts
@@ -196,8 +200,6 @@ def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path, m
     homes[1].mkdir(exist_ok=True)
     extra, named = [], "train.tsv"
     if missing == "--tokenizer-from":  # a text run's directory (its tokenizers are written before training)
-        from test_train_cli import cli
-
         monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)
         assert cli("train", "--data", str(homes[0] / "train.tsv"), "--preset", "tiny",
                    "--out", str(homes[0] / "prev")).returncode == 0
@@ -269,10 +271,9 @@ def test_a_checkpoint_only_one_process_could_read_is_skipped_by_every_process(tm
     # moves 6 aside. In this process, as process 0: process 1's report is made up, the rest real.
     from flaxformer_mini.scale import distributed
     from flaxformer_mini.runs.run import Run
-    from test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
-
+    
     out = tmp_path / "run"
-    assert cli("train", *CLI_TINY_RUN, "--steps", "6", "--save-every", "3", "--out", str(out)).returncode == 0
+    assert cli("train", *TINY_RUN, "--steps", "6", "--save-every", "3", "--out", str(out)).returncode == 0
     fake_two_processes(monkeypatch, {"steps": [3, 6], "restored": 3, "skipped": {"6": "a shard file cut short"}})
     run, said = Run.open(out), []
     manager = run.checkpoints()
@@ -289,10 +290,9 @@ def test_a_checkpoint_only_one_process_could_read_is_skipped_by_every_process(tm
 def test_processes_seeing_different_checkpoint_steps_are_refused_naming_them(tmp_path, monkeypatch):
     from flaxformer_mini.scale import distributed
     from flaxformer_mini.runs.run import Run
-    from test_train_cli import TINY_RUN as CLI_TINY_RUN, cli
-
+    
     out = tmp_path / "run"
-    assert cli("train", *CLI_TINY_RUN, "--steps", "3", "--save-every", "3", "--out", str(out)).returncode == 0
+    assert cli("train", *TINY_RUN, "--steps", "3", "--save-every", "3", "--out", str(out)).returncode == 0
     fake_two_processes(monkeypatch, {"steps": [], "restored": 0, "skipped": {}})  # a directory of its own
     run = Run.open(out)
     with pytest.raises(distributed.DistributedError, match=r"the processes see different checkpoints: checkpoint "
@@ -327,9 +327,7 @@ def test_processes_whose_peers_never_connect_stop_with_a_message_naming_the_coor
 
 
 def test_a_process_id_out_of_range_is_refused():
-    from test_train_cli import cli
-
-    proc = cli("train", *TINY_RUN, "--out", "unused", "--coordinator", "127.0.0.1:1", "--num-processes", "2",
+    proc = cli("train", *EVERY_STEP_TINY_RUN, "--out", "unused", "--coordinator", "127.0.0.1:1", "--num-processes", "2",
                "--process-id", "2")
     assert proc.returncode == 2
     assert "--process-id 2 is out of range for --num-processes 2" in proc.stderr
@@ -454,7 +452,7 @@ def test_train_writes_only_its_result_on_stdout_even_what_native_code_prints_the
             "    print('python noise')\n"
             "    print('{\"loss\": 1.0}', file=results)\n"
             "print('after')\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env=env_with())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == '{"loss": 1.0}\nafter\n'
@@ -465,7 +463,7 @@ def test_processes_with_different_device_counts_are_refused_naming_the_counts_be
     # Before: the first start-up collective (jax's process_allgather) failed on every process
     # with "cannot reshape array of size 3 into shape (2,2)".
     out, argv = tmp_path / "run", train_cli(tmp_path / "run", 2)
-    procs = [subprocess.Popen(argv(i), env=env_with(devices_per_process=2 - i), cwd=ROOT, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen(argv(i), env=env_with(devices_per_process=2 - i), cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
     for code, _, err in finish(procs):
         assert code == 2, err[-2000:]
@@ -502,11 +500,11 @@ def test_a_sigterm_before_the_first_step_stops_every_process_with_130_and_saves_
     out, port = tmp_path / "run", free_port()
     argv = train_cli(out, 2, port=port)
     env = env_with()
-    p1 = subprocess.Popen(argv(1) + ["--steps", "5"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+    p1 = subprocess.Popen(argv(1) + ["--steps", "5"], env=env, cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
     wait_for(lambda: handles_sigterm(p1.pid), [p1], "process 1's SIGTERM handler", timeout=60)
     p1.send_signal(signal.SIGTERM)
-    p0 = subprocess.Popen(argv(0) + ["--steps", "5"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+    p0 = subprocess.Popen(argv(0) + ["--steps", "5"], env=env, cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
     t0 = time.time()
     results = finish([p0, p1], timeout=120)
@@ -541,7 +539,7 @@ def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary
 
     stop, seen = StopRequests(), []
     monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))
-    run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
+    run = Run.create(tmp_path / "run", worker_config(), echo=lambda m: None)
     with pytest.raises(KeyboardInterrupt):
         fit(run, 10, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop, plot=False)
     assert seen == [False, False, True, True]  # steps 1-4's votes; step 3's is read at step 4
@@ -566,7 +564,7 @@ def test_evaluation_during_training_gathers_the_parameters_not_the_optimizer_sta
 def _new_run(out):
     from flaxformer_mini.runs.run import Run
 
-    return Run.create(out, _worker_config(), echo=lambda m: None)
+    return Run.create(out, worker_config(), echo=lambda m: None)
 
 
 def test_a_second_ctrl_c_stops_now_and_the_process_exits_without_pythons_shutdown():
@@ -604,7 +602,7 @@ def test_a_second_ctrl_c_mid_run_leaves_the_logged_steps_in_the_tensorboard_even
 
     vote.calls = 0
     monkeypatch.setattr(distributed, "any_process_later", vote)
-    run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
+    run = Run.create(tmp_path / "run", worker_config(), echo=lambda m: None)
     with pytest.raises(StopNow):
         fit(run, 10, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None,
             stop=StopRequests(), plot=False)
@@ -623,7 +621,7 @@ def test_a_stop_read_at_the_last_step_ends_the_run_as_finished(tmp_path, monkeyp
 
     stop, seen = StopRequests(), []
     monkeypatch.setattr(distributed, "any_process_later", vote_during_which_a_signal_arrives(stop, seen))
-    run = Run.create(tmp_path / "run", _worker_config(), echo=lambda m: None)
+    run = Run.create(tmp_path / "run", worker_config(), echo=lambda m: None)
     result = fit(run, 4, log_every=1, eval_every=100, save_every=100, progress=False, echo=lambda m: None, stop=stop, plot=False)
     assert seen == [False, False, True, True] and result["step"] == 4 and "loss" in result
     assert int(final_state(tmp_path / "run").step) == 4

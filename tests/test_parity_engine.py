@@ -8,7 +8,7 @@ from flax import nnx
 
 import flaxformer_mini as fm
 from parity import engine
-from test_import_isolation import _run_blocking
+from helpers import run_blocking
 
 NO_TORCH = """
 import numpy as np
@@ -29,7 +29,7 @@ assert engine.plan(mha).torch_shape("in_proj_weight") == (36, 12)
 
 
 def test_plan_rules_rename_and_flax_files_work_without_torch():
-    _run_blocking({"torch", "torch_ref"}, NO_TORCH)
+    run_blocking({"torch", "torch_ref"}, NO_TORCH)
 
 
 def test_abstract_and_live_models_have_the_same_plan():

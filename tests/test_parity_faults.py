@@ -30,6 +30,8 @@ from parity import ConversionError, check_checkpoint, infer_config, load_flax_pa
 from parity.cli import DEBUG_ENV, main
 from parity.file_kinds import CheckpointError
 
+from helpers import DiskFullAfterHalf
+
 SIZES = dict(src_pad_idx=0, source_vocab_size=11, target_vocab_size=13, max_len=7, embed_size=8, heads=2,
              num_layers=1, dropout=0.0)
 NORM = "encoder.transformer_layers.0.norm1.weight"
@@ -65,28 +67,6 @@ def snapshot(directory):
 # ----------------------------------------------------------------------------- a write that fails midway
 
 
-class _DiskFullAfterHalf:
-    """A file whose write stores the first half of the bytes, then fails as a full disk would."""
-
-    def __init__(self, file, sizes):
-        self.file, self.sizes = file, sizes
-
-    def write(self, data):
-        self.file.write(data[: len(data) // 2])
-        self.file.flush()
-        self.sizes.append(os.fstat(self.file.fileno()).st_size)  # bytes really on disk, under the temp name
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.file.close()
-
-    def __getattr__(self, name):
-        return getattr(self.file, name)
-
-
 def _flax_safetensors(tmp_path, checkpoint, capsys):
     path = tmp_path / "flax.safetensors"
     assert run(capsys, "convert", checkpoint, path, "--heads", "2")[0] == 0
@@ -105,7 +85,7 @@ def test_a_write_failing_midway_leaves_no_output_no_temp_file_and_an_existing_ou
 
     # From here on every file write_atomic opens fails half-way (os.fdopen is its way in).
     sizes, real_fdopen = [], os.fdopen
-    monkeypatch.setattr(flaxformer_mini.files.os, "fdopen", lambda fd, *a, **k: _DiskFullAfterHalf(real_fdopen(fd, *a, **k), sizes))
+    monkeypatch.setattr(flaxformer_mini.files.os, "fdopen", lambda fd, *a, **k: DiskFullAfterHalf(real_fdopen(fd, *a, **k), sizes))
     options = ["--heads", "2"] if direction.startswith("torch") else []
     code, _, err = run(capsys, "convert", source, out, *options, *(["--force"] if existing else []))
 
@@ -117,7 +97,7 @@ def test_a_write_failing_midway_leaves_no_output_no_temp_file_and_an_existing_ou
 
 def test_a_report_whose_write_fails_midway_is_not_left_half_written(checkpoint, tmp_path, capsys, monkeypatch):
     sizes, real_fdopen = [], os.fdopen
-    monkeypatch.setattr(flaxformer_mini.files.os, "fdopen", lambda fd, *a, **k: _DiskFullAfterHalf(real_fdopen(fd, *a, **k), sizes))
+    monkeypatch.setattr(flaxformer_mini.files.os, "fdopen", lambda fd, *a, **k: DiskFullAfterHalf(real_fdopen(fd, *a, **k), sizes))
     before = snapshot(tmp_path)
     code, out, err = run(capsys, "check", "--torch-checkpoint", checkpoint, "--heads", "2", "--json", tmp_path / "r.json")
     assert sizes and sizes[0] > 0

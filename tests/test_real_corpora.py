@@ -3,6 +3,7 @@ run, --max-tokens batches with exact resume, --accumulate equal to one larger ba
 metrics from `evaluate`, TensorBoard events, and the bad input around them."""
 
 import dataclasses
+import functools
 import json
 
 import chex
@@ -18,36 +19,14 @@ from flaxformer_mini.runs.run import Run
 from flaxformer_mini.runs.directory import RunDir
 from flaxformer_mini.runs.tensorboard import read_scalars
 from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train import trainer as trainer_module
 from flaxformer_mini.train.trainer import Trainer
-from test_train_cli import assert_same_training_state, cli, latest_state
-
-WORDS = ["the cat", "a dog", "sat on", "the mat", "red fox", "ran far", "big sun", "old tree", "blue sky"]
-
-
-def write_corpus(path, n, reverse_words=True):
-    """``n`` pairs: a phrase -> its words reversed (a task with an exact answer)."""
-    rng = np.random.default_rng(0)
-    lines = []
-    for _ in range(n):
-        source = " ".join(WORDS[i] for i in rng.choice(len(WORDS), size=rng.integers(1, 3)))
-        target = " ".join(source.split()[::-1]) if reverse_words else source
-        lines.append(f"{source}\t{target}\n")
-    path.write_text("".join(lines))
-    return path
-
+from helpers import assert_same_training_state, cli, latest_state, run_process, text_args, write_corpus
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
     return write_corpus(d / "train.tsv", 60), write_corpus(d / "valid.tsv", 7)
-
-
-def text_args(corpus, out, *extra):
-    # One layer on each side and no loss.png, as tests/test_train_cli.py's TINY_RUN (which says why).
-    train, valid = corpus
-    return ["train", "--data", str(train), "--valid", str(valid), "--out", str(out), "--preset", "tiny",
-            "--layers", "1", "--max-len", "24", "--warmup", "5", "--log-every", "2", "--eval-every", "4", "--save-every", "4",
-            "--no-progress", "--no-plot", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +117,9 @@ def budget_args(corpus, out, steps):
 @pytest.fixture(scope="module")
 def accumulating_run(corpus, tmp_path_factory):
     """A `--max-tokens 60 --accumulate 2` run of 4 updates, with every batch its trainer's
-    compiled steps were fed: [(step name, source shape, target shape)], and its trainer."""
-    fed, trainers = [], []
+    compiled steps were fed: [(step name, source shape, target shape)], and how often each of
+    its accumulation steps was traced (compiled): {name: count}."""
+    fed = []
     init = Trainer.__init__
 
     def recording(name, step):
@@ -150,22 +130,33 @@ def accumulating_run(corpus, tmp_path_factory):
 
     def recording_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        trainers.append(self)
         for name in ("train_step", "add_micro_batch"):
             if hasattr(self, name):
-                self.__dict__[f"compiled_{name}"] = getattr(self, name)
                 setattr(self, name, recording(name, getattr(self, name)))
+
+    # Traces of the steps this run jits, counted on wrappers of its own: jit's cache is shared by
+    # every jit of the same function, so another test's trainer in this worker would count there.
+    traces = {"add_micro_batch": 0, "apply_gradient_sums": 0}
+
+    def traced(name, step):
+        @functools.wraps(step)
+        def call(*args, **kwargs):
+            traces[name] += 1
+            return step(*args, **kwargs)
+        return call
 
     out = tmp_path_factory.mktemp("accumulate") / "run"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Trainer, "__init__", recording_init)
+        for name in traces:
+            patch.setattr(f"flaxformer_mini.train.trainer.{name}", traced(name, getattr(trainer_module, name)))
         proc = cli(*budget_args(corpus, out, 4))
     assert proc.returncode == 0, proc.stderr
-    return out, fed, trainers[0]
+    return out, fed, traces
 
 
 def test_max_tokens_with_accumulate_feeds_every_micro_batch_in_its_own_shape_within_the_budget(accumulating_run):
-    out, fed, trainer = accumulating_run
+    out, fed, traces = accumulating_run
     micro = [b for step in range(4) for b in Run.open(out).train_batches(step)]
     shapes = [(b.source.shape, b.target_in.shape) for b in micro]
     assert any(len({shapes[i], shapes[i + 1]}) == 2 for i in range(0, 8, 2)), f"no update mixes shapes: {shapes}"
@@ -175,8 +166,7 @@ def test_max_tokens_with_accumulate_feeds_every_micro_batch_in_its_own_shape_wit
     assert {name for name, _, _ in fed} == {"add_micro_batch"}
     assert all(s[0] * max(s[1], t[1]) <= BUDGET for _, s, t in fed), fed
     # One program per micro-batch shape, as a run without --accumulate compiles; one update program.
-    assert trainer.compiled_add_micro_batch._cache_size() == len(set(shapes))
-    assert trainer.apply_gradient_sums._cache_size() == 1
+    assert traces == {"add_micro_batch": len(set(shapes)), "apply_gradient_sums": 1}
 
 
 def test_accumulating_micro_batches_equals_one_step_on_their_union(accumulating_run):
@@ -228,7 +218,6 @@ def test_a_max_tokens_accumulate_run_on_two_devices_counts_updates_and_batches_b
     # --batch-size 3 sets only the evaluation's batches under --max-tokens (a note says so), so the
     # 2 devices need not divide it. That such a run's numbers equal one device's: test_multiprocess.
     from simulated_devices import worker_env
-    from test_train_cli import run_process
 
     out = tmp_path / "r"
     proc = run_process(*text_args(corpus, out, "--max-tokens", "60", "--accumulate", "2", "--batch-size", "3",
@@ -289,29 +278,21 @@ def test_a_hand_edited_tokenizer_file_is_refused_naming_it(bpe_run, tmp_path):
         assert proc.returncode == 2 and "tokenizer_target.json differs from the file this run wrote" in proc.stderr
 
 
-@pytest.fixture(scope="module")
-def char_run(corpus, tmp_path_factory):
-    out = tmp_path_factory.mktemp("char") / "run"
-    assert cli(*text_args(corpus, out, "--tokenizer", "char", "--shared-vocab", "--steps", "2")).returncode == 0
-    return out
-
-
-def test_a_missing_tokenizer_file_is_named(char_run, tmp_path, capsys):
+def test_a_missing_tokenizer_file_is_named(bpe_run, tmp_path, capsys):
     import shutil
 
     out = tmp_path / "r"
-    shutil.copytree(char_run, out)
-    assert not (out / "tokenizer_source.json").exists()
-    (out / "tokenizer_shared.json").unlink()
+    shutil.copytree(bpe_run[0], out)
+    (out / "tokenizer_target.json").unlink()
     proc = cli("evaluate", "--checkpoint", str(out))
-    assert proc.returncode == 2 and "tokenizer_shared.json: the run's tokenizer is missing" in proc.stderr
+    assert proc.returncode == 2 and "tokenizer_target.json: the run's tokenizer is missing" in proc.stderr
     # Its weights still export, recording no tokenizers (and saying why).
     from parity.cli import main as parity_main
     from parity.file_kinds import read_recorded_tokenizers
 
     exported = tmp_path / "weights.safetensors"
     assert parity_main(["convert", str(out), str(exported)]) == 0
-    assert "tokenizer_shared.json: the run's tokenizer is missing" in capsys.readouterr().err
+    assert "tokenizer_target.json: the run's tokenizer is missing" in capsys.readouterr().err
     assert exported.exists() and read_recorded_tokenizers(exported) is None
 
 
@@ -501,9 +482,11 @@ def test_tokenizer_from_a_directory_without_a_text_runs_tokenizers_is_refused_by
     assert proc.returncode == 2 and "--tokenizer-from goes with --data" in proc.stderr
 
 
-def test_valid_naming_the_training_file_is_warned_of_and_trains(corpus, tmp_path):
+def test_valid_naming_the_training_file_is_warned_of_and_allowed(corpus, tmp_path, monkeypatch):
     # Allowed (a check that the model can fit the data at all), but never silently: its scores
-    # are on pairs it trains on. Another spelling of the path is the same file.
+    # are on pairs it trains on. Another spelling of the path is the same file. The warning and
+    # the run's start come before its first step: no step is taken here.
+    monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)
     train, _ = corpus
     other_spelling = f"{train.parent}/./{train.name}"  # a str: pathlib would drop the "."
     proc = cli(*text_args((train, other_spelling), tmp_path / "r", "--steps", "1"))

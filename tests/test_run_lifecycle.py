@@ -15,7 +15,7 @@ import flaxformer_mini as fm
 from flaxformer_mini.decode.search import greedy_decode, sample
 from flaxformer_mini.runs.evaluate import evaluate_run
 from flaxformer_mini.runs.directory import RunDir
-from test_train_cli import TINY_RUN, assert_same_training_state, cli, latest_state, start, wait_for_checkpoint
+from helpers import TINY_RUN, assert_same_training_state, cli, damage, latest_state, run_process, start, wait_for_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,10 @@ def test_generate_option_out_of_range_is_refused_by_name(tiny_run, option, value
     assert f"{option} must be" in proc.stderr, proc.stderr
 
 
-def test_clip_norm_none_turns_clipping_off(tmp_path):
+def test_clip_norm_none_turns_clipping_off(tmp_path, monkeypatch):
+    # What the run records, written before its first step: no step is taken (an unclipped
+    # optimizer's steps are test_training_parity's).
+    monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)
     proc = cli("train", *TINY_RUN, "--steps", "2", "--clip-norm", "none", "--out", str(tmp_path / "run"))
     assert proc.returncode == 0, proc.stderr
     assert RunDir(tmp_path / "run").load_config().train.clip_norm is None
@@ -220,7 +223,9 @@ def test_generate_holds_at_most_one_chunk_and_decodes_batch_size_rows(tiny_run, 
     assert {s[0] for s in shapes} == {50} and len(shapes) == 100
 
 
-def test_size_options_override_the_preset(tmp_path):
+def test_size_options_override_the_preset(tmp_path, monkeypatch):
+    # The model the run records (and builds from), written before its first step: no step is taken.
+    monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)
     out = tmp_path / "run"
     proc = cli("train", *TINY_RUN, "--preset", "medium", "--embed-size", "24", "--heads", "3", "--layers", "1",
                "--ffn-dim", "40", "--steps", "1", "--out", str(out))
@@ -237,7 +242,7 @@ TEXT_PAIRS = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2
 
 
 def text_args(train, out, *extra):
-    # One layer on each side and no loss.png, as tests/test_train_cli.py's TINY_RUN (which says why).
+    # One layer on each side and no loss.png, as tests/helpers.py's TINY_RUN (which says why).
     return ["train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--layers", "1", "--batch-size", "4",
             "--max-len", "8", "--save-every", "3", "--eval-every", "3", "--no-progress", "--no-plot", *extra]
 
@@ -283,14 +288,6 @@ def test_a_torn_metrics_line_is_dropped_with_a_warning_on_resume(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "metrics.jsonl" in resumed.stderr and "unreadable line dropped" in resumed.stderr
     assert all(isinstance(r, dict) for r in RunDir(out).read_metrics())
-
-
-def damage(step_dir):
-    """Cut every array file of a checkpoint to 10 bytes, as a half-finished copy would."""
-    files = [p for p in step_dir.rglob("*") if p.is_file() and p.parent.name == "d"]
-    assert files
-    for p in files:
-        p.write_bytes(p.read_bytes()[:10])
 
 
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
@@ -556,21 +553,20 @@ def test_closed_loop_reports_while_a_damaged_checkpoints_error_propagates_are_si
 
 
 def test_a_real_full_disk_ends_the_run_with_one_line_and_the_previous_checkpoint(tmp_path):
-    # A 1.3 MB tmpfs holds one tiny checkpoint (~0.75 MB), not two. Mounting needs root (as
-    # here and in CI); elsewhere the simulated test above covers the same path.
+    # A 700 kB tmpfs holds one checkpoint of TINY_RUN's model (about 400 kB), not two. Mounting
+    # needs root (as here and in CI); elsewhere the simulated test above covers the same path.
     import subprocess
 
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1300k", "tmpfs", str(disk)], capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700k", "tmpfs", str(disk)], capture_output=True)
     if mounted.returncode:
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()})")
     try:
         out = disk / "run"
-        from test_train_cli import run_process
-
-        # The tiny preset's two layers (TINY_RUN has one): the sizes above are its checkpoint's.
-        proc = run_process("train", *TINY_RUN, "--layers", "2", "--steps", "20", "--save-every", "5", "--out", str(out))
+        # TINY_RUN as the other runs here: this process reads its compiled steps from the cache
+        # of the suite's subprocesses (tests/conftest.py).
+        proc = run_process("train", *TINY_RUN, "--steps", "20", "--save-every", "5", "--out", str(out))
         assert proc.returncode == 1, proc.stderr
         assert "no space left on the device" in proc.stderr and "Traceback" not in proc.stderr
         assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["5"]

@@ -39,7 +39,7 @@ from parity import ConversionError, flax_to_torch, sample_batch, torch_key_shape
 from parity.gradients import gradient_rows
 
 from conftest import ATOL, assert_close
-from test_train_cli import TINY_RUN, assert_exported_state_dict_computes_the_runs_logits, cli
+from helpers import TINY_RUN, assert_exported_state_dict_computes_the_runs_logits, cli
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 

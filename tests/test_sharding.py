@@ -33,7 +33,7 @@ from flaxformer_mini.scale.sharding import _per_process_devices, local_row_range
 
 NUM_DEVICES = 8
 STEPS = 5
-BATCH_SIZE = 16
+BATCH_SIZE = 8  # one row per device, as tests/test_tensor_parallel.py's runs (below)
 ATOL = 1e-5  # DESIGN.md's parity tolerance
 DROPOUT = 0.1
 WORKER_TIMEOUT_S = 300
@@ -58,11 +58,14 @@ def _tiny_config(dropout):
     import flaxformer_mini as fm
 
     # tiny's sizes (30 wide, vocabularies 23 and 19, max_len 17) have no dimension divisible
-    # by 8, so FSDP would replicate everything. Width 40 (K = 8 per head) gives the kernels,
-    # embeddings and LayerNorm vectors an axis to split; the odd sizes stay odd. One layer on
-    # each side: placement is by parameter name, whatever the depth, and a second layer doubled
-    # each compilation (tests/test_train_cli.py's TINY_RUN).
-    return fm.get_preset("tiny").replace(embed_size=40, dropout=dropout, num_layers=1)
+    # by 8, so FSDP would replicate everything. Width 40 gives the kernels, embeddings and
+    # LayerNorm vectors an axis to split; the odd sizes stay odd. One layer on each side:
+    # placement is by parameter name, whatever the depth, and a second layer doubled each
+    # compilation (tests/helpers.py's TINY_RUN). 4 heads, the batch size, the optimizer and the
+    # data of tests/test_tensor_parallel.py's runs: its unsharded and 8-device replicated train
+    # steps are these runs' without dropout, so the worker that comes second reads them from
+    # the suite's compilation cache (tests/conftest.py).
+    return fm.get_preset("tiny").replace(embed_size=40, heads=4, dropout=dropout, num_layers=1)
 
 
 def _max_diff(a, b):
@@ -322,6 +325,12 @@ def test_a_mesh_takes_the_same_devices_of_every_process_in_process_order(monkeyp
     hosts_with(monkeypatch, [3, 3], me=1)
     assert [d.id for d in _per_process_devices(None)] == [0, 1, 2, 100, 101, 102]
     assert [d.id for d in _per_process_devices(2)] == [0, 1, 100, 101]
+    # More than two processes (tests/test_multiprocess.py launches two): process order still,
+    # whichever process asks.
+    for me in (0, 2, 3):
+        hosts_with(monkeypatch, [2, 2, 2, 2], me=me)
+        assert [d.id for d in _per_process_devices(1)] == [0, 100, 200, 300]
+        assert [d.id for d in _per_process_devices(None)] == [0, 1, 100, 101, 200, 201, 300, 301]
 
 
 def test_make_mesh_rejects_more_devices_than_exist():

@@ -85,7 +85,7 @@ def _config(dropout=0.0):
     # tiny's odd sizes, with heads 4 (K = 10) and width 40, so that model=4 and model=2 split
     # whole heads, and data=4 divides the width; F = D = 40. One layer on each side: the layout
     # is by parameter name, whatever the depth, and a second layer doubled each compilation
-    # (tests/test_train_cli.py's TINY_RUN).
+    # (tests/helpers.py's TINY_RUN).
     return fm.get_preset("tiny").replace(embed_size=40, heads=4, dropout=dropout, num_layers=1)
 
 
@@ -378,7 +378,7 @@ MESH_CASES = [
 def test_bad_mesh_option_exits_2_naming_it_and_writes_nothing(name, options, message, tmp_path):
     import re
 
-    from test_train_cli import TINY_RUN, cli
+    from helpers import TINY_RUN, cli
 
     proc = cli("train", *TINY_RUN, "--steps", "2", "--out", str(tmp_path / "out"), *options)
     output = proc.stdout + proc.stderr

@@ -38,7 +38,7 @@ from parity.twins import sample_batch, transformer_pair, twins_from_state_dict
 from torch_ref.training import make_optimizer, train_step
 
 from conftest import ATOL
-from test_train_cli import assert_same_training_state, cli, latest_state, start, wait_for_checkpoint
+from helpers import assert_same_training_state, cli, latest_state, start, wait_for_checkpoint
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 

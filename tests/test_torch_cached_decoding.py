@@ -20,7 +20,7 @@ from torch_ref.cached_decoding import CachedDecoder, KVCache, beam_search, decod
 from torch_ref.decoding import greedy_decode as uncached_greedy
 
 from conftest import ATOL
-from test_decoding import WIDE_BEAM, wide_beam_case
+from helpers import WIDE_BEAM, wide_beam_case
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 

@@ -1,87 +1,27 @@
 """`flaxformer-mini train` and `evaluate` as a user runs them: real processes, real signals."""
 
-import contextlib
-import io
 import json
 import re
 import signal
-import subprocess
-import sys
-import time
 
-import chex
 import numpy as np
 import pytest
 
 from flaxformer_mini.runs.directory import RunDir
-from flaxformer_mini.cli.main import main
 from flaxformer_mini.runs.run import Run
+from helpers import (
+    PLOTTED_TINY_RUN,
+    TINY_RUN,
+    assert_exported_state_dict_computes_the_runs_logits,
+    assert_same_training_state,
+    cli,
+    latest_state,
+    run_process,
+    saved_step_in,
+    start,
+    wait_for_checkpoint,
+)
 from simulated_devices import worker_env
-
-# A run small enough for a test: the tiny preset on `copy` with short sequences, one layer on
-# each side. These tests are about a run's life (its files, signals, resuming), not depth, and
-# the suite is mostly XLA compilation: the tiny preset's second layer doubles it (the train
-# step 1.2 s -> 2.3 s, AMD EPYC family 25). The model tests and parity keep two layers and more.
-# Drawing loss.png costs about a second of CPU in a fresh process (matplotlib's import and first
-# drawing; 0.3-0.7 s more in a warm one, AMD EPYC family 25 model 1): the runs that look at it
-# draw it (PLOTTED_TINY_RUN), the others leave it out with --no-plot.
-PLOTTED_TINY_RUN = ["--task", "copy", "--preset", "tiny", "--layers", "1", "--vocab-size", "11", "--max-len", "5",
-                    "--batch-size", "8", "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every",
-                    "5", "--no-progress"]
-TINY_RUN = [*PLOTTED_TINY_RUN, "--no-plot"]
-
-
-def run_process(*args, env=None, stdin=None):
-    """The CLI in a process of its own, as a user runs it (needed for signals and env)."""
-    return subprocess.run([sys.executable, "-m", "flaxformer_mini", *args], capture_output=True, text=True,
-                          timeout=300, env=env, input=stdin)
-
-
-def cli(*args, stdin=""):
-    """The CLI in this process: the same main(), without paying JAX's start-up and the
-    compilation of every jitted function again for each call. ``stdin``: str or bytes."""
-    out, err = io.StringIO(), io.StringIO()
-    old_stdin = sys.stdin
-    # Bytes underneath, as a real standard input (generate reads sys.stdin.buffer).
-    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin if isinstance(stdin, bytes) else stdin.encode()), encoding="utf-8")
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(list(args))
-            except SystemExit as e:  # argparse errors
-                code = e.code
-    finally:
-        sys.stdin = old_stdin
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
-
-
-def start(*args):
-    return subprocess.Popen([sys.executable, "-m", "flaxformer_mini", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def latest_state(out):
-    state = Run.open(out).latest_state()
-    return int(state.step), state
-
-
-def assert_same_training_state(a, b):
-    # Bit for bit: the same tree structure and every parameter and Adam moment identical.
-    chex.assert_trees_all_equal((a.params, a.opt_state), (b.params, b.opt_state))
-
-
-def wait_for_checkpoint(out, at_least, proc, timeout=240):
-    deadline = time.time() + timeout
-    ckpts = out / "checkpoints"
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before checkpoint {at_least}: {proc.stderr.read()}")
-        steps = [int(p.name) for p in ckpts.iterdir() if p.name.isdigit()] if ckpts.exists() else []
-        if steps and max(steps) >= at_least:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no checkpoint {at_least} within {timeout}s")
-
 
 # The uninterrupted reference run: long enough that the stop story below lands three
 # signals mid-run (a tiny step takes milliseconds; each signal follows a checkpoint within one
@@ -92,8 +32,10 @@ STRAIGHT = ["train", *PLOTTED_TINY_RUN, "--steps", str(STRAIGHT_STEPS), "--save-
 
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
+    # In this process: the story below resumes its last part here too, with the same compiled
+    # steps, and the runs it stops are real processes.
     out = tmp_path_factory.mktemp("straight") / "run"
-    proc = run_process(*STRAIGHT, "--out", str(out))
+    proc = cli(*STRAIGHT, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     return out, proc
 
@@ -104,11 +46,6 @@ def test_train_prints_final_metrics_and_writes_the_run(straight_run):
     assert final["step"] == STRAIGHT_STEPS and set(final) >= {"loss", "token_accuracy", "exact_match"}
     assert (out / "loss.png").exists() and (out / "config.json").exists()
     assert "parameters" in proc.stderr
-
-
-def saved_step_in(stderr):
-    """The step that a run stopped by a signal says it saved ("interrupted: saved step N; ...")."""
-    return int(stderr.split("interrupted: saved step ")[1].split(";")[0])
 
 
 def saved_step(proc):
@@ -175,8 +112,9 @@ def test_text_run_builds_its_vocabulary_and_trains(tmp_path):
     pairs = [("a b c", "x y z"), ("b c", "y z"), ("c a", "z x"), ("a", "x")] * 4
     train.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
     out = tmp_path / "mt"
-    proc = cli("train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--steps", "6", "--batch-size", "4",
-               "--max-len", "8", "--eval-every", "6", "--save-every", "6", "--no-progress")
+    # One layer on each side, as TINY_RUN (which says why): the model of the other text runs of a b c -> x y z.
+    proc = cli("train", "--data", str(train), "--out", str(out), "--preset", "tiny", "--layers", "1", "--steps", "6",
+               "--batch-size", "4", "--max-len", "8", "--eval-every", "6", "--save-every", "6", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     vocab = json.loads((out / "vocab_source.json").read_text())["tokens"]
     assert vocab[:4] == ["<pad>", "<bos>", "<eos>", "<unk>"] and set(vocab[4:]) == {"a", "b", "c"}
@@ -194,8 +132,9 @@ def test_columns_train_the_other_direction_of_a_three_column_file_and_evaluate_r
     train = tmp_path / "train.tsv"
     train.write_text("".join(f"{s}\t{t}\tCC-BY #{i}\n" for i, (s, t) in enumerate(pairs)))
     out = tmp_path / "mt"
-    proc = cli("train", "--data", str(train), "--columns", "2,1", "--out", str(out), "--preset", "tiny", "--steps", "2",
-               "--batch-size", "4", "--max-len", "8", "--eval-every", "2", "--save-every", "2", "--no-progress", "--no-plot")
+    proc = cli("train", "--data", str(train), "--columns", "2,1", "--out", str(out), "--preset", "tiny", "--layers", "1",
+               "--steps", "2", "--batch-size", "4", "--max-len", "8", "--eval-every", "2", "--save-every", "2",
+               "--no-progress", "--no-plot")
     assert proc.returncode == 0, proc.stderr
     tokens = lambda side: set(json.loads((out / f"vocab_{side}.json").read_text())["tokens"][4:])  # noqa: E731
     assert tokens("source") == {"x", "y", "z"} and tokens("target") == {"a", "b", "c"}
@@ -311,32 +250,6 @@ def test_evaluate_with_beam_size_reports_the_best_beams_exact_match(straight_run
 
 
 # --- a run's weights for PyTorch: `parity convert RUN OUT.pt` ---------------------------------
-
-
-def assert_exported_state_dict_computes_the_runs_logits(out, tmp_path):
-    """`parity convert` of the run in ``out`` writes a state dict that torch_ref's Transformer
-    loads strictly, keyed in its own order, and that computes the run's logits (parity tolerance)."""
-    import jax.numpy as jnp
-    import torch
-
-    import torch_ref
-    from conftest import ATOL, assert_close
-    from parity import sample_batch
-    from parity.cli import main as parity_main
-
-    exported = tmp_path / "exported.pt"
-    assert parity_main(["convert", str(out), str(exported)]) == 0
-    run = Run.open(out)
-    state = run.latest_state()
-    torch_model = torch_ref.Transformer(**run.config.model.to_dict()).eval()
-    state_dict = torch.load(exported, weights_only=True)
-    assert list(state_dict) == list(torch_model.state_dict())
-    torch_model.load_state_dict(state_dict, strict=True)
-    source, target = sample_batch(run.config.model, batch=3, seed=1)
-    with torch.no_grad():
-        torch_logits = torch_model(torch.as_tensor(source), torch.as_tensor(target))
-    assert_close(run.trainer.model(state)(jnp.asarray(source), jnp.asarray(target)), torch_logits, ATOL)
-    return int(state.step)
 
 
 def test_parity_convert_of_a_run_exports_its_newest_checkpoint_for_torch_ref(straight_run, tmp_path, capsys):

@@ -136,7 +136,7 @@ def run_config(dropout=0.1, embed=30, lr_factor=1.0, task="copy"):
 
 def fit(config, out, steps, echo=print, plot=False, **kw):
     """Train ``config`` into ``out`` as the CLI does: create (or resume) the run, then fit (drawing
-    loss.png only where a test looks at it: tests/test_train_cli.py's PLOTTED_TINY_RUN says why)."""
+    loss.png only where a test looks at it: tests/helpers.py's PLOTTED_TINY_RUN says why)."""
     return fit_run(Run.create(out, config, echo=echo), steps, echo=echo, plot=plot, **kw)
 
 
@@ -211,7 +211,10 @@ def test_out_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
 
 
 def test_checkpoint_from_a_different_model_size_is_refused_by_name(tmp_path):
-    fit(run_config(embed=35), tmp_path / "wide", 2, save_every=2, eval_every=100, progress=False, echo=lambda m: None)
+    # A checkpoint of the wider model's initial state: its shapes are what is refused (no step needed).
+    wide = Run.create(tmp_path / "wide", run_config(embed=35), echo=lambda m: None)
+    checkpoint.save(checkpoint.open_manager((tmp_path / "wide" / "checkpoints").absolute()), wide.initial_state())
+    wide.close()
     trainer = Run(RunDir(tmp_path / "narrow"), run_config(embed=30)).trainer
     manager = checkpoint.open_manager((tmp_path / "wide" / "checkpoints").absolute())
     with pytest.raises(checkpoint.CheckpointMismatchError, match=r"different model: .*W_k/kernel: checkpoint \(35, 35\), model \(30, 30\).*and \d+ more"):
