@@ -175,8 +175,8 @@ def equivalence_runs(tmp_path_factory):
     0 compiles every program: only process 0 writes the persistent compilation cache, and on the
     CPU the others' keys differ from its keys).
 
-    Two processes, not more: every property here shows with two (a 4-process launch of one
-    4x1 FSDP run cost 36 s of CPU; docs/testing.md, "What was cut and why"). The 2-process
+    Two processes, not more: every property here shows with two, and each process more is a
+    JAX start-up and every program's compilation more (docs/testing.md, "What was cut and why"). The 2-process
     layouts share one launch of processes with two devices each: a 2x1 layout uses one device
     of each, as ``--devices 1`` does on such a host. That once aborted every process (the stop
     votes ran on all of each host's devices, the train step on the mesh's: XLA:CPU's
