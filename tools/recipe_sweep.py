@@ -40,6 +40,12 @@ CONFIGS = {
     "d192x3_ls": ["--preset", "small", "--embed-size", "192", "--heads", "4", "--layers", "3", "--ffn-dim", "768",
                   "--max-tokens", "4096", "--lr", "1.5e-3", "--warmup", "1000", "--dropout", "0.1",
                   "--label-smoothing", "0.1"],
+    "d128x3_ls_ema": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim", "512",
+                      "--max-tokens", "4096", "--lr", "2e-3", "--warmup", "1000", "--dropout", "0.1",
+                      "--label-smoothing", "0.1", "--ema", "0.999"],
+    "d192x3_ls_ema": ["--preset", "small", "--embed-size", "192", "--heads", "4", "--layers", "3", "--ffn-dim", "768",
+                      "--max-tokens", "4096", "--lr", "1.5e-3", "--warmup", "1000", "--dropout", "0.1",
+                      "--label-smoothing", "0.1", "--ema", "0.999"],
     "d256x3_ls": ["--preset", "medium", "--max-tokens", "4096", "--lr", "1e-3", "--warmup", "1000",
                   "--label-smoothing", "0.1"],
 }
