@@ -116,10 +116,10 @@ def pytest_unconfigure(config):
 # The longest files first, so that under `-n 2 --dist loadfile --no-loadscope-reorder`
 # (pyproject) the longest file does not start, and end, last: xdist hands files out in this
 # order as workers free up (their times: docs/testing.md).
-HEAVY_FIRST = ("test_multiprocess.py", "test_benchmarks.py", "test_run_lifecycle.py", "test_parity_cli.py",
-               "test_scanned_layers.py", "test_multiprocess_faults.py", "test_real_corpora.py", "test_train_cli.py",
-               "test_training.py", "test_tensor_parallel.py", "test_decoding.py", "test_generate_lines.py",
-               "test_sharding.py", "test_properties.py", "test_idioms.py", "test_attention_impl.py")
+HEAVY_FIRST = ("test_multiprocess.py", "test_run_lifecycle.py", "test_benchmarks.py", "test_parity_cli.py",
+               "test_real_corpora.py", "test_tied_embeddings.py", "test_scanned_layers.py", "test_training.py",
+               "test_train_cli.py", "test_ablations.py", "test_bad_input_matrix.py", "test_multiprocess_faults.py",
+               "test_decoding.py", "test_best_checkpoint.py", "test_tensor_parallel.py", "test_generate_lines.py")
 
 
 def pytest_collection_modifyitems(config, items):
