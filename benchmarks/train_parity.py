@@ -51,7 +51,6 @@ smoke version.
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys

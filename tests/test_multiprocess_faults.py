@@ -372,7 +372,7 @@ def test_the_port_check_sees_a_port_shared_listener_and_lets_a_restarted_runs_ti
     # run again at once, must still start.
     with listener(socket.SO_REUSEADDR) as old:
         port = old.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port)) as client:
+        with socket.create_connection(("127.0.0.1", port)):
             accepted, _ = old.accept()
             accepted.close()  # the server side closes first: its end stays in TIME_WAIT
     host_guards.check_port_free(f"127.0.0.1:{port}")
