@@ -36,6 +36,7 @@ import sys
 import numpy as np
 
 from parity.policy import BFLOAT16_FACTOR, BFLOAT16_STEP
+from parity.report import RowVerdicts
 
 _ENCODER_LAYER = re.compile(r"^encoder\.transformer_layers\.(\d+)(?:\.|$)")
 _DECODER_LAYER = re.compile(r"^decoder\.decoder_layers\.(\d+)(?:\.|$)")
@@ -80,19 +81,11 @@ class Bfloat16Row:
 
 
 @dataclasses.dataclass
-class Bfloat16Report:
+class Bfloat16Report(RowVerdicts):
     preset: str
     rows: list
     factor: float
     devices: str = ""  # where each twin ran
-
-    @property
-    def ok(self):
-        return all(r.ok for r in self.rows)
-
-    @property
-    def first_divergence(self):
-        return next((r for r in self.rows if not r.ok), None)
 
     @property
     def largest(self):

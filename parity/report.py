@@ -64,8 +64,20 @@ class Row:
         return "gradient" if self.name.startswith(GRAD_PREFIX) else "intermediate"
 
 
+class RowVerdicts:
+    """The verdicts of a report whose ``rows`` each say whether they are within tolerance (``ok``)."""
+
+    @property
+    def ok(self):
+        return all(r.ok for r in self.rows)
+
+    @property
+    def first_divergence(self):
+        return next((r for r in self.rows if not r.ok), None)
+
+
 @dataclasses.dataclass
-class Report:
+class Report(RowVerdicts):
     rows: list
     atol: float
     # (name, why) of each tensor one side has and the comparison leaves out on purpose: torch
@@ -78,14 +90,6 @@ class Report:
     # What the reader must know to trust the rows, said above the verdict: dropout drawing
     # masks on either side (``parity.compare``), which no port can reproduce.
     notes: list = dataclasses.field(default_factory=list)
-
-    @property
-    def ok(self):
-        return all(r.ok for r in self.rows)
-
-    @property
-    def first_divergence(self):
-        return next((r for r in self.rows if not r.ok), None)
 
     @property
     def max_abs(self):

@@ -142,7 +142,7 @@ def trained_run(tmp_path_factory):
 
     from helpers import SHARED_RUNS, cli
 
-    # Without xdist's controller (pytest -n 0 run by hand in another way), a directory of this session's.
+    # Without xdist's controller (pytest -n 0 run by hand in another way), a directory of this pytest run's.
     root = Path(os.environ.get(RUNS_ENV) or tmp_path_factory.mktemp("shared_runs"))
 
     def get(name):
