@@ -99,23 +99,17 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     last_eval, evaluated_at = {}, None
     # A signal that came while the runtime started, the run was restored or (on another
     # process) anything before this point: every process agrees, and stops before its first step.
+    before_first_step = (" before the first step: nothing new to save"
+                         + (f" (the run stays at step {start})" if start else ""))
     if distributed.any_process(stop.requested, run_devices):
-        log.close()
-        message = ("interrupted before the first step: nothing new to save"
-                   + (f" (the run stays at step {start})" if start else "") + "; run the same command to resume")
-        echo(message)
-        raise Stopped(message)
+        _interrupted(log, echo, before_first_step)
     # The evaluation at the restored step was stopped by the stop request that saved it: done now,
     # as a run never stopped did it, before the next step.
     if start and start < steps and start % eval_every == 0 and not logged_at_start:
         echo(f"evaluating step {start}, whose evaluation the stop request had cut short")
         result = evaluations.at(start, state, stop=lambda: stop.requested)
         if result is None:
-            log.close()
-            message = f"interrupted before the first step: nothing new to save (the run stays at step {start}); " \
-                      f"run the same command to resume"
-            echo(message)
-            raise Stopped(message)
+            _interrupted(log, echo, before_first_step)
         last_eval, evaluated_at = result, start
     stopped_early = selection is not None and selection.exhausted(patience)
     if stopped_early:
@@ -151,11 +145,8 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                 if result is None:
                     log.flush()
                     checkpoint.save(manager, state)
-                    log.close()
-                    echo(f"the evaluation at step {done} was stopped; the resumed run does it first")
-                    message = f"interrupted: saved step {done}; run the same command to resume"
-                    echo(message)
-                    raise Stopped(message)
+                    _interrupted(log, echo, f": saved step {done}",
+                                 note=f"the evaluation at step {done} was stopped; the resumed run does it first")
                 last_eval, evaluated_at = result, done
                 stopped_early = selection is not None and selection.exhausted(patience)
             # Every process must save the same step: a SIGTERM seen by one stops all. Each boundary
@@ -173,10 +164,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                 echo(f"stopping early at step {done}: {_no_better(selection, patience, run.dir.best)}")
                 break
             if stopping and done < steps:  # a signal at the last step: the run is finished anyway
-                log.close()
-                message = f"interrupted: saved step {done}; run the same command to resume"
-                echo(message)
-                raise Stopped(message)
+                _interrupted(log, echo, f": saved step {done}")
         log.flush()
     except StopNow:
         # A second Ctrl-C: the CLI then ends the process without Python's shutdown, which would
@@ -318,8 +306,16 @@ def _stop_mid_update(manager, state, step, log, echo):
     log.flush()
     if manager.latest_step() != step:
         checkpoint.save(manager, state)
+    _interrupted(log, echo, f" during update {step + 1}'s micro-batches: saved step {step}")
+
+
+def _interrupted(log, echo, where, note=None):
+    """End a run stopped by a stop request: the log closed, ``note`` and then what was kept
+    (``where``) said, and ``Stopped`` raised with that message."""
     log.close()
-    message = f"interrupted during update {step + 1}'s micro-batches: saved step {step}; run the same command to resume"
+    if note is not None:
+        echo(note)
+    message = f"interrupted{where}; run the same command to resume"
     echo(message)
     raise Stopped(message)
 
