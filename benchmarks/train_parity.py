@@ -59,6 +59,7 @@ import time
 from pathlib import Path
 
 from benchmarks import one_at_a_time
+from flaxformer_mini.cli.parser import LENGTH_MULTIPLE, SCHEDULES
 
 JSON_NAME, PLOT_NAME = "train_parity.json", "train_parity.png"
 TWINS = ("flax", "torch")
@@ -110,8 +111,10 @@ def parse_args(argv=None):
     r.add_argument("--batch-size", type=_positive_int, default=64,
                    help="pairs a step (default 64); with --max-tokens, the evaluation's batch size")
     r.add_argument("--max-tokens", type=_positive_int, help="token-budget training batches instead")
+    r.add_argument("--length-multiple", type=_positive_int, default=LENGTH_MULTIPLE,
+                   help=f"text: batch lengths padded up to a multiple of this (default {LENGTH_MULTIPLE})")
     r.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
-    r.add_argument("--schedule", choices=("rsqrt", "constant"), default="rsqrt")
+    r.add_argument("--schedule", choices=SCHEDULES, default="rsqrt", help="cosine reaches 0 at --steps")
     r.add_argument("--warmup", type=_positive_int, default=200)
     r.add_argument("--weight-decay", type=float, default=0.0)
     r.add_argument("--clip-norm", type=float, default=1.0, help="global-norm clipping (0: none; default 1.0)")
@@ -146,7 +149,8 @@ def recipe(args):
                            ffn_dim=args.ffn_dim, batch_size=args.batch_size, lr=args.lr, schedule=args.schedule,
                            warmup=args.warmup, weight_decay=args.weight_decay,
                            clip_norm=args.clip_norm or None, label_smoothing=args.label_smoothing,
-                           dropout=args.dropout, seed=args.seeds[0], max_tokens=args.max_tokens)
+                           dropout=args.dropout, seed=args.seeds[0], max_tokens=args.max_tokens,
+                           decay_steps=args.steps if args.schedule == "cosine" else None)
     if args.task:
         data = DataConfig(kind="synthetic", task=args.task, vocab_size=args.vocab_size, min_len=args.min_len,
                           max_len=args.max_len or 10, eval_sequences=args.valid_size)
@@ -154,7 +158,7 @@ def recipe(args):
         data = DataConfig(kind="tsv", max_len=(args.max_len or 32) - 1,
                           train_path=os.path.abspath(os.path.join(args.data, "train.tsv")),
                           valid_path=os.path.abspath(os.path.join(args.data, "valid.tsv")),
-                          eval_pairs=args.valid_size, tokenizer="word")
+                          eval_pairs=args.valid_size, tokenizer="word", length_multiple=args.length_multiple)
     return options, data
 
 
@@ -163,7 +167,8 @@ def torch_optimizer(model, config):
     from torch_ref.training import make_optimizer
 
     return make_optimizer(model, schedule=config.schedule, learning_rate=config.learning_rate,
-                          lr_factor=config.lr_factor, warmup_steps=config.warmup_steps, b1=config.b1, b2=config.b2,
+                          lr_factor=config.lr_factor, warmup_steps=config.warmup_steps, decay_steps=config.decay_steps,
+                          b1=config.b1, b2=config.b2,
                           eps=config.eps, weight_decay=config.weight_decay)
 
 

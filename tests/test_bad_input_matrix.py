@@ -85,13 +85,21 @@ def on_run(command, *args, kind="synthetic", edit=None, stdin=""):
     return setup
 
 
+def text_run_resumed(*options):
+    """The finished text run resumed with its own options and ``options`` added."""
+    def setup(d, finished):
+        run = copy_run("text")(d, finished)
+        return ["train", "--data", str(d / "train.tsv"), "--out", str(run), "--preset", "tiny", *ONE_LAYER_TEXT,
+                "--steps", "5", "--save-every", "3", "--no-progress", "--no-plot", *options]
+    return setup
+
+
 def training_file_changed(d, finished):
     """The finished text run resumed after its training file was edited (a pair appended)."""
-    run = copy_run("text")(d, finished)
+    command = text_run_resumed()(d, finished)
     with open(d / "train.tsv", "a") as f:
         f.write("a\tx\n")
-    return ["train", "--data", str(d / "train.tsv"), "--out", str(run), "--preset", "tiny", "--layers", "1", "--steps", "5",
-            "--batch-size", "4", "--max-len", "8", "--save-every", "3", "--no-progress", "--no-plot"]
+    return command
 
 
 def edit_json(name, change):
@@ -339,6 +347,13 @@ CASES = [
     ("weight_decay_negative", train_option("--weight-decay", "-1"), 2, r"--weight-decay must be a finite number >= 0"),
     ("weight_decay_nan", train_option("--weight-decay", "nan"), 2, r"--weight-decay must be"),
     ("warmup_zero", train_option("--warmup", "0"), 2, r"--warmup must be >= 1"),
+    # TINY_RUN warms up for 5 steps; the train_option runs stop at step 2.
+    ("cosine_warmup_not_below_steps", train_option("--schedule", "cosine"), 2,
+     r"--schedule cosine warms up for --warmup 5 steps and reaches 0 at --steps 2: --warmup must be below --steps"),
+    ("length_multiple_zero", lambda d, f: tsv(GOOD_TSV)(d, f) + ["--length-multiple", "0"], 2,
+     r"--length-multiple must be >= 1 \(1: each batch padded to its longest sequence\), got 0"),
+    ("length_multiple_without_data", train_option("--length-multiple", "2"), 2,
+     r"--length-multiple goes with --data \(synthetic tasks have integer tokens and fixed-size batches\)"),
     ("label_smoothing_one", train_option("--label-smoothing", "1"), 2, r"--label-smoothing must be in \[0, 1\)"),
     ("dropout_negative", train_option("--dropout", "-0.1"), 2, r"--dropout must be in \[0, 1\)"),
     ("seed_negative", train_option("--seed", "-1"), 2, r"--seed must be >= 0"),
@@ -368,6 +383,11 @@ CASES = [
     # Only the schedule's line: each schedule's own settings (factor, warm-up, rate) are noise there.
     ("out_holds_a_run_of_another_schedule", on_run("train", "--schedule", "constant"), 2,
      r"another run whose config differs: train\.schedule \(--schedule\): 'rsqrt' in the run, 'constant' now\. Use"),
+    # A cosine run's length is part of its recipe: where its learning rate reaches 0.
+    ("out_holds_a_run_of_another_length", on_run("train", "--schedule", "cosine", "--steps", "9"), 2,
+     r"train\.schedule \(--schedule\): 'rsqrt' in the run, 'cosine' now\. Use"),
+    ("out_holds_a_text_run_of_another_length_multiple", text_run_resumed("--length-multiple", "3"), 2,
+     r"another run whose config differs: data\.length_multiple \(--length-multiple\): 8 in the run, 3 now\. Use"),
     ("out_being_trained", run_held_by_another_process, 2, r"is being trained by process \d+ on "),
     # Which tables are one is the model's parameters: an untied run resumed with a tie is another run.
     ("out_holds_an_untied_run", on_run("train", "--tie-embeddings", "decoder"), 2,

@@ -338,12 +338,14 @@ def test_non_empty_directory_that_is_not_a_run_is_refused(tmp_path):
     TrainConfig(lr_factor=2.0, warmup_steps=8),  # a CLI rsqrt run: learning_rate at its default
     TrainConfig(schedule="constant", learning_rate=3e-4),  # lr_factor and warmup_steps at theirs
     TrainConfig(lr_factor=2.0, learning_rate=5e-4),  # a library user's unused value: kept
-], ids=["rsqrt", "constant", "rsqrt-with-learning-rate-set"])
+    TrainConfig(schedule="cosine", learning_rate=2e-3, warmup_steps=8, decay_steps=100),  # lr_factor at its default
+], ids=["rsqrt", "constant", "rsqrt-with-learning-rate-set", "cosine"])
 def test_config_dict_leaves_out_the_other_schedules_defaults_and_round_trips(train):
     config = RunConfig(model=run_config().model, train=train, data=run_config().data)
     d = json.loads(json.dumps(config.to_dict()))
     assert RunConfig.from_dict(d) == config
-    unused = {"rsqrt": {"learning_rate"}, "constant": {"lr_factor", "warmup_steps"}}[train.schedule]
+    unused = {"rsqrt": {"learning_rate", "decay_steps"}, "constant": {"lr_factor", "warmup_steps", "decay_steps"},
+              "cosine": {"lr_factor"}}[train.schedule]
     shown = {k for k in unused if getattr(train, k) != TrainConfig.__dataclass_fields__[k].default}
     assert set(d["train"]) & unused == shown
     if train.schedule == "rsqrt":  # the peak: factor * (width * warmup)^-0.5, width 30

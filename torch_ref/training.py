@@ -10,12 +10,14 @@ Batches hold ``source`` (B, S), ``target_in`` (B, T) and ``target_out`` (B, T) t
 torch tensors. This module never imports JAX or Flax.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 PAD = 0  # the padding id; flaxformer_mini.data.PAD (not imported: torch_ref stands alone)
 
-SCHEDULES = ("rsqrt", "constant")
+SCHEDULES = ("rsqrt", "constant", "cosine")
 
 
 def token_cross_entropy(logits, labels, label_smoothing=0.0, pad_id=PAD):
@@ -50,6 +52,19 @@ def rsqrt_learning_rate(step, d_model, lr_factor=1.0, warmup_steps=4000):
     return lr_factor * d_model**-0.5 * min(n**-0.5, n * warmup_steps**-1.5)
 
 
+def cosine_learning_rate(step, peak, warmup_steps, decay_steps):
+    """Linear warm-up from ``peak / warmup_steps`` (update 0) to ``peak`` (update
+    ``warmup_steps``), then a half cosine to 0 at update ``decay_steps``, then 0: the values of
+    ``optax.warmup_cosine_decay_schedule(peak / warmup_steps, peak, warmup_steps, decay_steps)``.
+    Written out because torch's CosineAnnealingLR updates its rate recursively (a product of
+    ratios), which drifts from the closed form the Flax twin evaluates."""
+    if step < warmup_steps:
+        start = peak / warmup_steps
+        return start + (peak - start) * step / warmup_steps
+    done = min(step - warmup_steps, decay_steps - warmup_steps) / (decay_steps - warmup_steps)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * done))
+
+
 def _model_width(model):
     try:
         return model.encoder.embedding_layer.embedding_dim
@@ -66,6 +81,7 @@ def make_optimizer(
     learning_rate=1e-3,
     lr_factor=1.0,
     warmup_steps=4000,
+    decay_steps=None,
     d_model=None,
     b1=0.9,
     b2=0.98,
@@ -76,7 +92,8 @@ def make_optimizer(
 
     ``schedule='rsqrt'``: ``rsqrt_learning_rate`` with ``lr_factor``, ``warmup_steps`` and
     ``d_model`` (default: the model's embedding width). ``schedule='constant'``:
-    ``learning_rate`` throughout. Adam with the paper's betas and epsilon by default;
+    ``learning_rate`` throughout. ``schedule='cosine'``: ``cosine_learning_rate`` to
+    ``learning_rate`` and 0 at ``decay_steps``. Adam with the paper's betas and epsilon by default;
     ``weight_decay > 0`` switches to AdamW (decoupled decay, as ``optax.adamw``).
 
     Call ``scheduler.step()`` after every ``optimizer.step()`` (``train_step`` does): the
@@ -84,14 +101,20 @@ def make_optimizer(
     the schedule reads the update count before it is incremented.
     """
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose 'rsqrt' or 'constant'")
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     if warmup_steps < 1:
         raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+    if schedule == "cosine" and not (isinstance(decay_steps, int) and decay_steps > warmup_steps):
+        raise ValueError(f"schedule 'cosine' needs decay_steps above warmup_steps {warmup_steps}, got {decay_steps!r}")
     if schedule == "rsqrt":
         width = _model_width(model) if d_model is None else d_model
 
         def lr_at(step):
             return rsqrt_learning_rate(step, width, lr_factor, warmup_steps)
+    elif schedule == "cosine":
+
+        def lr_at(step):
+            return cosine_learning_rate(step, learning_rate, warmup_steps, decay_steps)
     else:
 
         def lr_at(step):
@@ -171,4 +194,4 @@ def train_step(model, optimizer, scheduler, batch, clip_norm=1.0, label_smoothin
     return {"loss": loss.item(), "grad_norm": grad_norm.item(), "learning_rate": learning_rate}
 
 
-__all__ = ["PAD", "token_cross_entropy", "rsqrt_learning_rate", "make_optimizer", "global_norm", "clip_grad_norm", "train_step"]
+__all__ = ["PAD", "token_cross_entropy", "rsqrt_learning_rate", "cosine_learning_rate", "make_optimizer", "global_norm", "clip_grad_norm", "train_step"]

@@ -14,6 +14,10 @@ DEBUG_ENV = "FLAXFORMER_MINI_DEBUG"  # set (to anything) for full tracebacks, as
 DEFAULTS = dict(preset="small", steps=3000, batch_size=64, warmup=200, lr=3e-3, seed=0)
 TEXT_MAX_LEN, SYNTHETIC_MAX_LEN = 64, 10  # --max-len's defaults: the model's, and the content's
 SYNTHETIC_VOCAB_SIZE = 16  # --vocab-size's default for --task (text: None, every word/character)
+# train.optimizer.SCHEDULES and data.parallel_text.LENGTH_MULTIPLE, written here because
+# importing those modules imports JAX or NumPy.
+SCHEDULES = ("rsqrt", "constant", "cosine")
+LENGTH_MULTIPLE = 8
 
 
 def split_sizes(args):
@@ -72,6 +76,7 @@ RANGES = {
     "eval_sequences": (lambda v: v >= 1, ">= 1"),
     "valid_size": (lambda v: v >= 1, ">= 1"),
     "max_tokens": (lambda v: v >= 1, ">= 1"),
+    "length_multiple": (lambda v: v >= 1, ">= 1 (1: each batch padded to its longest sequence)"),
     "accumulate": (lambda v: v >= 1, ">= 1 (micro-batches per optimizer update; 1: no accumulation)"),
     "eval_decode_lines": (lambda v: v >= 1, ">= 1"),
     "log_every": (lambda v: v >= 1, ">= 1"),
@@ -105,6 +110,9 @@ def check_ranges(args):
     if sizes["embed"] % sizes["heads"]:
         return (f"the width {sizes['embed']} (--embed-size or --preset {args.preset}) is not divisible by the "
                 f"{sizes['heads']} heads (--heads or the preset's): each head takes width / heads")
+    if args.schedule == "cosine" and args.warmup >= args.steps:
+        return (f"--schedule cosine warms up for --warmup {args.warmup} steps and reaches 0 at --steps {args.steps}: "
+                f"--warmup must be below --steps")
     if args.task and args.min_len > (args.max_len or SYNTHETIC_MAX_LEN):
         return f"--min-len {args.min_len} is greater than --max-len {args.max_len or SYNTHETIC_MAX_LEN}"
     return None
@@ -169,7 +177,8 @@ def _data_problem(args):
         return "--valid goes with --data"
     if getattr(args, "task", None):
         for option, value, default in (("--tokenizer", args.tokenizer, None), ("--shared-vocab", args.shared_vocab, False),
-                                       ("--tokenizer-from", args.tokenizer_from, None), ("--max-tokens", args.max_tokens, None)):
+                                       ("--tokenizer-from", args.tokenizer_from, None), ("--max-tokens", args.max_tokens, None),
+                                       ("--length-multiple", args.length_multiple, None)):
             if value != default:
                 return f"{option} goes with --data (synthetic tasks have integer tokens and fixed-size batches)"
     if getattr(args, "tokenizer_from", None) is not None:
@@ -228,11 +237,17 @@ def build_parser():
     t.add_argument("--max-tokens", type=int, default=None, metavar="N",
                    help="text: batches of at most N tokens (source or target, padding included), bucketed by "
                         "length (fairseq's --max-tokens, but global: the budget of the whole batch over every device)")
+    t.add_argument("--length-multiple", type=int, default=None, metavar="M",
+                   help=f"text: pad each batch's source and target lengths up to a multiple of M (default "
+                        f"{LENGTH_MULTIPLE}): a larger M compiles fewer batch shapes, a smaller one pads less. "
+                        f"Recorded in the run")
     t.add_argument("--accumulate", type=int, default=1, metavar="K",
                    help="accumulate gradients over K micro-batches per optimizer update (= one K-times larger batch)")
     t.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak learning rate")
-    t.add_argument("--schedule", choices=("rsqrt", "constant"), default="rsqrt",
-                   help="rsqrt: linear warm-up then 1/sqrt(step) decay ('Attention Is All You Need')")
+    t.add_argument("--schedule", choices=SCHEDULES, default="rsqrt",
+                   help="rsqrt: linear warm-up then 1/sqrt(step) decay ('Attention Is All You Need'); cosine: "
+                        "linear warm-up then a half cosine to 0 at --steps (a run's length is then part of its "
+                        "recipe: a resume gives the same --steps); constant: --lr throughout")
     t.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.0, help="> 0 uses AdamW")
     t.add_argument("--clip-norm", type=_clip_norm, default=1.0, help="global gradient-norm clipping ('none': off)")

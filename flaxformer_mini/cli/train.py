@@ -10,8 +10,8 @@ import json
 import os
 import sys
 
-from flaxformer_mini.cli.parser import (DEFAULTS, LENGTH_PENALTY, SYNTHETIC_MAX_LEN, SYNTHETIC_VOCAB_SIZE, TEXT_MAX_LEN,
-                                        split_sizes)
+from flaxformer_mini.cli.parser import (DEFAULTS, LENGTH_MULTIPLE, LENGTH_PENALTY, SYNTHETIC_MAX_LEN,
+                                        SYNTHETIC_VOCAB_SIZE, TEXT_MAX_LEN, split_sizes)
 from flaxformer_mini.files import same_file
 from flaxformer_mini.runs import init_from, tokenizer_from
 from flaxformer_mini.runs.config import DataConfig, TrainOptions
@@ -37,6 +37,7 @@ def run(args, stop):
         options = TrainOptions(preset=args.preset, embed_size=args.embed_size, heads=args.heads,
                                num_layers=args.layers, ffn_dim=args.ffn_dim, batch_size=batch_size, lr=args.lr,
                                schedule=args.schedule, warmup=args.warmup, weight_decay=args.weight_decay,
+                               decay_steps=args.steps if args.schedule == "cosine" else None,
                                clip_norm=args.clip_norm, label_smoothing=args.label_smoothing, dropout=args.dropout,
                                dtype=args.dtype, seed=args.seed, max_tokens=args.max_tokens,
                                accumulate=args.accumulate, scan_layers=args.scan_layers, remat=args.remat,
@@ -84,7 +85,8 @@ def _data_config(args, echo):
     return DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=os.path.abspath(args.data),
                       valid_path=args.valid and os.path.abspath(args.valid), eval_pairs=args.valid_size,
                       holdout=0 if args.valid else args.valid_size,
-                      eval_decode_lines=args.eval_decode_lines, columns=args.columns, **_tokenizer_settings(args, echo))
+                      eval_decode_lines=args.eval_decode_lines, columns=args.columns,
+                      length_multiple=args.length_multiple or LENGTH_MULTIPLE, **_tokenizer_settings(args, echo))
 
 
 def _tokenizer_settings(args, echo):

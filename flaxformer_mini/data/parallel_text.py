@@ -12,6 +12,8 @@ from .batches import UNK, DataError, _non_negative_int, _positive_int, make_batc
 # Bucketing sorts by length within pools of this many batches, not over the whole data set:
 # batches still hold similar lengths, but which examples share a batch changes every epoch.
 _BUCKET_POOL_BATCHES = 32
+# Batch lengths round up to a multiple of this (TextPairs' length_multiple; train --length-multiple).
+LENGTH_MULTIPLE = 8
 _ENCODE_CHUNK = 8192  # pairs encoded per encode_batch call: big enough to amortise it, small in memory
 
 
@@ -191,7 +193,7 @@ class TextPairs:
     tightest padding.
     """
 
-    def __init__(self, pairs, source_vocab, target_vocab, max_len, length_multiple=8, line_numbers=None):
+    def __init__(self, pairs, source_vocab, target_vocab, max_len, length_multiple=LENGTH_MULTIPLE, line_numbers=None):
         self.max_len = _non_negative_int("max_len", max_len)
         if self.max_len < 2:
             raise ValueError(f"max_len must be >= 2 (a word and its EOS), got {max_len}")

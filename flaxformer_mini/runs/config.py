@@ -11,7 +11,7 @@ import math
 
 import jax.numpy as jnp
 
-from flaxformer_mini.data.parallel_text import check_columns
+from flaxformer_mini.data.parallel_text import LENGTH_MULTIPLE, check_columns
 from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY
 from flaxformer_mini.model.config import DTYPES, ModelConfig, get_preset
 from flaxformer_mini.model.transformer import Transformer
@@ -68,10 +68,15 @@ class DataConfig:
     # Text runs: the (source, target) columns of the files, 1-based (--columns S,T); None:
     # exactly two, source first (every run before this field).
     columns: tuple[int, int] | None = None
+    # Text runs: batch lengths round up to a multiple of this (--length-multiple; TextPairs).
+    # Runs written before the field load with the value every run had then.
+    length_multiple: int = LENGTH_MULTIPLE
 
     def __post_init__(self):
         # config.json holds a list: the same tuple, so a loaded config equals the one saved.
         object.__setattr__(self, "columns", check_columns(self.columns))
+        if not isinstance(self.length_multiple, int) or self.length_multiple < 1:
+            raise RunConfigError(f"data.length_multiple must be an integer >= 1, got {self.length_multiple!r}")
 
     @property
     def model_max_len(self):
@@ -90,7 +95,7 @@ class DataConfig:
 _DATA_UNUSED_BY = {
     "tsv": ("task", "vocab_size", "min_len", "eval_sequences"),
     "synthetic": ("train_path", "valid_path", "eval_pairs", "holdout", "tokenizer", "tokenizer_vocab_size",
-                  "shared_vocab", "tokenizer_from", "columns"),
+                  "shared_vocab", "tokenizer_from", "columns", "length_multiple"),
 }
 
 
@@ -221,7 +226,8 @@ class RunConfig:
 # Each schedule's settings that the other one ignores: config.json leaves them out where they
 # hold their defaults (what a CLI run always has), so an rsqrt run does not show a
 # learning_rate it never used. from_dict fills them back in with the same defaults.
-_UNUSED_BY = {"rsqrt": ("learning_rate",), "constant": ("lr_factor", "warmup_steps")}
+_UNUSED_BY = {"rsqrt": ("learning_rate", "decay_steps"), "constant": ("lr_factor", "warmup_steps", "decay_steps"),
+              "cosine": ("lr_factor",)}
 # Written for the reader, recomputed from the others, ignored on load.
 _DERIVED_TRAIN_KEYS = ("peak_learning_rate",)
 
@@ -249,6 +255,7 @@ class TrainOptions:
     lr: float = 3e-3  # the peak learning rate
     schedule: str = "rsqrt"
     warmup: int = 200
+    decay_steps: int | None = None  # schedule "cosine": where the learning rate reaches 0 (--steps)
     weight_decay: float = 0.0
     clip_norm: float | None = 1.0
     label_smoothing: float = 0.0
@@ -289,6 +296,9 @@ def train_config_for(options: TrainOptions, d_model):
     if options.schedule == "rsqrt":
         return TrainConfig(schedule="rsqrt", lr_factor=options.lr * math.sqrt(d_model * options.warmup),
                            warmup_steps=options.warmup, **common)
+    if options.schedule == "cosine":
+        return TrainConfig(schedule="cosine", learning_rate=options.lr, warmup_steps=options.warmup,
+                           decay_steps=options.decay_steps, **common)
     return TrainConfig(schedule=options.schedule, learning_rate=options.lr, **common)
 
 

@@ -468,7 +468,7 @@ def _init_from_differences(was, now):
             f"{now['sha256'][:12]}..., recorded {was['sha256'][:12]}...)"]
 
 
-_SCHEDULE_SETTINGS = ("train.lr_factor", "train.warmup_steps", "train.learning_rate")
+_SCHEDULE_SETTINGS = ("train.lr_factor", "train.warmup_steps", "train.learning_rate", "train.decay_steps")
 
 # Settings of the run's config that no option names directly: what sets them.
 _SET_BY = {
@@ -476,6 +476,8 @@ _SET_BY = {
     "train.learning_rate": "--lr",
     "train.schedule": "--schedule",
     "train.warmup_steps": "--warmup",
+    "train.decay_steps": "--steps of a --schedule cosine run, where its learning rate reaches 0",
+    "data.length_multiple": "--length-multiple",
     "data.columns": "--columns",
     "data.tokenizer_from": "--tokenizer-from",
     "data.max_len": "--max-len minus one for a text run (its EOS)",

@@ -96,7 +96,8 @@ def read_pairs(run, path, columns=None):
     else:
         vocabs = run.dir.load_vocabularies(d)
     try:
-        held_out = TextPairs(pairs, *vocabs, run.config.model.max_len, line_numbers=[n for n, _, _ in numbered])
+        held_out = TextPairs(pairs, *vocabs, run.config.model.max_len, run.config.data.length_multiple,
+                             line_numbers=[n for n, _, _ in numbered])
     except DataError as e:
         raise DataError(f"{path}: {e} (the run's --max-len: a side's tokens plus its EOS)") from None
     return held_out, read[0]

@@ -109,7 +109,7 @@ def _text_pairs(path, pairs, vocabs, config, held_out=0, line_numbers=None):
     file and the option that raises the limit (and the ``held_out`` pairs of the file that
     the count leaves out, so that it adds up to the file's)."""
     try:
-        return TextPairs(pairs, *vocabs, config.model_max_len, line_numbers=line_numbers)
+        return TextPairs(pairs, *vocabs, config.model_max_len, config.length_multiple, line_numbers=line_numbers)
     except DataError as e:
         aside = f"; the file's other {held_out} pairs are held out for validation (no --valid)" if held_out else ""
         raise DataError(f"{path}: {e} (--max-len {config.model_max_len}: a side's tokens plus its EOS){aside}; "

@@ -78,11 +78,12 @@ def apply_gradient_sums(state: TrainState, sums: GradientSums):
     with jax.numpy_dtype_promotion("standard"):  # optax's own promotions: see train_step
         updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        learning_rate = learning_rate_schedule(state.config, d_model)(state.step)
     metrics = {
         "loss": sums.loss / denominator,
         "tokens": sums.tokens,
         "token_accuracy": sums.correct.astype(jnp.float32) / denominator,  # int32 count of correct tokens
         "grad_norm": optax.tree.norm(grads),
-        "learning_rate": learning_rate_schedule(state.config, d_model)(state.step),
+        "learning_rate": learning_rate,
     }
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=averaged(state, params)), metrics

@@ -1,5 +1,6 @@
 """Optimisation settings and the optax optimizer they make: Adam or AdamW, global-norm
-clipping, and the warm-up + inverse-square-root schedule of "Attention Is All You Need"."""
+clipping, and the warm-up + inverse-square-root schedule of "Attention Is All You Need" or a
+warm-up + cosine decay to zero for runs of a known length."""
 
 import dataclasses
 import functools
@@ -9,11 +10,16 @@ import jax.numpy as jnp
 import optax
 
 
+SCHEDULES = ("rsqrt", "constant", "cosine")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Optimisation settings. ``schedule='rsqrt'`` is the warm-up + inverse square root of
     "Attention Is All You Need": lr = factor * D^-0.5 * min(n^-0.5, n * warmup^-1.5), n = step + 1.
-    ``schedule='constant'`` uses ``learning_rate`` throughout."""
+    ``schedule='constant'`` uses ``learning_rate`` throughout. ``schedule='cosine'`` warms up
+    linearly to ``learning_rate`` over ``warmup_steps`` updates, then decays it along a half
+    cosine to 0 at update ``decay_steps`` (optax.warmup_cosine_decay_schedule), and stays at 0."""
 
     schedule: str = "rsqrt"
     learning_rate: float = 1e-3  # for schedule='constant'
@@ -29,12 +35,17 @@ class TrainConfig:
     # An exponential moving average of the parameters, kept beside them (``ema.py``; Marian's
     # --exponential-smoothing, fairseq's --ema-decay): its decay, or None for none.
     ema_decay: float | None = None
+    # schedule='cosine': the update at which the learning rate reaches 0 (a run's --steps).
+    decay_steps: int | None = None
 
     def __post_init__(self):
-        if self.schedule not in ("rsqrt", "constant"):
-            raise ValueError(f"unknown schedule {self.schedule!r}; choose 'rsqrt' or 'constant'")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.warmup_steps < 1:
             raise ValueError(f"warmup_steps must be >= 1, got {self.warmup_steps}")
+        if self.schedule == "cosine" and not (isinstance(self.decay_steps, int) and self.decay_steps > self.warmup_steps):
+            raise ValueError(f"schedule 'cosine' needs decay_steps (where the learning rate reaches 0) above "
+                             f"warmup_steps {self.warmup_steps}, got {self.decay_steps!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         # `not (x > 0)` rather than `x <= 0`: NaN fails every comparison and must not slip through.
@@ -54,6 +65,11 @@ class TrainConfig:
 def learning_rate_schedule(config: TrainConfig, d_model: int):
     if config.schedule == "constant":
         return optax.constant_schedule(config.learning_rate)
+    if config.schedule == "cosine":
+        # Starts at learning_rate / warmup_steps, not 0, so the first update is not wasted.
+        w = config.warmup_steps
+        return optax.warmup_cosine_decay_schedule(init_value=config.learning_rate / w, peak_value=config.learning_rate,
+                                                  warmup_steps=w, decay_steps=config.decay_steps, end_value=0.0)
 
     def rsqrt(count):
         n = jnp.asarray(count, jnp.float32) + 1.0  # optax counts from 0, the paper from 1

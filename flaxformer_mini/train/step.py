@@ -52,12 +52,13 @@ def train_step(state: TrainState, batch):
     with jax.numpy_dtype_promotion("standard"):
         updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        learning_rate = learning_rate_schedule(state.config, model.config.embed_size)(state.step)
     metrics = {
         "loss": loss,
         "tokens": count,
         "token_accuracy": correct.astype(jnp.float32) / jnp.maximum(count, 1.0),
         "grad_norm": optax.tree.norm(grads),
-        "learning_rate": learning_rate_schedule(state.config, model.config.embed_size)(state.step),
+        "learning_rate": learning_rate,
     }
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=averaged(state, params)), metrics
 
