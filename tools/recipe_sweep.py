@@ -48,6 +48,18 @@ CONFIGS = {
                       "--label-smoothing", "0.1", "--ema", "0.999"],
     "d256x3_ls": ["--preset", "medium", "--max-tokens", "4096", "--lr", "1e-3", "--warmup", "1000",
                   "--label-smoothing", "0.1"],
+    # A cosine schedule reaches 0 at its own --steps (the last --steps given wins): sized to end
+    # within the time box on the CPU it was chosen on.
+    "d128x3_ls_cos_lm2": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim", "512",
+                          "--max-tokens", "4096", "--length-multiple", "2", "--schedule", "cosine", "--lr", "2e-3",
+                          "--warmup", "500", "--dropout", "0.1", "--label-smoothing", "0.1", "--steps", "2800"],
+    "d128x3_ls_cos_lm2_2k": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim",
+                             "512", "--max-tokens", "2048", "--length-multiple", "2", "--schedule", "cosine", "--lr",
+                             "2e-3", "--warmup", "800", "--dropout", "0.1", "--label-smoothing", "0.1", "--steps", "6000"],
+    "d128x3_ls_cos_lm2_1k": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim",
+                             "512", "--max-tokens", "1024", "--length-multiple", "2", "--schedule", "cosine", "--lr",
+                             "2e-3", "--warmup", "1000", "--dropout", "0.1", "--label-smoothing", "0.1", "--steps",
+                             "10000"],
 }
 
 
