@@ -22,7 +22,7 @@ class TrainConfig:
     cosine to 0 at update ``decay_steps`` (optax.warmup_cosine_decay_schedule), and stays at 0."""
 
     schedule: str = "rsqrt"
-    learning_rate: float = 1e-3  # for schedule='constant'
+    learning_rate: float = 1e-3  # schedule='constant': the rate; 'cosine': its peak
     lr_factor: float = 1.0  # for schedule='rsqrt'
     warmup_steps: int = 4000
     b1: float = 0.9
