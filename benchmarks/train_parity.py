@@ -150,7 +150,7 @@ def recipe(args):
                            warmup=args.warmup, weight_decay=args.weight_decay,
                            clip_norm=args.clip_norm or None, label_smoothing=args.label_smoothing,
                            dropout=args.dropout, seed=args.seeds[0], max_tokens=args.max_tokens,
-                           decay_steps=args.steps if args.schedule == "cosine" else None)
+                           steps=args.steps)
     if args.task:
         data = DataConfig(kind="synthetic", task=args.task, vocab_size=args.vocab_size, min_len=args.min_len,
                           max_len=args.max_len or 10, eval_sequences=args.valid_size)
@@ -168,8 +168,7 @@ def torch_optimizer(model, config):
 
     return make_optimizer(model, schedule=config.schedule, learning_rate=config.learning_rate,
                           lr_factor=config.lr_factor, warmup_steps=config.warmup_steps, decay_steps=config.decay_steps,
-                          b1=config.b1, b2=config.b2,
-                          eps=config.eps, weight_decay=config.weight_decay)
+                          b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay)
 
 
 def with_error_rates(result):

@@ -37,7 +37,7 @@ def run(args, stop):
         options = TrainOptions(preset=args.preset, embed_size=args.embed_size, heads=args.heads,
                                num_layers=args.layers, ffn_dim=args.ffn_dim, batch_size=batch_size, lr=args.lr,
                                schedule=args.schedule, warmup=args.warmup, weight_decay=args.weight_decay,
-                               decay_steps=args.steps if args.schedule == "cosine" else None,
+                               steps=args.steps,
                                clip_norm=args.clip_norm, label_smoothing=args.label_smoothing, dropout=args.dropout,
                                dtype=args.dtype, seed=args.seed, max_tokens=args.max_tokens,
                                accumulate=args.accumulate, scan_layers=args.scan_layers, remat=args.remat,

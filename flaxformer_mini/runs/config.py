@@ -255,7 +255,7 @@ class TrainOptions:
     lr: float = 3e-3  # the peak learning rate
     schedule: str = "rsqrt"
     warmup: int = 200
-    decay_steps: int | None = None  # schedule "cosine": where the learning rate reaches 0 (--steps)
+    steps: int | None = None  # --steps: where schedule "cosine" reaches 0 (the other schedules ignore it)
     weight_decay: float = 0.0
     clip_norm: float | None = 1.0
     label_smoothing: float = 0.0
@@ -298,7 +298,7 @@ def train_config_for(options: TrainOptions, d_model):
                            warmup_steps=options.warmup, **common)
     if options.schedule == "cosine":
         return TrainConfig(schedule="cosine", learning_rate=options.lr, warmup_steps=options.warmup,
-                           decay_steps=options.decay_steps, **common)
+                           decay_steps=options.steps, **common)
     return TrainConfig(schedule=options.schedule, learning_rate=options.lr, **common)
 
 
