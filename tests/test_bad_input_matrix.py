@@ -383,9 +383,9 @@ CASES = [
     # Only the schedule's line: each schedule's own settings (factor, warm-up, rate) are noise there.
     ("out_holds_a_run_of_another_schedule", on_run("train", "--schedule", "constant"), 2,
      r"another run whose config differs: train\.schedule \(--schedule\): 'rsqrt' in the run, 'constant' now\. Use"),
-    # A cosine run's length is part of its recipe: where its learning rate reaches 0.
-    ("out_holds_a_run_of_another_length", on_run("train", "--schedule", "cosine", "--steps", "9"), 2,
-     r"train\.schedule \(--schedule\): 'rsqrt' in the run, 'cosine' now\. Use"),
+    # Likewise for the cosine's own setting (decay_steps, from --steps): only the schedule's line.
+    ("out_holds_an_rsqrt_run_resumed_as_cosine", on_run("train", "--schedule", "cosine", "--steps", "9"), 2,
+     r"another run whose config differs: train\.schedule \(--schedule\): 'rsqrt' in the run, 'cosine' now\. Use"),
     ("out_holds_a_text_run_of_another_length_multiple", text_run_resumed("--length-multiple", "3"), 2,
      r"another run whose config differs: data\.length_multiple \(--length-multiple\): 8 in the run, 3 now\. Use"),
     ("out_being_trained", run_held_by_another_process, 2, r"is being trained by process \d+ on "),

@@ -50,6 +50,14 @@ def test_a_cosine_run_padded_to_a_multiple_records_both_and_resumes_bit_for_bit(
     assert any(n % 8 for n in lengths)  # not the default multiple's lengths
     run.close()
 
+    # A cosine run's length is part of its recipe: resumed with another --steps, it is refused.
+    before = sorted(p.name for p in (straight / "checkpoints").iterdir())
+    longer = cli(*text_args(corpus, straight, *options, "--steps", str(STEPS + 2)))
+    assert longer.returncode == 2
+    assert (f"train.decay_steps (--steps of a --schedule cosine run, where its learning rate reaches 0): {STEPS} in "
+            f"the run, {STEPS + 2} now") in longer.stderr, longer.stderr
+    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == before
+
     # What kill -9 leaves before step 10's checkpoint: the checkpoint of step 5 and the log past it.
     shutil.copytree(straight, killed)
     shutil.rmtree(killed / "checkpoints" / str(STEPS))
