@@ -60,6 +60,16 @@ CONFIGS = {
                              "512", "--max-tokens", "1024", "--length-multiple", "2", "--schedule", "cosine", "--lr",
                              "2e-3", "--warmup", "1000", "--dropout", "0.1", "--label-smoothing", "0.1", "--steps",
                              "10000"],
+    # The 2,048-token recipe with the moving average, with and without dropout (the small preset's
+    # dropout is 0; the last --dropout given wins).
+    "d128x3_ls_cos_lm2_2k_ema": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3",
+                                 "--ffn-dim", "512", "--max-tokens", "2048", "--length-multiple", "2", "--schedule",
+                                 "cosine", "--lr", "2e-3", "--warmup", "800", "--dropout", "0.1", "--label-smoothing",
+                                 "0.1", "--ema", "0.999", "--steps", "6000"],
+    "d128x3_ls_cos_lm2_2k_ema_d0": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3",
+                                    "--ffn-dim", "512", "--max-tokens", "2048", "--length-multiple", "2", "--schedule",
+                                    "cosine", "--lr", "2e-3", "--warmup", "800", "--label-smoothing", "0.1", "--ema",
+                                    "0.999", "--steps", "6000"],
 }
 
 
