@@ -29,6 +29,11 @@ from benchmarks import machine as machines
 
 COMMON = ["--tokenizer", "word", "--max-len", "32", "--no-progress", "--no-plot", "--log-every", "100"]
 
+# The 2,048-token cosine recipe's options but dropout and the moving average.
+_D128_2K_COSINE = ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim", "512",
+                   "--max-tokens", "2048", "--length-multiple", "2", "--schedule", "cosine", "--lr", "2e-3",
+                   "--warmup", "800", "--label-smoothing", "0.1", "--steps", "6000"]
+
 # name -> train options (besides --data, --valid, --out): the candidates, smallest first.
 CONFIGS = {
     "small": ["--preset", "small", "--batch-size", "64", "--lr", "3e-3", "--warmup", "1000"],
@@ -53,23 +58,15 @@ CONFIGS = {
     "d128x3_ls_cos_lm2": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim", "512",
                           "--max-tokens", "4096", "--length-multiple", "2", "--schedule", "cosine", "--lr", "2e-3",
                           "--warmup", "500", "--dropout", "0.1", "--label-smoothing", "0.1", "--steps", "2800"],
-    "d128x3_ls_cos_lm2_2k": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim",
-                             "512", "--max-tokens", "2048", "--length-multiple", "2", "--schedule", "cosine", "--lr",
-                             "2e-3", "--warmup", "800", "--dropout", "0.1", "--label-smoothing", "0.1", "--steps", "6000"],
+    "d128x3_ls_cos_lm2_2k": _D128_2K_COSINE + ["--dropout", "0.1"],
     "d128x3_ls_cos_lm2_1k": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3", "--ffn-dim",
                              "512", "--max-tokens", "1024", "--length-multiple", "2", "--schedule", "cosine", "--lr",
                              "2e-3", "--warmup", "1000", "--dropout", "0.1", "--label-smoothing", "0.1", "--steps",
                              "10000"],
     # The 2,048-token recipe with the moving average, with and without dropout (the small preset's
-    # dropout is 0; the last --dropout given wins).
-    "d128x3_ls_cos_lm2_2k_ema": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3",
-                                 "--ffn-dim", "512", "--max-tokens", "2048", "--length-multiple", "2", "--schedule",
-                                 "cosine", "--lr", "2e-3", "--warmup", "800", "--dropout", "0.1", "--label-smoothing",
-                                 "0.1", "--ema", "0.999", "--steps", "6000"],
-    "d128x3_ls_cos_lm2_2k_ema_d0": ["--preset", "small", "--embed-size", "128", "--heads", "4", "--layers", "3",
-                                    "--ffn-dim", "512", "--max-tokens", "2048", "--length-multiple", "2", "--schedule",
-                                    "cosine", "--lr", "2e-3", "--warmup", "800", "--label-smoothing", "0.1", "--ema",
-                                    "0.999", "--steps", "6000"],
+    # dropout is 0).
+    "d128x3_ls_cos_lm2_2k_ema": _D128_2K_COSINE + ["--dropout", "0.1", "--ema", "0.999"],
+    "d128x3_ls_cos_lm2_2k_ema_d0": _D128_2K_COSINE + ["--ema", "0.999"],
 }
 
 
