@@ -2,6 +2,7 @@
 
     python -m benchmarks.train_parity --data data/cmudict --steps 3000 --eval-every 250 --seeds 0 1 --out OUT
     python -m benchmarks.train_parity --task reverse --preset tiny --steps 200 --eval-every 50
+    python -m benchmarks.train_parity --merge SEED0/train_parity.json SEED1/train_parity.json --out OUT
 
 MLCommons AlgoPerf's question for the two twins: from the same start, do they reach the same
 held-out score, and how fast? For each seed, in one process:
@@ -47,10 +48,15 @@ table. The verdict: the Flax twin's final held-out WER is no worse than the
 torch twin's by more than the spread of the seeds (the larger of the two twins' max - min
 across seeds). Nothing here asserts it; ``tests/test_train_parity_benchmark.py`` runs a
 smoke version.
+
+``--merge`` joins reports of the same recipe run for different seeds (a whole CMUdict run is
+40 minutes a seed on 2 cores, so seeds may be run apart) into one report and its verdict; it
+refuses reports of another recipe or CPU, or of a seed twice.
 """
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -88,9 +94,11 @@ def parse_args(argv=None):
     data.add_argument("--data", metavar="DIR", help="a directory with train.tsv and valid.tsv (python -m "
                                                     "flaxformer_mini.data.corpora cmudict DIR writes one)")
     data.add_argument("--task", choices=("copy", "reverse", "sort"), help="a synthetic task instead")
-    parser.add_argument("--steps", type=_positive_int, required=True, help="optimizer steps per twin and seed")
-    parser.add_argument("--eval-every", type=_positive_int, required=True,
-                        help="steps between evaluations (also at step 0 and at the last step)")
+    data.add_argument("--merge", nargs="+", metavar="REPORT",
+                      help="join train_parity.json reports of one recipe run for different seeds (trains nothing)")
+    parser.add_argument("--steps", type=_positive_int, help="optimizer steps per twin and seed (required to train)")
+    parser.add_argument("--eval-every", type=_positive_int,
+                        help="steps between evaluations (also at step 0 and at the last step; required to train)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="one run of both twins per seed: init, batch order and dropout (default: 0)")
     parser.add_argument("--out", default="train_parity", help="directory for the JSON and the plot "
@@ -129,6 +137,14 @@ def parse_args(argv=None):
     s.add_argument("--vocab-size", type=_positive_int, default=16)
     s.add_argument("--min-len", type=_positive_int, default=1)
     args = parser.parse_args(argv)
+    if args.merge is None:
+        for option in ("steps", "eval_every"):
+            if getattr(args, option) is None:
+                parser.error(f"--{option.replace('_', '-')} is required to train (only --merge trains nothing)")
+    else:
+        for path in args.merge:
+            if not os.path.isfile(path):
+                parser.error(f"--merge {path}: no such file (give the train_parity.json of each run)")
     if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
         parser.error(f"--seeds must be distinct integers >= 0, got {' '.join(map(str, args.seeds))}")
     if args.data is not None:
@@ -506,18 +522,100 @@ def run_all(args, argv=(), log=None):
     return build_report(args, first.config, env, per_seed, load, time.perf_counter() - started, argv)
 
 
+# What may differ between the reports --merge joins: the seeds and what each run measured.
+RUN_KEYS = ("date_utc", "code", "argv", "wall_s", "load_average")
+
+
+REPORT_KEYS = ("benchmark", "machine", "recipe", "seeds", "summary", *RUN_KEYS)
+
+
+def _without_seeds(recipe_):
+    return {**recipe_, "seeds": None, "train": {**recipe_["train"], "seed": None}}
+
+
+def _first_difference(a, b, where=()):
+    """The first key path at which two JSON values differ, with both values there, or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in [*a, *(k for k in b if k not in a)]:
+            found = _first_difference(a.get(key), b.get(key), (*where, key))
+            if found:
+                return found
+        return None
+    return None if a == b else (".".join(map(str, where)), a, b)
+
+
+def _cpu(rep):
+    cpu = rep["machine"]["cpu"]
+    return cpu["model_name"], cpu["family"], cpu["model"], rep["machine"]["cores"]
+
+
+def merge(reports, names=None):
+    """One report (``build_report``'s schema) of ``reports``' seeds, with its verdict across
+    all of them. The reports must hold one recipe (but for its seeds) measured on one kind of
+    CPU with as many cores, and no seed twice. The top-level run keys (``RUN_KEYS``) are the
+    first report's, with each report's own under ``merged_from``; the load averages are
+    joined."""
+    names = names or [f"report {i + 1}" for i in range(len(reports))]
+    first, name0 = reports[0], names[0]
+    for rep, name in zip(reports, names):
+        if not isinstance(rep, dict) or rep.get("benchmark") != "train_parity":
+            raise ValueError(f"{name}: not a train_parity report")
+        missing = [key for key in REPORT_KEYS if key not in rep]
+        if missing:
+            raise ValueError(f"{name}: a train_parity report without {', '.join(missing)}")
+    for rep, name in zip(reports[1:], names[1:]):
+        differ = _first_difference(_without_seeds(rep["recipe"]), _without_seeds(first["recipe"]))
+        if differ:
+            raise ValueError(f"{name}: another recipe than {name0}'s (recipe.{differ[0]}: {differ[1]!r} against "
+                             f"{differ[2]!r})")
+        if _cpu(rep) != _cpu(first):
+            raise ValueError(f"{name}: measured on another CPU than {name0} ({_cpu(rep)} against {_cpu(first)}): "
+                             f"their times cannot be compared")
+    seeds = {}
+    for rep, name in zip(reports, names):
+        for seed, s in rep["seeds"].items():
+            if seed in seeds:
+                raise ValueError(f"{name}: seed {seed} is in an earlier report too")
+            seeds[seed] = s
+    load = {"start": first["load_average"]["start"]}
+    for rep in reports:
+        load.update({k: v for k, v in rep["load_average"].items() if k.startswith("after_seed_")})
+    load["end"] = reports[-1]["load_average"]["end"]
+    recipe_ = {**first["recipe"], "seeds": [int(seed) for seed in seeds]}
+    return {**first, "load_average": load, "recipe": recipe_, "seeds": seeds, "summary": verdict(seeds),
+            "merged_from": [{"name": name, "seeds": [int(seed) for seed in rep["seeds"]],
+                             **{k: rep[k] for k in RUN_KEYS}} for rep, name in zip(reports, names)]}
+
+
+def _read_report(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read as JSON ({e})") from None
+
+
 def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
+
+
+def _when_and_what(rep):
+    """'DATE, commit C, load average A -> B' for each run a report holds (one unless merged)."""
+    from benchmarks.code_version import describe
+
+    runs = rep.get("merged_from") or [{**rep, "seeds": rep["recipe"]["seeds"]}]
+    said = [f"{run['date_utc']}, {describe(run['code'])}, load average {run['load_average']['start']} -> "
+            f"{run['load_average']['end']}" for run in runs]
+    if len(runs) > 1:
+        said = [f"seeds {' '.join(map(str, run['seeds']))}: {line}" for run, line in zip(runs, said)]
+    return said
 
 
 def format_table(rep):
     """The printed summary: per seed and twin, the final held-out metrics, training time,
     time to each target and throughput; then the verdict."""
     from benchmarks import machine
-    from benchmarks.code_version import describe
 
-    lines = [f"{machine.one_line(rep['machine'])}", f"{rep['date_utc']}, {describe(rep['code'])}, load average "
-             f"{rep['load_average']['start']} -> {rep['load_average']['end']}"]
+    lines = [machine.one_line(rep["machine"]), *_when_and_what(rep)]
     r = rep["recipe"]
     lines.append(f"{r['parameters']:,} parameters, {r['steps']} steps, eval every {r['eval_every']} on "
                  f"{r['eval_examples']} held-out examples, seeds {' '.join(map(str, r['seeds']))}")
@@ -569,7 +667,6 @@ def plot(rep, path):
     import numpy as np
 
     from benchmarks import machine
-    from benchmarks.code_version import describe
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     palette = {"flax": ["tab:blue", "navy", "tab:cyan", "slateblue"],
@@ -616,8 +713,7 @@ def plot(rep, path):
         ax.legend(fontsize=8)
     fig.suptitle(f"Training parity, torch_ref against flaxformer_mini: {r['parameters']:,} parameters, "
                  f"dropout {dropout}, {r['steps']} steps\n{machine.one_line(rep['machine'])}\n"
-                 f"{rep['date_utc']}, {describe(rep['code'])}, load average {rep['load_average']['start']} -> "
-                 f"{rep['load_average']['end']}", fontsize=9)
+                 + "\n".join(_when_and_what(rep)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -625,9 +721,16 @@ def plot(rep, path):
 
 def main(argv=None):
     args = parse_args(argv)
-    if argv is None:  # a command: one timing run per host (the suite's workers call main() side by side)
+    if argv is None and not args.merge:  # a command: one timing run per host (the suite's workers call main() side by side)
         one_at_a_time.hold_the_machine_or_exit("python -m benchmarks.train_parity")
-    rep = run_all(args, sys.argv[1:] if argv is None else argv)
+    if args.merge:
+        try:
+            rep = merge([_read_report(path) for path in args.merge], args.merge)
+        except ValueError as e:
+            print(f"python -m benchmarks.train_parity: error: --merge: {e}", file=sys.stderr)
+            return 2
+    else:
+        rep = run_all(args, sys.argv[1:] if argv is None else argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from benchmarks.__main__ import write_json

@@ -7,6 +7,7 @@ parity test (tests/test_training_parity.py): the same widths (the tiny preset's)
 task (reverse), Adam with clipping; here the vocabulary (16) and lengths are the benchmark's.
 """
 
+import copy
 import json
 import math
 
@@ -138,9 +139,71 @@ def test_bad_options_are_refused_in_one_line_before_anything_runs(tmp_path, caps
     for argv, said in [(["--data", str(tmp_path)], "no valid.tsv there"),
                        (["--task", "reverse", "--seeds", "1", "1"], "--seeds must be distinct"),
                        (["--task", "reverse", "--target-wer", "1.5"], "must be a rate in [0, 1]"),
-                       (["--task", "reverse", "--out", str(tmp_path / "train.tsv")], "is a file")]:
+                       (["--task", "reverse", "--out", str(tmp_path / "train.tsv")], "is a file"),
+                       (["--merge", str(tmp_path / "none.json")], "no such file")]:
         with pytest.raises(SystemExit) as e:
             train_parity.parse_args([*argv, "--steps", "2", "--eval-every", "1"])
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert said in err, err
+    with pytest.raises(SystemExit):
+        train_parity.parse_args(["--task", "reverse", "--eval-every", "1"])
+    assert "--steps is required to train" in capsys.readouterr().err
+
+
+def _as_seed(rep, seed, wer_shift):
+    """``rep``'s one seed as another seed's run, its final WERs moved by ``wer_shift``."""
+    other = copy.deepcopy(rep)
+    (s,) = other["seeds"].values()
+    for twin in ("flax", "torch"):
+        s[twin]["final"]["word_error_rate"] += wer_shift
+    other["seeds"] = {str(seed): s}
+    other["recipe"]["seeds"], other["recipe"]["train"]["seed"] = [seed], seed
+    other["load_average"] = {"start": [9.0, 9.0, 9.0], f"after_seed_{seed}": [8.0, 8.0, 8.0], "end": [7.0, 7.0, 7.0]}
+    other["date_utc"] = "2026-01-02 03:04 UTC"
+    return other
+
+
+def test_merge_joins_the_seeds_of_runs_made_apart_and_judges_them_together(report, tmp_path, capsys):
+    rep, _ = report
+    later = _as_seed(rep, 4, 0.25)
+    paths = [tmp_path / "seed3.json", tmp_path / "seed4.json"]
+    for path, r in zip(paths, (rep, later)):
+        path.write_text(json.dumps(r))
+    out = tmp_path / "merged"
+    assert train_parity.main(["--merge", *map(str, paths), "--out", str(out)]) == 0
+    merged = json.loads((out / train_parity.JSON_NAME).read_text())
+    assert (out / train_parity.PLOT_NAME).read_bytes().startswith(b"\x89PNG")
+    assert list(merged["seeds"]) == ["3", "4"] and merged["recipe"]["seeds"] == [3, 4]
+    assert merged["seeds"]["3"] == rep["seeds"]["3"] and merged["seeds"]["4"] == later["seeds"]["4"]
+    # The verdict is the one a single run of both seeds gets: verdict() over the joined seeds.
+    assert merged["summary"] == json.loads(json.dumps(train_parity.verdict(merged["seeds"])))
+    assert merged["summary"]["allowed_wer_gap"] == pytest.approx(0.25)
+    assert merged["load_average"] == {"start": rep["load_average"]["start"], "after_seed_3": rep["load_average"]["after_seed_3"],
+                                      "after_seed_4": [8.0, 8.0, 8.0], "end": [7.0, 7.0, 7.0]}
+    assert [(m["name"], m["seeds"], m["date_utc"]) for m in merged["merged_from"]] == [
+        (str(paths[0]), [3], rep["date_utc"]), (str(paths[1]), [4], "2026-01-02 03:04 UTC")]
+    printed = capsys.readouterr().out
+    assert "seeds 4: 2026-01-02 03:04 UTC" in printed and f"seeds 3: {rep['date_utc']}" in printed
+
+
+def test_merge_refuses_another_recipe_another_cpu_a_seed_twice_and_what_is_no_report(report, tmp_path, capsys):
+    rep, _ = report
+    other_lr = _as_seed(rep, 4, 0.0)
+    other_lr["recipe"]["train"]["learning_rate"] *= 2
+    other_cpu = _as_seed(rep, 5, 0.0)
+    other_cpu["machine"]["cpu"]["model"] += 1
+    cases = {"lr.json": (other_lr, "another recipe than", "recipe.train.learning_rate"),
+             "cpu.json": (other_cpu, "measured on another CPU", "cannot be compared"),
+             "twice.json": (rep, "seed 3 is in an earlier report too", ""),
+             "other.json": ({"benchmark": "speed"}, "not a train_parity report", ""),
+             "cut.json": (None, "cannot be read as JSON", "")}
+    first = tmp_path / "seed3.json"
+    first.write_text(json.dumps(rep))
+    for name, (r, said, more) in cases.items():
+        (tmp_path / name).write_text("{" if r is None else json.dumps(r))
+        out = tmp_path / f"out_{name}"
+        assert train_parity.main(["--merge", str(first), str(tmp_path / name), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{tmp_path / name}: " in err and said in err and more in err, err
+        assert not out.exists()  # nothing written
