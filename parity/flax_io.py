@@ -26,7 +26,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from flax import nnx
 
 import flaxformer_mini
 from flaxformer_mini.model.config import ModelConfig
@@ -79,9 +78,9 @@ def checkpoint_kind(path):
 
 
 def abstract_model(config: ModelConfig):
-    """The Flax twin of ``config`` with shapes but no arrays (``nnx.eval_shape``): enough for
-    the conversion plan, and free whatever the model's size."""
-    return nnx.eval_shape(lambda: flaxformer_mini.Transformer.from_config(config, rngs=nnx.Rngs(0)))
+    """The Flax twin of ``config`` with shapes but no arrays (``Transformer.abstract``): enough
+    for the conversion plan, and free whatever the model's size."""
+    return flaxformer_mini.Transformer.abstract(config)
 
 
 def flax_params_from_state_dict(state_dict, config: ModelConfig, read=np.asarray):

@@ -66,12 +66,11 @@ def flax_twin(state_dict, config, seed=0, *, dtype=None):
     one of them: ``torch_to_flax`` is strict), in eval mode. ``dtype``: its compute dtype
     (``jnp.bfloat16``: parity/bfloat16.py); the parameters stay float32 whatever it is.
 
-    Built from shapes (``nnx.eval_shape``): a random init would be overwritten, and eager, op by
-    op, it cost seconds (docs/benchmarks.md, "Loading"). A state dict holds no dropout
+    Built from shapes (``Transformer.abstract``): a random init would be overwritten, and eager,
+    op by op, it cost seconds (docs/benchmarks.md, "Loading"). A state dict holds no dropout
     streams: ``fresh_streams`` makes them from ``seed`` (train mode needs real keys;
     ``train_step`` reseeds them from (seed, step))."""
-    flax_model = nnx.eval_shape(lambda: flaxformer_mini.Transformer.from_config(config, dtype=dtype,
-                                                                                rngs=nnx.Rngs(seed)))
+    flax_model = flaxformer_mini.Transformer.abstract(config, dtype=dtype)
     torch_to_flax(state_dict, flax_model)
     # Over the whole state: any variable other than a stream still holding shapes (neither the
     # state dict nor fresh_streams fills it: a bug here) is a ValueError naming it.

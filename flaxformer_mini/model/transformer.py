@@ -4,6 +4,8 @@ Masks are keep-masks (True = attend): the source mask (B, 1, 1, S) hides padding
 target mask (B, 1, T, T) is causal.
 """
 
+import functools
+
 import jax.numpy as jnp
 from flax import nnx
 
@@ -158,6 +160,17 @@ class Transformer(nnx.Module):
         return cls(**config.to_dict(), dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
                    remat_policy=remat_policy, rngs=rngs)
 
+    @classmethod
+    def abstract(cls, config: ModelConfig, *, dtype=None, param_dtype=jnp.float32, scan_layers=False, remat=False,
+                 remat_policy=None):
+        """The model of ``config`` with ``jax.ShapeDtypeStruct``s in place of arrays, as
+        ``nnx.eval_shape`` of ``from_config`` gives it: what a checkpoint or a converted state dict
+        is loaded into. Its RNG streams are shapes too, so it takes no seed. Each call returns a
+        model of its own; the init is traced once per process for each set of arguments
+        (``_abstract_parts``)."""
+        graphdef, state = _abstract_parts(cls, config, dtype, param_dtype, scan_layers, remat, remat_policy)
+        return nnx.merge(graphdef, state, copy=True)
+
     def create_source_mask(self, source_input):
         return (source_input != self.src_pad_idx)[:, None, None, :]  # (B, 1, 1, S)
 
@@ -185,3 +198,14 @@ class Transformer(nnx.Module):
         enc_out, source_mask = self.encode(source_input, check_inputs=False)
         target_mask = self.create_target_mask(target_input)
         return self.decoder(target_input, enc_out, source_mask, target_mask, check_inputs=False)
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_parts(cls, config, dtype, param_dtype, scan_layers, remat, remat_policy):
+    """(graphdef, state of shapes) of ``cls.abstract``'s arguments. Tracing the random init
+    under ``nnx.eval_shape`` costs more than merging a kept copy, the more so the deeper the
+    model, and one process builds the same abstract model again and again (a run's steps, each
+    restore of its checkpoints, each conversion of a state dict)."""
+    model = nnx.eval_shape(lambda: cls.from_config(config, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers,
+                                                   remat=remat, remat_policy=remat_policy, rngs=nnx.Rngs(0)))
+    return nnx.split(model)

@@ -187,6 +187,11 @@ class RunConfig:
         return Transformer.from_config(self.model, dtype=self.compute_dtype, scan_layers=self.scan_layers,
                                        remat=self.remat, rngs=rngs)
 
+    def abstract_model(self):
+        """``build_model``'s model with shapes in place of arrays (``Transformer.abstract``)."""
+        return Transformer.abstract(self.model, dtype=self.compute_dtype, scan_layers=self.scan_layers,
+                                    remat=self.remat)
+
     def to_dict(self):
         d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "model": self.model.to_dict(),
              "train": _train_dict(self), "data": self.data.to_dict()}

@@ -276,11 +276,11 @@ class Run:
 
     @functools.cached_property
     def trainer(self):
-        """The compiled steps, built from the model's shapes (``nnx.eval_shape``): the random
-        init, eager and op by op, is made only for a state that starts from it
+        """The compiled steps, built from the model's shapes (``Transformer.abstract``): the
+        random init, eager and op by op, is made only for a state that starts from it
         (``initial_state``), never for one a checkpoint overwrites (``latest_state``, read by
         evaluate and generate, and a resume): eager and op by op, an init costs seconds."""
-        return Trainer(nnx.eval_shape(self._new_model), self.config.train)
+        return Trainer(self.config.abstract_model(), self.config.train)
 
     def _new_model(self):
         return self.config.build_model(nnx.Rngs(self.config.train.seed))
