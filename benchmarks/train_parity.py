@@ -49,9 +49,9 @@ torch twin's by more than the spread of the seeds (the larger of the two twins' 
 across seeds). Nothing here asserts it; ``tests/test_train_parity_benchmark.py`` runs a
 smoke version.
 
-``--merge`` joins reports of the same recipe run for different seeds (a whole CMUdict run is
-40 minutes a seed on 2 cores, so seeds may be run apart) into one report and its verdict; it
-refuses reports of another recipe or CPU, or of a seed twice.
+``--merge`` joins reports of the same recipe run for different seeds (seeds run one at a time,
+on one kind of machine) into one report and its verdict; it refuses reports of another recipe
+or CPU, or of a seed twice.
 """
 
 import argparse
@@ -524,8 +524,6 @@ def run_all(args, argv=(), log=None):
 
 # What may differ between the reports --merge joins: the seeds and what each run measured.
 RUN_KEYS = ("date_utc", "code", "argv", "wall_s", "load_average")
-
-
 REPORT_KEYS = ("benchmark", "machine", "recipe", "seeds", "summary", *RUN_KEYS)
 
 

@@ -67,7 +67,7 @@ def flax_twin(state_dict, config, seed=0, *, dtype=None):
     (``jnp.bfloat16``: parity/bfloat16.py); the parameters stay float32 whatever it is.
 
     Built from shapes (``Transformer.abstract``): a random init would be overwritten, and eager,
-    op by op, it cost seconds (docs/benchmarks.md, "Loading"). A state dict holds no dropout
+    op by op, it compiles each operation's program on its first use. A state dict holds no dropout
     streams: ``fresh_streams`` makes them from ``seed`` (train mode needs real keys;
     ``train_step`` reseeds them from (seed, step))."""
     flax_model = flaxformer_mini.Transformer.abstract(config, dtype=dtype)
