@@ -65,6 +65,7 @@ import time
 from pathlib import Path
 
 from benchmarks import one_at_a_time
+from benchmarks.earlier_runs import same_cpu
 from flaxformer_mini.cli.parser import LENGTH_MULTIPLE, SCHEDULES
 
 JSON_NAME, PLOT_NAME = "train_parity.json", "train_parity.png"
@@ -544,7 +545,7 @@ def _first_difference(a, b, where=()):
 
 def _cpu(rep):
     cpu = rep["machine"]["cpu"]
-    return cpu["model_name"], cpu["family"], cpu["model"], rep["machine"]["cores"]
+    return f"{cpu.get('model_name')} family {cpu.get('family')} model {cpu.get('model')}, {rep['machine']['cores']} cores"
 
 
 def merge(reports, names=None):
@@ -566,7 +567,8 @@ def merge(reports, names=None):
         if differ:
             raise ValueError(f"{name}: another recipe than {name0}'s (recipe.{differ[0]}: {differ[1]!r} against "
                              f"{differ[2]!r})")
-        if _cpu(rep) != _cpu(first):
+        if not (same_cpu(rep["machine"]["cpu"], first["machine"]["cpu"])
+                and rep["machine"]["cores"] == first["machine"]["cores"]):
             raise ValueError(f"{name}: measured on another CPU than {name0} ({_cpu(rep)} against {_cpu(first)}): "
                              f"their times cannot be compared")
     seeds = {}
