@@ -184,14 +184,13 @@ class RunConfig:
 
     def build_model(self, rngs):
         """The run's Flax model: its ModelConfig, compute dtype and layer layout."""
-        return Transformer.from_config(self.model, **self._model_options(), rngs=rngs)
+        return Transformer.from_config(self.model, dtype=self.compute_dtype, scan_layers=self.scan_layers,
+                                       remat=self.remat, rngs=rngs)
 
     def abstract_model(self):
         """``build_model``'s model with shapes in place of arrays (``Transformer.abstract``)."""
-        return Transformer.abstract(self.model, **self._model_options())
-
-    def _model_options(self):
-        return {"dtype": self.compute_dtype, "scan_layers": self.scan_layers, "remat": self.remat}
+        return Transformer.abstract(self.model, dtype=self.compute_dtype, scan_layers=self.scan_layers,
+                                    remat=self.remat)
 
     def to_dict(self):
         d = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self), "model": self.model.to_dict(),
