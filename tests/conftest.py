@@ -10,9 +10,9 @@ to keep it short: docs/testing.md.
   (``torch.set_default_device``), JAX on its default device, TF32 off and JAX's highest
   matmul precision, as everywhere here.
 - Speed: XLA:CPU compiles at LLVM optimisation level 0 and runs its kernels on one thread,
-  torch on one thread per worker (below); the subprocesses the tests start (the CLI,
-  multi-process runs) share one persistent compilation cache per pytest run; the longest
-  files are scheduled first (HEAVY_FIRST).
+  torch on one thread per worker (below); the pytest workers and the subprocesses the tests
+  start (the CLI, multi-process runs) share one persistent compilation cache per pytest run;
+  the longest files are scheduled first (HEAVY_FIRST).
 
 Shared helpers are tests/helpers.py's (plain functions and constants); fixtures shared by
 several files are here. A test file never imports another.
@@ -51,8 +51,6 @@ from parity.policy import DEFAULT_ATOL
 parity_numerics()
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
-# The compilation cache below is for the subprocesses; this process compiles each function once.
-jax.config.update("jax_enable_compilation_cache", False)
 torch.set_num_threads(1)  # one thread per worker: see TEST_XLA_FLAGS above
 # Python's cyclic garbage collector, less often: tracing and lowering allocate objects by the
 # million, and with the default thresholds (700, 10, 10) a worker ran a full collection, which
@@ -64,11 +62,12 @@ gc.set_threshold(100_000, 50, 100)
 # The tolerance of DESIGN.md's parity policy (Hugging Face's PT/Flax standard): parity's own.
 ATOL = DEFAULT_ATOL
 
-# One JAX compilation cache for every subprocess of this pytest run (its xdist workers share
-# it): the CLI and multi-process tests start dozens of processes compiling the same train, eval
-# and decode steps. Not used in the pytest processes themselves: each compiles a program once,
-# and the two workers seldom compile the same one (docs/testing.md). Set before the workers
-# start (xdist copies the environment), removed at the end of the run.
+# One JAX compilation cache for the whole pytest run: both xdist workers and every process the
+# tests start read and write it. The CLI and multi-process tests start dozens of processes that
+# compile the same train, eval and decode steps, and the two workers compile many of the same
+# small programs (the random inits' and eager operations' of equal shapes), each a compilation
+# of its own without the cache; every compile time is cached, however short (docs/testing.md).
+# Made before the workers start (xdist copies the environment), removed at the end of the run.
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 # The runs several files train alike (trained_run, below), in one directory every worker of
 # this pytest run reads: made like the compilation cache's, removed at the end of the run.
@@ -96,6 +95,10 @@ def pytest_configure(config):
         os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="flaxformer-mini-jax-cache-")
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # tiny runs compile fast
         _CACHE_CREATED.append(os.environ[CACHE_ENV])
+    # JAX read its environment when conftest imported it, before the lines above ran here.
+    jax.config.update("jax_compilation_cache_dir", os.environ[CACHE_ENV])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")))
     if RUNS_ENV not in os.environ and not hasattr(config, "workerinput"):
         os.environ[RUNS_ENV] = tempfile.mkdtemp(prefix="flaxformer-mini-test-runs-")
         _CACHE_CREATED.append(os.environ[RUNS_ENV])

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import shutil
+import signal
 
 import jax.numpy as jnp
 import numpy as np
@@ -174,6 +175,9 @@ def test_a_second_train_into_the_same_out_is_refused_naming_the_holder(tmp_path)
     proc = start("train", *args, "--out", str(out))
     try:
         wait_for_checkpoint(out, 5, proc)
+        # Paused, still holding its lock: it takes no core from the second train, and whatever
+        # changes in the run's files from here is the second train's doing.
+        proc.send_signal(signal.SIGSTOP)
         before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and "checkpoints" not in p.parts}
         second = cli("train", *args, "--out", str(out))
         assert second.returncode == 2
