@@ -122,25 +122,6 @@ def _stored_params(manager, step):
         return None
 
 
-def _refuse_another_model(manager, step, params):
-    """Raise CheckpointMismatchError naming the parameters whose shapes differ from
-    checkpoint ``step``'s, or that it lacks; return if it has no readable metadata or they agree."""
-    stored = _stored_params(manager, step)
-    if stored is None:
-        return
-    have, want = _shapes(stored), _shapes(params)
-    bad = sorted(k for k in want if k in have and have[k] != want[k])
-    missing = sorted(set(want) - set(have))
-    if bad or missing:
-        details = [f"{k}: checkpoint {have[k]}, model {want[k]}" for k in bad[:10]]
-        details += [f"{k}: not in the checkpoint" for k in missing[:10]]
-        more = len(bad) + len(missing) - len(details)
-        raise CheckpointMismatchError(
-            f"checkpoint {step} in {manager.directory} is from a different model: "
-            + _layout_hint(have, want) + "; ".join(details) + (f"; and {more} more" if more > 0 else "")
-        ) from None
-
-
 def _unindexed(path):
     # 'encoder/transformer_layers/0/norm1/scale' -> 'encoder/transformer_layers/norm1/scale':
     # a per-layer path as the stacked (scanned) model names the same parameter.
@@ -186,14 +167,21 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {manager.directory}")
     wanted = _saved(template)
+    stored = _stored_params(manager, step)
+    if stored is not None:
+        have, want = _shapes(stored), _shapes(wanted["params"])
+        bad = sorted(k for k in want if k in have and have[k] != want[k])
+        missing = sorted(set(want) - set(have))
+        if bad or missing:
+            details = [f"{k}: checkpoint {have[k]}, model {want[k]}" for k in bad[:10]]
+            details += [f"{k}: not in the checkpoint" for k in missing[:10]]
+            more = len(bad) + len(missing) - len(details)
+            raise CheckpointMismatchError(
+                f"checkpoint {step} in {manager.directory} is from a different model: "
+                + _layout_hint(have, want) + "; ".join(details) + (f"; and {more} more" if more > 0 else "")
+            )
     target = jax.tree.map(_target, wanted)
-    try:
-        restored = manager.restore(step, args=ocp.args.StandardRestore(target))
-    except Exception:
-        # orbax refuses other shapes and other parameter trees itself (its restores are strict),
-        # in words about one array; the stored metadata, read only then, names every difference.
-        _refuse_another_model(manager, step, wanted["params"])
-        raise
+    restored = manager.restore(step, args=ocp.args.StandardRestore(target))
     # A template of shapes (Trainer.state_template()) has shapes for dropout streams too: not
     # saved, their values carry nothing (the module's docstring), made here; for shapes with no
     # sharding, committed to the default device as the rest is (_target): laid out as a fresh
