@@ -438,6 +438,16 @@ def test_sampling_at_tiny_temperature_equals_greedy(model, source, greedy):
     np.testing.assert_array_equal(np.asarray(decoding.sample(model, source, N, temperature=temperature, seed=3)), greedy)
 
 
+def test_another_temperature_runs_the_same_compiled_loop(model, source, sampled):
+    # The temperature is a traced value, not part of the program: a sampling server that
+    # varies it per request compiles the loop once. Only the rule (greedy, or sampling with
+    # its top_k, a shape) and the number of tokens make another program.
+    compiled = decoding._token_by_token._cache_size()
+    hot = np.asarray(decoding.sample(model, source, N, temperature=50.0, seed=0))
+    assert decoding._token_by_token._cache_size() == compiled
+    assert not np.array_equal(hot, sampled)  # the value reaches the loop: the same seed draws otherwise
+
+
 def test_sampled_tokens_are_within_top_k(model, source):
     tokens = np.asarray(decoding.sample(model, source, N, temperature=1.5, top_k=TOP_K, seed=5))
     logits = teacher_forced_logits(model, source, tokens)  # the full forward, along the sample

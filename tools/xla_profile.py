@@ -341,7 +341,8 @@ def _decode_hlo(preset, batch, op):
     graphdef, state = nnx.split(model)
     source = jnp.asarray(batch.source)
     if op == "decode_cached":
-        lowered = decoding._token_by_token.lower(graphdef, state, source, preset.new_tokens, ("greedy",), jax.random.key(0))
+        lowered = decoding._token_by_token.lower(graphdef, state, source, preset.new_tokens, ("greedy",),
+                                                 jax.random.key(0), jnp.float32(1.0))
     else:
         lowered = decoding._greedy_uncached.lower(graphdef, state, source, preset.new_tokens)
     return lowered.compile().as_text()

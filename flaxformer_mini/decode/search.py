@@ -49,12 +49,13 @@ def _check(model, source, max_new_tokens):
 # --- greedy and sampling --------------------------------------------------------------
 
 
-def _pick(rule, logits, t, key):
-    """The next token (B,) from logits (B, V). ``rule`` is ("greedy",) or ("sample",
-    temperature, top_k): a hashable value, so each rule compiles once."""
+def _pick(rule, logits, t, key, temperature):
+    """The next token (B,) from logits (B, V). ``rule`` is ("greedy",) or ("sample", top_k):
+    hashable and static, since top_k sets a shape. ``temperature`` is a traced scalar: every
+    temperature runs the same compiled loop."""
     if rule[0] == "greedy":
         return jnp.argmax(logits, axis=-1)
-    _, temperature, top_k = rule
+    _, top_k = rule
     logits = logits.astype(jnp.float32)
     # Shift the largest logit to 0 before dividing: as temperature -> 0 the others go to
     # -inf and sampling becomes greedy, with no overflow to inf - inf = NaN on the way.
@@ -68,7 +69,7 @@ def _pick(rule, logits, t, key):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4))
-def _token_by_token(graphdef, state, source, max_new_tokens, rule, key):
+def _token_by_token(graphdef, state, source, max_new_tokens, rule, key, temperature):
     model = nnx.merge(graphdef, state)
     B = source.shape[0]
     cache = prefill(model, source, max_new_tokens)
@@ -81,7 +82,7 @@ def _token_by_token(graphdef, state, source, max_new_tokens, rule, key):
         t, tokens, cache, out, done = carry
         # The body's own copy of the model: nnx transforms refuse Variables of another trace.
         logits, cache = decode_one_token(nnx.merge(graphdef, state, copy=True), cache, tokens, t)
-        token = jnp.where(done, PAD, _pick(rule, logits, t, key).astype(tokens.dtype))  # after EOS, padding
+        token = jnp.where(done, PAD, _pick(rule, logits, t, key, temperature).astype(tokens.dtype))  # after EOS, padding
         return t + 1, token, cache, out.at[:, t].set(token), done | (token == EOS)
 
     init = (0, jnp.full((B,), BOS, source.dtype), cache, jnp.full((B, max_new_tokens), PAD, source.dtype),
@@ -93,7 +94,8 @@ def greedy_decode(model, source, max_new_tokens):
     """Greedy tokens (B, max_new_tokens) for ``source`` (B, S), with the KV cache: EOS
     included, PAD after it. ``max_new_tokens`` may be at most ``max_len``."""
     graphdef, state = _check(model, source, max_new_tokens)
-    return _token_by_token(graphdef, state, jnp.asarray(source), max_new_tokens, ("greedy",), jax.random.key(0))
+    return _token_by_token(graphdef, state, jnp.asarray(source), max_new_tokens, ("greedy",), jax.random.key(0),
+                           jnp.float32(1.0))
 
 
 def sample(model, source, max_new_tokens, *, temperature=1.0, top_k=None, seed=0):
@@ -101,8 +103,8 @@ def sample(model, source, max_new_tokens, *, temperature=1.0, top_k=None, seed=0
     ``top_k`` most likely tokens when given. The same seed gives the same tokens."""
     check_options(model.config, temperature=temperature, top_k=top_k)
     graphdef, state = _check(model, source, max_new_tokens)
-    rule = ("sample", float(temperature), top_k)
-    return _token_by_token(graphdef, state, jnp.asarray(source), max_new_tokens, rule, jax.random.key(seed))
+    return _token_by_token(graphdef, state, jnp.asarray(source), max_new_tokens, ("sample", top_k),
+                           jax.random.key(seed), jnp.float32(temperature))
 
 
 # --- beam search ----------------------------------------------------------------------
