@@ -164,7 +164,10 @@ def test_train_eval_and_decoding_steps_carry_no_jaxpr_effects(flax_model, batch)
         "add_micro_batch": trainer.add_micro_batch.trace(state, zero_gradient_sums(state), data),
         "apply_gradient_sums": trainer.apply_gradient_sums.trace(state, zero_gradient_sums(state)),
         "eval_step": trainer.eval_step.trace(state, data),
-        "greedy/sample": decoding._token_by_token.trace(graphdef, params, source, 3, ("greedy",), jax.random.key(0)),
+        "greedy": decoding._token_by_token.trace(graphdef, params, source, 3, ("greedy",), jax.random.key(0),
+                                                 jnp.float32(1.0)),
+        "sample": decoding._token_by_token.trace(graphdef, params, source, 3, ("sample", 2), jax.random.key(0),
+                                                 jnp.float32(0.7)),
         "beam": decoding._beam.trace(graphdef, params, source, 3, 2, 0.6),
         "greedy_uncached": decoding._greedy_uncached.trace(graphdef, params, source, 3),
     }
