@@ -26,7 +26,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from flax import nnx
 
 from flaxformer_mini.runs.init_from import OPTION, InitFromError
 from flaxformer_mini.runs.config import RunConfig
@@ -73,7 +72,7 @@ def read_params(path, config: RunConfig, preset=None):
             if sizes and recorded[0] and "heads" not in recorded[1]:
                 sizes["heads"] = recorded[0].get("heads")  # the misfit message can then name them
         # The run's layout: its dtype and its stacked or per-layer blocks (abstract: no arrays).
-        model = nnx.eval_shape(lambda: config.build_model(nnx.Rngs(0)))
+        model = config.abstract_model()
         plan, tie, untied = engine.plan(model), own_ties(model), {}
         if tie is not None:  # --tie-embeddings: each copy the file holds must be its table, bit for bit
             arrays, untied = tie.forward(arrays)
