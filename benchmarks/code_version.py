@@ -2,7 +2,7 @@
 
 Without it two reports of one machine cannot be told apart by code: the Zen 4's Flax train
 step was at 60% of its matmul peak on 2026-11-25 and at 74% on 2026-11-27, and only a rerun of
-the older commit beside today's showed that the spread was the machine's (docs/benchmarks.md).
+the older commit beside the newer one showed that the spread was the machine's (docs/benchmarks.md).
 """
 
 import os

@@ -35,9 +35,11 @@ from tools import ablation_variants, ablations
 from tools.ablation_variants import VARIANTS, Variant
 
 # Stand-ins for the XLA:GPU flag variants, which a CPU cannot run: one flag XLA:CPU knows (set
-# to its default value, so the step is the default's), and one it does not.
+# to its default value, so the step is the default's), and one it does not. The known one is a
+# dump option, which JAX leaves out of its compilation cache's key: the group's process reads
+# main's compiled default step from the suite's cache instead of compiling it again.
 KNOWN_FLAG = Variant("xla_cpu_known_flag", "a flag XLA:CPU knows, at its default value",
-                     group="xla_cpu_known_flag", xla_flags="--xla_cpu_enable_fast_min_max=true")
+                     group="xla_cpu_known_flag", xla_flags="--xla_dump_max_hlo_modules=-1")
 UNKNOWN_FLAG = Variant("xla_unknown_flag", "a flag no XLA knows", group="xla_unknown_flag",
                        xla_flags="--xla_no_such_flag_here=true")
 GPU_ONLY = {name for name, v in VARIANTS.items() if v.gpu_only}
@@ -67,7 +69,10 @@ def test_each_mechanisms_variant_is_timed_and_gpu_ones_listed_as_skipped(report)
     assert names == [*SMOKE, KNOWN_FLAG.name, UNKNOWN_FLAG.name]
     assert report["complete"] and report["preset"]["scan_layers"] and report["reps"] == 1
     peak = report["matmul_peak"]
-    assert peak["library"] == "jax" and peak["dtype"] == "float32" and peak["n"] == 256 and peak["best_gflops"] > 0
+    # The peak is the faster of the two sizes timed (the preset's 256 and half of it), which one
+    # depends on the machine and its load: both are seen on 2-core Zen 4.
+    assert peak["library"] == "jax" and peak["dtype"] == "float32" and peak["n"] in (128, 256) and peak["best_gflops"] > 0
+    assert peak["best_gflops"] == pytest.approx(2.0 * peak["n"] ** 3 / min(peak["times_s"]) / 1e9)
     records = {r["name"]: r for r in report["variants"]}
     for name, rec in records.items():
         assert set(ablations.RECORD_KEYS) <= set(rec), name

@@ -32,7 +32,7 @@ def earlier_objects_out_of_the_collectors_reach():
     should in a process of its own. In a pytest worker the heap also holds everything earlier
     tests imported and compiled, and each ``gc.collect()`` walked it: 60 collections took 19 s
     of these tests' 75 s (AMD EPYC family 25, cProfile). ``gc.freeze()`` moves what exists now
-    to the permanent generation; what the harness allocates is collected as before. The file
+    to the permanent generation; what the harness allocates is collected as usual. The file
     alone, same machine: 59 s -> 42 s. Only the tests that run the harness take it: the
     fixture's own ``gc.collect()`` took 0.4-1.1 s in a worker even after an earlier freeze
     (AMD EPYC family 25 model 17, 2026-11-27), spent on tests that time nothing."""

@@ -215,7 +215,7 @@ def test_read_tsv_columns_pick_source_and_target_of_a_wider_file_either_way_roun
     with pytest.raises(DataError, match=r"pairs\.tsv:1: expected at least 4 tab-separated columns "
                                         r"\(--columns 4,1\), found 3 \(and 1 more bad line: 3\)"):
         read_tsv(path, columns=(4, 1))
-    # Without columns, today's rule: exactly two, and the error points to --columns.
+    # Without columns: exactly two, and the error points to --columns.
     with pytest.raises(DataError, match=r"pairs\.tsv:1: expected one tab .* found 2 tabs; --columns S,T picks two"):
         read_tsv(path)
 

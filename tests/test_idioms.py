@@ -1,6 +1,6 @@
 """docs/idioms.md quotes the source it explains, and the defaults it says differ do differ.
 
-- drift: the committed guide equals what ``tools/build_idioms.py`` generates from today's
+- drift: the committed guide equals what ``tools/build_idioms.py`` generates from the
   source (a quoted function that changed makes this fail, naming the snippet);
 - every placeholder of the template resolves, and the generator's filters (``skip=`` too) do
   what it says;
@@ -38,7 +38,7 @@ gen = _load_generator()
 
 @pytest.fixture(scope="module")
 def generated():
-    """The guide as the generator writes it from today's source (runs the examples)."""
+    """The guide as the generator writes it from the source (runs the examples)."""
     return gen.build()
 
 

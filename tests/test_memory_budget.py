@@ -51,7 +51,7 @@ def test_a_token_budget_beyond_the_corpus_pads_no_more_rows_than_the_corpus_hold
     pairs = TextPairs([("a b", "x"), ("c", "y z"), ("a", "z")], words, words, max_len=8, length_multiple=4)
     batch = pairs.batch_of_rows([0, 1], max_tokens=10**11)
     assert batch.source.shape == (3, 4)  # 10**11 // 4 rows asked, the corpus's 3 given
-    assert pairs.batch_of_rows([0, 1], max_tokens=8).source.shape == (2, 4)  # a budget within it: as before
+    assert pairs.batch_of_rows([0, 1], max_tokens=8).source.shape == (2, 4)  # a budget within it: the rows it holds
 
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])

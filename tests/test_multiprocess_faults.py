@@ -52,7 +52,7 @@ def test_processes_started_with_different_options_are_refused_naming_the_option(
 
 def test_every_process_trains_with_the_config_process_0_resolved(tmp_path, monkeypatch):
     # Resuming a run written before a setting existed, process 0 keeps the run's recorded value
-    # (run_dir.start_or_resume) while the others were started with today's options: here a
+    # (run_dir.start_or_resume) while the others hold the options of their own command line: here a
     # batch size and a held-out count that differ. follow_main gives every process process 0's
     # config, with its own host's data paths (the same files' contents, checked by agree_on).
     import dataclasses

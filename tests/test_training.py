@@ -79,7 +79,9 @@ def test_a_step_is_reproducible_from_seed_and_step_alone():
     b, mb = trainer.train_step(jax.tree.map(jnp.copy, s0), batch)
     assert float(ma["loss"]) == float(mb["loss"])
     assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)))
-    shifted = s0.replace(step=jnp.asarray(7, jnp.int32))
+    # Step 7 committed to the state's device as every other array of it: an uncommitted one
+    # would key another compilation of the same step (Trainer.init_state's arrays are committed).
+    shifted = s0.replace(step=jax.device_put(jnp.asarray(7, jnp.int32), s0.step.sharding))
     _, mc = trainer.train_step(jax.tree.map(jnp.copy, shifted), batch)
     assert float(mc["loss"]) != float(ma["loss"])
 

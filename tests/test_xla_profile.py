@@ -120,7 +120,7 @@ def test_instructions_known_only_by_name_are_put_in_a_category_by_xlas_fusion_na
     assert by_name("loop_dynamic_slice_fusion.clone.2") == "copy/layout"  # any suffix after the first dot
     assert by_name("loop_reduce_precision_fusion") == "elementwise"  # a rounding, no reduction
     # Found in the text, a fusion named for a dynamic-update-slice is data movement too, and a
-    # bare dynamic-slice is no longer "other".
+    # bare dynamic-slice is data movement, not "other".
     assert xla_profile.category("fusion", {"dynamic-update-slice", "add"}, False, "loop_dynamic_update_slice_fusion") \
         == "copy/layout"
     assert xla_profile.category("dynamic-slice", set(), False, "dynamic-slice.4") == "copy/layout"

@@ -122,7 +122,7 @@ class Tokenizer:
 
 
 class WordTokenizer(Tokenizer):
-    """Today's whitespace tokenizer: a thin wrapper over ``data.Vocab``, same files."""
+    """The whitespace (word) tokenizer: a thin wrapper over ``data.Vocab``, its files."""
 
     kind = "word"
 

@@ -200,7 +200,7 @@ class RunDir:
                 new[key] = was
             elif found != digest and now == was:
                 why = ("the held-out pairs and every step's batch come from its lines" if key == "train_path"
-                       else "the held-out scores would no longer compare with the earlier ones")
+                       else "the held-out scores would not compare with the earlier ones")
                 raise RunConfigError(
                     f"{now} (data.{key}) has changed since the run in {self.path} started (sha256 {found[:12]}..., "
                     f"recorded {digest[:12]}...): {why}. Restore the file, or train a new run with another --out. "

@@ -39,7 +39,7 @@ def _check_held_out_file(config: DataConfig, run_dir: RunDir):
     recorded = run_dir.recorded_checksums().get(f"data.{key}")
     if recorded is not None and (found := data_file_sha256(path)) != recorded:
         raise RunConfigError(f"{path}: the run's {what} has changed since the run in {run_dir.path} started (sha256 "
-                             f"{found[:12]}..., recorded {recorded[:12]}...), so the pairs it would score are no longer "
+                             f"{found[:12]}..., recorded {recorded[:12]}...), so the pairs it would score are not "
                              f"the run's: {instead}")
 
 
