@@ -22,6 +22,7 @@ import sys
 from flaxformer_mini.cli import errors
 from flaxformer_mini.cli.parser import DEBUG_ENV, build_parser, problem
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
+from flaxformer_mini.scale import host_guards
 from flaxformer_mini.train.stop import STOPPED_AT_ONCE, StopNow, Stopped, StopRequests
 
 # Each command's module, imported once its options are known good: `--help` and an option's
@@ -51,7 +52,7 @@ def main(argv=None):
             raise
         print(f"flaxformer-mini {args.command}: error: {message}", file=sys.stderr)
         if errors.exits_at_once_after(e):  # jax's exit barrier would wait for the lost process
-            sys.stdout.flush(), sys.stderr.flush(), os._exit(code)
+            _exit_now(code)
         return code
 
 
@@ -74,8 +75,17 @@ def _interrupted(e):
         if not distributed.is_main():
             print(e, file=sys.stderr)
     if errors.exits_at_once(e):
-        sys.stdout.flush(), sys.stderr.flush(), os._exit(errors.EXIT_INTERRUPTED)
+        _exit_now(errors.EXIT_INTERRUPTED)
     return errors.EXIT_INTERRUPTED
+
+
+def _exit_now(code):
+    """End the process with ``code`` without Python's shutdown (``os._exit``), having flushed
+    what it printed and removed its per-host process-id lock, which an ``atexit`` handler
+    would otherwise remove (scale/host_guards.py)."""
+    sys.stdout.flush(), sys.stderr.flush()
+    host_guards.release_slots()
+    os._exit(code)
 
 
 if __name__ == "__main__":

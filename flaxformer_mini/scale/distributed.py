@@ -184,6 +184,7 @@ class _give_up_after:
         if not self._done.wait(self.timeout_s):
             print(self.message, file=sys.stderr, flush=True)
             sys.stdout.flush()
+            host_guards.release_slots()
             os._exit(EXIT_UNUSABLE)
 
     def __enter__(self):
