@@ -24,7 +24,7 @@ NATIVE = """
 import hashlib, sys
 from flaxformer_mini.train.stop import StopRequests
 
-with StopRequests(force_exit=sys.argv[1] == "force_exit"):
+with StopRequests(force_exit=sys.argv[1] == "force_exit", before_exit=lambda: print("before exit", flush=True)):
     print("in native code", flush=True)
     hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 2_000_000_000)
     print("returned", flush=True)
@@ -106,6 +106,7 @@ def test_a_quick_second_ctrl_c_ends_the_process_without_the_first_ones_hint():
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 130 and stop.STOPPED_AT_ONCE in err and "stopping:" not in err
+    assert "before exit" in out  # what train removes there: its per-host process-id lock (cli/main.py)
 
 
 def test_a_library_callers_process_is_never_ended_by_the_watcher():

@@ -61,7 +61,8 @@ def _signals(command):
     loads: a signal at any moment stops every process at the same step, saved, never the
     default action (which would end this process at once and abort its peers); a second Ctrl-C
     ends the process, even inside a compilation. The other commands keep Python's Ctrl-C."""
-    return StopRequests(force_exit=True) if command == "train" else contextlib.nullcontext(None)
+    return (StopRequests(force_exit=True, before_exit=host_guards.release_slots) if command == "train"
+            else contextlib.nullcontext(None))
 
 
 def _interrupted(e):

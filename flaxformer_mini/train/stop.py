@@ -52,13 +52,15 @@ class StopRequests:
     """A flag set by SIGINT/SIGTERM while installed (a context manager); the previous handlers
     come back on exit. ``force_exit``: a second signal that the run has not acted on within
     GRACE_S ends the process (``train`` asks for it; a library caller's process is never ended
-    from here, it gets StopNow when its code next runs)."""
+    from here, it gets StopNow when its code next runs). ``before_exit``: called just before
+    that end, which runs no ``atexit`` handler (the command line removes its per-host lock)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, force_exit=False):
+    def __init__(self, force_exit=False, before_exit=None):
         self.requested = False
         self.force_exit = force_exit
+        self.before_exit = before_exit
         self._previous = None
         self._watcher = None
 
@@ -116,6 +118,8 @@ class StopRequests:
             if end_at is not None and now >= end_at:
                 print(f"\n{STOPPED_AT_ONCE}", file=sys.stderr, flush=True)
                 sys.stdout.flush()
+                if self.before_exit is not None:
+                    self.before_exit()
                 os._exit(EXIT_INTERRUPTED)
             if say_at is not None and now >= say_at:
                 say_at = None
