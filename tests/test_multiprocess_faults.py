@@ -325,6 +325,10 @@ def test_processes_whose_peers_never_connect_stop_with_a_message_naming_the_coor
         assert "Check failure" not in err and "Traceback" not in err, err[-2000:]
     assert time.time() - t0 < 60  # 1 s, not jax's own timeout (1 + JAX_INIT_GRACE_S, then its abort)
     assert not out.exists()
+    # The watchdog ends each process at once (os._exit, no atexit handler), its process-id lock removed first.
+    from flaxformer_mini.scale.host_guards import _slot_path
+
+    assert not any(_slot_path(f"127.0.0.1:{port}", i).exists() for i in range(2))
 
 
 def test_a_process_id_out_of_range_is_refused():
