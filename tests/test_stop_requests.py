@@ -22,9 +22,11 @@ from flaxformer_mini.train import stop
 # (about 0.3 us an iteration: the test ends it long before).
 NATIVE = """
 import hashlib, sys
+from flaxformer_mini.process_exit import before_exit_now
 from flaxformer_mini.train.stop import StopRequests
 
-with StopRequests(force_exit=sys.argv[1] == "force_exit", before_exit=lambda: print("before exit", flush=True)):
+before_exit_now(lambda: print("before exit", flush=True))
+with StopRequests(force_exit=sys.argv[1] == "force_exit"):
     print("in native code", flush=True)
     hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 2_000_000_000)
     print("returned", flush=True)
@@ -106,7 +108,7 @@ def test_a_quick_second_ctrl_c_ends_the_process_without_the_first_ones_hint():
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 130 and stop.STOPPED_AT_ONCE in err and "stopping:" not in err
-    assert "before exit" in out  # what train removes there: its per-host process-id lock (cli/main.py)
+    assert "before exit" in out  # where a train process removes its per-host process-id lock (host_guards.py)
 
 
 def test_a_library_callers_process_is_never_ended_by_the_watcher():

@@ -22,7 +22,7 @@ import sys
 from flaxformer_mini.cli import errors
 from flaxformer_mini.cli.parser import DEBUG_ENV, build_parser, problem
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
-from flaxformer_mini.scale import host_guards
+from flaxformer_mini.process_exit import exit_now
 from flaxformer_mini.train.stop import STOPPED_AT_ONCE, StopNow, Stopped, StopRequests
 
 # Each command's module, imported once its options are known good: `--help` and an option's
@@ -52,7 +52,7 @@ def main(argv=None):
             raise
         print(f"flaxformer-mini {args.command}: error: {message}", file=sys.stderr)
         if errors.exits_at_once_after(e):  # jax's exit barrier would wait for the lost process
-            _exit_now(code)
+            exit_now(code)
         return code
 
 
@@ -61,8 +61,7 @@ def _signals(command):
     loads: a signal at any moment stops every process at the same step, saved, never the
     default action (which would end this process at once and abort its peers); a second Ctrl-C
     ends the process, even inside a compilation. The other commands keep Python's Ctrl-C."""
-    return (StopRequests(force_exit=True, before_exit=host_guards.release_slots) if command == "train"
-            else contextlib.nullcontext(None))
+    return StopRequests(force_exit=True) if command == "train" else contextlib.nullcontext(None)
 
 
 def _interrupted(e):
@@ -76,17 +75,9 @@ def _interrupted(e):
         if not distributed.is_main():
             print(e, file=sys.stderr)
     if errors.exits_at_once(e):
-        _exit_now(errors.EXIT_INTERRUPTED)
+        exit_now(errors.EXIT_INTERRUPTED)
     return errors.EXIT_INTERRUPTED
 
-
-def _exit_now(code):
-    """End the process with ``code`` without Python's shutdown (``os._exit``), having flushed
-    what it printed and removed its per-host process-id lock, which an ``atexit`` handler
-    would otherwise remove (scale/host_guards.py)."""
-    sys.stdout.flush(), sys.stderr.flush()
-    host_guards.release_slots()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import numpy as np
 
 from flaxformer_mini.files import file_sha256
 from flaxformer_mini.model.paths import path_name
+from flaxformer_mini.process_exit import exit_now
 from flaxformer_mini.scale import host_guards
 from flaxformer_mini.scale.errors import DistributedError, ProcessLostError
 
@@ -183,9 +184,7 @@ class _give_up_after:
     def _watch(self):
         if not self._done.wait(self.timeout_s):
             print(self.message, file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            host_guards.release_slots()
-            os._exit(EXIT_UNUSABLE)
+            exit_now(EXIT_UNUSABLE)
 
     def __enter__(self):
         threading.Thread(target=self._watch, name="distributed-start-watchdog", daemon=True).start()

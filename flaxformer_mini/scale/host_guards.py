@@ -17,6 +17,7 @@ try:
 except ImportError:  # not POSIX: no per-host lock (hold_process_slot)
     fcntl = None
 
+from flaxformer_mini.process_exit import before_exit_now
 from flaxformer_mini.scale.errors import DistributedError
 
 
@@ -93,8 +94,8 @@ def hold_process_slot(address, process_id, given="--coordinator"):
     run (SIGABRT). Only processes on this host are seen (a lock file in the temp directory);
     the same id on another host is not (docs/scale-out.md, known limits).
 
-    The file is removed at exit, and by ``release_slots`` before an exit that skips Python's
-    (``os._exit``); the lock is re-taken when the file was replaced meanwhile (the inode
+    The file is removed at exit, also at an exit that skips Python's shutdown
+    (``process_exit.exit_now``); the lock is re-taken when the file was replaced meanwhile (the inode
     check), so a removal never lets two holders in. A process killed outright leaves its file:
     the next process with that coordinator and id takes the lock in it."""
     if fcntl is None:
@@ -129,11 +130,12 @@ def hold_process_slot(address, process_id, given="--coordinator"):
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _SLOTS[path] = fd
     atexit.register(_release_slot, path, fd)
+    before_exit_now(release_slots)
 
 
 def release_slots():
-    """Remove and release every lock file this process holds: for the exits that end the
-    process at once (``os._exit``), which run no ``atexit`` handler."""
+    """Remove and release every lock file this process holds: at ``process_exit.exit_now``,
+    which runs no ``atexit`` handler."""
     for path, fd in list(_SLOTS.items()):
         _release_slot(path, fd)
 

@@ -31,6 +31,8 @@ import sys
 import threading
 import time
 
+from flaxformer_mini.process_exit import exit_now
+
 GRACE_S = 1.0  # how long a stop may take before the watcher speaks (first signal) or ends the process (second)
 EXIT_INTERRUPTED = 130  # as cli/errors.py's: the exit code of any Ctrl-C
 
@@ -52,15 +54,13 @@ class StopRequests:
     """A flag set by SIGINT/SIGTERM while installed (a context manager); the previous handlers
     come back on exit. ``force_exit``: a second signal that the run has not acted on within
     GRACE_S ends the process (``train`` asks for it; a library caller's process is never ended
-    from here, it gets StopNow when its code next runs). ``before_exit``: called just before
-    that end, which runs no ``atexit`` handler (the command line removes its per-host lock)."""
+    from here, it gets StopNow when its code next runs)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, force_exit=False, before_exit=None):
+    def __init__(self, force_exit=False):
         self.requested = False
         self.force_exit = force_exit
-        self.before_exit = before_exit
         self._previous = None
         self._watcher = None
 
@@ -117,10 +117,7 @@ class StopRequests:
             now = time.monotonic()
             if end_at is not None and now >= end_at:
                 print(f"\n{STOPPED_AT_ONCE}", file=sys.stderr, flush=True)
-                sys.stdout.flush()
-                if self.before_exit is not None:
-                    self.before_exit()
-                os._exit(EXIT_INTERRUPTED)
+                exit_now(EXIT_INTERRUPTED)
             if say_at is not None and now >= say_at:
                 say_at = None
                 name, hint = (("Ctrl-C", "; Ctrl-C again stops at once, without saving") if first == signal.SIGINT
