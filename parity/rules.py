@@ -131,6 +131,8 @@ RULES = {
     primitives.Linear: _LINEAR_RULES,
     nnx.Embed: (Rule("weight", "embedding"),),
     nnx.LayerNorm: _NORM_RULES,
+    # flaxformer_mini's LayerNorm: the same parameters, with a backward pass of its own.
+    primitives.LayerNorm: _NORM_RULES,
     nnx.Conv: _CONV_RULES,
     nnx.GroupNorm: _NORM_RULES,
     nnx.RMSNorm: (Rule("weight", "scale"),),

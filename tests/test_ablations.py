@@ -2,7 +2,7 @@
 (``bash tools/gpu_items.sh decide``; docs/benchmarks.md, "The ablations").
 
 Properties checked: at the tiny preset, scanned, one repetition, a variant of each mechanism
-(a PRNG implementation, a remat policy, the fused loss, the LayerNorm keeping its input, a
+(a PRNG implementation, a remat policy, the fused loss, the LayerNorm by autodiff, a
 larger batch in a group of its own) runs in its group's process and is reported with its time,
 its share of the run's matmul peak and its memory; GPU-only ones (XLA:GPU flags, cuDNN) are
 listed as skipped, not left out; an XLA flag's group runs ``default`` under that flag (a flag
@@ -12,26 +12,16 @@ not tests. Every variant at once (``python -m tools.ablations --preset tiny --sc
 --reps 1``) takes about 1.5 minutes on a 2-core CPU, each compiling its own step: the suite
 runs one of each mechanism (docs/testing.md).
 
-The LayerNorm variant that keeps its input and statistics (``layer_norm_stats_kept``, a custom
-VJP) computes nnx.LayerNorm's values and gradients, and leaves a scanned bfloat16 model no
-float32 activation to keep.
-
-Sizes: the tiny preset (D=30, 5 heads, 2 + 2 layers, B=3, S=T=7); the LayerNorm checks at
-B=3, T=5, D=7 and the scanned model of tests/test_layer_norm_recompute.py.
+Sizes: the tiny preset (D=30, 5 heads, 2 + 2 layers, B=3, S=T=7).
 """
 
 import contextlib
 import io
 import json
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
-from flax import nnx
 
-from flaxformer_mini.model import primitives
-from tools import ablation_variants, ablations
+from tools import ablations
 from tools.ablation_variants import VARIANTS, Variant
 
 # Stand-ins for the XLA:GPU flag variants, which a CPU cannot run: one flag XLA:CPU knows (set
@@ -44,7 +34,7 @@ UNKNOWN_FLAG = Variant("xla_unknown_flag", "a flag no XLA knows", group="xla_unk
                        xla_flags="--xla_no_such_flag_here=true")
 GPU_ONLY = {name for name, v in VARIANTS.items() if v.gpu_only}
 # One variant of each mechanism, and two GPU-only ones (listed as skipped).
-SMOKE = ["default", "rbg_dropout", "remat_dots", "fused_loss", "layer_norm_stats_kept", "attention_cudnn", "batch_x2",
+SMOKE = ["default", "rbg_dropout", "remat_dots", "fused_loss", "layer_norm_autodiff", "attention_cudnn", "batch_x2",
          "xla_dynamic_slice_fusion"]
 
 
@@ -146,80 +136,3 @@ def test_the_list_names_every_variant_and_where_it_runs(capsys):
     for name, v in VARIANTS.items():
         assert name in listed and v.what in listed
     assert "a group of its own, XLA_FLAGS --xla_gpu_enable_dynamic_slice_fusion=true; GPU only" in listed
-
-
-# --- layer_norm_stats_kept --------------------------------------------------------------------
-
-def _layer_norm(dtype):
-    norm = primitives.layer_norm(7, dtype=dtype, rngs=nnx.Rngs(0))
-    # A scale and bias other than 1 and 0 (values bfloat16 holds exactly, so the float32
-    # reference below has the same ones).
-    norm.scale[...] = jnp.linspace(0.5, 2.0, 7).astype(jnp.bfloat16).astype(jnp.float32)
-    norm.bias[...] = jnp.linspace(-1.0, 1.0, 7).astype(jnp.bfloat16).astype(jnp.float32)
-    return norm
-
-
-def _value_and_grads(normalize, norm, x):
-    """The value and the gradients (x, then bias and scale) of a loss weighing every output of
-    ``normalize(norm, x)`` by a fixed random weight (bfloat16 values)."""
-    weights = jax.random.normal(jax.random.key(1), x.shape).astype(jnp.bfloat16).astype(jnp.float32)
-    graphdef, state = nnx.split(norm)
-
-    def loss(x, state):
-        return jnp.sum(normalize(nnx.merge(graphdef, state), x).astype(jnp.float32) * weights)
-
-    value, grads = jax.value_and_grad(loss, argnums=(0, 1))(x, state)
-    return float(value), [np.asarray(g, np.float64) for g in jax.tree.leaves(grads)]
-
-
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_the_layer_norm_keeping_its_input_computes_nnx_layer_norms_values_and_gradients(dtype):
-    # Inputs with a mean far from their spread (the two-pass variance's case), held exactly
-    # in bfloat16.
-    x = (jax.random.normal(jax.random.key(0), (3, 5, 7)) * 3.0 + 5.0).astype(jnp.bfloat16).astype(dtype)
-    keeping = ablation_variants.normalize_keeping_input
-    assert keeping(_layer_norm(dtype), x).dtype == dtype
-    value, (d_x, d_bias, d_scale) = _value_and_grads(keeping, _layer_norm(dtype), x)
-    plain_value, (plain_x, plain_bias, plain_scale) = _value_and_grads(primitives.normalize, _layer_norm(dtype), x)
-    # The forward pass is nnx.LayerNorm's arithmetic in its order, and so are scale's and
-    # bias's gradients (float32 sums in another order at most).
-    assert value == pytest.approx(plain_value, rel=1e-6)
-    for ours, theirs in ((d_bias, plain_bias), (d_scale, plain_scale)):
-        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
-    if dtype == jnp.float32:
-        np.testing.assert_allclose(d_x, plain_x, rtol=1e-6, atol=1e-6)
-        return
-    # In bfloat16 the input's gradient is the float32 LayerNorm's rounded once (2^-8 relative).
-    # nnx.LayerNorm's own is further off: its backward rounds the gradients of its two paths
-    # to x (the centring and the statistics) to bfloat16 before adding them, and they nearly
-    # cancel (measured on CPU: off by up to 0.0084, 91% of a small element, where this one is
-    # off by up to 0.0034, within 2^-8 of every element; the largest element is 2.56).
-    _, (exact_x, _, _) = _value_and_grads(primitives.normalize, _layer_norm(None), x.astype(jnp.float32))
-    np.testing.assert_allclose(d_x, exact_x, rtol=2.0**-8, atol=1e-6)
-    assert np.abs(d_x - exact_x).max() < np.abs(plain_x - exact_x).max()
-
-
-def _float32_stacks_kept():
-    """How many float32 (L, B, T, D) arrays autodiff keeps for the backward pass of a scanned
-    bfloat16 model (L=3 layers a side, B=2, S=T=8, D=32), as JAX's public API prints them."""
-    from jax.ad_checkpoint import print_saved_residuals
-
-    import flaxformer_mini as fm
-
-    model = fm.Transformer(0, 40, 40, 16, 32, 4, 3, 0.0, dtype=jnp.bfloat16, scan_layers=True, rngs=nnx.Rngs(0))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    source = jnp.arange(1, 17).reshape(2, 8) % 39 + 1
-
-    def loss(params):
-        return nnx.merge(graphdef, params, rest, copy=True)(source, source[:, ::-1]).astype(jnp.float32).sum()
-
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        print_saved_residuals(loss, params)
-    return sum(line.split(" ")[0] == "f32[3,2,8,32]" for line in printed.getvalue().splitlines())
-
-
-def test_the_layer_norm_keeping_its_input_leaves_a_scanned_bfloat16_model_no_float32_activation():
-    assert _float32_stacks_kept() == 5 * 3  # five LayerNorms per layer pair, three float32 arrays each
-    with ablation_variants.swapped(ablation_variants.layers, "normalize", ablation_variants.normalize_keeping_input):
-        assert _float32_stacks_kept() == 0

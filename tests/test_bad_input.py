@@ -15,6 +15,7 @@ import torch
 from flax import nnx
 
 import flaxformer_mini as fm
+from flaxformer_mini.model import primitives
 import torch_ref
 
 TINY = fm.get_preset("tiny")  # source V 23, target V 19, max_len 17, D 30, H 5
@@ -151,9 +152,10 @@ def test_both_twins_accept_ids_and_lengths_at_the_limits(torch_model, flax_model
 
 @pytest.fixture
 def layer_calls(monkeypatch):
-    """Record every call of an Embed, Linear or LayerNorm: the compiled work of a forward."""
+    """Record every call of an Embed, Linear or LayerNorm: the compiled work of a forward.
+    (The model's LayerNorm has a ``__call__`` of its own; its Linear calls nnx.Linear's.)"""
     calls = []
-    for cls in (nnx.Embed, nnx.Linear, nnx.LayerNorm):
+    for cls in (nnx.Embed, nnx.Linear, primitives.LayerNorm):
         original = cls.__call__
 
         def spy(self, *args, _original=original, _name=cls.__name__, **kwargs):

@@ -14,6 +14,7 @@ stores them in NNX's sharding metadata (``out_sharding``) where the parameter is
 rules table turns them into a layout on a mesh. They change no value and no RNG draw.
 """
 
+import functools
 import math
 
 import jax
@@ -131,15 +132,85 @@ class SharedEmbedding(nnx.Module):
         return jnp.take(table, ids, axis=0)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _layer_norm(x, scale, bias, epsilon, dtype):
+    return _layer_norm_forward(x, scale, bias, epsilon, dtype)[0]
+
+
+def _statistics_dtype(dtype):
+    """float32, or float64 for float64, as flax's ``_compute_stats`` promotes. Written out:
+    ``jnp.promote_types`` follows the promotion mode in force when JAX traces this, which for
+    a backward pass may be outside the caller's ``normalize``."""
+    return jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
+
+
+def _layer_norm_forward(x, scale, bias, epsilon, dtype):
+    """nnx.LayerNorm's arithmetic over the last axis (two-pass variance, statistics in float32
+    or wider), in flax's order (``nnx.normalization._normalize``), so the same roundings. What
+    it keeps for the backward pass: its input as it came and a mean and 1/std per token."""
+    wide = x.astype(_statistics_dtype(x.dtype))
+    mean = jnp.mean(wide, axis=-1, keepdims=True)
+    centred = wide - mean
+    inv_std = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
+    y = centred * (inv_std * scale.astype(wide.dtype)) + bias.astype(wide.dtype)
+    return y.astype(dtype), (x, scale, mean, inv_std)
+
+
+def _layer_norm_backward(epsilon, dtype, kept, grad):
+    x, scale, mean, inv_std = kept
+    wide = mean.dtype
+    normalised = (x.astype(wide) - mean) * inv_std  # recomputed: elementwise, no reduction
+    grad = grad.astype(wide)
+    lead = tuple(range(x.ndim - 1))
+    d_normalised = grad * scale.astype(wide)
+    # The input's gradient in the statistics' dtype, rounded once to x's.
+    d_x = inv_std * (d_normalised - jnp.mean(d_normalised, axis=-1, keepdims=True)
+                     - normalised * jnp.mean(d_normalised * normalised, axis=-1, keepdims=True))
+    # scale and bias came as (1, ..., 1, D): their gradients are summed over every leading axis.
+    return (d_x.astype(x.dtype), jnp.sum(grad * normalised, axis=lead, keepdims=True).astype(scale.dtype),
+            jnp.sum(grad, axis=lead, keepdims=True).astype(scale.dtype))
+
+
+_layer_norm.defvjp(_layer_norm_forward, _layer_norm_backward)
+
+
+class LayerNorm(nnx.LayerNorm):
+    """nnx.LayerNorm over the last axis, the same parameters and values, with a backward pass
+    of its own (``jax.custom_vjp``). Autodiff of nnx.LayerNorm keeps three float32 arrays of
+    the input's shape per LayerNorm (its statistics' arithmetic) and, in bfloat16, rounds the
+    gradients of the input's two paths (the centring and the statistics) before adding them,
+    where they nearly cancel. This one keeps the input in the compute dtype and a mean and 1/std
+    per token in the statistics' dtype (float32, float64 for float64), and rounds the input's
+    gradient once. In a scanned bfloat16 train step
+    those float32 stacks were the largest part of what the layer loop copies
+    (docs/benchmarks.md, "GPU"). PyTorch's LayerNorm has a fused backward of its own too.
+
+    Other settings (a mask, reduction or feature axes other than the last, no scale or bias,
+    the fast variance) run nnx.LayerNorm's own ``__call__``."""
+
+    def __call__(self, x, *, mask=None):
+        last = (-1, x.ndim - 1)
+        if (mask is not None or self.scale is None or self.bias is None or self.axis_name is not None
+                or self.use_fast_variance or self.reduction_axes not in last or self.feature_axes not in last):
+            return super().__call__(x, mask=mask)
+        scale, bias = self.scale[...], self.bias[...]
+        # As nnx.LayerNorm's promote_dtype does: the input, scale and bias in the compute dtype
+        # first (``dtype``, or their common dtype).
+        dtype = self.dtype if self.dtype is not None else jnp.result_type(x, scale, bias)
+        lead = (1,) * (x.ndim - 1)  # explicit broadcasting: the tests raise on implicit rank promotion
+        scale, bias = (v.astype(dtype).reshape(lead + v.shape) for v in (scale, bias))
+        return _layer_norm(x.astype(dtype), scale, bias, self.epsilon, dtype)
+
+
 def layer_norm(num_features, *, axes=None, dtype=None, param_dtype=jnp.float32, rngs):
-    """nnx.LayerNorm with torch's epsilon and torch's two-pass variance. ``axes``: the
+    """A ``LayerNorm`` with torch's epsilon and torch's two-pass variance. ``axes``: the
     (features,) logical name of its scale and bias.
 
-    Flax computes its statistics in float32 even when ``dtype`` is bfloat16, which is what
-    the project wants. ``use_fast_variance=False`` computes E[(x - mean)^2] like PyTorch
-    instead of E[x^2] - mean^2, which loses precision when |mean| >> std.
+    Its statistics are in float32 even when ``dtype`` is bfloat16, as Flax's and as PyTorch's
+    under autocast. ``use_fast_variance=False``: E[(x - mean)^2], as PyTorch, not
+    E[x^2] - mean^2, which loses precision when |mean| >> std.
     """
-    return nnx.LayerNorm(
+    return LayerNorm(
         num_features,
         epsilon=LAYER_NORM_EPS,
         use_fast_variance=False,
@@ -154,13 +225,12 @@ def layer_norm(num_features, *, axes=None, dtype=None, param_dtype=jnp.float32, 
 def normalize(norm, x):
     """``norm(x)`` for a ``layer_norm``, its float32 statistics allowed under strict promotion.
 
-    With a bfloat16 ``dtype``, Flax's LayerNorm takes its statistics in float32 by promotion
-    (``jnp.promote_types(dtype, float32)`` inside flax's ``_compute_stats``), which
-    ``jax_numpy_dtype_promotion="strict"`` (the tests' setting) refuses. That promotion is the
-    intended one (docs/design.md: LayerNorm statistics in float32) and happens inside the library,
-    where no explicit cast of ours can reach it: so this call alone runs under standard
-    promotion, and the rest of the model stays checked. (PyTorch's LayerNorm under autocast
-    also runs in float32.)
+    ``LayerNorm`` casts to float32 itself; nnx.LayerNorm's own call, which it falls back to
+    for other settings, takes its statistics in float32 by promotion inside flax
+    (``jnp.promote_types(dtype, float32)`` in ``_compute_stats``), which
+    ``jax_numpy_dtype_promotion="strict"`` (the tests' setting) refuses and no cast of ours can
+    reach. So this call alone runs under standard promotion, and the rest of the model stays
+    checked.
     """
     with jax.numpy_dtype_promotion("standard"):
         return norm(x)
