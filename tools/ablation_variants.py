@@ -261,7 +261,8 @@ def _catalogue():
     }
     out = [
         Variant("default", "the benchmark's train step: dropout 0.1 with threefry keys (JAX's default), the "
-                           "model's LayerNorms (their input and statistics kept), the plain loss", build=lambda p, b: train_path("default", p, b)),
+                           "model's LayerNorms (their input and statistics kept), the plain loss",
+                build=lambda p, b: train_path("default", p, b)),
         Variant("no_dropout", "the same model with dropout 0.0: the floor of dropout's cost",
                 build=lambda p, b: train_path("no_dropout", p.replace(model=p.model.replace(dropout=0.0)), b)),
         Variant("rbg_dropout", "dropout's bits from XLA's RngBitGenerator (jax_default_prng_impl='rbg') instead of "

@@ -181,9 +181,9 @@ class LayerNorm(nnx.LayerNorm):
     gradients of the input's two paths (the centring and the statistics) before adding them,
     where they nearly cancel. This one keeps the input in the compute dtype and a mean and 1/std
     per token in the statistics' dtype (float32, float64 for float64), and rounds the input's
-    gradient once. In a scanned bfloat16 train step
-    those float32 stacks were the largest part of what the layer loop copies
-    (docs/benchmarks.md, "GPU"). PyTorch's LayerNorm has a fused backward of its own too.
+    gradient once. In a scanned bfloat16 train step those float32 stacks were the largest part
+    of what the layer loop copies (docs/benchmarks.md, "GPU"). PyTorch's LayerNorm has a fused
+    backward of its own too.
 
     Other settings (a mask, reduction or feature axes other than the last, no scale or bias,
     the fast variance) run nnx.LayerNorm's own ``__call__``."""
