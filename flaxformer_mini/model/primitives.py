@@ -139,15 +139,17 @@ def _layer_norm(x, scale, bias, epsilon, dtype):
 
 def _statistics_dtype(dtype):
     """float32, or float64 for float64, as flax's ``_compute_stats`` promotes. Written out:
-    ``jnp.promote_types`` follows the promotion mode in force when JAX traces this, which for
-    a backward pass may be outside the caller's ``normalize``."""
+    ``jnp.promote_types`` follows the promotion mode in force when JAX traces this, and JAX may
+    trace the forward rule again when it differentiates (under ``jax.checkpoint``), outside the
+    caller's ``normalize``."""
     return jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
 
 
 def _layer_norm_forward(x, scale, bias, epsilon, dtype):
     """nnx.LayerNorm's arithmetic over the last axis (two-pass variance, statistics in float32
     or wider), in flax's order (``nnx.normalization._normalize``), so the same roundings. What
-    it keeps for the backward pass: its input as it came and a mean and 1/std per token."""
+    it keeps for the backward pass: its input as it came, the scale, and a mean and 1/std per
+    token."""
     wide = x.astype(_statistics_dtype(x.dtype))
     mean = jnp.mean(wide, axis=-1, keepdims=True)
     centred = wide - mean
@@ -179,27 +181,27 @@ class LayerNorm(nnx.LayerNorm):
     of its own (``jax.custom_vjp``). Autodiff of nnx.LayerNorm keeps three float32 arrays of
     the input's shape per LayerNorm (its statistics' arithmetic) and, in bfloat16, rounds the
     gradients of the input's two paths (the centring and the statistics) before adding them,
-    where they nearly cancel. This one keeps the input in the compute dtype and a mean and 1/std
-    per token in the statistics' dtype (float32, float64 for float64), and rounds the input's
-    gradient once. In a scanned bfloat16 train step those float32 stacks were the largest part
-    of what the layer loop copies (docs/benchmarks.md, "GPU"). PyTorch's LayerNorm has a fused
-    backward of its own too.
+    where they nearly cancel. This one keeps the input and the scale in the compute dtype and a
+    mean and 1/std per token in the statistics' dtype (float32, float64 for float64), and
+    rounds the input's gradient once. In a scanned bfloat16 train step those float32 stacks were
+    the largest part of what the layer loop copies (docs/benchmarks.md, "GPU"). PyTorch's
+    LayerNorm has a fused backward of its own too. Being a ``jax.custom_vjp``, it has no
+    forward-mode derivative (``jax.jvp``, ``jax.jacfwd``); nothing here uses one.
 
     Other settings (a mask, reduction or feature axes other than the last, no scale or bias,
-    the fast variance) run nnx.LayerNorm's own ``__call__``."""
+    the fast variance, an ``axis_name``) run nnx.LayerNorm's own ``__call__``."""
 
     def __call__(self, x, *, mask=None):
         last = (-1, x.ndim - 1)
         if (mask is not None or self.scale is None or self.bias is None or self.axis_name is not None
                 or self.use_fast_variance or self.reduction_axes not in last or self.feature_axes not in last):
             return super().__call__(x, mask=mask)
-        scale, bias = self.scale[...], self.bias[...]
-        # As nnx.LayerNorm's promote_dtype does: the input, scale and bias in the compute dtype
-        # first (``dtype``, or their common dtype).
-        dtype = self.dtype if self.dtype is not None else jnp.result_type(x, scale, bias)
+        # nnx.LayerNorm's own promotion first: the input, scale and bias in the compute dtype
+        # (``dtype``, or their common dtype).
+        x, scale, bias = self.promote_dtype((x, self.scale[...], self.bias[...]), dtype=self.dtype)
         lead = (1,) * (x.ndim - 1)  # explicit broadcasting: the tests raise on implicit rank promotion
-        scale, bias = (v.astype(dtype).reshape(lead + v.shape) for v in (scale, bias))
-        return _layer_norm(x.astype(dtype), scale, bias, self.epsilon, dtype)
+        return _layer_norm(x, scale.reshape(lead + scale.shape), bias.reshape(lead + bias.shape), self.epsilon,
+                           x.dtype)
 
 
 def layer_norm(num_features, *, axes=None, dtype=None, param_dtype=jnp.float32, rngs):
@@ -223,14 +225,12 @@ def layer_norm(num_features, *, axes=None, dtype=None, param_dtype=jnp.float32, 
 
 
 def normalize(norm, x):
-    """``norm(x)`` for a ``layer_norm``, its float32 statistics allowed under strict promotion.
-
-    ``LayerNorm`` casts to float32 itself; nnx.LayerNorm's own call, which it falls back to
-    for other settings, takes its statistics in float32 by promotion inside flax
-    (``jnp.promote_types(dtype, float32)`` in ``_compute_stats``), which
-    ``jax_numpy_dtype_promotion="strict"`` (the tests' setting) refuses and no cast of ours can
-    reach. So this call alone runs under standard promotion, and the rest of the model stays
-    checked.
+    """``norm(x)`` for a ``layer_norm``, under standard promotion: the rest of the model stays
+    under the tests' ``jax_numpy_dtype_promotion="strict"``. Two promotions inside the
+    LayerNorm need it, where no cast of ours reaches: ``LayerNorm`` with ``dtype=None`` brings
+    an input and parameters of different dtypes to their common dtype, and nnx.LayerNorm's own
+    call (its fallback) takes its statistics in float32 by promotion inside flax
+    (``jnp.promote_types(dtype, float32)`` in ``_compute_stats``).
     """
     with jax.numpy_dtype_promotion("standard"):
         return norm(x)
