@@ -7,7 +7,8 @@ gradients equal autodiff's in float32, and in bfloat16 its input's gradient is t
 one rounded once (nnx.LayerNorm's own is further off); a scanned bfloat16 model keeps no
 float32 activation of the model's width for its backward pass, only the statistics, and none
 of either with the LayerNorms recomputed (the ablations' ``layer_norm_recomputed``); other
-settings (a mask) run nnx.LayerNorm's own call. Parity sees each LayerNorm as a row and
+settings (a mask) run nnx.LayerNorm's own call; a ``promote_dtype`` given to it is used, as
+nnx.LayerNorm uses it. Parity sees each LayerNorm as a row and
 converts its parameters: every parity test of the seed's model goes through it.
 
 Sizes: a LayerNorm of 7 features on (3, 5, 7) inputs; a scanned model of D=32, 4 heads, 3
@@ -130,3 +131,18 @@ def test_a_scanned_bfloat16_model_keeps_only_each_layer_norms_input_and_statisti
     # Recomputed in the backward pass (nnx.remat around each LayerNorm): neither.
     with ablation_variants.layer_norms_recomputed(prevent_cse=False):
         assert _kept(ablation_variants.layers.normalize) == {width: 0, stats: 0}
+
+
+def test_a_promote_dtype_given_is_used_as_nnx_layer_norm_uses_it():
+    called = []
+
+    def promote(args, *, dtype=None, inexact=True):
+        called.append(dtype)
+        return tuple(a.astype(dtype) for a in args)
+
+    norm = primitives.LayerNorm(7, epsilon=1e-5, use_fast_variance=False, dtype=jnp.bfloat16, promote_dtype=promote,
+                                rngs=nnx.Rngs(0))
+    x = _input(jnp.float32)
+    y = norm(x)
+    assert called == [jnp.bfloat16] and y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(autodiff(norm, x), np.float32))
