@@ -79,6 +79,5 @@ def _interrupted(e):
     return errors.EXIT_INTERRUPTED
 
 
-
 if __name__ == "__main__":
     sys.exit(main())

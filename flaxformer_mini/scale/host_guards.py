@@ -128,14 +128,15 @@ def hold_process_slot(address, process_id, given="--coordinator"):
         os.close(fd)  # the holder removed the file as we opened it: take the new one
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    if not _SLOTS:  # the first lock this process holds: one release of all of them, at either exit
+        atexit.register(release_slots)
+        before_exit_now(release_slots)
     _SLOTS[path] = fd
-    atexit.register(_release_slot, path, fd)
-    before_exit_now(release_slots)
 
 
 def release_slots():
-    """Remove and release every lock file this process holds: at ``process_exit.exit_now``,
-    which runs no ``atexit`` handler."""
+    """Remove and release every lock file this process holds: at Python's exit (``atexit``)
+    and at ``process_exit.exit_now``, which runs no ``atexit`` handler."""
     for path, fd in list(_SLOTS.items()):
         _release_slot(path, fd)
 
