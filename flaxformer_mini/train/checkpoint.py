@@ -11,6 +11,7 @@ half-written one that a restore could pick up.
 
 import contextlib
 import errno
+import functools
 import logging
 import re
 import shutil
@@ -110,14 +111,39 @@ def _shapes(tree):
     }
 
 
-def _stored_params(manager, step):
+def _stored_shapes(manager, step):
+    """``_shapes`` of checkpoint ``step``'s stored parameters, or None where its metadata
+    cannot be read (the restore itself then says what is wrong).
+
+    orbax's metadata read opens every stored array, which costs as much as restoring a small
+    model; a process restoring one checkpoint again (``evaluate``, then ``generate``, or
+    ``Run.open`` in a notebook) reads it once. A saved checkpoint never changes in place: a
+    step saved again is a new directory, with a new metadata file."""
+    directory = Path(manager.directory) / str(step) / "default"
     try:
-        meta = ocp.StandardCheckpointHandler().metadata(manager.directory / str(step) / "default")
+        stat = (directory / _TREE_METADATA).stat()
+    except OSError:  # not orbax's layout (or gone): read it without remembering it
+        return _read_stored_shapes(directory)
+    return _remembered_stored_shapes(directory, (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size))
+
+
+_TREE_METADATA = "_METADATA"  # orbax's tree metadata file in a checkpoint item's directory
+
+
+@functools.lru_cache(maxsize=64)
+def _remembered_stored_shapes(directory, file_identity):
+    # file_identity (device, inode, mtime, size) is only the key: a checkpoint saved again is read again.
+    return _read_stored_shapes(directory)
+
+
+def _read_stored_shapes(directory):
+    try:
+        meta = ocp.StandardCheckpointHandler().metadata(directory)
     except Exception:  # noqa: BLE001 - no readable metadata: the restore itself will complain
         return None
     tree = getattr(meta, "tree", meta)
     try:
-        return tree["params"]
+        return _shapes(tree["params"])
     except (KeyError, TypeError):
         return None
 
@@ -167,9 +193,9 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {manager.directory}")
     wanted = _saved(template)
-    stored = _stored_params(manager, step)
-    if stored is not None:
-        have, want = _shapes(stored), _shapes(wanted["params"])
+    have = _stored_shapes(manager, step)
+    if have is not None:
+        want = _shapes(wanted["params"])
         bad = sorted(k for k in want if k in have and have[k] != want[k])
         missing = sorted(set(want) - set(have))
         if bad or missing:

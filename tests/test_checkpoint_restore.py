@@ -1,0 +1,41 @@
+"""``flaxformer_mini.train.checkpoint.restore``: the stored shapes it checks a model against.
+
+Properties checked: a checkpoint of another model size is refused naming both shapes; the
+stored shapes are read once per saved checkpoint, not once per restore, and a step saved
+again (by another model) is read again, not answered from what the first save held.
+"""
+
+import shutil
+
+import chex
+import pytest
+from flax import nnx
+
+import flaxformer_mini as fm
+from flaxformer_mini.train import checkpoint
+from flaxformer_mini.train.optimizer import TrainConfig
+from flaxformer_mini.train.trainer import Trainer
+
+
+def trainer(embed_size):
+    config = fm.ModelConfig(0, 11, 11, 6, embed_size, 5, 1, 0.0)
+    return Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)), TrainConfig())
+
+
+def test_stored_shapes_are_read_once_per_saved_checkpoint_and_again_when_a_step_is_saved_again(tmp_path, monkeypatch):
+    reads = []
+    read = checkpoint._read_stored_shapes
+    monkeypatch.setattr(checkpoint, "_read_stored_shapes", lambda directory: reads.append(directory) or read(directory))
+    narrow, wide = trainer(30), trainer(35)
+    directory = tmp_path / "checkpoints"
+    checkpoint.save(checkpoint.open_manager(directory), wide.init_state())
+    with pytest.raises(checkpoint.CheckpointMismatchError, match=r"W_k/kernel: checkpoint \(35, 35\), model \(30, 30\)"):
+        checkpoint.restore(checkpoint.open_manager(directory), narrow.state_template())
+    assert len(reads) == 1
+
+    shutil.rmtree(directory / "0")  # step 0 saved again, by the narrow model: its files are read anew
+    manager = checkpoint.open_manager(directory)
+    checkpoint.save(manager, narrow.init_state())
+    first, second = (checkpoint.restore(manager, narrow.state_template()) for _ in range(2))
+    assert len(reads) == 2  # the second restore of the step saved again reads nothing
+    chex.assert_trees_all_equal(first.params, second.params, narrow.init_state().params)
