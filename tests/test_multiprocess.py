@@ -128,14 +128,10 @@ def max_param_diff(a, b):
 
 # ----------------------------------------------------------------------------- equivalence
 
-# The layouts of the 2-process launch besides its tensor-parallel and text runs, each against the
-# reference (one process, one device). Each process of the launch has two devices (LAUNCH_DEVICES):
-# a 2x1 layout uses the first of each. FSDP over 2 processes x 2 devices is the text run's
-# (test_max_tokens_and_accumulate_...), and tensor parallelism's (below).
-LAYOUTS = {
-    # name: (devices per process, sharding)
-    "2x1_replicated": (1, "replicated"),
-}
+# Each process of the 2-process launch has two devices (LAUNCH_DEVICES): its 2x1 run (the
+# reference's checkpoint continued replicated, CONTINUED below) uses the first of each. FSDP over
+# 2 processes x 2 devices is the text run's (test_max_tokens_and_accumulate_...), and tensor
+# parallelism's (below).
 LAUNCH_DEVICES = 2
 # Tensor parallelism across processes (--mesh data=2,model=2 on 2 processes x 2 devices): each
 # process's two devices split the heads and feed-forward units (make_mesh_2d keeps a row of
@@ -160,7 +156,8 @@ OWN_MESH = {
 CONTINUED = {
     # name: (the run whose step-STEPS checkpoint it starts from, processes, devices per process,
     #        sharding, the OWN_MESH run it is compared with)
-    "1_process_to_2_processes": ("reference", 2, 1, "fsdp", "continued_on_1_process"),
+    # The launch's 2x1 layout: one device of each process, every parameter replicated on both.
+    "1_process_to_2_processes": ("reference", 2, 1, "replicated", "continued_on_1_process"),
     # One device, in the text reference's own sharding: the same compiled steps as its continuation.
     "fsdp_4_devices_to_1_device": (TEXT_2X2, 1, 1, "fsdp", "text_continued_on_1_process"),
 }
@@ -177,10 +174,12 @@ def equivalence_runs(tmp_path_factory):
 
     Two processes, not more: every property here shows with two, and each process more is a
     JAX start-up and every program's compilation more (docs/testing.md, "What was cut and why"). The 2-process
-    layouts share one launch of processes with two devices each: a 2x1 layout uses one device
+    layouts share one launch of processes with two devices each: the 2x1 layout uses one device
     of each, as ``--devices 1`` does on such a host. That once aborted every process (the stop
     votes ran on all of each host's devices, the train step on the mesh's: XLA:CPU's
-    collectives took one program's data for the other's); the 2x1 runs here are its test."""
+    collectives took one program's data for the other's); the 2x1 run here is its test, and
+    it continues the reference's checkpoint (a 2-process run of its own would compile the
+    same steps again in process 1, whose compilations are never cached)."""
     import shutil
 
     root = tmp_path_factory.mktemp("equivalence")
@@ -192,7 +191,6 @@ def equivalence_runs(tmp_path_factory):
     _worker({"n": 1, "runs": [run("reference", 1, "replicated")]})  # one process on one device: this one (no launch to pay)
     launch = [run(TENSOR_PARALLEL, None, "fsdp", mesh={"data": 2, "model": 2}),
               run(TEXT_2X2, 2, "fsdp", text=text, evaluate=False)]
-    launch += [run(name, d, sharding, evaluate=False) for name, (d, sharding) in LAYOUTS.items()]
     data = lambda source: {"text": text} if source.startswith(TEXT_RUN) else {}  # noqa: E731 - a text run's files
     one_process = [run(TEXT_REFERENCE, 1, "fsdp", text=text, evaluate=False)]
     one_process += [run(name, 1, sharding, steps=2 * STEPS, copy_from=str(root / source), evaluate=False, **data(source))
@@ -221,13 +219,13 @@ def test_the_reference_run_moves_the_parameters_well_beyond_the_tolerance(equiva
     assert sorted(losses(equivalence_runs / "reference")) == list(range(1, STEPS + 1))
 
 
-@pytest.mark.parametrize("layout", [*LAYOUTS, TENSOR_PARALLEL])
-def test_multiprocess_losses_and_parameters_equal_one_process(equivalence_runs, layout):
-    ref, got = losses(equivalence_runs / "reference"), losses(equivalence_runs / layout)
+def test_multiprocess_losses_and_parameters_equal_one_process(equivalence_runs):
+    # The 2x1 layout's equivalence: test_a_checkpoint_continues_on_another_mesh_as_on_its_own.
+    ref, got = losses(equivalence_runs / "reference"), losses(equivalence_runs / TENSOR_PARALLEL)
     assert sorted(got) == sorted(ref), "process 0 logs every step once"
     worst = max(abs(ref[s] - got[s]) for s in ref)
-    assert worst <= EQUIV_ATOL, f"{layout}: losses differ by {worst:.2e}"
-    chex.assert_trees_all_close(final_state(equivalence_runs / layout).params,
+    assert worst <= EQUIV_ATOL, f"{TENSOR_PARALLEL}: losses differ by {worst:.2e}"
+    chex.assert_trees_all_close(final_state(equivalence_runs / TENSOR_PARALLEL).params,
                                 final_state(equivalence_runs / "reference").params, atol=EQUIV_ATOL, rtol=0)
 
 
@@ -265,11 +263,13 @@ def test_a_checkpoint_continues_on_another_mesh_as_on_its_own(equivalence_runs, 
 
 
 def test_only_process_0_writes_the_run_files(equivalence_runs):
-    # Two processes, one metrics log with each step once (not two interleaved copies).
+    # Two processes, one metrics log with each step once (not two interleaved copies): the
+    # reference's steps, copied with its checkpoint, then the 2-process continuation's.
     from flaxformer_mini.runs.directory import RunDir
 
-    records = [r for r in RunDir(equivalence_runs / "2x1_replicated").read_metrics() if "loss" in r]
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for name in (TENSOR_PARALLEL, "1_process_to_2_processes"):
+        records = [r for r in RunDir(equivalence_runs / name).read_metrics() if "loss" in r]
+        assert [r["step"] for r in records] == list(range(1, (2 if name in CONTINUED else 1) * STEPS + 1)), name
 
 
 def test_max_tokens_and_accumulate_on_two_processes_of_two_devices_train_as_one_device(equivalence_runs):
