@@ -13,8 +13,8 @@ from flax import nnx
 
 import flaxformer_mini as fm
 from flaxformer_mini.data import SyntheticTask
+from flaxformer_mini.runs.config import TrainOptions, train_config_for
 from flaxformer_mini.runs.run import Run
-from flaxformer_mini.train.optimizer import TrainConfig
 from flaxformer_mini.train.trainer import Trainer
 from helpers import TINY_RUN, assert_same_training_state, cli, latest_state
 
@@ -27,9 +27,10 @@ def host(tree):
 
 def test_the_average_moves_toward_each_updates_parameters_with_the_warmed_up_decay():
     task = SyntheticTask("reverse", vocab_size=11, min_len=1, max_len=5)
-    model = fm.Transformer.from_config(fm.get_preset("tiny").replace(num_layers=1, max_len=6, source_vocab_size=11,
-                                                                      target_vocab_size=11), rngs=nnx.Rngs(0))
-    trainer = Trainer(model, TrainConfig(warmup_steps=5, ema_decay=DECAY))
+    config = fm.get_preset("tiny").replace(num_layers=1, max_len=6, source_vocab_size=11, target_vocab_size=11)
+    model = fm.Transformer.from_config(config, rngs=nnx.Rngs(0))
+    # TINY_RUN's optimizer (its --lr and --warmup), as the next test's run: one compiled step for both.
+    trainer = Trainer(model, train_config_for(TrainOptions(preset="tiny", warmup=5, ema=DECAY), config.embed_size))
     state = trainer.init_state()
     chex.assert_trees_all_equal(state.ema, state.params)  # it starts at the initial parameters
     expected = host(state.ema)
@@ -50,11 +51,12 @@ def test_the_average_moves_toward_each_updates_parameters_with_the_warmed_up_dec
 
 def test_a_killed_run_resumes_its_average_bit_for_bit_and_evaluate_generate_and_export_read_it(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    command = ["train", *TINY_RUN, "--steps", "10", "--save-every", "5", "--ema", "0.9"]
+    # DECAY: the model, optimizer and batch of the test above, whose compiled step this run reads.
+    command = ["train", *TINY_RUN, "--steps", "10", "--save-every", "5", "--ema", str(DECAY)]
     result = json.loads(cli(*command, "--out", str(straight)).stdout.strip().splitlines()[-1])
     # What kill -9 leaves at step 7: the checkpoint of step 5. Resumed, the average is restored
     # from it, not started again from the parameters.
-    assert cli(*command[:-4], "--steps", "7", "--save-every", "5", "--ema", "0.9", "--out", str(killed)).returncode == 0
+    assert cli(*command[:-4], "--steps", "7", "--save-every", "5", "--ema", str(DECAY), "--out", str(killed)).returncode == 0
     shutil.rmtree(killed / "checkpoints" / "7")
     resumed = cli(*command, "--out", str(killed))
     assert resumed.returncode == 0 and f"resuming {killed} from step 5" in resumed.stderr, resumed.stderr
