@@ -35,8 +35,9 @@ def test_a_run_trained_with_no_plot_has_its_metrics_and_no_loss_png(tiny_run):
 
 
 def test_evaluate_scores_the_same_sequences_at_any_batch_size(tiny_run):
-    # None: the run's batch size, 8 (23 = 2 x 8 + 7); 5: a short last batch of 3; 5000: one batch.
-    results = [evaluate_run(tiny_run, batch_size=b) for b in (None, 1, 5, 5000)]
+    # None: the run's batch size, 8 (23 = 2 x 8 + 7); 7: a short last batch of 2; 5000: one batch.
+    # 7 and 1: batch sizes the generate tests below decode at too, so each shape compiles once.
+    results = [evaluate_run(tiny_run, batch_size=b) for b in (None, 1, 7, 5000)]
     for r in results[1:]:
         # Same 23 sequences: exact match is a count over them, so it is equal exactly; the loss
         # is summed in another order of float32 batch sums (~1e-7 relative apart).
@@ -52,22 +53,23 @@ def test_a_short_last_evaluation_batch_is_padded_to_the_first_batchs_shape(tiny_
     from flaxformer_mini.runs.run import Run
 
     run = Run.open(tiny_run)
-    batches = run.eval_batches(5)
-    assert [len(b.source) for b in batches] == [5, 5, 5, 5, 3]  # 23 sequences
+    batches = run.eval_batches(7)
+    assert [len(b.source) for b in batches] == [7, 7, 7, 2]  # 23 sequences
     shapes, eval_step, decode = [], run.trainer.eval_step, evaluation.decode
     monkeypatch.setattr(run.trainer, "eval_step", lambda state, b: shapes.append(("eval", b.source.shape)) or eval_step(state, b))
     monkeypatch.setattr(evaluation, "decode",
                         lambda model, source, *a, **k: shapes.append(("decode", source.shape)) or decode(model, source, *a, **k))
     evaluation.evaluate(run.trainer, run.latest_state(), batches)
     S = batches[0].source.shape[1]
-    assert len(shapes) == 10 and set(shapes) == {("eval", (5, S)), ("decode", (5, S))}
+    assert len(shapes) == 8 and set(shapes) == {("eval", (7, S)), ("decode", (7, S))}
 
 
 def test_decoding_leaves_the_callers_model_in_its_mode():
     model = fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(0))
     model.train()
-    source = jnp.array([[5, 6, 7, 2]])
-    greedy_decode(model, source, 4)
+    # The source and length of the sampling test's greedy decoding below: one compiled loop for both.
+    source = jnp.array([[5, 6, 7, 8, 2], [9, 4, 2, 0, 0]])
+    greedy_decode(model, source, 8)
     dropouts = [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Dropout)]
     assert dropouts and all(not m.deterministic for m in dropouts)
 
@@ -90,7 +92,8 @@ def test_top_k_holds_at_infinite_temperature():
     # in one call): an infinite temperature flattens the distribution, and top-k must still
     # restrict it to the k most likely first tokens (both of which appear).
     model, source = tiny_model(), jnp.array([[5, 6, 7, 8, 2]])
-    logits = model(source, jnp.array([[fm.data.BOS]]))[0, 0]
+    # One compiled forward pass: run eagerly, each of its operations compiles on its own (89 programs).
+    logits = nnx.jit(lambda m, s, t: m(s, t))(model, source, jnp.array([[fm.data.BOS]]))[0, 0]
     top2 = set(np.argsort(np.asarray(logits))[-2:].tolist())
     rows = jnp.repeat(source, 60, axis=0)
     drawn = set(np.asarray(sample(model, rows, 1, temperature=math.inf, top_k=2, seed=0))[:, 0].tolist())
@@ -165,8 +168,9 @@ def test_a_run_written_by_version_1_resumes_evaluates_and_generates(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming" in resumed.stderr and latest_state(out)[0] == 6
     assert cli("evaluate", "--checkpoint", str(out), "--json").returncode == 0
-    gen = cli("generate", "--checkpoint", str(out), "a b")
-    assert gen.returncode == 0 and set(gen.stdout.split()) <= {"x", "y", "z", "<unk>"}
+    gen = cli("generate", "--checkpoint", str(out), stdin=TEXT_INPUTS)
+    assert gen.returncode == 0 and len(gen.stdout.splitlines()) == 4
+    assert set(gen.stdout.split()) <= {"x", "y", "z", "<unk>"}
 
 
 def test_a_second_train_into_the_same_out_is_refused_naming_the_holder(tmp_path):
@@ -197,7 +201,8 @@ def test_generate_streams_many_inputs_in_input_order_with_bounded_batches(tiny_r
     texts = [" ".join(map(str, rng.integers(0, 7, size=rng.integers(1, 6)))) for _ in range(300)]
     stdin = "".join(t + "\n" for t in texts)
     small = cli("generate", "--checkpoint", str(tiny_run), "--batch-size", "7", stdin=stdin)
-    large = cli("generate", "--checkpoint", str(tiny_run), "--batch-size", "64", stdin=stdin)
+    # 7: three chunks (of 112 lines at most); 50: one chunk, at the next test's batch size (one compiled decoder).
+    large = cli("generate", "--checkpoint", str(tiny_run), "--batch-size", "50", stdin=stdin)
     assert small.returncode == 0 and large.returncode == 0, small.stderr + large.stderr
     assert small.stdout.splitlines() == large.stdout.splitlines()
     assert len(small.stdout.splitlines()) == 300
@@ -246,6 +251,8 @@ def test_size_options_override_the_preset(tmp_path, monkeypatch):
 # The text runs of this file share one vocabulary (a b c -> x y z), batch size and --max-len
 # (batches pad to it), so their train step, eval step and decoder compile once for all of them.
 TEXT_PAIRS = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2
+# Four lines for generate: one batch of the shape the runs evaluate (4 rows, --batch-size 4), one decoder.
+TEXT_INPUTS = "a b\nb c\nc a\na\n"
 
 
 def text_args(train, out, *extra):
@@ -284,7 +291,7 @@ def test_a_deleted_vocabulary_is_named_and_rebuilt_identically_on_resume(tmp_pat
     assert resumed.returncode == 0, resumed.stderr
     assert "rebuilt them from" in resumed.stderr and "identical to the recorded ones" in resumed.stderr
     assert (out / "vocab_source.json").read_bytes() == original
-    assert cli("generate", "--checkpoint", str(out), "a b").returncode == 0
+    assert cli("generate", "--checkpoint", str(out), stdin=TEXT_INPUTS).returncode == 0
 
 
 def test_a_torn_metrics_line_is_dropped_with_a_warning_on_resume(tmp_path):
@@ -355,7 +362,8 @@ def test_a_run_records_absolute_data_paths_and_evaluates_from_anywhere_without_i
     work.mkdir()
     monkeypatch.chdir(work)
     (work / "train.tsv").write_text(TEXT_PAIRS)
-    (work / "valid.tsv").write_text("a b\tx y\nc a\tz x\n" + " ".join("abcabcabc") + "\tx\n")
+    # Four pairs that fit: one batch of --batch-size 4, the shape the other text runs here evaluate and decode.
+    (work / "valid.tsv").write_text("a b\tx y\nc a\tz x\nb c\ty z\na\tx\n" + " ".join("abcabcabc") + "\tx\n")
     assert cli(*text_args("train.tsv", "run", "--valid", "valid.tsv"), "--steps", "3").returncode == 0
     data = json.loads((work / "run" / "config.json").read_text())["data"]
     assert (data["train_path"], data["valid_path"]) == (str(work / "train.tsv"), str(work / "valid.tsv"))
@@ -365,9 +373,9 @@ def test_a_run_records_absolute_data_paths_and_evaluates_from_anywhere_without_i
     hypotheses = tmp_path / "hyp.txt"
     proc = cli("evaluate", "--checkpoint", str(work / "run"), "--output", str(hypotheses))
     assert proc.returncode == 0, proc.stderr
-    assert ("note: 1 of 3 held-out pairs are longer than the run's --max-len 8 allows and are not evaluated; "
-            f"{hypotheses} holds a line for each of the 2 others, in order") in proc.stderr
-    assert len(hypotheses.read_text().splitlines()) == 2
+    assert ("note: 1 of 5 held-out pairs are longer than the run's --max-len 8 allows and are not evaluated; "
+            f"{hypotheses} holds a line for each of the 4 others, in order") in proc.stderr
+    assert len(hypotheses.read_text().splitlines()) == 4
 
 
 def test_a_run_that_recorded_relative_paths_resumes_from_its_directory(tmp_path, monkeypatch):
@@ -421,10 +429,11 @@ def test_a_training_file_moved_with_the_same_contents_resumes_from_its_new_path(
 
 def test_with_too_few_pairs_to_hold_out_the_run_says_it_evaluates_on_its_training_pairs(tmp_path):
     train = tmp_path / "train.tsv"
-    train.write_text("a b\tx y\nc a\tz x\n")  # a tenth of 2 pairs is none
+    # A tenth of 4 pairs is none; 4 pairs are one batch of --batch-size 4, the other text runs' shape.
+    train.write_text("a b\tx y\nc a\tz x\nb c\ty z\na\tx\n")
     proc = cli(*text_args(train, tmp_path / "run"), "--steps", "1")
     assert proc.returncode == 0, proc.stderr
-    assert ("evaluating on 2 of 2 training pairs themselves (no --valid, and too few pairs to hold a tenth out); "
+    assert ("evaluating on 4 of 4 training pairs themselves (no --valid, and too few pairs to hold a tenth out); "
             "--valid gives held-out pairs") in proc.stderr
 
 
