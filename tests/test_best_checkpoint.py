@@ -71,8 +71,11 @@ def test_evaluate_generate_and_parity_convert_read_run_best_at_the_best_step(str
     assert scored.returncode == 0, scored.stderr
     assert f"{best} at step {result['best_step']}: " in scored.stdout
     assert f"exact match {result['best_exact_match']:.4f}" in scored.stdout
-    generated = cli("generate", "--checkpoint", best, "1 2 3")
-    assert generated.returncode == 0 and generated.stdout.count("\n") == 1, generated.stderr
+    # 8 inputs, the rows of the evaluation's batches: generate decodes them with the program the
+    # evaluations compiled.
+    inputs = ["1 2 3", "4", "0 5", "6 6 1", "2 3 4 5", "3", "1 0", "5 4 3"]
+    generated = cli("generate", "--checkpoint", best, stdin="".join(f"{t}\n" for t in inputs))
+    assert generated.returncode == 0 and generated.stdout.count("\n") == len(inputs), generated.stderr
     from parity.cli import main as parity_main
 
     assert parity_main(["convert", best, str(tmp_path / "best.safetensors")]) == 0

@@ -20,7 +20,9 @@ Properties checked:
   directory serves as --config, and check takes the run itself.
 
 Most runs call ``parity.cli.main`` in-process (JAX's compiled primitives are then shared
-between tests); two go through a subprocess, end to end.
+between tests); two go through a subprocess, end to end. The checks of models of SIZES run at
+batch 2, as both subprocesses do (the tiny preset's model has the same shapes), so their
+programs compile once: a check's batch size is none of the properties here.
 """
 
 import json
@@ -164,8 +166,8 @@ def test_inference_errors_name_the_key(seed_state_dict, mutate, message):
 
 def test_check_of_a_seed_checkpoint_exits_0_names_every_landmark_and_writes_json_and_plot(checkpoint, tmp_path):
     report, plot = tmp_path / "report.json", tmp_path / "report.png"
-    # --batch 2: the shapes of the sigpipe test's check below (the tiny preset's model), so the
-    # process that comes second reads its compiled programs from the suite's compilation cache.
+    # --batch 2: the shapes of the sigpipe test's check below (the tiny preset's model) and of the
+    # in-process checks here, which read its compiled programs from the suite's compilation cache.
     proc = run_cli("check", "--torch-checkpoint", checkpoint, "--heads", 5, "--batch", 2, "--json", report, "--plot", plot)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "vocab 23/19, max_len 17, embed 30, ffn 30, 5 heads (--heads" in proc.stdout
@@ -187,7 +189,7 @@ def test_check_reads_heads_and_padding_from_a_config_file(seed_state_dict, tmp_p
     path = write(tmp_path, "model.safetensors", seed_state_dict)
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps({"heads": 5, "src_pad_idx": 2}))
-    assert main(["check", "--torch-checkpoint", path, "--config", str(config_file)]) == 0
+    assert main(["check", "--torch-checkpoint", path, "--config", str(config_file), "--batch", "2"]) == 0
     out = capsys.readouterr().out
     assert "5 heads (config file" in out and "src_pad_idx 2 (config file)" in out
     # An option overrides the file: 7 does not divide 30.
@@ -207,7 +209,7 @@ def test_check_of_a_torch_ref_checkpoint_with_gradients_adds_a_row_per_parameter
     path = write(tmp_path, "model.pt", model.state_dict())
     report = tmp_path / "report.json"
     code = main(["check", "--torch-checkpoint", path, "--heads", "5", "--grads", "--json", str(report),
-                 "--torch-device", "cpu"])
+                 "--torch-device", "cpu", "--batch", "2"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "the loss and 90 gradients within 1e-05" in out
@@ -239,7 +241,7 @@ def twins(checkpoint):
 def test_planted_layer_norm_fault_is_named_as_the_first_divergence(twins, tmp_path):
     torch_model, flax_model, config = twins
     flax_model.encoder.transformer_layers[1].norm2.epsilon = 1e-1  # torch keeps 1e-5
-    report = check_twins(torch_model, flax_model, config)
+    report = check_twins(torch_model, flax_model, config, batch=2)
     assert not report.ok
     assert report.first_divergence.name == "encoder.transformer_layers.1.norm2"
     before = report.rows[: report.rows.index(report.first_divergence)]
@@ -256,7 +258,7 @@ def test_check_checkpoint_of_the_unmodified_state_dict_is_ok(checkpoint):
 
 
 def test_check_exits_1_and_names_the_first_divergence_beyond_tolerance(checkpoint, capsys):
-    assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--atol", "0"]) == 1
+    assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--batch", "2", "--atol", "0"]) == 1
     assert "first divergence: " in capsys.readouterr().out
 
 
@@ -292,11 +294,12 @@ def test_check_replaces_no_existing_file_unasked_and_never_the_checkpoint_it_che
         (["--plot", str(checkpoint.with_suffix(".png")), "--json", str(checkpoint.with_suffix(".png"))],
          "--json and --plot are the same path"),
     ]:
-        assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", *args]) == 2
+        assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--batch", "2", *args]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
     assert checkpoint.read_bytes() == before and report.read_text() == "an earlier report"
-    assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--json", str(report), "--force"]) == 0
+    assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--batch", "2", "--json", str(report),
+                 "--force"]) == 0
     assert json.loads(report.read_text())["ok"] is True  # --force replaces it, whole
 
 
@@ -410,8 +413,12 @@ def test_converted_flax_parameters_compute_what_the_torch_checkpoint_computes(ch
     flax_model.eval()
     torch_model = torch_ref.Transformer(**config.to_dict()).eval()
     torch_model.load_state_dict(seed_state_dict, strict=True)
-    source = np.array([[1, 5, 22, 3, 0, 0], [4, 4, 9, 17, 2, 8]])
-    target = np.array([[1, 18, 2, 0], [3, 7, 11, 5]])
+    # A padded row and a full one, at max_len (17 and 16 positions): the shapes of the checks' batches
+    # of 2, whose compiled primitives this forward pass reuses.
+    source = np.array([[1, 5, 22, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                       [4, 4, 9, 17, 2, 8, 13, 21, 6, 1, 19, 11, 7, 22, 15, 3, 10]])
+    target = np.array([[1, 18, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                       [3, 7, 11, 5, 16, 9, 1, 14, 18, 4, 12, 8, 17, 2, 6, 10]])
     with torch.no_grad():
         want = torch_model(torch.from_numpy(source), torch.from_numpy(target)).numpy()
     got = np.asarray(flax_model(source, target))

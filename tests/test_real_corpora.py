@@ -331,7 +331,8 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
     shutil.copytree(bpe_run[0], source)
     weights = tmp_path / "weights.safetensors"
     assert parity_main(["convert", str(source), str(weights)]) == 0
-    new = write_corpus(tmp_path / "new.tsv", 30, reverse_words=False), write_corpus(tmp_path / "new_valid.tsv", 5)
+    # 7 held-out pairs, of the lengths of bpe_run's: its evaluation's compiled programs serve this run's too.
+    new = write_corpus(tmp_path / "new.tsv", 30, reverse_words=False), write_corpus(tmp_path / "new_valid.tsv", 7)
     out = tmp_path / "tuned"
     args = text_args(new, out, "--max-tokens", "96", "--init-from", str(weights))
     proc = cli(*args, "--tokenizer-from", str(source), "--steps", "1")

@@ -142,7 +142,9 @@ def test_columns_train_the_other_direction_of_a_three_column_file_and_evaluate_r
     # evaluate --data reads a file with the run's columns; a two-column file, given its own.
     swapped = tmp_path / "swapped.tsv"
     swapped.write_text("".join(f"{t}\t{s}\n" for s, t in pairs))
-    scores = [cli("evaluate", "--checkpoint", str(out), "--data", str(f), *extra, "--json")
+    # --batch-size 1: the shapes of the held-out pair the text runs here evaluate while training,
+    # so both scorings reuse that compiled evaluation and decoding (the scores do not depend on it).
+    scores = [cli("evaluate", "--checkpoint", str(out), "--data", str(f), *extra, "--batch-size", "1", "--json")
               for f, extra in ((train, ()), (swapped, ("--columns", "1,2")))]
     assert [p.returncode for p in scores] == [0, 0], scores[0].stderr + scores[1].stderr
     assert json.loads(scores[0].stdout) == json.loads(scores[1].stdout)
@@ -193,15 +195,17 @@ def test_more_devices_than_the_machine_has_is_refused(tmp_path):
 
 
 def library_greedy(out, texts):
-    """What the library's cached greedy decoder gives for ``texts``, rendered as generate does."""
+    """What the library's cached greedy decoder gives for each of ``texts`` decoded alone, rendered
+    as generate does. Each source is padded with PAD (masked keys) to the model's max_len, the
+    width generate gives one short input: the one-input `generate` below reuses this program."""
     from flaxformer_mini.data import SyntheticTask, make_source
     from flaxformer_mini.decode.search import greedy_decode
     run = Run.open(out)
-    d = run.config.data
+    d, max_len = run.config.data, run.config.model.max_len
     task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
-    tokens = greedy_decode(run.latest_state().model(), make_source([task.encode_text(t) for t in texts]),
-                           run.config.model.max_len)
-    return [task.decode_ids(row) for row in np.asarray(tokens).tolist()]
+    model = run.latest_state().model()
+    rows = [np.asarray(greedy_decode(model, make_source([task.encode_text(t)], max_len), max_len))[0] for t in texts]
+    return [task.decode_ids(row.tolist()) for row in rows]
 
 
 def test_generate_prints_one_line_per_input_in_the_runs_token_format(straight_run):
@@ -217,12 +221,18 @@ def test_generate_prints_one_line_per_input_in_the_runs_token_format(straight_ru
     assert args.returncode == 0 and args.stdout.splitlines() == lines[:1]
 
 
+# Beam size 3 and 8 inputs (the held-out batch's rows): generate's beam search below and
+# evaluate's share one compiled program.
+BEAM_SIZE = "3"
+EIGHT_INPUTS = "".join(f"{t}\n" for t in ["4 1 2", "5 3 6 2", "1", "0 0 4", "6 6", "2 6 5 1 3", "6", "3 0"])
+
+
 def test_generate_beam_and_sampling_run(straight_run):
     out = str(straight_run[0])
-    beam = cli("generate", "--checkpoint", out, "--beam-size", "3", "4 1 2")
+    beam = cli("generate", "--checkpoint", out, "--beam-size", BEAM_SIZE, stdin=EIGHT_INPUTS)
     sampled = [cli("generate", "--checkpoint", out, "--temperature", "1.5", "--top-k", "4", "--seed", "7", "4 1 2")
                for _ in range(2)]
-    assert beam.returncode == 0 and len(beam.stdout.splitlines()) == 1
+    assert beam.returncode == 0 and len(beam.stdout.splitlines()) == 8, beam.stderr
     assert sampled[0].returncode == 0 and sampled[0].stdout == sampled[1].stdout  # seeded
 
 
@@ -244,7 +254,7 @@ def test_generate_with_empty_input_is_refused(straight_run):
 
 
 def test_evaluate_with_beam_size_reports_the_best_beams_exact_match(straight_run):
-    proc = cli("evaluate", "--checkpoint", str(straight_run[0]), "--beam-size", "2", "--json")
+    proc = cli("evaluate", "--checkpoint", str(straight_run[0]), "--beam-size", BEAM_SIZE, "--json")
     assert proc.returncode == 0, proc.stderr
     assert 0.0 <= json.loads(proc.stdout)["exact_match"] <= 1.0
 
