@@ -19,7 +19,13 @@ import pytest
 from flaxformer_mini.runs.directory import RunLock
 from helpers import TINY_RUN, cli
 
-GOOD_TSV = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n" * 2
+GOOD_PAIRS = "a b c\tx y z\nb c\ty z\nc a\tz x\na\tx\n"
+GOOD_TSV = GOOD_PAIRS * 2
+# Texts whose bpe and unigram tokenizers, unlimited, learn 7 tokens a side: the finished text run's
+# word vocabulary of GOOD_TSV, so that a run of one of them with ONE_LAYER_TEXT reuses that run's
+# compiled steps (the cases check the note, not what was learnt).
+BPE_TEXT_OF_7_TOKENS = "a\tx\n" * 8  # the 4 specials, a, ▁ and ▁a
+UNIGRAM_TEXT_OF_7_TOKENS = "a b\tx y\n" * 8  # the 4 specials, ▁, a and b
 
 
 @pytest.fixture(scope="module")
@@ -307,13 +313,16 @@ CASES = [
      r"standard input: a UTF-16LE file \(its byte-order mark says so\)"),
     # Sizes past what the text or the machine holds: clamped where only clamping is needed,
     # refused before anything is allocated or written otherwise.
-    ("tsv_bpe_vocab_size_past_the_text", tsv_with(GOOD_TSV, "--tokenizer", "bpe", "--vocab-size", "100000000000",
-                                                  *ONE_LAYER_TEXT), 0,
+    ("tsv_bpe_vocab_size_past_the_text", tsv_with(BPE_TEXT_OF_7_TOKENS, "--tokenizer", "bpe",
+                                                  "--vocab-size", "100000000000", *ONE_LAYER_TEXT), 0,
      r"note: --vocab-size 100000000000 asked for, the bpe tokenizer learnt \d+ \(source\), \d+ \(target\)"),
-    ("tsv_unigram_vocab_size_past_the_text", tsv_with(GOOD_TSV, "--tokenizer", "unigram", "--vocab-size", "100000000000",
-                                                      *ONE_LAYER_TEXT),
+    ("tsv_unigram_vocab_size_past_the_text", tsv_with(UNIGRAM_TEXT_OF_7_TOKENS, "--tokenizer", "unigram",
+                                                      "--vocab-size", "100000000000", *ONE_LAYER_TEXT),
      0, r"note: --vocab-size 100000000000 asked for, the unigram tokenizer learnt"),
-    ("tsv_max_tokens_past_the_corpus", tsv_with(GOOD_TSV, "--max-tokens", "100000000000", "--layers", "1"), 0,
+    # A budget past the corpus pads its batch to the corpus's rows: GOOD_PAIRS' 4 at the finished text
+    # run's --max-len, that run's batch shape (its compiled steps reused).
+    ("tsv_max_tokens_past_the_corpus", tsv_with(GOOD_PAIRS, "--max-tokens", "100000000000", "--layers", "1",
+                                                "--max-len", "8"), 0,
      r'"step": 2, "loss"'),
     ("vocab_size_past_memory", train_option("--vocab-size", "100000000000"), 2,
      r"one train step takes at least [\d,.]+ GiB with the model's [\d,]+ parameters .*, more than the [\d,.]+ GiB "

@@ -15,8 +15,13 @@ from parity.cli import main as parity_main
 from helpers import cli, text_args, write_corpus
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
-SYNTHETIC_INPUTS = ["5 3 6 2", "1", "", "0 0 4", "6 5 4 3 2"]
-TEXT_INPUTS = ["the cat", "a red dog sat", "", "zzzq cat", "the <eos> cat"]  # an unknown word, a special's spelling
+# Besides the blank line, as many inputs as the runs' evaluations decode rows (copy_60_steps' batch
+# of 8, the 7 held-out pairs of the text runs), the longest of TEXT_INPUTS over 16 characters
+# (char_4_steps' held-out width, 24): generate decodes at the shapes of the decoding loops the
+# runs' training compiled, reused where this process trained the run.
+SYNTHETIC_INPUTS = ["5 3 6 2", "1", "", "0 0 4", "6 5 4 3 2", "2 2", "4 6 1", "3", "0 1 2 3"]
+TEXT_INPUTS = ["the cat", "a red dog sat", "", "zzzq cat", "the <eos> cat",  # an unknown word, a special's spelling
+               "old tree", "sat on the mat", "the red fox ran far"]
 
 
 def script():
@@ -47,7 +52,7 @@ def runs(tmp_path_factory, trained_run):
     d = tmp_path_factory.mktemp("exported")
     synthetic = trained_run("copy_60_steps") / "run"
     text = {"word": d / "word", "char": trained_run("char_4_steps") / "run"}
-    corpus = write_corpus(d / "train.tsv", 40), write_corpus(d / "valid.tsv", 5)
+    corpus = write_corpus(d / "train.tsv", 40), write_corpus(d / "valid.tsv", 7)
     proc = cli(*text_args(corpus, text["word"], "--tokenizer", "word", "--steps", "8"))
     assert proc.returncode == 0, proc.stderr
     return {"synthetic": (synthetic, exported(synthetic, d / "synthetic.pt"), SYNTHETIC_INPUTS),

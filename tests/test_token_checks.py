@@ -114,11 +114,19 @@ def pure_apply(model):
     return apply, state
 
 
-def test_plain_jit_does_not_check_values_out_of_range_ids_give_nan_or_another_tokens_logits(flax_model, batch):
+@pytest.fixture(scope="module")
+def compiled(flax_model):
+    """``(jax.jit(apply), fm.checked(apply), state)`` of ``pure_apply(flax_model)``, made once:
+    every call of the batch's shapes runs one compiled program of each (each ``fm.checked``
+    jits anew), and the checked one judges each call's values."""
+    apply, state = pure_apply(flax_model)
+    return jax.jit(apply), fm.checked(apply), state
+
+
+def test_plain_jit_does_not_check_values_out_of_range_ids_give_nan_or_another_tokens_logits(compiled, batch):
     # The documented misuse: without fm.checked (or check_tokens on the host first), JAX's
     # gather fills an id past the table with NaN and wraps a negative id to V + id.
-    apply, state = pure_apply(flax_model)
-    jitted = jax.jit(apply)
+    jitted, _, state = compiled
     source, target = map(jnp.asarray, batch)
     V = TINY.source_vocab_size
     past_end = jitted(state, source.at[1, 1].set(V), target)  # no exception
@@ -190,8 +198,8 @@ def test_checkify_by_hand_reports_a_bad_id_inside_traced_checks():
     ("target", (0, 2), TINY.target_vocab_size, TINY.target_vocab_size),
     ("target", (1, 1), -1, TINY.target_vocab_size),
 ], ids=["source_id_equal_to_vocab", "source_negative_id", "target_id_equal_to_vocab", "target_negative_id"])
-def test_checked_path_raises_naming_input_id_and_vocabulary(flax_model, batch, side, position, bad, vocab):
-    apply, state = pure_apply(flax_model)
+def test_checked_path_raises_naming_input_id_and_vocabulary(compiled, batch, side, position, bad, vocab):
+    _, checked, state = compiled
     source, target = map(jnp.asarray, batch)
     if side == "source":
         source = source.at[position].set(bad)
@@ -199,14 +207,14 @@ def test_checked_path_raises_naming_input_id_and_vocabulary(flax_model, batch, s
         target = target.at[position].set(bad)
     message = rf"{side} input: token id {bad} is outside the vocabulary \[0, {vocab}\)"
     with pytest.raises(ValueError, match=message):  # checkify.JaxRuntimeError is a ValueError
-        fm.checked(apply)(state, source, target)
+        checked(state, source, target)
 
 
-def test_checked_path_with_valid_ids_gives_the_unchecked_logits(flax_model, batch):
-    apply, state = pure_apply(flax_model)
+def test_checked_path_with_valid_ids_gives_the_unchecked_logits(compiled, batch):
+    jitted, checked, state = compiled
     source, target = map(jnp.asarray, batch)
-    np.testing.assert_array_equal(np.asarray(fm.checked(apply)(state, source, target)),
-                                  np.asarray(jax.jit(apply)(state, source, target)))
+    np.testing.assert_array_equal(np.asarray(checked(state, source, target)),
+                                  np.asarray(jitted(state, source, target)))
 
 
 def test_checked_path_still_raises_static_errors_at_trace_time(flax_model):
