@@ -115,8 +115,8 @@ def _stored_shapes(manager, step):
     """``_shapes`` of checkpoint ``step``'s stored parameters, or None where its metadata
     cannot be read (the restore itself then says what is wrong).
 
-    orbax's metadata read opens every stored array, which costs as much as restoring a small
-    model; a process restoring one checkpoint again (``evaluate``, then ``generate``, or
+    orbax's metadata read opens every stored array, about half of a small model's restore; a
+    process restoring one checkpoint again (``evaluate``, then ``generate``, or
     ``Run.open`` in a notebook) reads it once. A saved checkpoint never changes in place: a
     step saved again is a new directory, with a new metadata file."""
     directory = Path(manager.directory) / str(step) / "default"
