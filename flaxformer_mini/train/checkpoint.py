@@ -111,6 +111,9 @@ def _shapes(tree):
     }
 
 
+_TREE_METADATA = "_METADATA"  # orbax's tree metadata file in a checkpoint item's directory
+
+
 def _stored_shapes(manager, step):
     """``_shapes`` of checkpoint ``step``'s stored parameters, or None where its metadata
     cannot be read (the restore itself then says what is wrong).
@@ -125,9 +128,6 @@ def _stored_shapes(manager, step):
     except OSError:  # not orbax's layout (or gone): read it without remembering it
         return _read_stored_shapes(directory)
     return _remembered_stored_shapes(directory, (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size))
-
-
-_TREE_METADATA = "_METADATA"  # orbax's tree metadata file in a checkpoint item's directory
 
 
 @functools.lru_cache(maxsize=64)
