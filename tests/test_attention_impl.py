@@ -16,6 +16,9 @@ from flaxformer_mini.model.attention import ATTENTION_IMPLS, set_attention_impl
 from flaxformer_mini.decode.search import greedy_decode
 
 ATOL = 1e-5  # DESIGN.md's parity tolerance: the two paths round differently (scale, then mask)
+# One layer a side holds every kind of attention (the encoder's, the decoder's causal one and the
+# cross-attention); a second layer doubles each compilation (tests/helpers.py's TINY_RUN).
+CONFIG = fm.get_preset("tiny").replace(num_layers=1)
 
 
 def _models(config):
@@ -40,15 +43,15 @@ def _padded_batch(config, B=3, S=7, T=6):
 _forward = nnx.jit(lambda model, source, target: model(source, target))
 
 
-def test_xla_attention_gives_the_einsum_logits(tiny_config):
-    ref, other = _models(tiny_config)
-    source, target = _padded_batch(tiny_config)
+def test_xla_attention_gives_the_einsum_logits():
+    ref, other = _models(CONFIG)
+    source, target = _padded_batch(CONFIG)
     np.testing.assert_allclose(_forward(other, source, target), _forward(ref, source, target), atol=ATOL, rtol=0)
 
 
-def test_xla_attention_gives_the_einsum_gradients(tiny_config):
-    ref, other = _models(tiny_config)
-    source, target = _padded_batch(tiny_config)
+def test_xla_attention_gives_the_einsum_gradients():
+    ref, other = _models(CONFIG)
+    source, target = _padded_batch(CONFIG)
 
     def loss(model):
         return jnp.mean(jax.nn.log_softmax(model(source, target))[..., 5])
@@ -61,9 +64,9 @@ def test_xla_attention_gives_the_einsum_gradients(tiny_config):
         np.testing.assert_allclose(b[...], a[...], atol=ATOL, rtol=0, err_msg="/".join(map(str, path)))
 
 
-def test_xla_attention_decodes_the_same_tokens(tiny_config):
-    ref, other = _models(tiny_config)
-    source, _ = _padded_batch(tiny_config)
+def test_xla_attention_decodes_the_same_tokens():
+    ref, other = _models(CONFIG)
+    source, _ = _padded_batch(CONFIG)
     np.testing.assert_array_equal(greedy_decode(other, source, 6), greedy_decode(ref, source, 6))
 
 
@@ -100,10 +103,10 @@ def test_the_mask_given_to_cudnn_has_whole_sequence_axes_and_keeps_the_same_keys
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the error given where there is no GPU")
-def test_cudnn_attention_without_a_gpu_is_refused_by_name(tiny_config):
-    _, other = _models(tiny_config)
+def test_cudnn_attention_without_a_gpu_is_refused_by_name():
+    _, other = _models(CONFIG)
     set_attention_impl(other, "cudnn")
-    source, target = _padded_batch(tiny_config)
+    source, target = _padded_batch(CONFIG)
     with pytest.raises(ValueError, match="attention_impl='cudnn' needs an NVIDIA GPU; JAX's backend here is 'cpu'"):
         other(source, target)
 

@@ -79,7 +79,9 @@ def test_an_accumulated_update_asked_to_stop_leaves_the_state_as_it_was():
     from flaxformer_mini.train.optimizer import TrainConfig
     from flaxformer_mini.train.trainer import Trainer
 
-    config = fm.get_preset("tiny").replace(dropout=0.0)
+    # One layer a side: the stop falls between micro-batches, whatever the depth, and a second
+    # layer doubles the compilations (tests/helpers.py's TINY_RUN).
+    config = fm.get_preset("tiny").replace(dropout=0.0, num_layers=1)
     trainer = Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)), TrainConfig(warmup_steps=2))
     task = SyntheticTask("copy", config.target_vocab_size, 1, 5)
     drawn = []
@@ -107,7 +109,7 @@ def test_an_evaluation_asked_to_stop_returns_none_between_batches():
     from flaxformer_mini.train.optimizer import TrainConfig
     from flaxformer_mini.train.trainer import Trainer
 
-    config = fm.get_preset("tiny")
+    config = fm.get_preset("tiny").replace(num_layers=1)  # the stop falls between batches, whatever the depth
     trainer = Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)), TrainConfig())
     task = SyntheticTask("copy", config.target_vocab_size, 1, 5)
     batches = [task.batch(0, j, 4) for j in range(3)]

@@ -42,7 +42,9 @@ from helpers import assert_same_training_state, cli, latest_state, start, wait_f
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 
-UNTIED = fm.get_preset("tiny").replace(dropout=0.0)
+# One layer a side: a tie joins the embedding tables, whatever the depth, and a second layer
+# doubles every compilation here (tests/helpers.py's TINY_RUN).
+UNTIED = fm.get_preset("tiny").replace(dropout=0.0, num_layers=1)
 V = UNTIED.source_vocab_size  # "all" shares one table between the sides: one vocabulary size
 CONFIGS = {
     "decoder": UNTIED.replace(tie_embeddings="decoder"),
