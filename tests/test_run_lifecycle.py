@@ -64,8 +64,13 @@ def test_a_short_last_evaluation_batch_is_padded_to_the_first_batchs_shape(tiny_
     assert len(shapes) == 8 and set(shapes) == {("eval", (7, S)), ("decode", (7, S))}
 
 
+# The decoding tests' model: one layer a side, since sampling and a model's mode do not depend
+# on depth and a second layer doubles each decoding loop's compilation (helpers.TINY_RUN).
+DECODED = fm.get_preset("tiny").replace(num_layers=1)
+
+
 def test_decoding_leaves_the_callers_model_in_its_mode():
-    model = fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(0))
+    model = fm.Transformer.from_config(DECODED, rngs=nnx.Rngs(0))
     model.train()
     # The source and length of the sampling test's greedy decoding below: one compiled loop for both.
     source = jnp.array([[5, 6, 7, 8, 2], [9, 4, 2, 0, 0]])
@@ -75,7 +80,7 @@ def test_decoding_leaves_the_callers_model_in_its_mode():
 
 
 def tiny_model():
-    model = fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(3))
+    model = fm.Transformer.from_config(DECODED, rngs=nnx.Rngs(3))
     model.eval()  # NNX's eval() switches in place and returns None
     return model
 
