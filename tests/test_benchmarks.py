@@ -315,20 +315,21 @@ def test_the_base_preset_is_the_issues():
 def test_scaling_quick_reports_every_path_at_every_point(tmp_path, capsys):
     """``python -m benchmarks.scaling --quick`` on one sweep: a row per point and path (the
     scanned-layers path included), with a time, a memory reading and a compile time; the table
-    and the plot are written. At one depth, 2 (a stack to scan), given with ``--values``: each
-    point costs every Flax path a compilation, and a second depth runs the same code again."""
+    and the plot are written. At one depth, 1, given with ``--values``: each point costs every
+    Flax path a compilation (a stack of one layer is still scanned; the scanned numerics are
+    tests/test_scanned_layers.py's), and a second depth runs the same code again."""
     from benchmarks import scaling
 
     out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
     threads = torch.get_num_threads()
     try:
-        assert scaling.main(["--quick", "--sweeps", "depth", "--values", "2", "--json", str(out), "--plot", str(png)]) == 0
+        assert scaling.main(["--quick", "--sweeps", "depth", "--values", "1", "--json", str(out), "--plot", str(png)]) == 0
     finally:
         torch.set_num_threads(threads)
     rep = json.loads(out.read_text())
     assert rep["date_utc"].endswith(" UTC") and rep["reps"] == 1 and "code" in rep  # where and when it held
     assert all(len(p["times_ms"]) == 1 and p["times_ms"][0] == pytest.approx(p["median_ms"]) for p in rep["points"])
-    depths = (2,)
+    depths = (1,)
     assert sorted((p["num_layers"], p["variant"]) for p in rep["points"]) == \
         sorted((d, v) for d in depths for v in scaling.DEFAULT_PATHS)
     for p in rep["points"]:
