@@ -41,6 +41,10 @@ PLOTTED_TINY_RUN = ["--task", "copy", "--preset", "tiny", "--layers", "1", "--vo
                     "--batch-size", "8", "--warmup", "5", "--eval-sequences", "16", "--eval-every", "1000", "--log-every",
                     "5", "--no-progress"]
 TINY_RUN = [*PLOTTED_TINY_RUN, "--no-plot"]
+# Eight inputs for `generate` of a TINY_RUN run, as standard input: a batch of the held-out
+# batch's rows (--batch-size 8), so generate decodes with the program the run's evaluations
+# compiled.
+TINY_RUN_INPUTS = "".join(f"{t}\n" for t in ["4 1 2", "5 3 6 2", "1", "0 0 4", "6 6", "2 6 5 1 3", "6", "3 0"])
 
 
 def run_process(*args, env=None, stdin=None):

@@ -14,7 +14,7 @@ import pytest
 import flaxformer_mini.runs.fit as fit_module
 from flaxformer_mini.runs.directory import RunDir
 from flaxformer_mini.runs.run import Run
-from helpers import TINY_RUN, assert_same_training_state, cli, latest_state
+from helpers import TINY_RUN, TINY_RUN_INPUTS, assert_same_training_state, cli, latest_state
 
 # exact_match over the 16 held-out sequences ties often on the tiny model, so --patience 4 stops
 # the run well before --steps (at step 50, its best at step 30).
@@ -71,11 +71,8 @@ def test_evaluate_generate_and_parity_convert_read_run_best_at_the_best_step(str
     assert scored.returncode == 0, scored.stderr
     assert f"{best} at step {result['best_step']}: " in scored.stdout
     assert f"exact match {result['best_exact_match']:.4f}" in scored.stdout
-    # 8 inputs, the rows of the evaluation's batches: generate decodes them with the program the
-    # evaluations compiled.
-    inputs = ["1 2 3", "4", "0 5", "6 6 1", "2 3 4 5", "3", "1 0", "5 4 3"]
-    generated = cli("generate", "--checkpoint", best, stdin="".join(f"{t}\n" for t in inputs))
-    assert generated.returncode == 0 and generated.stdout.count("\n") == len(inputs), generated.stderr
+    generated = cli("generate", "--checkpoint", best, stdin=TINY_RUN_INPUTS)
+    assert generated.returncode == 0 and generated.stdout.count("\n") == TINY_RUN_INPUTS.count("\n"), generated.stderr
     from parity.cli import main as parity_main
 
     assert parity_main(["convert", best, str(tmp_path / "best.safetensors")]) == 0

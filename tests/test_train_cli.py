@@ -12,6 +12,7 @@ from flaxformer_mini.runs.run import Run
 from helpers import (
     PLOTTED_TINY_RUN,
     TINY_RUN,
+    TINY_RUN_INPUTS,
     assert_exported_state_dict_computes_the_runs_logits,
     assert_same_training_state,
     cli,
@@ -221,15 +222,14 @@ def test_generate_prints_one_line_per_input_in_the_runs_token_format(straight_ru
     assert args.returncode == 0 and args.stdout.splitlines() == lines[:1]
 
 
-# Beam size 3 and 8 inputs (the held-out batch's rows): generate's beam search below and
+# Beam size 3 over TINY_RUN_INPUTS (the held-out batch's rows): generate's beam search below and
 # evaluate's share one compiled program.
 BEAM_SIZE = "3"
-EIGHT_INPUTS = "".join(f"{t}\n" for t in ["4 1 2", "5 3 6 2", "1", "0 0 4", "6 6", "2 6 5 1 3", "6", "3 0"])
 
 
 def test_generate_beam_and_sampling_run(straight_run):
     out = str(straight_run[0])
-    beam = cli("generate", "--checkpoint", out, "--beam-size", BEAM_SIZE, stdin=EIGHT_INPUTS)
+    beam = cli("generate", "--checkpoint", out, "--beam-size", BEAM_SIZE, stdin=TINY_RUN_INPUTS)
     sampled = [cli("generate", "--checkpoint", out, "--temperature", "1.5", "--top-k", "4", "--seed", "7", "4 1 2")
                for _ in range(2)]
     assert beam.returncode == 0 and len(beam.stdout.splitlines()) == 8, beam.stderr

@@ -80,7 +80,7 @@ def pytest_runtest_protocol(item, nextitem):
     _tests.append((item.nodeid, time.perf_counter() - start, own_after - own, children_after - children))
 
 
-def pytest_sessionfinish(session):
+def pytest_sessionfinish():  # pytest passes only the arguments a hook names
     out = os.environ.get(OUT_ENV)
     if not out or not _tests:
         return
