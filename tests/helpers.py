@@ -55,7 +55,14 @@ def run_process(*args, env=None, stdin=None):
 
 def cli(*args, stdin=""):
     """The CLI in this process: the same main(), without paying JAX's start-up and the
-    compilation of every jitted function again for each call. ``stdin``: str or bytes."""
+    compilation of every jitted function again for each call. ``stdin``: str or bytes.
+
+    It runs under JAX's default matmul precision, as the command does in a process of its own,
+    not under the parity precision the workers set (conftest): a run trained here and one
+    trained or resumed by ``start`` or ``run_process`` use the same matmul precision on every
+    backend (JAX's default allows TF32 on a GPU), and share their compiled programs through the
+    suite's compilation cache, whose keys hold the precision."""
+    import jax
     from flaxformer_mini.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -63,7 +70,7 @@ def cli(*args, stdin=""):
     # Bytes underneath, as a real standard input (generate reads sys.stdin.buffer).
     sys.stdin = io.TextIOWrapper(io.BytesIO(stdin if isinstance(stdin, bytes) else stdin.encode()), encoding="utf-8")
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with jax.default_matmul_precision(None), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(list(args))
             except SystemExit as e:  # argparse errors
