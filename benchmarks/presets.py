@@ -87,10 +87,12 @@ PRESETS = {
         reps=11, decode_reps=5, decode_warmup=1,
         description="the seed's width and depth at a realistic batch (the issue's CPU targets)",
     ),
-    # A smoke test: the tests' tiny model (odd sizes), a few tokens, one repetition, a small
+    # A smoke test: the tests' tiny model (odd sizes) with one layer a side, as the tests'
+    # tiny runs (tests/helpers.py's TINY_RUN): a smoke run needs every path, not depth, and
+    # each layer more lengthens every path's compile. A few tokens, one repetition, a small
     # matmul. Seconds, apart from torch.compile.
     "tiny": BenchPreset(
-        name="tiny", model=get_preset("tiny"), batch=3, seq_len=7, new_tokens=5,
+        name="tiny", model=get_preset("tiny").replace(num_layers=1), batch=3, seq_len=7, new_tokens=5,
         reps=1, decode_reps=1, warmup=0, matmul_size=256,
         description="smoke test: the tests' tiny model",
     ),

@@ -12,7 +12,7 @@ not tests. Every variant at once (``python -m tools.ablations --preset tiny --sc
 --reps 1``) takes about 1.5 minutes on a 2-core CPU, each compiling its own step: the suite
 runs one of each mechanism (docs/testing.md).
 
-Sizes: the tiny preset (D=30, 5 heads, 2 + 2 layers, B=3, S=T=7).
+Sizes: the benchmarks' tiny preset (D=30, 5 heads, 1 + 1 layers, B=3, S=T=7).
 """
 
 import contextlib

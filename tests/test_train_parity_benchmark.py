@@ -3,8 +3,9 @@ handful of steps, both twins from the same converted weights at dropout 0.
 
 No speed is asserted (benchmarks are measurements). What is asserted: the report's schema, and
 that the two twins' curves agree, step for step, within the tolerance of the 20-step training
-parity test (tests/test_training_parity.py): the same widths (the tiny preset's), the same
-task (reverse), Adam with clipping; here the vocabulary (16) and lengths are the benchmark's.
+parity test (tests/test_training_parity.py): the same widths (the tiny preset's), the same task
+(reverse), Adam with clipping; here the vocabulary (16), the lengths and one layer a side (the
+twins' depth is that test's) are the benchmark's.
 """
 
 import copy
@@ -32,7 +33,8 @@ def report(tmp_path_factory):
     try:
         # Called with argv: no host lock (the suite's workers run side by side). One torch
         # thread: the suite's workers have a core each (conftest).
-        assert train_parity.main(["--task", "reverse", "--preset", "tiny", "--dropout", "0", "--steps", str(STEPS),
+        assert train_parity.main(["--task", "reverse", "--preset", "tiny", "--layers", "1", "--dropout", "0",
+                                  "--steps", str(STEPS),
                                   "--eval-every", str(EVAL_EVERY), "--seeds", "3", "--batch-size", "8",
                                   "--valid-size", "16", "--max-len", "8", "--target-wer", "1.0",
                                   "--target-per", "0.0", "--warmup", "2", "--torch-threads", "1", "--out", str(out)]) == 0
@@ -50,7 +52,7 @@ def test_the_report_has_every_key_and_names_the_machine_and_the_code(report):
     assert rep["code"].get("commit") or rep["code"].get("package")
     assert set(rep["load_average"]) == {"start", "after_seed_3", "end"}
     r = rep["recipe"]
-    assert r["model"]["embed_size"] == 30 and r["model"]["dropout"] == 0.0 and r["model"]["max_len"] == 9
+    assert r["model"]["embed_size"] == 30 and r["model"]["num_layers"] == 1 and r["model"]["dropout"] == 0.0 and r["model"]["max_len"] == 9
     assert r["train"]["seed"] == 3 and r["steps"] == STEPS and r["eval_examples"] == 16
     assert r["parameters"] > 0
     assert list(rep["seeds"]) == ["3"]
