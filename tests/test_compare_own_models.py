@@ -120,8 +120,8 @@ def _lstm_pair():
     _copy_linear(f.proj, t.proj)
     _copy_linear(f.head, t.head)
     # torch stacks the gates i, f, g, o; nnx.LSTMCell has a Linear per gate, biased on h only.
-    w_ih, w_hh = (t.lstm.weight_ih_l0.detach().numpy(), t.lstm.weight_hh_l0.detach().numpy())
-    bias = (t.lstm.bias_ih_l0 + t.lstm.bias_hh_l0).detach().numpy()
+    w_ih, w_hh = (t.lstm.weight_ih_l0.detach().cpu().numpy(), t.lstm.weight_hh_l0.detach().cpu().numpy())
+    bias = (t.lstm.bias_ih_l0 + t.lstm.bias_hh_l0).detach().cpu().numpy()
     cell = f.lstm.cell
     for k, gate in enumerate("ifgo"):
         rows = slice(k * HID, (k + 1) * HID)
@@ -186,8 +186,8 @@ def test_torch_rows_inside_a_scanned_layer_stack_are_left_out_saying_why_not_fai
     torch.manual_seed(0)
     t = _TorchStack().eval()
     f = _FlaxScannedStack(nnx.Rngs(0))
-    f.layers.kernel.set_value(jnp.stack([jnp.asarray(m.weight.detach().numpy().T) for m in t.layers]))
-    f.layers.bias.set_value(jnp.stack([jnp.asarray(m.bias.detach().numpy()) for m in t.layers]))
+    f.layers.kernel.set_value(jnp.stack([jnp.asarray(m.weight.detach().cpu().numpy().T) for m in t.layers]))
+    f.layers.bias.set_value(jnp.stack([jnp.asarray(m.bias.detach().cpu().numpy()) for m in t.layers]))
     _copy_linear(f.head, t.head)
     x = _rand(N, D)
     report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5)  # no ignore_missing
@@ -396,8 +396,8 @@ def test_a_weight_normed_layers_parametrization_modules_are_weights_not_rows():
     torch.manual_seed(0)
     t, f = _TorchWeightNormed().eval(), _FlaxPlain(nnx.Rngs(0))
     assert any(".parametrizations." in name for name, _ in t.named_modules())
-    f.proj.kernel.set_value(jnp.asarray(t.proj.weight.detach().numpy().T))  # weight_norm's computed weight
-    f.proj.bias.set_value(jnp.asarray(t.proj.bias.detach().numpy()))
+    f.proj.kernel.set_value(jnp.asarray(t.proj.weight.detach().cpu().numpy().T))  # weight_norm's computed weight
+    f.proj.bias.set_value(jnp.asarray(t.proj.bias.detach().cpu().numpy()))
     x = _rand(N, D)
     report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5)
     assert report.ok, report.format_table(show_all=True)

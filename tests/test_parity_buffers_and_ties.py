@@ -232,7 +232,7 @@ def test_a_tensor_given_for_a_dropped_scalar_buffer_is_refused_not_lost():
             "torch_default=0.5) drops a torch-only scalar buffer and would lose these values") in str(error)
     state["temperature"] = torch.tensor(0.7)
     torch_to_flax(state, model, rules=rules)
-    np.testing.assert_array_equal(model.proj.kernel.get_value(), torch_proj.weight.detach().numpy().T)
+    np.testing.assert_array_equal(model.proj.kernel.get_value(), torch_proj.weight.detach().cpu().numpy().T)
 
 
 class _TorchMasked(torch.nn.Module):  # a persistent causal mask: in the state dict
@@ -290,13 +290,13 @@ def test_a_tied_models_state_dict_saves_and_loads_strictly_both_ways(torch_model
     loaded = parity.load_state_dict(path)
     assert sorted(loaded) == sorted(torch_model.state_dict())  # safetensors writes its keys sorted
     for key, value in torch_model.state_dict().items():
-        assert torch.equal(loaded[key], value), key
+        assert torch.equal(loaded[key], value.cpu()), key  # a file loads onto the CPU
     fresh = TorchLM()
     fresh.load_state_dict(loaded, strict=True)
     for key, value in torch_model.state_dict().items():  # both names of the tie, and the rest
         assert torch.equal(fresh.state_dict()[key], value), key
     model = convert_in(loaded, tied=TIED)
-    assert np.array_equal(np.asarray(model.embed.embedding.get_value()), torch_model.tok.weight.detach().numpy())
+    assert np.array_equal(np.asarray(model.embed.embedding.get_value()), torch_model.tok.weight.detach().cpu().numpy())
 
 
 class _TorchTwoNorms(torch.nn.Module):

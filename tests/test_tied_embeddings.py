@@ -152,7 +152,7 @@ def test_tied_twins_agree_forward_and_gradients(tie):
     torch_twin, flax_twin = scaled_twins(config)
     source, target = sample_batch(config)
     with torch.no_grad():
-        want = torch_twin(torch.as_tensor(source), torch.as_tensor(target)).numpy()
+        want = torch_twin(torch.as_tensor(source), torch.as_tensor(target)).cpu().numpy()
     got = np.asarray(flax_twin(jnp.asarray(source), jnp.asarray(target)))
     assert np.abs(got - want).max() <= ATOL
     report = check_twins(torch_twin, flax_twin, config, grads=True)
@@ -178,7 +178,7 @@ def scaled_twins(config):
 
 
 def _torch_tokens(batch):
-    return tuple(torch.from_numpy(np.asarray(a)).long() for a in (batch.source, batch.target_in, batch.target_out))
+    return tuple(torch.as_tensor(np.asarray(a)).long() for a in (batch.source, batch.target_in, batch.target_out))
 
 
 def test_a_few_training_steps_of_the_tied_twins_match():
@@ -209,7 +209,7 @@ def test_a_few_training_steps_of_the_tied_twins_match():
     held_out = task.eval_batches(3, 1, 5)[0]
     torch_twin.eval()
     with torch.no_grad():
-        torch_logits = torch_twin(*_torch_tokens(held_out)[:2]).numpy()
+        torch_logits = torch_twin(*_torch_tokens(held_out)[:2]).cpu().numpy()
     flax_logits = np.asarray(trainer.model(state)(held_out.source, held_out.target_in))
     # Measured: 1.2e-6 (logits of up to 2.8).
     np.testing.assert_allclose(flax_logits, torch_logits, rtol=0, atol=ATOL)
@@ -245,7 +245,7 @@ def test_conversion_both_ways_is_bit_exact_and_loads_strictly(tie, scan_layers, 
     path = parity.save_state_dict(exported, tmp_path / "tied.safetensors", config=config)
     loaded = parity.load_state_dict(path)
     torch_model(config, seed=2).load_state_dict(loaded, strict=True)
-    assert all(torch.equal(loaded[k], v) for k, v in want.items())
+    assert all(torch.equal(loaded[k], v.cpu()) for k, v in want.items())  # a file loads onto the CPU
 
 
 @pytest.mark.parametrize("tie", TIES)
@@ -264,7 +264,7 @@ def test_an_untied_state_dict_is_refused_by_a_tied_model_naming_the_copy(tie):
     # A file holding the table under one name alone (safetensors' save_model) loads from it.
     tied = torch_model(config).state_dict()
     parity.torch_to_flax({k: v for k, v in tied.items() if k not in COPIES[tie]}, model)
-    np.testing.assert_array_equal(model.decoder.embedding_layer.embedding.get_value(), tied[TABLE].numpy())
+    np.testing.assert_array_equal(model.decoder.embedding_layer.embedding.get_value(), tied[TABLE].cpu().numpy())
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -340,7 +340,7 @@ def test_parity_convert_of_a_tied_run_loads_into_the_tied_torch_twin_and_starts_
     state = run.latest_state()
     state_dict = parity.load_state_dict(exported)
     from_run = parity.flax_to_torch(run.trainer.model(state))  # the run's newest parameters, bit for bit
-    assert sorted(from_run) == sorted(state_dict) and all(torch.equal(state_dict[k], v) for k, v in from_run.items())
+    assert sorted(from_run) == sorted(state_dict) and all(torch.equal(state_dict[k], v.cpu()) for k, v in from_run.items())
     # Every key of the torch twin (safetensors writes its keys sorted).
     assert sorted(state_dict) == sorted(torch_model(run.config.model).state_dict())
     assert all(torch.equal(state_dict[copy], state_dict[TABLE]) for copy in COPIES["all"])
@@ -349,7 +349,7 @@ def test_parity_convert_of_a_tied_run_loads_into_the_tied_torch_twin_and_starts_
     assert twin.decoder.fc.weight is twin.encoder.embedding_layer.weight
     source, target = sample_batch(run.config.model, batch=3, seed=1)
     with torch.no_grad():
-        want = twin(torch.as_tensor(source), torch.as_tensor(target)).numpy()
+        want = twin(torch.as_tensor(source), torch.as_tensor(target)).cpu().numpy()
     got = np.asarray(run.trainer.model(state)(jnp.asarray(source), jnp.asarray(target)))
     # A trained tied model's logits reach 14 here (float32's spacing 9.5e-7). Measured: 4.8e-6.
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
@@ -363,7 +363,7 @@ def test_parity_convert_of_a_tied_run_loads_into_the_tied_torch_twin_and_starts_
         new.close()
     assert int(state.step) == 0
     started = parity.flax_to_torch(new.trainer.model(state))
-    assert sorted(started) == sorted(state_dict) and all(torch.equal(started[k], v) for k, v in state_dict.items())
+    assert sorted(started) == sorted(state_dict) and all(torch.equal(started[k].cpu(), v) for k, v in state_dict.items())
 
 
 def test_a_run_config_without_the_field_loads_untied():
