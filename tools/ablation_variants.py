@@ -251,6 +251,7 @@ def _catalogue():
         "xla_simplify_fp_conversions": "--xla_gpu_simplify_all_fp_conversions=true",
         "xla_custom_fusions": "--xla_gpu_enable_custom_fusions=true",
         "xla_dynamic_slice_fusion": "--xla_gpu_enable_dynamic_slice_fusion=true",
+        "xla_deterministic_ops": "--xla_gpu_deterministic_ops=true",
     }
     flag_what = {
         "xla_latency_hiding_scheduler": "XLA:GPU's latency-hiding scheduler (overlaps independent kernels and copies)",
@@ -258,6 +259,8 @@ def _catalogue():
         "xla_custom_fusions": "XLA:GPU's custom fusions (library kernels with fused prologues or epilogues)",
         "xla_dynamic_slice_fusion": "XLA:GPU's custom fusion of the scanned loop's dynamic slices into the GEMMs "
                                     "that read them (no copy of each layer's weights out of the stack)",
+        "xla_deterministic_ops": "XLA:GPU's deterministic kernels (scatter-adds without atomics, autotuning off): "
+                                 "what a bit-exact resume costs on a GPU",
     }
     out = [
         Variant("default", "the benchmark's train step: dropout 0.1 with threefry keys (JAX's default), the "

@@ -14,6 +14,8 @@
 #     bash tools/gpu_items.sh ablations # what each part of it costs (tools.ablations)
 #     bash tools/gpu_items.sh ablate    # issue 48's ablations of the large train step (tools.ablations, budgeted)
 #     bash tools/gpu_items.sh bfloat16  # the Flax twin in bfloat16 against torch in float32, by layer (parity.bfloat16)
+#     bash tools/gpu_items.sh determinism  # exact resume on a GPU: the resume tests with and without XLA:GPU's
+#                                          # deterministic ops, and what they cost the large train step
 # or all three in one call, each under its own time limit (the tool lends 15 minutes of device
 # time in all, the machine's start included, so one call of under 10 minutes is the safe plan):
 #     bash tools/gpu_items.sh all       # train, parity, bench (Flax and torch eager), torch.compile
@@ -27,10 +29,10 @@
 # puts each item's files in one archive there (the tool brings back at most 8 files).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train|check|profile|ablations|ablate|bfloat16|all|decide}
+item=${1:?usage: bash tools/gpu_items.sh wheels|parity|bench|train|check|profile|ablations|ablate|bfloat16|determinism|all|decide}
 case "$item" in
-wheels | parity | bench | train | check | profile | ablations | ablate | bfloat16 | all | decide) ;;
-*) echo "unknown item $item: wheels, parity, bench, train, check, profile, ablations, ablate, bfloat16, all or decide" >&2
+wheels | parity | bench | train | check | profile | ablations | ablate | bfloat16 | determinism | all | decide) ;;
+*) echo "unknown item $item: wheels, parity, bench, train, check, profile, ablations, ablate, bfloat16, determinism, all or decide" >&2
     exit 2 ;;
 esac
 if [ "$item" = decide ]; then
@@ -102,7 +104,8 @@ if [ "$item" = all ]; then
     worst=0
     declare -A logs=([train]=train.log [parity]=parity.log [bench]=large.log [bench_scan]=large.log
         [bench_decode]=large.log [bench_compile]=large.log [bench_train]=large.log [check]=check.log
-        [profile]=profile.log [ablations]=ablations.log [ablate]="ablations.json ablations.log" [bfloat16]=bfloat16.log)
+        [profile]=profile.log [ablations]=ablations.log [ablate]="ablations.json ablations.log" [bfloat16]=bfloat16.log
+        [determinism]="determinism.log ablations.json")
     # GPU_ITEMS: which, in this order (default all); LIMIT_*: their seconds.
     for name in ${GPU_ITEMS:-train parity bench bench_decode bench_compile}; do
         case "$name" in
@@ -127,6 +130,7 @@ if [ "$item" = all ]; then
         # Its JSON (every variant, measured or not, and why) and log come back beside the archive.
         ablate) run_item ablate "${LIMIT_ABLATE:-360}" ;;
         bfloat16) run_item bfloat16 "${LIMIT_BFLOAT16:-100}" ;;
+        determinism) run_item determinism "${LIMIT_DETERMINISM:-360}" XLA_PYTHON_CLIENT_PREALLOCATE=false ;;
         *) echo "unknown GPU_ITEMS entry $name" >&2; exit 2 ;;
         esac
     done
@@ -176,6 +180,28 @@ bfloat16)
         | tee -i "$out/bfloat16.log" || rc=$?
     python3 -m pytest tests/test_parity_bfloat16.py --torch-device "${TORCH_DEVICE:-cuda}" -p no:cacheprovider -q \
         2>&1 | tee -i -a "$out/bfloat16.log" || rc=$?
+    exit "$rc"
+    ;;
+determinism)
+    # Exact resume on a GPU (docs/design.md, "Runs"). XLA:GPU's scatter-adds (the embeddings'
+    # gradients) use atomics, whose order varies from run to run; JAX's remedy is
+    # --xla_gpu_deterministic_ops. The resume tests (kill -9, SIGTERM, Ctrl-C, a Trainer stopped
+    # and resumed, an averaged run, a tied one) under XLA's defaults, then under that flag, then
+    # the flag's cost on the large train step (its own process: XLA reads its flags once).
+    rc=0
+    resume_tests=(tests/test_train_cli.py::test_ctrl_c_sigterm_and_kill_9_each_resume_to_the_uninterrupted_run_bit_for_bit
+        tests/test_training.py::test_stopping_and_resuming_gives_the_uninterrupted_parameters_bit_for_bit
+        tests/test_ema.py::test_a_killed_run_resumes_its_average_bit_for_bit_and_evaluate_generate_and_export_read_it
+        tests/test_tied_embeddings.py::test_a_tied_run_records_its_tie_and_resumes_after_kill_9_bit_for_bit)
+    for flags in "" "--xla_gpu_deterministic_ops=true"; do
+        echo "== XLA_FLAGS='$flags'" | tee -i -a "$out/determinism.log"
+        XLA_FLAGS="$flags" python3 -m pytest "${resume_tests[@]}" --torch-device "${TORCH_DEVICE:-cuda}" -p no:cacheprovider -q -n 4 \
+            2>&1 | tee -i -a "$out/determinism.log" || rc=$?
+    done
+    export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/gpu_items_jax_cache}
+    # (TORCH_DEVICE=cpu DETERMINISM_PRESET=tiny: the same plumbing on a CPU)
+    python3 -m tools.ablations --preset "${DETERMINISM_PRESET:-large}" --scan-layers --reps 10 --budget-s "${DETERMINISM_BUDGET:-150}" \
+        --json "$out/ablations.json" --variants default xla_deterministic_ops 2>&1 | tee -i -a "$out/determinism.log" || rc=$?
     exit "$rc"
     ;;
 train)
