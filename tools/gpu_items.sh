@@ -105,7 +105,7 @@ if [ "$item" = all ]; then
     declare -A logs=([train]=train.log [parity]=parity.log [bench]=large.log [bench_scan]=large.log
         [bench_decode]=large.log [bench_compile]=large.log [bench_train]=large.log [check]=check.log
         [profile]=profile.log [ablations]=ablations.log [ablate]="ablations.json ablations.log" [bfloat16]=bfloat16.log
-        [determinism]="determinism.log ablations.json")
+        [determinism]="determinism.log ablations.json ablations.log")
     # GPU_ITEMS: which, in this order (default all); LIMIT_*: their seconds.
     for name in ${GPU_ITEMS:-train parity bench bench_decode bench_compile}; do
         case "$name" in
@@ -198,10 +198,11 @@ determinism)
         XLA_FLAGS="$flags" python3 -m pytest "${resume_tests[@]}" --torch-device "${TORCH_DEVICE:-cuda}" -p no:cacheprovider -q -n 4 \
             2>&1 | tee -i -a "$out/determinism.log" || rc=$?
     done
-    export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/gpu_items_jax_cache}
+    # The ablate item with the flag's group (ablations.json and ablations.log beside this log).
     # (TORCH_DEVICE=cpu DETERMINISM_PRESET=tiny: the same plumbing on a CPU)
-    python3 -m tools.ablations --preset "${DETERMINISM_PRESET:-large}" --scan-layers --reps 10 --budget-s "${DETERMINISM_BUDGET:-150}" \
-        --json "$out/ablations.json" --variants default xla_deterministic_ops 2>&1 | tee -i -a "$out/determinism.log" || rc=$?
+    JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/gpu_items_jax_cache} SKIP_MACHINE=1 OUT="$out" \
+        ABLATE_PRESET="${DETERMINISM_PRESET:-large}" ABLATE_BUDGET="${DETERMINISM_BUDGET:-150}" \
+        ABLATE_VARIANTS="default xla_deterministic_ops" bash "$0" ablate || rc=$?
     exit "$rc"
     ;;
 train)
