@@ -30,6 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------- the CLI
 
+# The CLI as a process of its own; a multi-process run's processes all write the compilation
+# cache (tests/every_process_caches.py says why).
+CLI = [sys.executable, "-m", "flaxformer_mini"]
+MULTIPROCESS_CLI = [sys.executable, str(REPO / "tests" / "every_process_caches.py")]
+
 # A run small enough for a test: the tiny preset on `copy` with short sequences, one layer on
 # each side. These tests are about a run's life (its files, signals, resuming), not depth, and
 # the suite is mostly XLA compilation: the tiny preset's second layer doubles it (the train
@@ -49,7 +54,7 @@ TINY_RUN_INPUTS = "".join(f"{t}\n" for t in ["4 1 2", "5 3 6 2", "1", "0 0 4", "
 
 def run_process(*args, env=None, stdin=None):
     """The CLI in a process of its own, as a user runs it (needed for signals and env)."""
-    return subprocess.run([sys.executable, "-m", "flaxformer_mini", *args], capture_output=True, text=True,
+    return subprocess.run([*CLI, *args], capture_output=True, text=True,
                           timeout=300, env=env, input=stdin)
 
 
@@ -82,7 +87,7 @@ def cli(*args, stdin=""):
 
 def start(*args):
     """The CLI in a process of its own, left running (to be signalled)."""
-    return subprocess.Popen([sys.executable, "-m", "flaxformer_mini", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -373,7 +378,7 @@ def train_cli(out, n, *extra, port=None, timeout_s=HEARTBEAT_S, plot=False):
 
     def argv(i):
         dist = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i)] if n > 1 else []
-        return [sys.executable, "-m", "flaxformer_mini", "train", *run, "--out", str(out), *dist,
+        return [*(MULTIPROCESS_CLI if n > 1 else CLI), "train", *run, "--out", str(out), *dist,
                 "--distributed-timeout", str(timeout_s), *extra]
 
     return argv
