@@ -24,6 +24,7 @@ import pytest
 from helpers import (
     EVERY_STEP_TINY_RUN,
     HEARTBEAT_S,
+    MULTIPROCESS_CLI,
     REPO,
     TINY_RUN,
     checkpoint_steps,
@@ -205,7 +206,7 @@ def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path, m
                    "--out", str(homes[0] / "prev")).returncode == 0
         extra, named = ["--tokenizer-from", "prev"], "--tokenizer-from prev: no such directory"
     port = free_port()
-    argv = [sys.executable, "-m", "flaxformer_mini", "train", "--data", "train.tsv", "--preset", "tiny", *extra,
+    argv = [*MULTIPROCESS_CLI, "train", "--data", "train.tsv", "--preset", "tiny", *extra,
             "--out", str(tmp_path / "run"), "--steps", "2", "--no-progress", "--no-plot", "--distributed-timeout", str(HEARTBEAT_S),
             "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
     t0 = time.time()

@@ -17,6 +17,7 @@ import time
 
 from flaxformer_mini.cli import errors
 from flaxformer_mini.train import stop
+from helpers import start
 
 # A child that installs the stop requests, says so, then stays in native code for minutes
 # (about 0.3 us an iteration: the test ends it long before).
@@ -220,8 +221,7 @@ def test_sigterm_during_a_long_accumulation_stops_within_seconds_and_keeps_the_l
     from flaxformer_mini.runs.run import Run
 
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "flaxformer_mini", "train", *ENDLESS_UPDATE, "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start("train", *ENDLESS_UPDATE, "--out", str(out))
     try:
         Lines(proc.stderr, proc).wait_for("model: ")  # restored or initialised: the update is under way
         time.sleep(3)  # into the micro-batches (their step compiles first)
