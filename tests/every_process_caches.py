@@ -1,25 +1,35 @@
 """``python tests/every_process_caches.py ARGS...``: the CLI, as ``python -m flaxformer_mini
-ARGS...``, with every process of a multi-process run writing JAX's persistent compilation cache.
+ARGS...``, with the processes of a multi-process run sharing their compiled programs.
 
-JAX writes the cache from process 0 only (sparing shared filesystems concurrent writes), and on
-the CPU every other process keys its programs apart from process 0's (XLA:CPU's topology
-fingerprint differs per process), so process 1 of a test's multi-process run compiled every
-program at every launch. The suite launches one configuration again and again (a run stopped,
-killed, resumed): with this entry point process 1 reads its own programs back from the second
-launch on, as process 0 reads its. The programs are the same ones; only where they come from
-changes (docs/testing.md, "Where the time goes").
+Two of JAX's rules made process 1 of every test launch compile every program itself:
+
+- JAX writes the persistent compilation cache from process 0 only (sparing shared filesystems
+  concurrent writes), so what process 1 compiled alone was never read back;
+- on the CPU each process keys its programs apart from the others' (XLA:CPU's topology
+  fingerprint differs per process), so neither the cache nor JAX's binary sharing
+  (``jax_share_binary_between_hosts``: process 0 compiles a program that spans the processes
+  and hands it to the others through the coordination service) found process 0's program.
+
+Here every process writes the cache, every process keys a program by the devices it runs on
+(their ids and processes, alike in every process), and binary sharing is on. Process 1 then
+receives each program that spans the processes from process 0 instead of compiling it, and a
+configuration launched again (stopped, killed, resumed) reads every process's programs back.
+The programs are the ones JAX compiles for the run; only where they come from changes
+(docs/testing.md, "Where the time goes"). tests/test_multiprocess.py's library workers import
+this module too.
 """
 
 import inspect
 import sys
 import warnings
 
-# _cache_write is JAX's internal function: replaced only where its parameters are the ones this
-# copy expects, so that another JAX release runs these tests unchanged, compiling as before.
+# JAX's internal functions below are replaced only where their parameters are the ones these
+# copies expect, so that another JAX release runs these tests unchanged, compiling as JAX does.
+import jax
 import jax._src.compiler as compiler
-from jax._src import compilation_cache, config
+from jax._src import cache_key, compilation_cache, config
 
-_PARAMETERS = ["cache_key", "compile_time_secs", "module_name", "backend", "executable", "host_callbacks"]
+_CACHE_WRITE_PARAMETERS = ["cache_key", "compile_time_secs", "module_name", "backend", "executable", "host_callbacks"]
 
 
 def _cache_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
@@ -32,8 +42,22 @@ def _cache_write(cache_key, compile_time_secs, module_name, backend, executable,
         warnings.warn(f"Error writing persistent compilation cache entry for '{module_name}': {type(e).__name__}: {e}")
 
 
-if list(inspect.signature(getattr(compiler, "_cache_write", lambda: None)).parameters) == _PARAMETERS:
+def _hash_accelerator_config(hash_obj, accelerators):
+    """The devices a program runs on, hashed alike in every process of a run (JAX's own hashes
+    the topology this process sees)."""
+    for device in accelerators.flat:
+        hash_obj.update(f"{device.platform}:{device.device_kind}:{device.id}:{device.process_index};".encode())
+
+
+def _parameters(function):
+    return list(inspect.signature(function).parameters) if callable(function) else None
+
+
+if _parameters(getattr(compiler, "_cache_write", None)) == _CACHE_WRITE_PARAMETERS:
     compiler._cache_write = _cache_write
+if _parameters(getattr(cache_key, "_hash_accelerator_config", None)) == ["hash_obj", "accelerators"]:
+    cache_key._hash_accelerator_config = _hash_accelerator_config
+    jax.config.update("jax_share_binary_between_hosts", True)
 
 if __name__ == "__main__":
     from flaxformer_mini.cli.main import main

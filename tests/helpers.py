@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------- the CLI
 
-# The CLI as a process of its own; a multi-process run's processes all write the compilation
-# cache (tests/every_process_caches.py says why).
+# The CLI as a process of its own; a multi-process run's processes share their compiled programs
+# (tests/every_process_caches.py says how and why).
 CLI = [sys.executable, "-m", "flaxformer_mini"]
 MULTIPROCESS_CLI = [sys.executable, str(REPO / "tests" / "every_process_caches.py")]
 

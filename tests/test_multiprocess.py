@@ -55,6 +55,8 @@ def _worker(spec):
     from flaxformer_mini.scale import distributed
 
     if spec["n"] > 1:
+        import every_process_caches  # noqa: F401 - process 0 compiles what spans the processes, once
+
         distributed.start_runtime(spec["coordinator"], spec["n"], spec["process_id"], timeout_s=60)
     from flaxformer_mini.runs.fit import fit
     from flaxformer_mini.runs.run import Run
@@ -168,9 +170,8 @@ def equivalence_runs(tmp_path_factory):
     """One launch of 2 processes with 2 devices each, running its runs one after another, and
     the single-process runs in this process: the reference first (the 2-process runs continue
     its checkpoint), then the launch, then the single-process runs that continue its 2x2 FSDP
-    run or need none (a launch costs a JAX start-up per process, and every process but process
-    0 compiles every program: only process 0 writes the persistent compilation cache, and on the
-    CPU the others' keys differ from its keys).
+    run or need none (a launch costs a JAX start-up per process, and every process compiles
+    the programs it runs alone: tests/every_process_caches.py).
 
     Two processes, not more: every property here shows with two, and each process more is a
     JAX start-up and every program's compilation more (docs/testing.md, "What was cut and why"). The 2-process
@@ -178,8 +179,8 @@ def equivalence_runs(tmp_path_factory):
     of each, as ``--devices 1`` does on such a host. That once aborted every process (the stop
     votes ran on all of each host's devices, the train step on the mesh's: XLA:CPU's
     collectives took one program's data for the other's); the 2x1 run here is its test, and
-    it continues the reference's checkpoint (a 2-process run of its own would compile the
-    same steps again in process 1, whose compilations are never cached)."""
+    it continues the reference's checkpoint (a 2-process run of its own would start, restore
+    and compile once more in each process)."""
     import shutil
 
     root = tmp_path_factory.mktemp("equivalence")
