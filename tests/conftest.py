@@ -45,6 +45,7 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import flaxformer_mini as fm
+import lowering_contexts  # noqa: F401 - JAX lowers into a reused MLIR context: the module says why
 from parity import parity_numerics
 from parity.policy import DEFAULT_ATOL
 
