@@ -12,7 +12,8 @@ to keep it short: docs/testing.md.
 - Speed: XLA:CPU compiles at LLVM optimisation level 0 and runs its kernels on one thread,
   torch on one thread per worker (below); the pytest workers and the subprocesses the tests
   start (the CLI, multi-process runs) share one persistent compilation cache per pytest run;
-  the longest files are scheduled first (HEAVY_FIRST).
+  the longest files are scheduled first (HEAVY_FIRST); JAX's bookkeeping is cheaper in the
+  pytest processes (tests/jax_bookkeeping.py: no program and no number changes).
 
 Shared helpers are tests/helpers.py's (plain functions and constants); fixtures shared by
 several files are here. A test file never imports another.
@@ -45,7 +46,7 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import flaxformer_mini as fm
-import lowering_contexts  # noqa: F401 - JAX lowers into a reused MLIR context: the module says why
+import jax_bookkeeping  # noqa: F401 - cheaper JAX bookkeeping, no program changed: the module says why
 from parity import parity_numerics
 from parity.policy import DEFAULT_ATOL
 
