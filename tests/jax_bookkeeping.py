@@ -11,8 +11,9 @@ of JAX's internal steps that cost the suite CPU and change no program and no num
   lowerings; renewing it bounds what it keeps (constants embedded in programs among it).
 - A tracer's ``sharding``. Asked of a tracer, the attribute raises an AttributeError whose
   message names where the tracer came from, which JAX finds by walking every equation traced so
-  far. Flax asks it of every RNG stream's counter it increments, and ``getattr(x, "sharding",
-  None)`` discards the message: under ``nnx.eval_shape`` (``Transformer.abstract``) each
+  far. The message is never seen: Python answers a property's AttributeError by calling
+  ``Tracer.__getattr__``, whose own error is the one raised. Flax asks for it at every RNG
+  stream's counter it increments: under ``nnx.eval_shape`` (``Transformer.abstract``) each
   parameter's init paid that walk, so the cost grew with the square of the number of
   parameters. Here the message is built when it is shown, not when the error is raised.
 
