@@ -58,16 +58,24 @@ def run_process(*args, env=None, stdin=None):
                           timeout=300, env=env, input=stdin)
 
 
+def command_precision():
+    """JAX's default matmul precision, the one a command runs under in a process of its own, in
+    place of the parity precision the workers set (conftest). A value computed in a test to be
+    compared bit for bit with one a command wrote is computed under it too: on a GPU JAX's
+    default allows TF32, and the parity precision does not."""
+    import jax
+
+    return jax.default_matmul_precision(None)
+
+
 def cli(*args, stdin=""):
     """The CLI in this process: the same main(), without paying JAX's start-up and the
     compilation of every jitted function again for each call. ``stdin``: str or bytes.
 
-    It runs under JAX's default matmul precision, as the command does in a process of its own,
-    not under the parity precision the workers set (conftest): a run trained here and one
+    It runs under the command's precision (``command_precision``): a run trained here and one
     trained or resumed by ``start`` or ``run_process`` use the same matmul precision on every
-    backend (JAX's default allows TF32 on a GPU), and share their compiled programs through the
-    suite's compilation cache, whose keys hold the precision."""
-    import jax
+    backend, and share their compiled programs through the suite's compilation cache, whose
+    keys hold the precision."""
     from flaxformer_mini.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -75,7 +83,7 @@ def cli(*args, stdin=""):
     # Bytes underneath, as a real standard input (generate reads sys.stdin.buffer).
     sys.stdin = io.TextIOWrapper(io.BytesIO(stdin if isinstance(stdin, bytes) else stdin.encode()), encoding="utf-8")
     try:
-        with jax.default_matmul_precision(None), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with command_precision(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(list(args))
             except SystemExit as e:  # argparse errors

@@ -16,7 +16,7 @@ from flaxformer_mini.data import SyntheticTask
 from flaxformer_mini.runs.config import TrainOptions, train_config_for
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train.trainer import Trainer
-from helpers import TINY_RUN, assert_same_training_state, cli, latest_state
+from helpers import TINY_RUN, assert_same_training_state, cli, command_precision, latest_state
 
 DECAY = 0.6  # reached from the third update on: (1 + n) / (10 + n) is 0.1, 0.18, 0.25, ... then DECAY
 
@@ -67,8 +67,9 @@ def test_a_killed_run_resumes_its_average_bit_for_bit_and_evaluate_generate_and_
     # The evaluation during training and `evaluate` score the average, not the parameters.
     run = Run.open(straight)
     batches = run.eval_batches()
-    on_average = run.trainer.evaluate(a.for_inference(), batches)["loss"]
-    on_parameters = run.trainer.evaluate(a.replace(ema=None), batches)["loss"]
+    with command_precision():  # the evaluation during training's precision (on a GPU, TF32)
+        on_average = run.trainer.evaluate(a.for_inference(), batches)["loss"]
+        on_parameters = run.trainer.evaluate(a.replace(ema=None), batches)["loss"]
     assert on_average != on_parameters
     assert result["loss"] == on_average
     scored = json.loads(cli("evaluate", "--checkpoint", str(straight), "--json").stdout)
