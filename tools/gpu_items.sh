@@ -200,15 +200,14 @@ determinism)
     # Exact resume on a GPU (docs/design.md, "Runs"). XLA:GPU's scatter-adds (the embeddings'
     # gradients) use atomics, whose order varies from run to run; JAX's remedy is
     # --xla_gpu_deterministic_ops. The resume tests (kill -9, SIGTERM, Ctrl-C, a Trainer stopped
-    # and resumed, an averaged run, a tied one) under XLA's defaults, then under that flag, then
-    # the flag's cost on the large train step (its own process: XLA reads its flags once).
+    # and resumed, an averaged run, a tied one; test_ema.py whole: the average's own test too)
+    # under XLA's defaults, then under that flag, then the flag's cost on the large train step
+    # (its own process: XLA reads its flags once).
     rc=0
     resume_tests=(tests/test_train_cli.py::test_ctrl_c_sigterm_and_kill_9_each_resume_to_the_uninterrupted_run_bit_for_bit
         tests/test_training.py::test_stopping_and_resuming_gives_the_uninterrupted_parameters_bit_for_bit
-        tests/test_ema.py::test_a_killed_run_resumes_its_average_bit_for_bit_and_evaluate_generate_and_export_read_it
-        tests/test_tied_embeddings.py::test_a_tied_run_records_its_tie_and_resumes_after_kill_9_bit_for_bit
-        # the averaged run's other test: its average against one computed in float64
-        tests/test_ema.py::test_the_average_moves_toward_each_updates_parameters_with_the_warmed_up_decay)
+        tests/test_ema.py
+        tests/test_tied_embeddings.py::test_a_tied_run_records_its_tie_and_resumes_after_kill_9_bit_for_bit)
     for flags in "" "--xla_gpu_deterministic_ops=true"; do
         echo "== XLA_FLAGS='$flags'" | tee -i -a "$out/determinism.log"
         XLA_FLAGS="$flags" python3 -m pytest "${resume_tests[@]}" --torch-device "${TORCH_DEVICE:-cuda}" -p no:cacheprovider -q -n 4 \
