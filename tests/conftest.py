@@ -46,6 +46,7 @@ import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import flaxformer_mini as fm
+from flaxformer_mini.collector import THRESHOLDS
 import jax_bookkeeping  # noqa: F401 - cheaper JAX bookkeeping, no program changed: the module says why
 from parity import parity_numerics
 from parity.policy import DEFAULT_ATOL
@@ -54,12 +55,13 @@ parity_numerics()
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 torch.set_num_threads(1)  # one thread per worker: see TEST_XLA_FLAGS above
-# Python's cyclic garbage collector, less often: tracing and lowering allocate objects by the
-# million, and with the default thresholds (700, 10, 10) a worker ran a full collection, which
-# walks every object the worker holds (every module, every compiled program), every few seconds.
-# Garbage without cycles is freed at once either way; memory stayed within a few percent.
-# Measured: docs/testing.md, "Where the time goes".
-gc.set_threshold(100_000, 50, 100)
+# Python's cyclic garbage collector, less often, at the thresholds a command runs under
+# (flaxformer_mini/collector.py): tracing and lowering allocate objects by the million, and with
+# the default thresholds (700, 10, 10) a worker ran a full collection, which walks every object
+# the worker holds (every module, every compiled program), every few seconds. Garbage without
+# cycles is freed at once either way; memory stayed within a few percent. Measured:
+# docs/testing.md, "Where the time goes".
+gc.set_threshold(*THRESHOLDS)
 
 # The tolerance of DESIGN.md's parity policy (Hugging Face's PT/Flax standard): parity's own.
 ATOL = DEFAULT_ATOL

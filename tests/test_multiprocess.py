@@ -423,4 +423,7 @@ def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_end
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _worker(json.loads(sys.argv[2]))
+    from flaxformer_mini.collector import collecting_rarely
+
+    with collecting_rarely():  # as a command runs: flaxformer_mini/collector.py
+        _worker(json.loads(sys.argv[2]))

@@ -346,4 +346,7 @@ def test_state_shardings_rejects_an_unknown_strategy():
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
-    _worker()
+    from flaxformer_mini.collector import collecting_rarely
+
+    with collecting_rarely():  # as a command runs: flaxformer_mini/collector.py
+        _worker()

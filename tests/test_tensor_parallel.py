@@ -389,4 +389,7 @@ def test_bad_mesh_option_exits_2_naming_it_and_writes_nothing(name, options, mes
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _worker(sys.argv[2])
+    from flaxformer_mini.collector import collecting_rarely
+
+    with collecting_rarely():  # as a command runs: flaxformer_mini/collector.py
+        _worker(sys.argv[2])

@@ -21,6 +21,7 @@ import sys
 
 from flaxformer_mini.cli import errors
 from flaxformer_mini.cli.parser import DEBUG_ENV, build_parser, problem
+from flaxformer_mini.collector import collecting_rarely
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 from flaxformer_mini.process_exit import exit_now
 from flaxformer_mini.train.stop import STOPPED_AT_ONCE, StopNow, Stopped, StopRequests
@@ -41,7 +42,7 @@ def main(argv=None):
     if getattr(args, "keep_freed_memory", False):
         restart_keeping_freed_memory()  # re-executes with GLIBC_TUNABLES set, before JAX loads: malloc_tunables.py
     try:
-        with _signals(args.command) as stop:
+        with _signals(args.command) as stop, collecting_rarely():
             command = importlib.import_module(COMMANDS[args.command])
             return (command.run(args) if stop is None else command.run(args, stop)) or errors.EXIT_OK
     except KeyboardInterrupt as e:
