@@ -6,7 +6,7 @@ thousand, most of them freed by reference counting alone. At CPython's default t
 and compiles (docs/benchmarks.md, "Python's collector in a command"). Training frameworks
 manage the collector too (torchtitan's ``gc_freq``, OLMo-core's garbage-collector callback);
 here the thresholds are raised for the command's duration: garbage in cycles is still
-collected, later, and everything else is freed at once as before it.
+collected, later, and everything else is freed by reference counting at once.
 """
 
 import contextlib
