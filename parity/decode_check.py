@@ -195,9 +195,7 @@ def _torch_step_logits(decoder, source, tokens):
 
 def _flax_step_logits(model, source, tokens):
     """(B, N, V) float64: Flax's cached decoder's logits at each step of ``tokens`` (B, N)."""
-    view = nnx.merge(*nnx.split(model))  # a new module tree over the same arrays: eval leaves the caller's be
-    view.eval()
-    graphdef, state = nnx.split(view)
+    graphdef, state = decoding.eval_split(model)  # the caller's model stays in its mode
     return np.asarray(_flax_replay(graphdef, state, source, jnp.asarray(tokens, source.dtype)), np.float64)
 
 

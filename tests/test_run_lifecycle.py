@@ -8,12 +8,14 @@ import math
 import shutil
 import signal
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 import flaxformer_mini as fm
+from flaxformer_mini.decode import search
 from flaxformer_mini.decode.search import greedy_decode, sample
 from flaxformer_mini.runs.evaluate import evaluate_run
 from flaxformer_mini.runs.directory import RunDir
@@ -69,14 +71,24 @@ def test_a_short_last_evaluation_batch_is_padded_to_the_first_batchs_shape(tiny_
 DECODED = fm.get_preset("tiny").replace(num_layers=1)
 
 
-def test_decoding_leaves_the_callers_model_in_its_mode():
+def test_decoding_leaves_the_callers_model_in_its_mode_and_decodes_in_eval_mode():
     model = fm.Transformer.from_config(DECODED, rngs=nnx.Rngs(0))
     model.train()
     # The source and length of the sampling test's greedy decoding below: one compiled loop for both.
     source = jnp.array([[5, 6, 7, 8, 2], [9, 4, 2, 0, 0]])
-    greedy_decode(model, source, 8)
+    in_training = np.asarray(greedy_decode(model, source, 8))
     dropouts = [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Dropout)]
     assert dropouts and all(not m.deterministic for m in dropouts)
+    # The eval-mode view kept for the training structure is the one eval() makes, and decodes
+    # what the model in eval mode decodes (dropout at 0.1 would change the tokens otherwise).
+    eval_graphdef, state = search.eval_split(model)
+    model.eval()
+    assert search.eval_split(model)[0] == eval_graphdef == nnx.graphdef(model)
+    assert jax.tree.structure(state) == jax.tree.structure(nnx.state(model))
+    np.testing.assert_array_equal(in_training, np.asarray(greedy_decode(model, source, 8)))
+    model.train()
+    np.testing.assert_array_equal(in_training, np.asarray(greedy_decode(model, source, 8)))
+    assert all(not m.deterministic for m in dropouts)
 
 
 def tiny_model():

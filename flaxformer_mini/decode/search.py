@@ -25,19 +25,39 @@ _NEG = -1e9  # a score no hypothesis reaches; finite, so no inf - inf = NaN anyw
 NO_HYPOTHESIS = _NEG / 2
 
 
+# Each model structure's eval-mode graph definition, by the graph definition it was made from
+# (a GraphDef is static and hashable: jit keys its programs by it). A decoding call then walks
+# the model's graph once (nnx.split), where making an eval-mode view takes four walks (split,
+# merge, eval, split), each a Python traversal of every module and variable.
+_EVAL_GRAPHDEFS = {}
+_EVAL_GRAPHDEFS_KEPT = 64  # structures a process decodes with: a few; the bound is for long-lived callers
+
+
+def eval_split(model):
+    """An eval-mode ``(graphdef, state)`` of ``model``, leaving the caller's model in the mode
+    it was (``torch_ref``'s decoder restores it too). The state holds the model's arrays
+    themselves (nothing is copied)."""
+    graphdef, state = nnx.split(model)
+    eval_graphdef = _EVAL_GRAPHDEFS.get(graphdef)
+    if eval_graphdef is None:
+        # merge(graphdef, state) is a new module tree over the same arrays: switching it to
+        # eval mode leaves the caller's modules untouched.
+        view = nnx.merge(graphdef, state)
+        view.eval()
+        if len(_EVAL_GRAPHDEFS) >= _EVAL_GRAPHDEFS_KEPT:
+            _EVAL_GRAPHDEFS.clear()
+        eval_graphdef = _EVAL_GRAPHDEFS[graphdef] = nnx.graphdef(view)
+    return eval_graphdef, state
+
+
 def _check(model, source, max_new_tokens):
-    """Check the inputs; return an eval-mode (graphdef, state) of ``model``, leaving the
-    caller's model in the mode it was (``torch_ref``'s decoder restores it too)."""
+    """Check the inputs; return ``eval_split(model)``."""
     c = model.config
     check_options(c, max_new_tokens=max_new_tokens)
     check_tokens(source, c.source_vocab_size, c.max_len, "source")
     if source.shape[1] == 0:
         raise ValueError("source: empty input (length 0)")
-    # merge(split(model)) is a new module tree over the same arrays (nothing is copied):
-    # switching it to eval mode leaves the caller's modules untouched.
-    view = nnx.merge(*nnx.split(model))
-    view.eval()
-    return nnx.split(view)
+    return eval_split(model)
 
 
 # Loop bodies (lax.while_loop, fori_loop) merge their own copy of the model from (graphdef,
