@@ -80,7 +80,7 @@ def test_decoding_leaves_the_callers_model_in_its_mode_and_decodes_in_eval_mode(
     dropouts = [m for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Dropout)]
     assert dropouts and all(not m.deterministic for m in dropouts)
     # The eval-mode view kept for the training structure is the one eval() makes, and decodes
-    # what the model in eval mode decodes (dropout at 0.1 would change the tokens otherwise).
+    # what the model in eval mode decodes (in train mode its dropout would draw masks).
     eval_graphdef, state = search.eval_split(model)
     model.eval()
     assert search.eval_split(model)[0] == eval_graphdef == nnx.graphdef(model)
