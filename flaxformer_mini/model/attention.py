@@ -95,8 +95,9 @@ class SelfAttention(nnx.Module):
         q = self.W_q(query).reshape(B, T, H, K)
         if self.attention_impl == "einsum":
             # Every operand head-first, as the keys and values are: the products and their
-            # gradients are then batched over (B, H) in one layout. Mixed layouts (the seed's
-            # "bthk,bshk->bhts") made XLA:CPU run them 1.7x slower, forward and backward.
+            # gradients are then batched over (B, H) in one layout. With the queries in the
+            # seed's (B, T, H, K), XLA:CPU computed them in transposed layouts, slower
+            # (docs/benchmarks.md, "The attention's layout on the CPU").
             q = q.transpose(0, 2, 1, 3)  # (B, H, T, K)
             scores = jnp.einsum("BHTK,BHSK->BHTS", q, k, preferred_element_type=_scores_dtype(q, k))
             # As in the seed: fill first, then scale by 1/sqrt(K) (torch_ref SelfAttention).
