@@ -1,8 +1,8 @@
-"""The einsum attention's two layouts, interleaved in one process: "mixed", the seed's
-(queries (B, T, H, K) against head-first keys and values, the output back in (B, T, H, K)),
-and "head_first", the package's (every operand (B, H, ., K)). The train step of
-`Trainer` (the README's CMUdict recipe's optimizer: cosine, label smoothing 0.1, EMA 0.999;
-dropout 0) and greedy decoding of a batch.
+"""The einsum attention's two layouts, interleaved in one process: "mixed" (queries
+(B, T, H, K) against head-first keys and values, the output in (B, T, H, K): the package's
+SelfAttention.attend) and "head_first" (every operand (B, H, ., K)), both written out here.
+The train step of `Trainer` (the README's CMUdict recipe's optimizer: cosine, label
+smoothing 0.1, EMA 0.999; dropout 0) and greedy decoding of a batch.
 
 PYTHONPATH=. python attention_layout.py D L F B S T  (heads 4)"""
 import sys, time, numpy as np, jax, jax.numpy as jnp
@@ -15,18 +15,19 @@ from flaxformer_mini.train.trainer import Trainer
 from flaxformer_mini.decode.search import greedy_decode
 from flaxformer_mini.data import Batch
 
-head_first = A.SelfAttention.attend
-
-
 def attend(self, query, k, v, mask):
-    if self.attention_impl != "mixed":
-        return head_first(self, query, k, v, mask)
     B, T, _ = query.shape
     H, K = self.heads, self.head_dim
     q = self.W_q(query).reshape(B, T, H, K)
-    scores = jnp.einsum("BTHK,BHSK->BHTS", q, k, preferred_element_type=A._scores_dtype(q, k))
-    weights = A._softmax_f32(A.masked_fill(scores, mask) / (K**0.5))
-    out = jnp.einsum("BHTS,BHSK->BTHK", weights.astype(v.dtype), v)
+    if self.attention_impl == "mixed":
+        scores = jnp.einsum("BTHK,BHSK->BHTS", q, k, preferred_element_type=A._scores_dtype(q, k))
+        weights = A._softmax_f32(A.masked_fill(scores, mask) / (K**0.5))
+        out = jnp.einsum("BHTS,BHSK->BTHK", weights.astype(v.dtype), v)
+    else:  # head-first: the queries transposed first, the output back once
+        q = q.transpose(0, 2, 1, 3)
+        scores = jnp.einsum("BHTK,BHSK->BHTS", q, k, preferred_element_type=A._scores_dtype(q, k))
+        weights = A._softmax_f32(A.masked_fill(scores, mask) / (K**0.5))
+        out = jnp.einsum("BHTS,BHSK->BHTK", weights.astype(v.dtype), v).transpose(0, 2, 1, 3)
     return self.fc(out.reshape(B, T, H * K))
 
 
@@ -48,7 +49,7 @@ for impl in ("mixed", "head_first"):
     model = fm.Transformer.from_config(cfg, rngs=nnx.Rngs(0))
     for _, m in nnx.iter_modules(model):
         if isinstance(m, A.SelfAttention):
-            m.attention_impl = "mixed" if impl == "mixed" else "einsum"
+            m.attention_impl = impl
     tr = Trainer(model, TrainConfig(schedule="cosine", learning_rate=2e-3, warmup_steps=800, decay_steps=6000,
                                     label_smoothing=0.1, ema_decay=0.999))
     st = tr.init_state()
