@@ -1,4 +1,4 @@
-"""Recipe train step (d128x3, ffn 512, dropout 0, ls 0.1, ema 0.999), batch (128,16)->(128,17),
+"""Recipe train step (d128x3, ffn 512, dropout 0, ls 0.1, ema 0.999), source (128, 14), target (128, 16),
 steady-state ms/step under the XLA_FLAGS of the environment."""
 import os, time
 import numpy as np, jax
