@@ -94,10 +94,15 @@ class SelfAttention(nnx.Module):
         H, K = self.heads, self.head_dim
         q = self.W_q(query).reshape(B, T, H, K)
         if self.attention_impl == "einsum":
-            scores = jnp.einsum("BTHK,BHSK->BHTS", q, k, preferred_element_type=_scores_dtype(q, k))
+            # Every operand head-first, as the keys and values are: the products and their
+            # gradients are then batched over (B, H) in one layout. With the queries in the
+            # seed's (B, T, H, K), XLA:CPU computed them in transposed layouts, slower
+            # (docs/benchmarks.md, "The attention's layout on the CPU").
+            q = q.transpose(0, 2, 1, 3)  # (B, H, T, K)
+            scores = jnp.einsum("BHTK,BHSK->BHTS", q, k, preferred_element_type=_scores_dtype(q, k))
             # As in the seed: fill first, then scale by 1/sqrt(K) (torch_ref SelfAttention).
             weights = _softmax_f32(masked_fill(scores, mask) / (K**0.5))  # (B, H, T, S)
-            out = jnp.einsum("BHTS,BHSK->BTHK", weights.astype(v.dtype), v)
+            out = jnp.einsum("BHTS,BHSK->BHTK", weights.astype(v.dtype), v).transpose(0, 2, 1, 3)
         else:
             out = _dot_product_attention(q, k, v, mask, self.attention_impl)
         return self.fc(out.reshape(B, T, H * K))
