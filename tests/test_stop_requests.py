@@ -139,6 +139,22 @@ def test_a_stop_that_ends_within_the_grace_period_prints_nothing_more(capfd, mon
     assert signal.set_wakeup_fd(-1) == -1  # the wakeup descriptor is given back, too
 
 
+def test_the_watchers_line_never_follows_the_runs_last_word(capfd, monkeypatch):
+    # The run saved, said what it kept (fit calls settled() first) and is unwinding: its
+    # teardown outlasting the grace period must not print "stopping" after "interrupted".
+    monkeypatch.setattr(stop, "GRACE_S", 0.05)
+    with stop.StopRequests() as requests:
+        signal.raise_signal(signal.SIGTERM)
+        requests.settled()
+        time.sleep(0.5)  # ten grace periods: the watcher's deadline passes inside the block
+    assert capfd.readouterr().err == ""
+    # Unsettled, the same wait gets the line: the test above is not silent by accident.
+    with stop.StopRequests():
+        signal.raise_signal(signal.SIGTERM)
+        time.sleep(0.5)
+    assert capfd.readouterr().err.strip().startswith("SIGTERM: stopping:")
+
+
 def test_a_ctrl_c_while_the_block_exits_leaves_no_watcher_handler_or_descriptor_behind(monkeypatch):
     # A third Ctrl-C can land in __exit__ itself (StopNow raised from our handler, or Python's
     # KeyboardInterrupt once the old one is back): what __exit__ undoes is undone anyway.

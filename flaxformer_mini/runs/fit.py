@@ -102,14 +102,14 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
     before_first_step = (" before the first step: nothing new to save"
                          + (f" (the run stays at step {start})" if start else ""))
     if distributed.any_process(stop.requested, run_devices):
-        _interrupted(log, echo, before_first_step)
+        _interrupted(stop, log, echo, before_first_step)
     # The evaluation at the restored step was stopped by the stop request that saved it: done now,
     # as a run never stopped did it, before the next step.
     if start and start < steps and start % eval_every == 0 and not logged_at_start:
         echo(f"evaluating step {start}, whose evaluation the stop request had cut short")
         result = evaluations.at(start, state, stop=lambda: stop.requested)
         if result is None:
-            _interrupted(log, echo, before_first_step)
+            _interrupted(stop, log, echo, before_first_step)
         last_eval, evaluated_at = result, start
     stopped_early = selection is not None and selection.exhausted(patience)
     if stopped_early:
@@ -129,7 +129,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                 # them, as at step boundaries, so every process abandons the update at the same one.
                 update = trainer.accumulate(state, micro, stop=_votes(stop, run_devices))
                 if update is None:
-                    _stop_mid_update(manager, state, step, log, echo)
+                    _stop_mid_update(stop, manager, state, step, log, echo)
                 state, metrics = update
             done = step + 1
             log.push(done, metrics, tokens[0])
@@ -145,7 +145,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                 if result is None:
                     log.flush()
                     checkpoint.save(manager, state)
-                    _interrupted(log, echo, f": saved step {done}",
+                    _interrupted(stop, log, echo, f": saved step {done}",
                                  note=f"the evaluation at step {done} was stopped; the resumed run does it first")
                 last_eval, evaluated_at = result, done
                 stopped_early = selection is not None and selection.exhausted(patience)
@@ -164,7 +164,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                 echo(f"stopping early at step {done}: {_no_better(selection, patience, run.dir.best)}")
                 break
             if stopping and done < steps:  # a signal at the last step: the run is finished anyway
-                _interrupted(log, echo, f": saved step {done}")
+                _interrupted(stop, log, echo, f": saved step {done}")
         log.flush()
     except StopNow:
         # A second Ctrl-C: the CLI then ends the process without Python's shutdown, which would
@@ -300,19 +300,21 @@ def _votes(stop, devices):
     return stopping
 
 
-def _stop_mid_update(manager, state, step, log, echo):
+def _stop_mid_update(stop, manager, state, step, log, echo):
     """A stop voted between an update's micro-batches: its sums are dropped, and ``state``,
     the last complete update's, is saved where no checkpoint holds that step yet."""
     log.flush()
     if manager.latest_step() != step:
         checkpoint.save(manager, state)
-    _interrupted(log, echo, f" during update {step + 1}'s micro-batches: saved step {step}")
+    _interrupted(stop, log, echo, f" during update {step + 1}'s micro-batches: saved step {step}")
 
 
-def _interrupted(log, echo, where, note=None):
+def _interrupted(stop, log, echo, where, note=None):
     """End a run stopped by a stop request: the log closed, ``note`` and then what was kept
-    (``where``) said, and ``Stopped`` raised with that message."""
+    (``where``) said, after which the stop watcher says nothing (``StopRequests.settled``), and
+    ``Stopped`` raised with that message."""
     log.close()
+    stop.settled()
     if note is not None:
         echo(note)
     message = f"interrupted{where}; run the same command to resume"

@@ -63,6 +63,10 @@ class StopRequests:
         self.force_exit = force_exit
         self._previous = None
         self._watcher = None
+        # The watcher's "stopping" line and the run's last word (``settled``) are ordered by
+        # this lock: the line comes before what the run saved, or not at all.
+        self._notice_lock = threading.Lock()
+        self._settled = False
 
     def __enter__(self):
         self._closing = threading.Event()  # set first thing in __exit__: the run has stopped, or ended
@@ -83,6 +87,13 @@ class StopRequests:
             self.__exit__()
             raise
         return self
+
+    def settled(self):
+        """The run has stopped and is about to say what it kept: the watcher's line that the
+        stop was heard, if not said already, is never said after it. (A second signal still
+        ends the process: what follows, the process's teardown, can hang too.)"""
+        with self._notice_lock:
+            self._settled = True
 
     def _handle(self, signum, frame):
         if self.requested:  # the second signal, whichever: a scheduler's second SIGTERM too
@@ -122,8 +133,10 @@ class StopRequests:
                 say_at = None
                 name, hint = (("Ctrl-C", "; Ctrl-C again stops at once, without saving") if first == signal.SIGINT
                               else (signal.Signals(first).name, "; a second signal stops at once, without saving"))
-                print(f"\n{name}: stopping: the run saves when the step or compilation in progress ends, then "
-                      f"exits{hint}", file=sys.stderr, flush=True)
+                with self._notice_lock:
+                    if not self._settled:
+                        print(f"\n{name}: stopping: the run saves when the step or compilation in progress ends, "
+                              f"then exits{hint}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         # The watcher first (a signal from here on must not end the process behind a caller
