@@ -19,9 +19,9 @@ not stop at once, and the first would go unanswered until the run stopped. A wat
 signal from ``signal``'s wakeup file descriptor (written by the interpreter's C-level handler
 as the signal arrives) and acts when the run has not stopped within ``GRACE_S``: after the
 first, it says the stop was heard, unless the run has said what it saved (``settled``); after a
-second signal (``force_exit``, which ``train`` asks for), it ends the process as ``kill -9`` would (the last complete checkpoint is kept, and
-the same command resumes from it). A forked child shares the wakeup descriptor; nothing here
-forks.
+second signal (``force_exit``, which ``train`` asks for), it ends the process as ``kill -9``
+would (the last complete checkpoint is kept, and the same command resumes from it). A forked
+child shares the wakeup descriptor; nothing here forks.
 """
 
 import os
