@@ -579,11 +579,12 @@ def test_a_second_ctrl_c_stops_now_and_the_process_exits_without_pythons_shutdow
     # shutdown runs jax's exit barrier, which waited for the peers (every process aborted after
     # the timeout), and in any run it waits for an XLA compilation still going on.
     from flaxformer_mini.cli import errors
-    from flaxformer_mini.train.stop import StopNow, Stopped, StopRequests
+    from flaxformer_mini.train.stop import REPEAT_S, StopNow, Stopped, StopRequests
 
     with StopRequests() as stop:
         signal.raise_signal(signal.SIGINT)
         assert stop.requested
+        time.sleep(REPEAT_S)  # a second press, not the first delivered twice (stop.py's REPEAT_S)
         with pytest.raises(StopNow):
             signal.raise_signal(signal.SIGINT)
     assert issubclass(StopNow, KeyboardInterrupt)  # caught where any Ctrl-C is: exit code 130

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from flaxformer_mini.cli import errors
 from flaxformer_mini.train import stop
 from helpers import start
@@ -110,6 +112,33 @@ def test_a_quick_second_ctrl_c_ends_the_process_without_the_first_ones_hint():
         out, err = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 130 and stop.STOPPED_AT_ONCE in err and "stopping:" not in err
     assert "before exit" in out  # where a train process removes its per-host process-id lock (host_guards.py)
+
+
+def test_one_ctrl_c_delivered_twice_at_once_is_one_stop_request():
+    # `timeout -s INT` signals the process and then its process group: one request, which
+    # saves; the watcher gives the first signal's hint and leaves the process to stop.
+    with child_in_native_code() as (proc, stderr):
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
+        heard = stderr.wait_for("stopping")
+        assert heard.startswith("Ctrl-C: stopping:") and "Ctrl-C again stops at once" in heard
+        time.sleep(stop.GRACE_S + 0.5)  # past the time a second request would have ended it
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)  # a second press, later: at once
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 130 and stop.STOPPED_AT_ONCE in err and "returned" not in out
+
+
+@pytest.mark.parametrize("later", ["sigint_after_repeat_s", "sigterm_at_once"])
+def test_a_signal_repeated_within_repeat_s_is_the_same_request_and_a_later_or_other_one_stops_at_once(later):
+    with stop.StopRequests() as requests:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # the same request, delivered twice: nothing raised
+        assert requests.requested
+        if later == "sigint_after_repeat_s":
+            time.sleep(stop.REPEAT_S)
+        with pytest.raises(stop.StopNow):
+            signal.raise_signal(signal.SIGINT if later == "sigint_after_repeat_s" else signal.SIGTERM)
 
 
 def test_a_library_callers_process_is_never_ended_by_the_watcher():
@@ -220,6 +249,7 @@ def test_a_second_sigterm_raises_stop_now_in_python_code():
     with stop.StopRequests() as requests:
         signal.raise_signal(signal.SIGTERM)
         assert requests.requested
+        time.sleep(stop.REPEAT_S)  # a scheduler's second SIGTERM, not the first one delivered twice
         try:
             signal.raise_signal(signal.SIGTERM)
         except stop.StopNow:

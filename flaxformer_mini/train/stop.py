@@ -1,6 +1,7 @@
 """Stop requests: the first Ctrl-C (SIGINT) or SIGTERM (what SLURM, Kubernetes and Cloud TPU
 send before they take a machine back) asks the run to finish its current step, save and stop;
-a second signal of either kind stops at once, as a second Ctrl-C does.
+a second signal of either kind stops at once, as a second Ctrl-C does. The same signal again
+within ``REPEAT_S`` of the first is that first request, delivered twice.
 
     with StopRequests() as stop:       # installed before anything slow (runtime, restore, compile)
         ...                            # a signal only sets stop.requested
@@ -34,6 +35,11 @@ import time
 from flaxformer_mini.process_exit import exit_now
 
 GRACE_S = 1.0  # how long a stop may take before the watcher speaks (first signal) or ends the process (second)
+# The same signal again within this of the first is the same request: `timeout -s INT` sends
+# it to the process and then to its process group, and wrappers forward a terminal's Ctrl-C
+# that the terminal also sent, microseconds to milliseconds apart; a second key press by a
+# person comes 0.1 s or more after the first.
+REPEAT_S = 0.05
 EXIT_INTERRUPTED = 130  # as cli/errors.py's: the exit code of any Ctrl-C
 
 
@@ -60,6 +66,7 @@ class StopRequests:
 
     def __init__(self, force_exit=False):
         self.requested = False
+        self._first = None  # (signal, time.monotonic()) of the request
         self.force_exit = force_exit
         self._previous = None
         self._watcher = None
@@ -96,15 +103,18 @@ class StopRequests:
             self._settled = True
 
     def _handle(self, signum, frame):
+        now = time.monotonic()
         if self.requested:  # the second signal, whichever: a scheduler's second SIGTERM too
+            if _repeats(self._first, signum, now):
+                return
             raise StopNow
-        self.requested = True
+        self.requested, self._first = True, (signum, now)
 
     def _watch(self, read):
         """Each of our signals, as it arrives: after the first, a line if the run has not stopped
         within GRACE_S of it; after a second signal (force_exit), the process ended if it has not
         stopped within GRACE_S of that one. A second signal cuts the first's wait short."""
-        stops, say_at, end_at, first = 0, None, None, None
+        stops, say_at, end_at, first = 0, None, None, None  # first: (signal, time) of the first stop
         while True:
             due = [t for t in (say_at, end_at) if t is not None]
             ready = select.select([read], [], [], max(0.0, min(due) - time.monotonic()) if due else None)[0]
@@ -115,12 +125,13 @@ class StopRequests:
                     return
                 if not data:  # __exit__ closed the pipe
                     return
+                now = time.monotonic()
                 for signum in data:
-                    if signum not in self.SIGNALS:
-                        continue  # another handler's signal, or __exit__'s wake-up byte (0)
+                    if signum not in self.SIGNALS or _repeats(first, signum, now):
+                        continue  # another handler's signal, __exit__'s wake-up byte (0), or a repeat
                     stops += 1
                     if stops == 1:
-                        say_at, first = time.monotonic() + GRACE_S, signum
+                        say_at, first = now + GRACE_S, (signum, now)
                     elif self.force_exit and end_at is None:
                         say_at, end_at = None, time.monotonic() + GRACE_S  # no hint once it is pressed again
             if self._closing.is_set():
@@ -131,8 +142,8 @@ class StopRequests:
                 exit_now(EXIT_INTERRUPTED)
             if say_at is not None and now >= say_at:
                 say_at = None
-                name, hint = (("Ctrl-C", "; Ctrl-C again stops at once, without saving") if first == signal.SIGINT
-                              else (signal.Signals(first).name, "; a second signal stops at once, without saving"))
+                name, hint = (("Ctrl-C", "; Ctrl-C again stops at once, without saving") if first[0] == signal.SIGINT
+                              else (signal.Signals(first[0]).name, "; a second signal stops at once, without saving"))
                 with self._notice_lock:
                     if not self._settled:
                         print(f"\n{name}: stopping: the run saves when the step or compilation in progress ends, "
@@ -157,3 +168,8 @@ class StopRequests:
             self._watcher.join()
             os.close(read)
         return False
+
+
+def _repeats(first, signum, now):
+    """Whether ``signum`` at ``now`` repeats the ``first`` stop request ((signal, time), or None)."""
+    return first is not None and first[0] == signum and now - first[1] < REPEAT_S
