@@ -292,6 +292,19 @@ CASES = [
     # 20 pairs and no --valid: a tenth is held out first, and the count says where the rest went.
     ("tsv_every_pair_too_long_with_a_hold_out", tsv(("w " * 70 + "\tx\n") * 20), 2,
      r"no pairs: all 18 are longer than max_len.*; the file's other 2 pairs are held out for validation \(no --valid\)"),
+    # Character and subword tokenizers train on the pairs that fit: none fitting is the same
+    # error as for words, never a tokenizer trained on nothing.
+    ("tsv_every_pair_too_long_in_characters", tsv_with("hello there\tHELLO THERE\n" * 3, "--tokenizer", "char",
+                                                       "--max-len", "3"), 2,
+     r"train\.tsv: no pairs: all 3 are longer than max_len=3 \(--max-len 3: .*; --max-len raises the limit"),
+    ("tsv_every_pair_too_long_for_bpe", tsv_with("a b c\tx y z\n" * 3, "--tokenizer", "bpe", "--vocab-size", "20",
+                                                 "--max-len", "2"), 2, r"train\.tsv: no pairs: all 3 are longer than max_len=2"),
+    # 20 pairs, no --valid: the 2 held out (lines 13 and 17, the fixed split's) are the only
+    # ones too long, and the error says it is the held-out pairs, not the file, that do not fit.
+    ("tsv_only_the_held_out_pairs_too_long",
+     tsv_with("".join("a b c d e\tA B C D E\n" if i in (12, 16) else "a\tA\n" for i in range(20)), "--max-len", "3"), 2,
+     r"train\.tsv: the 2 pairs held out of it for validation \(no --valid\): no pairs: all 2 are longer than "
+     r"max_len=3 .*--valid FILE gives held-out pairs of their own"),
     ("data_missing", data_missing, 2, r"nope\.tsv: No such file"),
     ("data_is_a_directory", data_is_a_directory, 2, r"data: Is a directory \(give a file"),
     ("valid_missing", valid_missing, 2, r"nope\.tsv: No such file"),

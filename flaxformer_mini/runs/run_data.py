@@ -2,6 +2,7 @@
 (saved ones when the run has them, trained on the training file when it is new), and the
 held-out pairs it evaluates on."""
 
+import contextlib
 import os
 from typing import NamedTuple
 
@@ -72,13 +73,14 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
     elif config.tokenizer_from is not None:  # a new run numbering its tokens as an earlier run did
         vocabs = tokenizer_from.load(config)
     else:
-        vocabs = build_tokenizers(config, pairs)
+        with _naming_the_limit(config.train_path, config, held_out=len(held_out)):
+            vocabs = build_tokenizers(config, pairs)
     train = _text_pairs(config.train_path, pairs, vocabs, config, held_out=len(held_out),
                         line_numbers=[line for line, _, _ in rows])
     if config.valid_path:
         valid = _text_pairs(config.valid_path, read_tsv(config.valid_path, config.columns), vocabs, config)
     else:
-        valid = _text_pairs(config.train_path, held_out, vocabs, config) if held_out else train
+        valid = _text_pairs(config.train_path, held_out, vocabs, config, holding_out=True) if held_out else train
     return RunData(train, valid, vocabs)
 
 
@@ -104,16 +106,27 @@ def unknown_tokens_note(pairs, path, what):
     return f"warning: {path}: {said} are outside the vocabulary ({what}) and read as <unk>{hint}"
 
 
-def _text_pairs(path, pairs, vocabs, config, held_out=0, line_numbers=None):
-    """TextPairs of ``pairs`` read from ``path``; every pair too long is an error naming the
-    file and the option that raises the limit (and the ``held_out`` pairs of the file that
-    the count leaves out, so that it adds up to the file's)."""
-    try:
+def _text_pairs(path, pairs, vocabs, config, held_out=0, line_numbers=None, holding_out=False):
+    """TextPairs of ``pairs`` read from ``path``; no pair that fits is an error (``_naming_the_limit``)."""
+    with _naming_the_limit(path, config, held_out, len(pairs) if holding_out else None):
         return TextPairs(pairs, *vocabs, config.model_max_len, config.length_multiple, line_numbers=line_numbers)
+
+
+@contextlib.contextmanager
+def _naming_the_limit(path, config, held_out=0, holding_out=None):
+    """A DataError raised inside (no pair fits) said with the file and the option that raises
+    the limit; with the ``held_out`` pairs of the file that its count leaves out, so that it adds
+    up to the file's, or, when the pairs are the ``holding_out`` ones held out of the file for
+    validation (a count), saying so: the file's other pairs may well fit."""
+    try:
+        yield
     except DataError as e:
+        limit = f"(--max-len {config.model_max_len}: a side's tokens plus its EOS)"
+        if holding_out is not None:
+            raise DataError(f"{path}: the {holding_out} pairs held out of it for validation (no --valid): {e} {limit}; "
+                            f"--max-len raises the limit, --valid FILE gives held-out pairs of their own") from None
         aside = f"; the file's other {held_out} pairs are held out for validation (no --valid)" if held_out else ""
-        raise DataError(f"{path}: {e} (--max-len {config.model_max_len}: a side's tokens plus its EOS){aside}; "
-                        f"--max-len raises the limit") from None
+        raise DataError(f"{path}: {e} {limit}{aside}; --max-len raises the limit") from None
 
 
 def build_tokenizers(config: DataConfig, pairs):
@@ -132,6 +145,9 @@ def build_tokenizers(config: DataConfig, pairs):
     else:
         size = lambda text: len(text.split())  # noqa: E731
     kept = [(s, t) for s, t in pairs if max(size(s), size(t)) <= config.max_len]
+    if not kept:  # TextPairs' error for pairs of which none fits, before a tokenizer trains on nothing
+        raise DataError(f"no pairs: all {len(pairs)} are longer than max_len={config.model_max_len}" if pairs
+                        else "no pairs")
     if kind == "word" and not config.shared_vocab and config.tokenizer_vocab_size is None:
         return Vocab.build([s for s, _ in kept]), Vocab.build([t for _, t in kept])
 
