@@ -3,7 +3,8 @@ Test files import from here, never from one another (tests/ is on sys.path: ``fr
 import cli``).
 
 - the CLI as a user runs it: the tiny run's options, ``cli`` in this process, ``run_process``
-  and ``start`` in processes of their own, and what the run-lifecycle tests read back;
+  and ``start`` in processes of their own (``Lines`` reads their output as it comes), and what
+  the run-lifecycle tests read back;
 - text corpora for text runs, a damaged checkpoint, a disk that fills up midway;
 - the import blocker of the isolation tests; the decoding tests' wide beam;
 - multi-process launches: real processes on a free port, drained together.
@@ -13,6 +14,7 @@ import contextlib
 import errno
 import io
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -97,6 +99,32 @@ def start(*args):
     """The CLI in a process of its own, left running (to be signalled)."""
     return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+LINES_TIMEOUT_S = 60
+
+
+class Lines:
+    """A child's output stream read line by line, failing after ``timeout_s``: a line that never
+    comes fails the test rather than hanging it. It reads the raw descriptor after select, so
+    no line waits in a buffer that select cannot see."""
+
+    def __init__(self, stream, proc, timeout_s=LINES_TIMEOUT_S):
+        self.fd, self.proc, self.rest, self.timeout_s = stream.fileno(), proc, "", timeout_s
+
+    def wait_for(self, text):
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            *lines, self.rest = self.rest.split("\n")
+            for i, line in enumerate(lines):
+                if text in line:
+                    self.rest = "\n".join(lines[i + 1:] + [self.rest])
+                    return line
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([self.fd], [], [], left)[0], f"no {text!r} within {self.timeout_s} s"
+            chunk = os.read(self.fd, 4096).decode()
+            assert chunk, f"no {text!r}; the child exited {self.proc.wait()}"
+            self.rest += chunk
 
 
 def latest_state(out):

@@ -5,14 +5,20 @@ line and a warning naming it (the other lines are still decoded, exit code 0), a
 is read as the training files are: a UTF-8 BOM skipped, \\r\\n and a lone \\r ending lines.
 """
 
+import io
+import os
+import subprocess
+import threading
+
 import numpy as np
 import pytest
 
+from flaxformer_mini.cli.arriving_lines import ArrivingLines
 from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.decode import generation
 from flaxformer_mini.runs.generate import generate
 from flaxformer_mini.runs.run import Run
-from helpers import cli, text_args, write_corpus
+from helpers import CLI, Lines, cli, text_args, write_corpus
 
 # TINY_RUN's model: max_len 6, so at most 5 tokens and EOS; token values 0..6.
 LONGEST_FITTING = 5
@@ -259,3 +265,91 @@ def test_a_weights_file_or_a_checkpoint_instead_of_a_run_says_what_it_is(run, tm
     proc = cli("evaluate", "--checkpoint", str(step))
     assert proc.returncode == 2
     assert f"{step}: this is one checkpoint of a training run; give the run directory ({run})" in proc.stderr
+
+
+def test_lines_typed_one_at_a_time_are_each_answered_before_the_next_is_read(run, alone, monkeypatch):
+    # An interactive caller: ready() says no further line is waiting after each one, so each is
+    # decoded alone, its output yielded before the next line is asked for.
+    events, rows = [], []
+    decode = generation.decode
+    monkeypatch.setattr(generation, "decode", lambda model, source, *a, **k: rows.append(len(source))
+                        or decode(model, source, *a, **k))
+
+    def typed():
+        for i, text in enumerate(FITTING):
+            events.append(("read", i))
+            yield text
+
+    for i, out in enumerate(generate(run, typed(), batch_size=8, ready=lambda: False)):
+        events.append(("answered", i))
+        assert out.text == alone[FITTING[i]]
+    assert events == [(kind, i) for i in range(len(FITTING)) for kind in ("read", "answered")]
+    assert rows == [1] * len(FITTING)
+
+
+def test_lines_that_arrive_together_are_decoded_together_in_a_power_of_two_rows(run, alone, monkeypatch):
+    # Three lines arrive, then a pause: one batch of 4 rows (padded), whatever the count, so
+    # the decoder compiles for few row counts; then the last two, a batch of 2.
+    rows = []
+    decode = generation.decode
+    monkeypatch.setattr(generation, "decode", lambda model, source, *a, **k: rows.append(len(source))
+                        or decode(model, source, *a, **k))
+    read = []
+
+    def arriving():
+        for text in FITTING:
+            read.append(text)
+            yield text
+
+    outputs = list(generate(run, arriving(), batch_size=8, ready=lambda: len(read) not in (3, 5)))
+    assert [o.text for o in outputs] == [alone[t] for t in FITTING]
+    assert rows == [4, 2]
+
+
+def test_generate_answers_each_line_of_standard_input_as_it_arrives(run, alone):
+    # A real pipe, written a line at a time: each answer comes while standard input is still
+    # open, before the next line is sent (the reader sees the pause through select).
+    proc = subprocess.Popen([*CLI, "generate", "--checkpoint", str(run)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        answers = Lines(proc.stdout, proc)
+        for text in FITTING[:2]:
+            proc.stdin.write(text + "\n")
+            proc.stdin.flush()
+            assert answers.wait_for(alone[text]) == alone[text]
+        out, err = proc.communicate(timeout=60)  # closes standard input: the end of the input
+        assert proc.returncode == 0 and out == "", err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_arriving_lines_are_a_binary_files_lines_and_ready_only_when_one_can_be_read():
+    data = b"\xef\xbb\xbfone\r\ntwo\rthree\n\n" + b"x" * 70_000 + b"\nlast without newline"
+    read, write = os.pipe()
+    try:
+        lines = ArrivingLines(read)
+        os.write(write, b"a\nb")
+        assert lines.ready()
+        it = iter(lines)
+        assert next(it) == b"a\n"
+        assert not lines.ready()  # "b" waits for the rest of its line
+        os.write(write, b"\n")
+        assert lines.ready() and next(it) == b"b\n"
+        assert not lines.ready()
+
+        def send():  # more than a pipe holds and one read takes: written while it is read
+            with open(write, "wb") as w:
+                w.write(data)
+
+        writer = threading.Thread(target=send)
+        writer.start()
+        write = None  # send() closes it
+        assert list(it) == io.BytesIO(data).readlines()  # what iter_lines reads from a file
+        writer.join()
+        assert lines.ready()  # the end: reading does not wait
+    finally:
+        os.close(read)
+        if write is not None:
+            os.close(write)

@@ -9,7 +9,6 @@ heard, and a second Ctrl-C ends the process at once.
 
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 
 from flaxformer_mini.cli import errors
 from flaxformer_mini.train import stop
-from helpers import start
+from helpers import Lines, start
 
 # A child that installs the stop requests, says so, then stays in native code for minutes
 # (about 0.3 us an iteration: the test ends it long before).
@@ -35,29 +34,6 @@ with StopRequests(force_exit=sys.argv[1] == "force_exit"):
     print("returned", flush=True)
 """
 TIMEOUT_S = 60
-
-
-class Lines:
-    """A child's output stream read line by line, failing after TIMEOUT_S: a line that never
-    comes fails the test rather than hanging it. It reads the raw descriptor after select, so
-    no line waits in a buffer that select cannot see."""
-
-    def __init__(self, stream, proc):
-        self.fd, self.proc, self.rest = stream.fileno(), proc, ""
-
-    def wait_for(self, text):
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            *lines, self.rest = self.rest.split("\n")
-            for i, line in enumerate(lines):
-                if text in line:
-                    self.rest = "\n".join(lines[i + 1:] + [self.rest])
-                    return line
-            left = deadline - time.monotonic()
-            assert left > 0 and select.select([self.fd], [], [], left)[0], f"no {text!r} within {TIMEOUT_S} s"
-            chunk = os.read(self.fd, 4096).decode()
-            assert chunk, f"no {text!r}; the child exited {self.proc.wait()}"
-            self.rest += chunk
 
 
 @contextlib.contextmanager

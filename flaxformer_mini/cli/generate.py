@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from flaxformer_mini.cli.arriving_lines import ArrivingLines
 from flaxformer_mini.cli.parser import length_penalty
 from flaxformer_mini.data import iter_lines
 from flaxformer_mini.decode.options import OptionError
@@ -18,17 +19,24 @@ def run(args):
     # Each argument is one input; `generate --checkpoint r 5 3 9` (words split by the shell)
     # is one input too, so join bare words into a single line. Standard input is read lazily,
     # as bytes through the training files' reader (BOM skipped, \r\n and \r end lines), and
-    # every line, blank or not, gets its output line: output line i is input line i's.
+    # every line, blank or not, gets its output line: output line i is input line i's. Lines
+    # are decoded as they arrive: a pause in the input decodes those read so far.
+    ready = None
     if args.text:
         texts, where = [" ".join(args.text)], lambda i: "the input"
     else:
-        texts, where = (line for _, line in iter_lines(sys.stdin.buffer, "standard input")), lambda i: f"line {i}"
+        try:
+            stdin = ArrivingLines(sys.stdin.fileno())
+            ready = stdin.ready
+        except (OSError, ValueError):  # a stream with no descriptor (a program embedding the CLI): read as a file
+            stdin = sys.stdin.buffer
+        texts, where = (line for _, line in iter_lines(stdin, "standard input")), lambda i: f"line {i}"
     # --scores alone is the best hypothesis with its score: an n-best list of one.
     nbest = args.nbest or (1 if args.scores else None)
     try:
         outputs = generate(args.checkpoint, texts, max_new_tokens=args.max_new_tokens, beam_size=args.beam_size,
                            temperature=args.temperature, top_k=args.top_k, seed=args.seed, batch_size=args.batch_size,
-                           alpha=length_penalty(args), nbest=nbest)
+                           alpha=length_penalty(args), nbest=nbest, ready=ready)
         left_empty = cut = 0
         for i, out in enumerate(outputs, 1):
             if out.unknown_words:

@@ -7,7 +7,9 @@ an odd output is never a mystery).
 Any number of inputs streams through in chunks: each chunk is sorted by length, decoded in
 batches of ``batch_size`` rows (padded to a few fixed shapes, so the decoder compiles a
 handful of times, not once per batch), and its outputs come back in input order before the
-next chunk is read. Memory holds one chunk, whatever the input's size.
+next chunk is read. Memory holds one chunk, whatever the input's size. Given ``ready`` (can
+the next input be read without waiting?), a chunk also ends where the input pauses, so lines
+typed or sent one at a time are answered as they come.
 
 Every input gives exactly one output, so output line i is always input line i's: a blank
 input gives an empty output, and so does an input longer than the model takes (with the
@@ -21,7 +23,6 @@ with its EOS: ``search.beam_search``'s scores, unchanged. Greedy decoding is bea
 """
 
 import dataclasses
-import itertools
 
 import numpy as np
 
@@ -50,7 +51,8 @@ class Generated:
 
 
 def generate_lines(texts, codec, load_model, model_config, *, max_new_tokens, batch_size=DEFAULT_BATCH_SIZE, seed=0,
-                   beam_size=1, alpha=DEFAULT_LENGTH_PENALTY, temperature=None, top_k=None, nbest=None, unit="word"):
+                   beam_size=1, alpha=DEFAULT_LENGTH_PENALTY, temperature=None, top_k=None, nbest=None, unit="word",
+                   ready=None):
     """Yield a ``Generated`` per text of the iterable ``texts`` (read lazily), in input order.
 
     ``codec``: ``encode(text) -> (ids, unknown words)`` and ``decode(ids) -> text``;
@@ -60,15 +62,33 @@ def generate_lines(texts, codec, load_model, model_config, *, max_new_tokens, ba
     ``temperature`` or ``top_k`` is given (seeded per batch, so the same inputs, seed and
     batch size give the same samples). ``nbest`` (1 to ``beam_size``; greedy is beam size 1):
     also the ``nbest`` best hypotheses with their scores. ``unit``: what ``codec`` maps to UNK
-    ("word", "character", "piece"). Check the options first (``options.check_options``).
+    ("word", "character", "piece"). ``ready()``: whether another text can be read from ``texts``
+    without waiting (None: always); the texts read so far are decoded when it is not, so an
+    interactive caller gets each answer before it sends the next line (sampling's batches, and
+    so its samples, then follow the input's pauses). Check the options first
+    (``options.check_options``).
     """
     if batch_size < 1:  # here, not in the generator: refused at the call, before any input is read
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     options = dict(beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k)
-    return _stream(iter(texts), codec, load_model, model_config, max_new_tokens, batch_size, seed, options, nbest, unit)
+    return _stream(iter(texts), codec, load_model, model_config, max_new_tokens, batch_size, seed, options, nbest, unit,
+                   ready)
 
 
-def _stream(texts, codec, load_model, model_config, max_new_tokens, batch_size, seed, options, nbest, unit):
+def _chunk(texts, size, ready):
+    """Up to ``size`` texts, fewer where ``ready()`` says the next would be waited for; and
+    whether it ended there (a pause) rather than at ``size`` or the end of the input."""
+    chunk = []
+    for text in texts:
+        chunk.append(text)
+        if len(chunk) == size:
+            return chunk, False
+        if ready is not None and not ready():
+            return chunk, True
+    return chunk, False
+
+
+def _stream(texts, codec, load_model, model_config, max_new_tokens, batch_size, seed, options, nbest, unit, ready):
     max_len = model_config.max_len
     model, n_read, batch_index, seen_text = None, 0, 0, False
     checked = set()  # the batch row counts whose decoding memory was checked
@@ -77,7 +97,10 @@ def _stream(texts, codec, load_model, model_config, max_new_tokens, batch_size, 
         return Generated("", list(unknown_words), left_empty, hypotheses=None if nbest is None else [], unit=unit)
 
     blanks_held = 0  # leading blank inputs: yielded with the first text, refused if none comes
-    while chunk := list(itertools.islice(texts, CHUNK_BATCHES * batch_size)):
+    while True:
+        chunk, paused = _chunk(texts, CHUNK_BATCHES * batch_size, ready)
+        if not chunk:
+            break
         encoded = [_encode(codec, max_len, text, n_read + i) for i, text in enumerate(chunk, 1)]
         n_read += len(chunk)
         if not seen_text and all(e is None for e in encoded):
@@ -91,8 +114,12 @@ def _stream(texts, codec, load_model, model_config, max_new_tokens, batch_size, 
         fit = [i for i, e in enumerate(encoded) if e is not None and e.left_empty is None]
         order = sorted(fit, key=lambda i: len(encoded[i].ids))
         # Batches of batch_size rows, or of all the chunk's inputs when fewer: a batch size
-        # above the input's size pads no rows of PAD (it only needs clamping).
+        # above the input's size pads no rows of PAD (it only needs clamping). A chunk cut by a
+        # pause in the input pads its rows to a power of two: however the input pauses, the
+        # decoder compiles for a few row counts, not one per count of lines that arrived together.
         rows_per_batch = min(batch_size, len(order))
+        if paused and order:
+            rows_per_batch = min(batch_size, 1 << (rows_per_batch - 1).bit_length())
         if order and rows_per_batch not in checked:  # before the checkpoint is read: fail fast
             checked.add(rows_per_batch)
             shortest = len(encoded[order[0]].ids) + 1  # + EOS: a lower bound of every batch's source length

@@ -10,7 +10,7 @@ UNKNOWN_UNITS = {"word": "word", "char": "character", "bpe": "piece", "unigram":
 
 
 def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=None, top_k=None, seed=0,
-             alpha=DEFAULT_LENGTH_PENALTY, batch_size=DEFAULT_BATCH_SIZE, nbest=None):
+             alpha=DEFAULT_LENGTH_PENALTY, batch_size=DEFAULT_BATCH_SIZE, nbest=None, ready=None):
     """Decode each of ``texts`` (any iterable, read lazily) with the latest checkpoint of the
     run in ``run_dir``; yields a ``Generated`` per input, in input order.
 
@@ -18,7 +18,8 @@ def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=No
     length penalty); sampling when ``temperature`` or ``top_k`` is given (seeded per batch,
     so the same inputs, seed and batch size give the same samples). ``nbest`` (1 to
     ``beam_size``; greedy is beam size 1): also the ``nbest`` best hypotheses with their
-    scores, in ``Generated.hypotheses``. The options are checked here, before any input is read.
+    scores, in ``Generated.hypotheses``. ``ready``: whether another text can be read without
+    waiting (``generate_lines``). The options are checked here, before any input is read.
     """
     run = Run.open(run_dir)
     max_new_tokens = run.config.model.max_len if max_new_tokens is None else max_new_tokens
@@ -28,4 +29,4 @@ def generate(run_dir, texts, *, max_new_tokens=None, beam_size=1, temperature=No
     return generate_lines(texts, run.codec, lambda: run.latest_state().for_inference().model(), run.config.model,
                           max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, beam_size=beam_size,
                           alpha=alpha, temperature=temperature, top_k=top_k, nbest=nbest,
-                          unit=UNKNOWN_UNITS.get(run.config.data.tokenizer, "word"))
+                          unit=UNKNOWN_UNITS.get(run.config.data.tokenizer, "word"), ready=ready)
