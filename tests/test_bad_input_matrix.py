@@ -550,7 +550,11 @@ CASES = [
      r"--last 2: \S*run holds 1 checkpoint\(s\) \(steps 5\); train --keep N keeps the newest N"),
     ("average_into_a_directory_in_use", lambda d, f: (d / "avg").mkdir() or (d / "avg" / "notes").write_text("mine") and [
         "average", "--checkpoint", str(copy_run()(d, f)), "--last", "2", "--out", str(d / "avg")], 2,
-     r"--out \S*avg: exists and is not an empty directory; give a new one for the average \(nothing was written\)"),
+     r"--out \S*avg: exists and is a directory that is not empty; give a new directory for the average "
+     r"\(nothing was written\)"),
+    ("average_into_a_file", lambda d, f: (d / "avg").write_text("mine") and [
+        "average", "--checkpoint", str(copy_run()(d, f)), "--last", "2", "--out", str(d / "avg")], 2,
+     r"--out \S*avg: exists and is a file, not a directory; give a new directory for the average"),
     ("average_the_best_checkpoint",
      lambda d, f: ["average", "--checkpoint", str(copy_run()(d, f) / "best"), "--last", "2", "--out", str(d / "avg")],
      2, r"run/best: the best checkpoint is one state; average reads a run's rotating checkpoints"),

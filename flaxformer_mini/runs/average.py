@@ -34,7 +34,8 @@ def average_run(source, last, out):
                              f"(give {run.path})")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RunConfigError(f"--out {out}: exists and is not an empty directory; give a new one for the average "
+        what = "a directory that is not empty" if out.is_dir() else "a file, not a directory"
+        raise RunConfigError(f"--out {out}: exists and is {what}; give a new directory for the average "
                              f"(nothing was written)")
     steps = sorted(run.checkpoints().all_steps()) if run.dir.checkpoints.is_dir() else []
     if len(steps) < last:
