@@ -105,15 +105,15 @@ LINES_TIMEOUT_S = 60
 
 
 class Lines:
-    """A child's output stream read line by line, failing after ``timeout_s``: a line that never
-    comes fails the test rather than hanging it. It reads the raw descriptor after select, so
-    no line waits in a buffer that select cannot see."""
+    """A child's output stream read line by line, failing after LINES_TIMEOUT_S: a line that
+    never comes fails the test rather than hanging it. It reads the raw descriptor after select,
+    so no line waits in a buffer that select cannot see."""
 
-    def __init__(self, stream, proc, timeout_s=LINES_TIMEOUT_S):
-        self.fd, self.proc, self.rest, self.timeout_s = stream.fileno(), proc, "", timeout_s
+    def __init__(self, stream, proc):
+        self.fd, self.proc, self.rest = stream.fileno(), proc, ""
 
     def wait_for(self, text):
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + LINES_TIMEOUT_S
         while True:
             *lines, self.rest = self.rest.split("\n")
             for i, line in enumerate(lines):
@@ -121,7 +121,7 @@ class Lines:
                     self.rest = "\n".join(lines[i + 1:] + [self.rest])
                     return line
             left = deadline - time.monotonic()
-            assert left > 0 and select.select([self.fd], [], [], left)[0], f"no {text!r} within {self.timeout_s} s"
+            assert left > 0 and select.select([self.fd], [], [], left)[0], f"no {text!r} within {LINES_TIMEOUT_S} s"
             chunk = os.read(self.fd, 4096).decode()
             assert chunk, f"no {text!r}; the child exited {self.proc.wait()}"
             self.rest += chunk

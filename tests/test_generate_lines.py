@@ -267,13 +267,19 @@ def test_a_weights_file_or_a_checkpoint_instead_of_a_run_says_what_it_is(run, tm
     assert f"{step}: this is one checkpoint of a training run; give the run directory ({run})" in proc.stderr
 
 
-def test_lines_typed_one_at_a_time_are_each_answered_before_the_next_is_read(run, alone, monkeypatch):
-    # An interactive caller: ready() says no further line is waiting after each one, so each is
-    # decoded alone, its output yielded before the next line is asked for.
-    events, rows = [], []
-    decode = generation.decode
+@pytest.fixture
+def decoded_rows(monkeypatch):
+    """The row count of each batch generation decodes, in order."""
+    rows, decode = [], generation.decode
     monkeypatch.setattr(generation, "decode", lambda model, source, *a, **k: rows.append(len(source))
                         or decode(model, source, *a, **k))
+    return rows
+
+
+def test_lines_typed_one_at_a_time_are_each_answered_before_the_next_is_read(run, alone, decoded_rows):
+    # An interactive caller: ready() says no further line is waiting after each one, so each is
+    # decoded alone, its output yielded before the next line is asked for.
+    events = []
 
     def typed():
         for i, text in enumerate(FITTING):
@@ -284,16 +290,12 @@ def test_lines_typed_one_at_a_time_are_each_answered_before_the_next_is_read(run
         events.append(("answered", i))
         assert out.text == alone[FITTING[i]]
     assert events == [(kind, i) for i in range(len(FITTING)) for kind in ("read", "answered")]
-    assert rows == [1] * len(FITTING)
+    assert decoded_rows == [1] * len(FITTING)
 
 
-def test_lines_that_arrive_together_are_decoded_together_in_a_power_of_two_rows(run, alone, monkeypatch):
+def test_lines_that_arrive_together_are_decoded_together_in_a_power_of_two_rows(run, alone, decoded_rows):
     # Three lines arrive, then a pause: one batch of 4 rows (padded), whatever the count, so
     # the decoder compiles for few row counts; then the last two, a batch of 2.
-    rows = []
-    decode = generation.decode
-    monkeypatch.setattr(generation, "decode", lambda model, source, *a, **k: rows.append(len(source))
-                        or decode(model, source, *a, **k))
     read = []
 
     def arriving():
@@ -303,7 +305,7 @@ def test_lines_that_arrive_together_are_decoded_together_in_a_power_of_two_rows(
 
     outputs = list(generate(run, arriving(), batch_size=8, ready=lambda: len(read) not in (3, 5)))
     assert [o.text for o in outputs] == [alone[t] for t in FITTING]
-    assert rows == [4, 2]
+    assert decoded_rows == [4, 2]
 
 
 def test_generate_answers_each_line_of_standard_input_as_it_arrives(run, alone):

@@ -133,7 +133,7 @@ class StopRequests:
                     if stops == 1:
                         say_at, first = now + GRACE_S, (signum, now)
                     elif self.force_exit and end_at is None:
-                        say_at, end_at = None, time.monotonic() + GRACE_S  # no hint once it is pressed again
+                        say_at, end_at = None, now + GRACE_S  # no hint once it is pressed again
             if self._closing.is_set():
                 return
             now = time.monotonic()
