@@ -20,6 +20,7 @@ checks that it is (a near-tie would be a property of the test data, not a bug).
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,7 @@ import flaxformer_mini as fm
 from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.data import BOS, EOS, PAD
 from flaxformer_mini.decode.metrics import exact_match
+from flaxformer_mini.decode.options import OptionError
 from parity import sample_batch, torch_to_flax, transformer_pair
 from torch_ref.decoding import greedy_decode as torch_greedy_decode
 
@@ -503,6 +505,35 @@ def test_bad_input_raises_a_clear_error(pair, decoder, case):
     source, max_new_tokens, message = BAD_INPUTS[case]
     with pytest.raises(ValueError, match=message):
         DECODERS[decoder](pair, source, max_new_tokens)
+
+
+def test_a_nested_list_source_decodes_as_its_array(model, source, greedy):
+    # The model's forward takes nested lists (check_tokens converts them); so do the decoders.
+    np.testing.assert_array_equal(np.asarray(decoding.greedy_decode(model, source.tolist(), N)), greedy)
+
+
+# Options of the wrong type: each refused by name before anything is traced (a float count
+# would reach JAX as a shape, a string fail inside a comparison naming no option).
+WRONG_TYPES = {
+    "beam_size=2.5": (decoding.beam_search, 3, dict(beam_size=2.5), "beam size must be an integer, got 2.5"),
+    "beam_size=True": (decoding.beam_search, 3, dict(beam_size=True), "beam size must be an integer, got True"),
+    "alpha='0.6'": (decoding.beam_search, 3, dict(alpha="0.6"), "length penalty alpha must be a number, got '0.6'"),
+    "max_new_tokens=3.0": (decoding.greedy_decode, 3.0, {}, "max_new_tokens must be an integer, got 3.0"),
+    "max_new_tokens=None": (decoding.greedy_decode, None, {}, "max_new_tokens must be an integer, got None"),
+    "top_k=2.5": (decoding.sample, 3, dict(top_k=2.5), "top_k must be an integer, got 2.5"),
+    "temperature='1'": (decoding.sample, 3, dict(temperature="1"), "temperature must be a number, got '1'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_TYPES))
+def test_an_option_of_the_wrong_type_is_refused_by_name(model, source, case):
+    decoder, max_new_tokens, kwargs, message = WRONG_TYPES[case]
+    with pytest.raises(OptionError, match=re.escape(message)):
+        decoder(model, source, max_new_tokens, **kwargs)
+
+
+def test_numpy_integers_are_counts_like_ints(model, source, greedy):
+    np.testing.assert_array_equal(np.asarray(decoding.greedy_decode(model, source, np.int64(N))), greedy)
 
 
 def test_float_source_is_refused(pair, source):

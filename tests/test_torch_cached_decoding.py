@@ -8,6 +8,8 @@
 - Compiled, the step is one graph for every position (static shapes: no recompilation).
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -156,6 +158,16 @@ def test_cache_reorder_keeps_the_chosen_rows():
 def test_bad_arguments_are_named(pair, source, kwargs, message):
     with pytest.raises(ValueError, match=message):
         beam_search(pair[0], source, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(beam_size=2.5), "beam size must be an integer, got 2.5"),
+    (dict(beam_size=True), "beam size must be an integer, got True"),
+    (dict(alpha="0.6"), "length penalty alpha must be a number, got '0.6'"),
+])
+def test_arguments_of_the_wrong_type_are_named(pair, source, kwargs, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        beam_search(pair[0], source, 3, **kwargs)
 
 
 def test_beam_search_encodes_each_item_once_not_once_per_beam_in_both_twins(pair, source, monkeypatch):

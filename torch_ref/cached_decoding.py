@@ -20,6 +20,8 @@ width, D model width, V target vocabulary, W beams.
 """
 
 
+import operator
+
 import torch
 
 from torch_ref.attention import MASK_FILL_VALUE
@@ -159,8 +161,13 @@ class CachedDecoder:
         """(tokens (B, W, N), scores (B, W)), best first; a score is the hypothesis's
         log-probability divided by ``length_penalty(length, alpha)``. The rules are
         ``flaxformer_mini.decode.search.beam_search``'s (fairseq's)."""
+        if isinstance(beam_size, bool) or not hasattr(beam_size, "__index__"):
+            raise TypeError(f"beam size must be an integer, got {beam_size!r}")
+        beam_size = operator.index(beam_size)
         if beam_size < 1:
             raise ValueError(f"beam size must be >= 1, got {beam_size}")
+        if isinstance(alpha, (str, bytes, bool)) or not hasattr(alpha, "__float__"):
+            raise TypeError(f"length penalty alpha must be a number, got {alpha!r}")
         if not alpha >= 0:  # NaN included
             raise ValueError(f"length penalty alpha must be >= 0, got {alpha}")
         N = self._start(source, max_new_tokens)

@@ -2,6 +2,8 @@
 ``check_options`` refuses what cannot work with an ``OptionError`` that names the option as the
 library spells it and as the command line does."""
 
+import operator
+
 from flaxformer_mini.model import memory
 
 # The Flax WMT example's default length penalty: score = log p / ((5 + length) / 6) ** alpha,
@@ -37,12 +39,37 @@ def _refuse(template, **values):
     return OptionError(template.format(**lib, **values), template.format(**cli, **values))
 
 
+def _integer(name, value):
+    """``value`` as an int, or an OptionError naming ``name``: counts set shapes and loop bounds,
+    where a float (2.5, or 3.0) or a bool would reach JAX as a shape it cannot build."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise _refuse("{%s} must be an integer, got {v!r}" % name, v=value)
+
+
+def _real(name, value):
+    """``value`` when it is a real number, or an OptionError naming ``name`` (a string or None
+    would fail inside the comparisons below with a message naming no option)."""
+    if isinstance(value, (str, bytes, bool)) or not hasattr(value, "__float__"):
+        raise _refuse("{%s} must be a number, got {v!r}" % name, v=value)
+    return value
+
+
 def check_options(model_config, *, max_new_tokens=None, beam_size=1, alpha=DEFAULT_LENGTH_PENALTY,
                   temperature=None, top_k=None, nbest=None):
     """Refuse decoding options that cannot work, naming the option (``OptionError``): the one
     place they are checked, for the library, ``evaluate`` and ``generate``. ``nbest``: how
-    many of the ``beam_size`` hypotheses a caller wants (None: only the best one's tokens)."""
+    many of the ``beam_size`` hypotheses a caller wants (None: only the best one's tokens);
+    None for ``max_new_tokens``, ``temperature`` and ``top_k`` means not given."""
     c = model_config
+    max_new_tokens = None if max_new_tokens is None else _integer("max_new_tokens", max_new_tokens)
+    beam_size, alpha = _integer("beam_size", beam_size), _real("alpha", alpha)
+    temperature = None if temperature is None else _real("temperature", temperature)
+    top_k = None if top_k is None else _integer("top_k", top_k)
+    nbest = None if nbest is None else _integer("nbest", nbest)
     if max_new_tokens is not None:
         if max_new_tokens < 1:
             raise _refuse("{max_new_tokens} must be >= 1, got {n}", n=max_new_tokens)

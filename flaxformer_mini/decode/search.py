@@ -16,7 +16,7 @@ from flax import nnx
 
 from flaxformer_mini.data import BOS, EOS, PAD
 from flaxformer_mini.decode.cache import decode_one_token, prefill
-from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, check_options
+from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, OptionError, check_options
 from flaxformer_mini.model.token_checks import check_tokens
 
 _NEG = -1e9  # a score no hypothesis reaches; finite, so no inf - inf = NaN anywhere
@@ -51,13 +51,17 @@ def eval_split(model):
 
 
 def _check(model, source, max_new_tokens):
-    """Check the inputs; return ``eval_split(model)``."""
+    """Check the inputs; return ``(source as an array, *eval_split(model))``. ``source`` may be
+    any array-like of ids, nested lists included, as the model's forward takes."""
     c = model.config
+    if max_new_tokens is None:  # check_options reads None as "not given"; decoding needs it
+        raise OptionError("max_new_tokens must be an integer, got None", "--max-new-tokens must be an integer")
     check_options(c, max_new_tokens=max_new_tokens)
     check_tokens(source, c.source_vocab_size, c.max_len, "source")
+    source = jnp.asarray(source)
     if source.shape[1] == 0:
         raise ValueError("source: empty input (length 0)")
-    return eval_split(model)
+    return source, *eval_split(model)
 
 
 # Loop bodies (lax.while_loop, fori_loop) merge their own copy of the model from (graphdef,
@@ -113,8 +117,8 @@ def _token_by_token(graphdef, state, source, max_new_tokens, rule, key, temperat
 def greedy_decode(model, source, max_new_tokens):
     """Greedy tokens (B, max_new_tokens) for ``source`` (B, S), with the KV cache: EOS
     included, PAD after it. ``max_new_tokens`` may be at most ``max_len``."""
-    graphdef, state = _check(model, source, max_new_tokens)
-    return _token_by_token(graphdef, state, jnp.asarray(source), max_new_tokens, ("greedy",), jax.random.key(0),
+    source, graphdef, state = _check(model, source, max_new_tokens)
+    return _token_by_token(graphdef, state, source, max_new_tokens, ("greedy",), jax.random.key(0),
                            jnp.float32(1.0))
 
 
@@ -122,8 +126,8 @@ def sample(model, source, max_new_tokens, *, temperature=1.0, top_k=None, seed=0
     """Sampled tokens (B, max_new_tokens): softmax(logits / temperature), restricted to the
     ``top_k`` most likely tokens when given. The same seed gives the same tokens."""
     check_options(model.config, temperature=temperature, top_k=top_k)
-    graphdef, state = _check(model, source, max_new_tokens)
-    return _token_by_token(graphdef, state, jnp.asarray(source), max_new_tokens, ("sample", top_k),
+    source, graphdef, state = _check(model, source, max_new_tokens)
+    return _token_by_token(graphdef, state, source, max_new_tokens, ("sample", top_k),
                            jax.random.key(seed), jnp.float32(temperature))
 
 
@@ -202,8 +206,8 @@ def beam_search(model, source, max_new_tokens, *, beam_size=4, alpha=DEFAULT_LEN
     """Beam search: (tokens (B, W, N), scores (B, W)), beams sorted best first. A score is
     the hypothesis's log-probability divided by ``length_penalty(length, alpha)``."""
     check_options(model.config, beam_size=beam_size, alpha=alpha)
-    graphdef, state = _check(model, source, max_new_tokens)
-    return _beam(graphdef, state, jnp.asarray(source), max_new_tokens, beam_size, float(alpha))
+    source, graphdef, state = _check(model, source, max_new_tokens)
+    return _beam(graphdef, state, source, max_new_tokens, beam_size, float(alpha))
 
 
 def decode(model, source, max_new_tokens, *, beam_size=1, alpha=DEFAULT_LENGTH_PENALTY, temperature=None,
@@ -245,5 +249,5 @@ def _greedy_uncached(graphdef, state, source, max_new_tokens):
 def greedy_decode_uncached(model, source, max_new_tokens):
     """Greedy decoding that runs the full decoder over the whole target buffer for every new
     token (no cache): the reference for ``greedy_decode``, and the benchmark's baseline."""
-    graphdef, state = _check(model, source, max_new_tokens)
-    return _greedy_uncached(graphdef, state, jnp.asarray(source), max_new_tokens)
+    source, graphdef, state = _check(model, source, max_new_tokens)
+    return _greedy_uncached(graphdef, state, source, max_new_tokens)
