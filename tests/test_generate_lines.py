@@ -131,6 +131,13 @@ def test_input_without_any_text_is_refused_before_any_output(run):
     assert produced == []
 
 
+@pytest.mark.parametrize("texts", ["5 3 9", b"5 3 9"])
+def test_one_text_instead_of_an_iterable_of_texts_is_refused_at_the_call(run, texts):
+    with pytest.raises(TypeError, match=rf"texts: expected an iterable of texts, one per input, got one "
+                                        rf"{type(texts).__name__} \(give \[text\] for a single input\)"):
+        generate(run, texts)
+
+
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("generate_text")

@@ -68,7 +68,11 @@ def generate_lines(texts, codec, load_model, model_config, *, max_new_tokens, ba
     so its samples, then follow the input's pauses). Check the options first
     (``options.check_options``).
     """
-    if batch_size < 1:  # here, not in the generator: refused at the call, before any input is read
+    # Here, not in the generator: refused at the call, before any input is read.
+    if isinstance(texts, (str, bytes)):  # iterating one text would decode each of its characters
+        raise TypeError(f"texts: expected an iterable of texts, one per input, got one {type(texts).__name__} "
+                        f"(give [text] for a single input)")
+    if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     options = dict(beam_size=beam_size, alpha=alpha, temperature=temperature, top_k=top_k)
     return _stream(iter(texts), codec, load_model, model_config, max_new_tokens, batch_size, seed, options, nbest, unit,
