@@ -19,8 +19,8 @@ import torch
 
 from parity import output
 from parity.file_kinds import (  # noqa: F401 - public names
-    SAFETENSORS_SUFFIX, TORCH_FORMAT, TORCH_SUFFIXES, CheckpointError, config_metadata, read_recorded_config,
-    readable_file, recorded_config, safetensors_header)
+    SAFETENSORS_SUFFIX, TORCH_FORMAT, TORCH_SUFFIXES, CheckpointError, as_model_config, config_metadata,
+    read_recorded_config, readable_file, recorded_config, safetensors_header)
 
 # Common wrappers: torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, ...).
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
@@ -85,10 +85,11 @@ def load_state_dict(path):
 def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None):
     """Write {key: tensor} as ``.safetensors`` or ``.pt``, chosen by the suffix; atomically
     (``parity.output``), so a failed write never leaves a truncated file under the final name
-    nor a temporary file beside it. ``config`` (a ModelConfig, the keyword arguments of
-    ``torch_ref.Transformer``) goes into a ``.safetensors`` file's metadata, with ``assumed``
-    (the names of its fields that are a guess) and ``tokenizers`` (the {file name: sha256} of
-    the text run the weights come from); a ``.pt`` file holds the tensors alone.
+    nor a temporary file beside it. ``config`` (a ModelConfig, or a dict of its fields: the
+    keyword arguments of ``torch_ref.Transformer``) goes into a ``.safetensors`` file's
+    metadata, with ``assumed`` (the names of its fields that are a guess) and ``tokenizers``
+    (the {file name: sha256} of the text run the weights come from); a ``.pt`` file holds the
+    tensors alone.
 
     A tied model's state dict holds one tensor under two keys (``lm_head.weight`` is
     ``tok.weight``). ``torch.save`` keeps them one tensor; safetensors cannot, and refuses
@@ -96,6 +97,7 @@ def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None):
     to the first, as ``flax_to_torch`` writes a tie: the file loads with
     ``load_state_dict(strict=True)`` and ``torch_to_flax(..., tied=...)`` as the model's own
     state dict does (safetensors' ``save_model`` would keep one name instead)."""
+    config = None if config is None else as_model_config(config)
     path = Path(path)
     suffix = path.suffix.lower()
     if not path.absolute().parent.is_dir():  # torch.save would say so as a RuntimeError

@@ -12,7 +12,10 @@ its metadata (str -> str, ignored by every tensor loader):
 """
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+
+from flaxformer_mini.model.config import ModelConfig
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -52,10 +55,24 @@ def safetensors_header(path):
         raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
 
 
+def as_model_config(config):
+    """``config`` as a ModelConfig: one already, or a mapping of its fields (the keyword
+    arguments of ``torch_ref.Transformer``, what ``read_recorded_config`` returns), checked as
+    the ModelConfig it makes."""
+    if isinstance(config, ModelConfig):
+        return config
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config: expected a ModelConfig or a dict of its fields, got {type(config).__name__}")
+    try:
+        return ModelConfig(**config)
+    except TypeError as e:  # a missing or unknown field, as the constructor names it
+        raise TypeError(f"config: {e}") from None
+
+
 def config_metadata(file_format, config, assumed=(), tokenizers=None):
-    """The metadata recording ``config`` (a ModelConfig) in a ``.safetensors`` file of
+    """The metadata recording ``config`` (``as_model_config``) in a ``.safetensors`` file of
     ``file_format``, and ``tokenizers`` ({file name: sha256}) where given."""
-    metadata = {"format": file_format, CONFIG_METADATA_KEY: json.dumps(config.to_dict())}
+    metadata = {"format": file_format, CONFIG_METADATA_KEY: json.dumps(as_model_config(config).to_dict())}
     if assumed:
         metadata[ASSUMED_METADATA_KEY] = json.dumps(sorted(assumed))
     if tokenizers:

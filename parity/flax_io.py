@@ -33,8 +33,8 @@ from parity import engine, output
 from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
 from parity.file_kinds import (  # noqa: F401 - FLAX_FORMAT and CONFIG_METADATA_KEY are public names here too
     ASSUMED_METADATA_KEY, CONFIG_METADATA_KEY, FLAX_FORMAT, SAFETENSORS_SUFFIX, TOKENIZERS_METADATA_KEY, TORCH_SUFFIXES,
-    CheckpointError, assumed_from_json, config_metadata, read_recorded_tokenizers, readable_file, safetensors_header,
-    tokenizers_from_json)
+    CheckpointError, as_model_config, assumed_from_json, config_metadata, read_recorded_tokenizers, readable_file,
+    safetensors_header, tokenizers_from_json)
 from parity.tied import own_ties
 
 _FLAX_SEP, _TORCH_SEP = "/", "."
@@ -126,6 +126,7 @@ def save_flax_params(params, config: ModelConfig, path, *, overwrite=False, assu
     written by ``parity convert`` (a file is always replaced, atomically). ``assumed``: names
     of ``config``'s fields that are a guess (the seed's defaults), recorded as such.
     ``tokenizers``: {file name: sha256} of the text run the weights come from, carried on."""
+    config = as_model_config(config)
     params = {k: np.ascontiguousarray(v) for k, v in params.items()}
     if is_orbax_path(path):
         return _save_orbax(params, config, Path(path), overwrite, assumed, tokenizers)

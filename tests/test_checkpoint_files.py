@@ -17,6 +17,7 @@ import torch
 
 import torch_ref
 from parity import CheckpointError, flax_to_torch, load_state_dict, save_state_dict, torch_to_flax
+from parity.checkpoint_io import read_recorded_config
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64, torch.int64: torch.int64}
 
@@ -79,6 +80,22 @@ def test_save_with_unknown_suffix_is_refused_and_writes_nothing(state_dict, tmp_
     with pytest.raises(CheckpointError, match="unknown checkpoint type '.npz'") as info:
         save_state_dict(state_dict, path)
     assert str(path) in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_given_as_a_dict_of_its_fields_is_recorded_as_the_modelconfig(state_dict, tiny_config, tmp_path):
+    # torch_ref.Transformer's keyword arguments, what read_recorded_config gives back.
+    path = save_state_dict(state_dict, tmp_path / "w.safetensors", config=tiny_config.to_dict())
+    assert read_recorded_config(path) == (tiny_config.to_dict(), ())
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(bogus=1), r"config: ModelConfig.__init__\(\) got an unexpected keyword argument 'bogus'"),
+    ([("max_len", 8)], "config: expected a ModelConfig or a dict of its fields, got list"),
+])
+def test_a_config_that_is_no_modelconfig_is_refused_and_writes_nothing(state_dict, tmp_path, config, message):
+    with pytest.raises(TypeError, match=message):
+        save_state_dict(state_dict, tmp_path / "w.safetensors", config=config)
     assert list(tmp_path.iterdir()) == []
 
 
