@@ -23,6 +23,7 @@ from parity.compare import on_device_of
 from parity.report import GRAD_PREFIX, LOSS_ROW, Row, compared_row
 from parity.convert import flax_to_torch, tensor_to_numpy
 from parity.policy import DEFAULT_ATOL, check_tolerance
+from parity.row_selection import listed
 from torch_ref.training import token_cross_entropy as torch_token_cross_entropy
 
 
@@ -119,14 +120,23 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     flax_value, grads = nnx.value_and_grad(lambda m: flax_loss(m, *flax_inputs))(flax_model)
     holder = nnx.clone(flax_model)
     nnx.update(holder, grads)
+    # Buffers (running statistics) have no gradient, and a tied copy's key is its table's one
+    # parameter; any other key is a Flax parameter, matched to torch's or listed as unmatched.
+    no_gradient = ({k for k, _ in torch_model.named_buffers(remove_duplicate=False)}
+                   | {k for k, _ in torch_model.named_parameters(remove_duplicate=False)} - set(params))
     flax_grads = {k: tensor_to_numpy(g) for k, g in flax_to_torch(holder, rename=rename, rules=rules, tied=tied).items()
-                  if k in params}  # buffers (running statistics) have no gradient
+                  if k not in no_gradient}
     frozen = [k for k, p in params.items() if not p.requires_grad]
     for k in frozen:
         torch_grads.pop(k), flax_grads.pop(k, None)
     report = Report([compared_row(LOSS_ROW, (), float(flax_value), float(loss.item()), atol),
                      *_grad_rows(torch_grads, flax_grads, atol)], atol,
                     left_out=[(GRAD_PREFIX + k, "frozen in torch by requires_grad=False") for k in frozen])
+    unmatched = [k for k in torch_grads if k not in flax_grads] + [k for k in flax_grads if k not in torch_grads]
+    if unmatched:  # the usual cause is a port with names of its own, given no rename map here
+        notes.append((f"{len(unmatched)} gradient(s) only one side has ({listed(unmatched)}): the Flax parameters' "
+                      f"names, converted to torch's, do not meet torch's there; a port whose paths differ from "
+                      f"torch's gives compare_gradients the rename map (and rules) it gives torch_to_flax", False))
     return _say(report, notes + _padding_row_notes(torch_model, report, torch_grads, flax_grads, atol))
 
 

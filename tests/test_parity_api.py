@@ -132,6 +132,17 @@ def test_compare_gradients_on_a_user_loss_agree(pair):
     assert report.ok, report.format_table(show_all=True)
 
 
+def test_compare_gradients_without_the_rename_map_lists_both_sides_and_says_to_give_it(pair):
+    t, f = pair
+    report = parity.compare_gradients(t, f, lambda m, x: m(x).sum(), lambda m, x: m(x).sum(), (torch.as_tensor(IDS),),
+                                      (IDS,), atol=1e-5)
+    notes = {r.note for r in report.rows if r.kind == "gradient"}
+    assert not report.ok and notes == {"no gradient on the Flax side", "no gradient on the torch side"}
+    said = report.format_table()
+    n = len(list(t.parameters())) + len(list(nnx.state(f, nnx.Param).flat_state()))
+    assert f"{n} gradient(s) only one side has" in said and "the rename map (and rules) it gives torch_to_flax" in said
+
+
 def test_rename_patterns_matching_nothing_or_twice_are_all_reported_at_once(pair):
     t, _ = pair
     bad = {**RENAME, "layers.{}.missing.weight": "blocks.{}.x.weight", "layers.{}.wq.{}": "blocks.{}.up.{}"}
