@@ -499,10 +499,16 @@ def explain(error, args):
     """One line naming the problem for an error a user can fix (exit 2), or None for a bug.
 
     Unknown presets, unreadable checkpoints, keys that do not fit, an OUT that exists (all
-    ValueErrors, named by their raiser) and file errors (named by their file). A full disk
+    ValueErrors, named by their raiser), file errors (named by their file) and a dependency not
+    installed (named, with the command that installs it). A full disk
     while writing is not the user's mistake, but its fix is theirs, and nothing was written:
     exit 2 as well (parity's 1 means "the twins differ").
     """
+    from flaxformer_mini.cli.errors import describe_missing_dependency  # light: no JAX, no numpy
+
+    missing = describe_missing_dependency(error)
+    if missing is not None:
+        return missing
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         out = getattr(args, "output", None) or error.filename
         return (f"no space left on the device{f' writing {out}' if out else ''}; nothing was written"

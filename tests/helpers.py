@@ -270,8 +270,9 @@ BLOCKER = textwrap.dedent(
 
     class Block(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname, path=None, target=None):
-            if fullname.partition(".")[0] in BLOCKED:
-                raise ImportError(f"{{fullname}} is blocked by test_import_isolation")
+            if fullname.partition(".")[0] in BLOCKED:  # as Python says of a package not installed
+                raise ModuleNotFoundError(f"No module named {{fullname!r}} (blocked by test_import_isolation)",
+                                          name=fullname)
             return None
 
     sys.meta_path.insert(0, Block())

@@ -17,6 +17,26 @@ from flaxformer_mini.train.stop import StopNow
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+# The project's dependencies by the module a command imports, with the distribution pip installs
+# (pyproject.toml). A missing one is an environment to fix, not a bug: say which and how. torch
+# and safetensors are the [torch] extra, which takes torch's CPU build first (README).
+DEPENDENCIES = {"jax": "jax", "jaxlib": "jaxlib", "flax": "flax", "optax": "optax", "orbax": "orbax-checkpoint",
+                "numpy": "numpy", "tqdm": "tqdm", "matplotlib": "matplotlib", "tokenizers": "tokenizers",
+                "sacrebleu": "sacrebleu", "rapidfuzz": "rapidfuzz", "tensorboardX": "tensorboardX",
+                "torch": "torch", "safetensors": "safetensors"}
+TORCH_EXTRA = ("torch", "safetensors")
+
+
+def describe_missing_dependency(error):
+    """One line for an ImportError of one of the project's dependencies (``DEPENDENCIES``), or
+    None: any other module missing is a bug, and keeps its traceback."""
+    name = (getattr(error, "name", None) or "").split(".")[0]
+    if not isinstance(error, ModuleNotFoundError) or name not in DEPENDENCIES:
+        return None
+    install = ('pip install torch==2.13.0 (the CPU build), then pip install -e ".[torch]"' if name in TORCH_EXTRA
+               else "pip install -e . (the Flax side), as the README's set-up does")
+    return f"this command needs the Python package {DEPENDENCIES[name]}, which is not installed here: {install}"
+
 
 def explain(error):
     """(exit code, one-line message) for an error a user can fix, or (None, None) for a bug.
@@ -26,6 +46,9 @@ def explain(error):
     """
     if isinstance(error, (NonFiniteLossError, ProcessLostError)):
         return EXIT_FAILED, str(error)
+    missing = describe_missing_dependency(error)
+    if missing is not None:
+        return EXIT_UNUSABLE, missing
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {error.filename}" if error.filename else ""
         return EXIT_FAILED, (f"no space left on the device{where}. The last complete checkpoint is kept: "
