@@ -63,8 +63,10 @@ def torch_key_shapes(model, rules=None, rename=None, tied=None):
     """{torch key: torch-layout shape} that ``torch_to_flax`` expects for ``model``.
 
     ``rename`` / ``tied``: as ``torch_to_flax`` takes them; the keys are then the user's torch
-    names (a chunked key's shape is its chunks' concatenated), tied copies included, which is
-    what the torch model's ``state_dict()`` holds. Without them, the plan's names.
+    names (a chunked key's shape is its chunks' concatenated), tied copies included: the torch
+    model's ``state_dict()`` keys but those with no Flax variable (a BatchNorm's
+    ``num_batches_tracked``, which ``torch_to_flax`` reads nothing from and ``flax_to_torch``
+    writes). Without them, the plan's names.
     """
     the_plan = _plan(model, rules)
     tie = _tie(tied, the_plan, rename, model)

@@ -5,7 +5,7 @@ seeds' own, so a state dict saved from the seeds' classes loads here with ``stri
 One name differs: seed 003's ``SelfAttention`` is ``PerHeadSelfAttention`` here, since seed
 001 has a ``SelfAttention`` too (the keys are seed 003's).
 Every place where this code departs from the seed text is marked ``# Seed slip N:`` with
-the number of the slip in ``shared/seeds/README.md``.
+the number of the slip in docs/design.md ("The seeds' slips").
 
 This package never imports JAX or Flax: a PyTorch user needs neither.
 """
