@@ -500,9 +500,9 @@ def explain(error, args):
 
     Unknown presets, unreadable checkpoints, keys that do not fit, an OUT that exists (all
     ValueErrors, named by their raiser), file errors (named by their file) and a dependency not
-    installed (named, with the command that installs it). A full disk
-    while writing is not the user's mistake, but its fix is theirs, and nothing was written:
-    exit 2 as well (parity's 1 means "the twins differ").
+    installed (named, with the command that installs it). A full disk while writing is not the
+    user's mistake, but its fix is theirs, and nothing was written: exit 2 as well (parity's 1
+    means "the twins differ").
     """
     from flaxformer_mini.cli.errors import describe_missing_dependency  # light: no JAX, no numpy
 
