@@ -62,6 +62,16 @@ def test_the_best_evaluation_is_kept_and_the_run_stops_after_patience_evaluation
     assert latest_state(out)[0] == result["step"]
 
 
+def test_a_run_whose_patience_runs_out_at_its_last_step_finished_without_stopping_early(straight, tmp_path):
+    # The straight run's evaluations until its early stop, with --steps there: the run reaches
+    # --steps, so it finished; stopping "early" is only before it.
+    out, result = straight
+    last = cli(*COMMAND[:COMMAND.index("--steps") + 1], str(result["step"]), *COMMAND[COMMAND.index("--steps") + 2:],
+               "--out", str(tmp_path / "run"))
+    assert result_of(last) == {**result, "stopped_early": False}
+    assert "stopping early" not in last.stderr and "stopped early" not in last.stderr
+
+
 def test_evaluate_generate_and_parity_convert_read_run_best_at_the_best_step(straight, tmp_path):
     out, result = straight
     best = str(out / "best")

@@ -111,7 +111,8 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
         if result is None:
             _interrupted(stop, log, echo, before_first_step)
         last_eval, evaluated_at = result, start
-    stopped_early = selection is not None and selection.exhausted(patience)
+    # Early means before --steps: a run whose patience ran out at its last evaluation finished.
+    stopped_early = selection is not None and start < steps and selection.exhausted(patience)
     if stopped_early:
         echo(f"{run.path} stopped early at step {start}: {_no_better(selection, patience, run.dir.best)}"
              + ("" if last_eval else "; evaluating"))
@@ -148,7 +149,7 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                     _interrupted(stop, log, echo, f": saved step {done}",
                                  note=f"the evaluation at step {done} was stopped; the resumed run does it first")
                 last_eval, evaluated_at = result, done
-                stopped_early = selection is not None and selection.exhausted(patience)
+                stopped_early = selection is not None and done < steps and selection.exhausted(patience)
             # Every process must save the same step: a SIGTERM seen by one stops all. Each boundary
             # queues an all-reduce of the stop flag and reads the previous boundary's, which the
             # devices have finished by now (the host waits only where logging already waited):
