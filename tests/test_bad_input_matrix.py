@@ -398,7 +398,7 @@ CASES = [
     # --- run directories
     ("out_is_a_file", out_is_a_file, 2, r"--out .*out: is a file; give a directory for the run"),
     ("out_holds_something_else", out_not_a_run, 2, r"exists and is not a flaxformer-mini run"),
-    ("out_holds_another_run", on_run("train", "--seed", "3"), 2, r"train\.seed: 0 in the run, 3 now"),
+    ("out_holds_another_run", on_run("train", "--seed", "3"), 2, r"train\.seed \(--seed\): 0 in the run, 3 now"),
     # The run records the schedule's factor (--lr x sqrt(width x --warmup)); the error says the --lr typed.
     ("out_holds_a_run_of_another_lr", on_run("train", "--lr", "1e-4"), 2,
      r"another run whose config differs: --lr \(the schedule's peak\): 0\.003 in the run, 0\.0001 now\. Use"),
@@ -410,6 +410,12 @@ CASES = [
      r"another run whose config differs: train\.schedule \(--schedule\): 'rsqrt' in the run, 'cosine' now\. Use"),
     ("out_holds_a_text_run_of_another_length_multiple", text_run_resumed("--length-multiple", "3"), 2,
      r"another run whose config differs: data\.length_multiple \(--length-multiple\): 8 in the run, 3 now\. Use"),
+    # A text run stores --max-len less its EOS; the refusal says the --max-len typed, and the
+    # held-out settings by the option that sets them.
+    ("out_holds_a_text_run_of_another_max_len", text_run_resumed("--max-len", "12"), 2,
+     r"data\.max_len \(--max-len\): 8 in the run, 12 now"),
+    ("out_holds_a_text_run_of_another_valid_size", text_run_resumed("--valid-size", "2"), 2,
+     r"data\.eval_pairs \(--valid-size\): \S+ in the run, 2 now"),
     ("out_being_trained", run_held_by_another_process, 2, r"is being trained by process \d+ on "),
     # Which tables are one is the model's parameters: an untied run resumed with a tie is another run.
     ("out_holds_an_untied_run", on_run("train", "--tie-embeddings", "decoder"), 2,

@@ -254,8 +254,8 @@ def test_max_tokens_smaller_than_the_longest_example_is_refused_naming_its_line(
     assert not (tmp_path / "r").exists() or not (tmp_path / "r" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("changed, named", [(["--tokenizer", "unigram", "--vocab-size", "40"], "data.tokenizer: 'bpe' in the run, 'unigram' now"),
-                                            (["--tokenizer", "bpe", "--vocab-size", "50"], "data.tokenizer_vocab_size: 40 in the run, 50 now")])
+@pytest.mark.parametrize("changed, named", [(["--tokenizer", "unigram", "--vocab-size", "40"], "data.tokenizer (--tokenizer): 'bpe' in the run, 'unigram' now"),
+                                            (["--tokenizer", "bpe", "--vocab-size", "50"], "data.tokenizer_vocab_size (--vocab-size): 40 in the run, 50 now")])
 def test_resuming_with_another_tokenizer_or_vocab_size_is_refused_naming_both(bpe_run, changed, named):
     out, args = bpe_run
     before = (out / "config.json").read_bytes()

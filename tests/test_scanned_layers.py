@@ -321,7 +321,7 @@ def test_train_scan_layers_remat_is_recorded_and_evaluate_generate_and_export_lo
     # Resuming it with the other layout would restore stacked parameters into per-layer ones.
     refused = cli(*args, "--steps", "8")
     assert refused.returncode == 2
-    assert "scan_layers: True in the run, False now" in refused.stderr and "remat: True in the run" in refused.stderr
+    assert "scan_layers (--scan-layers): True in the run, False now" in refused.stderr and "remat (--remat): True in the run" in refused.stderr
 
 
 def test_a_run_config_written_before_the_options_loads_with_both_off():

@@ -169,7 +169,7 @@ def test_out_holding_another_runs_config_is_refused_and_no_checkpoint_is_overwri
     before = {p: p.stat().st_mtime_ns for p in (out / "checkpoints").rglob("*") if p.is_file()}
     proc = cli("train", *TINY_RUN, "--steps", "80", "--seed", "1", "--out", str(out))
     assert proc.returncode == 2
-    assert "train.seed: 0 in the run, 1 now" in proc.stderr
+    assert "train.seed (--seed): 0 in the run, 1 now" in proc.stderr
     assert {p: p.stat().st_mtime_ns for p in (out / "checkpoints").rglob("*") if p.is_file()} == before
 
 

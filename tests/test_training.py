@@ -208,7 +208,7 @@ def test_out_directory_of_another_run_is_refused_and_left_untouched(tmp_path):
     out = tmp_path / "run"
     fit(run_config(), out, 4, save_every=2, eval_every=100, progress=False, echo=lambda m: None)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
-    with pytest.raises(RunConfigError, match=r"model\.embed_size: 30 in the run, 35 now"):
+    with pytest.raises(RunConfigError, match=r"model\.embed_size \(--embed-size, or --preset\'s\): 30 in the run, 35 now"):
         fit(run_config(embed=35), out, 4, progress=False, echo=lambda m: None)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
 

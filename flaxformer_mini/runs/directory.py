@@ -425,6 +425,8 @@ def _differences(old, new, prefix="", present=None):
             out += _differences(a, b, f"{prefix}{key}.", present[key] if present is not None else None)
         elif a != b:
             why = _SET_BY.get(f"{prefix}{key}")
+            if f"{prefix}{key}" == "data.max_len" and old.get("kind") == "tsv" and None not in (a, b):
+                a, b = a + 1, b + 1  # a text run stores --max-len less its EOS: said as typed
             out.append(f"{prefix}{key}{f' ({why})' if why else ''}: {a!r} in the run, {b!r} now")
     return out
 
@@ -480,12 +482,37 @@ _SET_BY = {
     "data.length_multiple": "--length-multiple",
     "data.columns": "--columns",
     "data.tokenizer_from": "--tokenizer-from",
-    "data.max_len": "--max-len minus one for a text run (its EOS)",
+    "data.max_len": "--max-len",
     "model.tie_embeddings": "--tie-embeddings",
     "train.ema_decay": "--ema",
     "evaluation.best_metric": "--best-metric",
     "evaluation.beam_size": "--eval-beam-size",
     "evaluation.length_penalty": "--eval-length-penalty",
+    "batch_size": "--batch-size",
+    "accumulate": "--accumulate",
+    "max_tokens": "--max-tokens",
+    "dtype": "--dtype",
+    "scan_layers": "--scan-layers",
+    "remat": "--remat",
+    "train.seed": "--seed",
+    "train.label_smoothing": "--label-smoothing",
+    "train.clip_norm": "--clip-norm",
+    "train.weight_decay": "--weight-decay",
+    "model.dropout": "--dropout, or --preset's",
+    "model.embed_size": "--embed-size, or --preset's",
+    "model.heads": "--heads, or --preset's",
+    "model.num_layers": "--layers, or --preset's",
+    "model.ffn_dim": "--ffn-dim, or --preset's",
+    "data.task": "--task",
+    "data.vocab_size": "--vocab-size",
+    "data.min_len": "--min-len",
+    "data.eval_sequences": "--eval-sequences",
+    "data.eval_decode_lines": "--eval-decode-lines",
+    "data.eval_pairs": "--valid-size",
+    "data.holdout": "--valid-size, held out of --data when no --valid is given",
+    "data.tokenizer": "--tokenizer",
+    "data.tokenizer_vocab_size": "--vocab-size",
+    "data.shared_vocab": "--shared-vocab",
 }
 
 # The data settings --tokenizer-from's run sets; `_differences` lines start "KEY: " or "KEY (why): ".
