@@ -160,6 +160,9 @@ def test_text_run_notes_name_real_line_numbers_and_the_bom_is_no_word(text_run):
         "its output line is left empty",
         "note: line 5: 1 unknown word(s) mapped to <unk>: qqq",
         "warning: 1 of 5 input line(s) left empty; the warnings above name each and why",
+        # Two steps of training end no output: each is cut at the limit, the default one here.
+        "warning: 2 of 5 output(s) reached the model's max_len (the default --max-new-tokens) before their EOS "
+        "and are cut there",
     ]
 
 

@@ -57,10 +57,11 @@ def run(args):
     if left_empty:  # exit 0 all the same: every input line has its output line, in order
         print(f"warning: {left_empty} of {i} input line(s) left empty; the warnings above name each and why",
               file=sys.stderr)
-    if cut and args.max_new_tokens is not None:
+    if cut:
         what = "output(s)" if nbest is None else "inputs' best hypotheses"
-        print(f"warning: {cut} of {i} {what} reached --max-new-tokens {args.max_new_tokens} before their EOS "
-              f"and are cut there", file=sys.stderr)
+        limit = (f"--max-new-tokens {args.max_new_tokens}" if args.max_new_tokens is not None
+                 else "the model's max_len (the default --max-new-tokens)")
+        print(f"warning: {cut} of {i} {what} reached {limit} before their EOS and are cut there", file=sys.stderr)
 
 
 def _lines(nbest):
