@@ -39,7 +39,7 @@ def _refuse(template, **values):
     return OptionError(template.format(**lib, **values), template.format(**cli, **values))
 
 
-def _integer(name, value):
+def integer_option(name, value):
     """``value`` as an int, or an OptionError naming ``name``: counts set shapes and loop bounds,
     where a float (2.5, or 3.0) or a bool would reach JAX as a shape it cannot build."""
     if not isinstance(value, bool):
@@ -65,11 +65,11 @@ def check_options(model_config, *, max_new_tokens=None, beam_size=1, alpha=DEFAU
     many of the ``beam_size`` hypotheses a caller wants (None: only the best one's tokens);
     None for ``max_new_tokens``, ``temperature`` and ``top_k`` means not given."""
     c = model_config
-    max_new_tokens = None if max_new_tokens is None else _integer("max_new_tokens", max_new_tokens)
-    beam_size, alpha = _integer("beam_size", beam_size), _real("alpha", alpha)
+    max_new_tokens = None if max_new_tokens is None else integer_option("max_new_tokens", max_new_tokens)
+    beam_size, alpha = integer_option("beam_size", beam_size), _real("alpha", alpha)
     temperature = None if temperature is None else _real("temperature", temperature)
-    top_k = None if top_k is None else _integer("top_k", top_k)
-    nbest = None if nbest is None else _integer("nbest", nbest)
+    top_k = None if top_k is None else integer_option("top_k", top_k)
+    nbest = None if nbest is None else integer_option("nbest", nbest)
     if max_new_tokens is not None:
         if max_new_tokens < 1:
             raise _refuse("{max_new_tokens} must be >= 1, got {n}", n=max_new_tokens)

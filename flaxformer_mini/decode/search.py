@@ -16,7 +16,7 @@ from flax import nnx
 
 from flaxformer_mini.data import BOS, EOS, PAD
 from flaxformer_mini.decode.cache import decode_one_token, prefill
-from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, OptionError, check_options
+from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, check_options, integer_option
 from flaxformer_mini.model.token_checks import check_tokens
 
 _NEG = -1e9  # a score no hypothesis reaches; finite, so no inf - inf = NaN anywhere
@@ -54,9 +54,8 @@ def _check(model, source, max_new_tokens):
     """Check the inputs; return ``(source as an array, *eval_split(model))``. ``source`` may be
     any array-like of ids, nested lists included, as the model's forward takes."""
     c = model.config
-    if max_new_tokens is None:  # check_options reads None as "not given"; decoding needs it
-        raise OptionError("max_new_tokens must be an integer, got None", "--max-new-tokens must be an integer")
-    check_options(c, max_new_tokens=max_new_tokens)
+    # Checked here first: check_options reads None as "not given", and decoding needs it.
+    check_options(c, max_new_tokens=integer_option("max_new_tokens", max_new_tokens))
     check_tokens(source, c.source_vocab_size, c.max_len, "source")
     source = jnp.asarray(source)
     if source.shape[1] == 0:
