@@ -66,8 +66,7 @@ def test_a_run_whose_patience_runs_out_at_its_last_step_finished_without_stoppin
     # The straight run's evaluations until its early stop, with --steps there: the run reaches
     # --steps, so it finished; stopping "early" is only before it.
     out, result = straight
-    last = cli(*COMMAND[:COMMAND.index("--steps") + 1], str(result["step"]), *COMMAND[COMMAND.index("--steps") + 2:],
-               "--out", str(tmp_path / "run"))
+    last = cli(*COMMAND, "--steps", str(result["step"]), "--out", str(tmp_path / "run"))
     assert result_of(last) == {**result, "stopped_early": False}
     assert "stopping early" not in last.stderr and "stopped early" not in last.stderr
 
