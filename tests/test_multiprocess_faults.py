@@ -169,6 +169,64 @@ def test_options_that_act_on_one_process_only_may_differ_between_processes():
     assert identity("--log-every", "7") != identity()  # guard: a shared option still counts
 
 
+def test_one_mesh_spelled_two_ways_is_one_option_between_processes():
+    from flaxformer_mini.cli.parser import build_parser
+    from flaxformer_mini.cli.train import _identity
+
+    def identity(*extra):
+        return _identity(build_parser().parse_args(["train", *EVERY_STEP_TINY_RUN, "--out", "run", *extra]))
+
+    assert identity("--mesh", "model=2, data=2") == identity("--mesh", "data=2,model=2")
+    assert identity("--mesh", "data=2") == identity("--mesh", "data=2,model=1")
+    assert identity("--mesh", "data=1,model=2") != identity("--mesh", "data=2,model=1")
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """start_runtime's environment with no JAX variable set and no cluster detected."""
+    from flaxformer_mini.scale import distributed
+
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(distributed, "_batch_cluster_detected", lambda: False)
+    return distributed
+
+
+@pytest.mark.parametrize("port", [0, 70000])
+def test_a_coordinator_port_outside_1_to_65535_is_refused_before_any_wait(no_cluster, port):
+    # Before: port 0 waited the whole timeout, then blamed the other processes; 70000 trained on
+    # port 4464, where getaddrinfo and jax wrap it.
+    with pytest.raises(no_cluster.DistributedError, match=rf"^--coordinator '127\.0\.0\.1:{port}': port {port} is not "
+                       r"in 1\.\.65535$"):
+        no_cluster.start_runtime(f"127.0.0.1:{port}", 2, 1, timeout_s=1)
+
+
+def test_a_process_count_or_id_without_a_coordinator_names_the_coordinator_it_needs(no_cluster, monkeypatch):
+    # Before: jax's "coordinator_address should be defined."
+    with pytest.raises(no_cluster.DistributedError, match=r"^--num-processes 2 and --process-id 1 start a multi-process "
+                       r"run, which also needs --coordinator HOST:PORT \(or JAX_COORDINATOR_ADDRESS\) on every process$"):
+        no_cluster.start_runtime(None, 2, 1)
+    monkeypatch.setenv("JAX_PROCESS_ID", "1")
+    with pytest.raises(no_cluster.DistributedError, match=r"^JAX_PROCESS_ID 1 starts a multi-process run, which also "
+                       r"needs --coordinator"):
+        no_cluster.start_runtime()
+
+
+def test_a_process_count_or_id_from_the_environment_is_named_as_the_variable(no_cluster, monkeypatch):
+    # Before: "--process-id 5 is out of range for --num-processes 2", neither option given.
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("JAX_PROCESS_ID", "5")
+    with pytest.raises(no_cluster.DistributedError, match=r"^JAX_PROCESS_ID 5 is out of range for JAX_NUM_PROCESSES 2 "
+                       r"\(0 to 1\)$"):
+        no_cluster.start_runtime()
+    with pytest.raises(no_cluster.DistributedError, match=r"^--process-id 5 is out of range for JAX_NUM_PROCESSES 2"):
+        no_cluster.start_runtime(process_id=5)
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "0")
+    with pytest.raises(no_cluster.DistributedError, match=r"^JAX_NUM_PROCESSES must be >= 1, got 0$"):
+        no_cluster.start_runtime()
+
+
 def test_an_out_directory_not_shared_by_the_processes_is_refused_before_training(tmp_path):
     # Each process in a directory of its own with a relative --out: two run directories, as on
     # hosts without a shared file system. Before, both trained to the first save, where orbax

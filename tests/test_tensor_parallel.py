@@ -354,6 +354,25 @@ def test_parse_mesh(text, expected):
     assert parse_mesh(text) == expected
 
 
+@pytest.mark.parametrize("size", ["2_0", "\u0662", "2.0"])
+def test_a_mesh_size_is_plain_decimal_digits(size):
+    # int() alone reads '2_0' as 20 and the Arabic-Indic digit two as 2.
+    with pytest.raises(ValueError, match=rf"--mesh 'data={size}': the size of 'data' must be an integer, got '{size}'"):
+        parse_mesh(f"data={size}")
+
+
+def test_a_batch_the_data_axis_does_not_divide_names_the_axis_not_the_devices():
+    from types import SimpleNamespace
+
+    from flaxformer_mini.scale.sharding import _check_divisible
+
+    with pytest.raises(ValueError, match=r"^--batch-size 3 is not divisible by the mesh's data axis \(2 data-parallel "
+                       r"groups of 2 devices\); use --batch-size a multiple of 2$"):
+        _check_divisible(3, 2, "--batch-size", SimpleNamespace(size=4))  # a data=2,model=2 mesh
+    with pytest.raises(ValueError, match=r"^--batch-size 3 is not divisible by 2 devices; use"):
+        _check_divisible(3, 2, "--batch-size", SimpleNamespace(size=2))  # data=2: its devices are its groups
+
+
 # Bad --mesh options (in-process CLI on this one device): exit 2, a message naming the
 # option, no traceback, nothing written. The size checks come before the device count, so a
 # model=2 mesh is judged here even though this process has one device.

@@ -18,7 +18,7 @@ from flaxformer_mini.runs.config import DataConfig, TrainOptions
 from flaxformer_mini.runs.fit import fit
 from flaxformer_mini.runs.launch import launch
 from flaxformer_mini.scale import distributed
-from flaxformer_mini.scale.partitioning import parse_mesh
+from flaxformer_mini.scale.partitioning import format_mesh, parse_mesh
 from flaxformer_mini.scale.sharding import training_mesh
 
 
@@ -104,6 +104,8 @@ def _identity(args):
     own = {"process_id", "coordinator", "distributed_timeout", "no_progress", "no_plot", "run", "debug",
            "keep_freed_memory"}
     identity = {f"--{k.replace('_', '-')}": v for k, v in vars(args).items() if k not in own}
+    if args.mesh is not None:  # one mesh, however spelled: 'model=2,data=2' is 'data=2,model=2'
+        identity["--mesh"] = format_mesh(parse_mesh(args.mesh))
     for option in ("data", "valid"):
         if getattr(args, option, None):
             identity[f"--{option} (sha256 of the file)"] = distributed.file_digest(getattr(args, option))

@@ -105,28 +105,39 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
     (coordinator, process id) (``host_guards.hold_process_slot``) and, on process 0, a plain
     bind of the coordinator's port (``host_guards.check_port_free``).
     """
+    # Each value is named as the user gave it: the option, or the variable jax reads itself.
+    count_given = "--num-processes" if num_processes is not None else ENV_NUM_PROCESSES
+    id_given = "--process-id" if process_id is not None else ENV_PROCESS_ID
     num_processes = num_processes if num_processes is not None else _env_int(ENV_NUM_PROCESSES)
     process_id = process_id if process_id is not None else _env_int(ENV_PROCESS_ID)
     explicit = coordinator is not None or num_processes is not None or process_id is not None
     if not explicit and not _cluster_detected():
         return False
     if num_processes is not None and num_processes < 1:
-        raise DistributedError(f"--num-processes must be >= 1, got {num_processes}")
+        raise DistributedError(f"{count_given} must be >= 1, got {num_processes}")
     if process_id is not None and num_processes is not None and not 0 <= process_id < num_processes:
-        raise DistributedError(f"--process-id {process_id} is out of range for --num-processes {num_processes} "
+        raise DistributedError(f"{id_given} {process_id} is out of range for {count_given} {num_processes} "
                                f"(0 to {num_processes - 1})")
     if timeout_s < 1:
         raise DistributedError(f"--distributed-timeout must be >= 1 second, got {timeout_s}")
-    # The coordinator as the user gave it: the option, or the variable jax reads itself.
     address = coordinator or os.environ.get(ENV_COORDINATOR)
     given = "--coordinator" if coordinator else ENV_COORDINATOR
-    if address and not _batch_cluster_detected():
-        # jax would say "Number of processes must be defined." without naming the option or variable.
-        missing = [name for name, value in (("--num-processes (or JAX_NUM_PROCESSES)", num_processes),
-                                            ("--process-id (or JAX_PROCESS_ID)", process_id)) if value is None]
-        if missing:
-            raise DistributedError(f"{given} {address} starts a multi-process run, which also needs "
-                                   f"{' and '.join(missing)} on every process")
+    if address:
+        host_guards.host_port(address, given)  # HOST:PORT with a usable port, before any wait
+    if not _batch_cluster_detected():
+        # jax would say "Number of processes must be defined." or "coordinator_address should be
+        # defined." without naming the option or variable.
+        if address:
+            missing = [name for name, value in (("--num-processes (or JAX_NUM_PROCESSES)", num_processes),
+                                                ("--process-id (or JAX_PROCESS_ID)", process_id)) if value is None]
+            if missing:
+                raise DistributedError(f"{given} {address} starts a multi-process run, which also needs "
+                                       f"{' and '.join(missing)} on every process")
+        else:
+            set_ = [f"{name} {value}" for name, value in ((count_given, num_processes), (id_given, process_id))
+                    if value is not None]
+            raise DistributedError(f"{' and '.join(set_)} start{'s' if len(set_) == 1 else ''} a multi-process run, "
+                                   f"which also needs --coordinator HOST:PORT (or {ENV_COORDINATOR}) on every process")
     if address and process_id is not None:
         host_guards.hold_process_slot(address, process_id, given)
     if address and process_id == 0:

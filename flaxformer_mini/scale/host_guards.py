@@ -27,6 +27,10 @@ def host_port(address, given="--coordinator"):
     host, port = _split(address)
     if host is None:
         raise DistributedError(f"{given} {address!r} is not HOST:PORT")
+    # Port 0 asks the system for any port, which the other processes cannot know; a port past
+    # 65535 is wrapped by getaddrinfo and jax to another one (70000 -> 4464).
+    if not 1 <= port <= 65535:
+        raise DistributedError(f"{given} {address!r}: port {port} is not in 1..65535")
     return host, port
 
 

@@ -16,6 +16,8 @@ A logical name with no rule, or ``None`` (e.g. a ``'layers'`` axis that ``nnx.sc
 front of stacked blocks), is not split: replicated along that axis.
 """
 
+import re
+
 import jax
 import numpy as np
 from flax import nnx
@@ -57,10 +59,10 @@ def parse_mesh(text):
                              f"(e.g. --mesh data=2,model=4)")
         if name in sizes:
             raise ValueError(f"--mesh {text!r}: the axis {name!r} is given twice")
-        try:
-            size = int(value)
-        except ValueError:
-            raise ValueError(f"--mesh {text!r}: the size of {name!r} must be an integer, got {value.strip()!r}") from None
+        # int() alone would also take '2_0' (20) and non-ASCII digits.
+        if not re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+            raise ValueError(f"--mesh {text!r}: the size of {name!r} must be an integer, got {value.strip()!r}")
+        size = int(value)
         if size < 1:
             raise ValueError(f"--mesh {text!r}: the size of {name!r} must be >= 1, got {size}")
         sizes[name] = size

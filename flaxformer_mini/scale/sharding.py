@@ -163,7 +163,7 @@ def training_mesh(num_devices, strategy, batch_size, *, mesh_shape=None, model_s
             option = f"--devices {num_devices}" if num_devices is not None else f"--devices (all {mesh.size})"
             check_divisible(model_sizes, strategy, dict(mesh.shape), option)
     if batch_size is not None:
-        _check_divisible(batch_size, _data_size(mesh), "--batch-size")
+        _check_divisible(batch_size, _data_size(mesh), "--batch-size", mesh)
     return mesh
 
 
@@ -195,13 +195,15 @@ def pad_to_data_groups(batch, mesh):
     return pad_rows(batch, -(-len(batch.source) // groups) * groups)
 
 
-def _check_divisible(batch_size, num_devices, what="batch size"):
-    # num_devices: the data-parallel groups (the 'data' axis); on a 1-D mesh, its devices.
+def _check_divisible(batch_size, num_devices, what="batch size", mesh=None):
+    # num_devices: the data-parallel groups (the 'data' axis); on a 1-D mesh, its devices. On a
+    # mesh with a 'model' axis the groups are fewer than the devices, and named as such.
     if batch_size % num_devices:
-        raise ValueError(
-            f"{what} {batch_size} is not divisible by {num_devices} devices; "
-            f"use --batch-size a multiple of {num_devices}"
-        )
+        if mesh is not None and mesh.size != num_devices:
+            groups = f"the mesh's {DATA_AXIS} axis ({num_devices} data-parallel groups of {mesh.size // num_devices} devices)"
+        else:
+            groups = f"{num_devices} devices"
+        raise ValueError(f"{what} {batch_size} is not divisible by {groups}; use --batch-size a multiple of {num_devices}")
 
 
 def local_row_range(mesh, global_batch_size):
@@ -210,7 +212,7 @@ def local_row_range(mesh, global_batch_size):
     Read from the sharding itself (``addressable_devices_indices_map``), so it holds
     whatever order the mesh puts the hosts' devices in. In a single process: ``(0, B)``.
     """
-    _check_divisible(global_batch_size, _data_size(mesh), "global batch size")
+    _check_divisible(global_batch_size, _data_size(mesh), "global batch size", mesh)
     index_map = batch_sharding(mesh).addressable_devices_indices_map((global_batch_size,))
     # A set: on a 2-D mesh the devices of one 'model' group hold the same rows.
     ranges = sorted({index[0].indices(global_batch_size)[:2] for index in index_map.values()})
@@ -248,7 +250,7 @@ def shard_batch(batch, mesh):
         raise ValueError(f"batch arrays disagree on the batch size: {sorted(sizes)}")
     (size,) = sizes
     if jax.process_count() == 1:
-        _check_divisible(size, _data_size(mesh))
+        _check_divisible(size, _data_size(mesh), mesh=mesh)
         return jax.device_put(batch, sharding)
     # Multi-host: this host holds size rows for the data-parallel groups its devices are in.
     _check_divisible(size, _local_data_groups(mesh), "per-host batch size")
