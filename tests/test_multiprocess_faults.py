@@ -201,6 +201,11 @@ def test_a_coordinator_port_outside_1_to_65535_is_refused_before_any_wait(no_clu
         no_cluster.start_runtime(f"127.0.0.1:{port}", 2, 1, timeout_s=1)
 
 
+def test_an_empty_coordinator_is_refused_as_not_host_port(no_cluster):
+    with pytest.raises(no_cluster.DistributedError, match=r"^--coordinator '' is not HOST:PORT$"):
+        no_cluster.start_runtime("", 2, 1)
+
+
 def test_a_process_count_or_id_without_a_coordinator_names_the_coordinator_it_needs(no_cluster, monkeypatch):
     # Before: jax's "coordinator_address should be defined."
     with pytest.raises(no_cluster.DistributedError, match=r"^--num-processes 2 and --process-id 1 start a multi-process "

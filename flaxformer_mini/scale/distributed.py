@@ -120,9 +120,9 @@ def start_runtime(coordinator=None, num_processes=None, process_id=None, timeout
                                f"(0 to {num_processes - 1})")
     if timeout_s < 1:
         raise DistributedError(f"--distributed-timeout must be >= 1 second, got {timeout_s}")
-    address = coordinator or os.environ.get(ENV_COORDINATOR)
-    given = "--coordinator" if coordinator else ENV_COORDINATOR
-    if address:
+    given = "--coordinator" if coordinator is not None else ENV_COORDINATOR
+    address = coordinator if coordinator is not None else os.environ.get(ENV_COORDINATOR)
+    if address is not None and (address or explicit):  # an empty variable alone is no coordinator
         host_guards.host_port(address, given)  # HOST:PORT with a usable port, before any wait
     if not _batch_cluster_detected():
         # jax would say "Number of processes must be defined." or "coordinator_address should be
