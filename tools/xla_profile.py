@@ -65,7 +65,7 @@ import time
 import jax
 
 from benchmarks import flax_bench, one_at_a_time
-from benchmarks.__main__ import preset_from_args
+from benchmarks.__main__ import output_problem, preset_from_args
 from benchmarks.inputs import make_batch
 from benchmarks.presets import PRESETS
 from benchmarks.runner import check_device
@@ -348,6 +348,18 @@ def _decode_hlo(preset, batch, op):
     return lowered.compile().as_text()
 
 
+def _preset(args):
+    """The preset the options describe: --dropout, --scan-layers and --attention as python -m
+    benchmarks takes them, then --seq-len (max_len grows to fit) and --batch."""
+    preset = preset_from_args(args)
+    if args.seq_len is not None:
+        preset = preset.replace(seq_len=args.seq_len, model=preset.model.replace(
+            max_len=max(preset.model.max_len, args.seq_len)))
+    if args.batch is not None:
+        preset = preset.replace(batch=args.batch)
+    return preset
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tools.xla_profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="base", choices=sorted(PRESETS))
@@ -370,20 +382,24 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
+    if args.top < 0:
+        parser.error(f"--top must be >= 0, got {args.top}")
+    # The output paths are checked here, or a missing directory ends the run after the profile.
+    for option, path in (("--json", args.json), ("--hlo", args.hlo)):
+        if path and (problem := output_problem(path, option)):
+            parser.error(problem)
+    try:  # a preset the options make invalid (--batch 0, --dropout 1.5) is refused with its reason
+        preset = _preset(args)
+    except ValueError as e:
+        parser.error(str(e))
     if not args.keep_command_buffers and (warning := kernels_one_event_each(os.environ)):
         print(warning, file=sys.stderr)  # (set before the restart below and the backend's start)
     restart_keeping_freed_memory()  # as python -m benchmarks does: the process restarts once with GLIBC_TUNABLES
     if argv is None:  # a command, not a test's call: one timing run per host at a time
         one_at_a_time.hold_the_machine_or_exit(parser.prog)
-    preset = preset_from_args(args)  # --dropout, --scan-layers and --attention, as python -m benchmarks
     # Before the large preset's model is built on a CPU for minutes (and after the restart:
     # on a GPU this starts the backend, which would start again in the restarted process).
     check_device(preset, args.force)
-    if args.seq_len is not None:
-        preset = preset.replace(seq_len=args.seq_len, model=preset.model.replace(
-            max_len=max(preset.model.max_len, args.seq_len)))
-    if args.batch is not None:
-        preset = preset.replace(batch=args.batch)
     batch = make_batch(preset)
     (path,) = flax_bench.make_paths(preset, batch, [args.op])
     if path.prepare is not None:
