@@ -16,9 +16,10 @@
 #     bash tools/gpu_items.sh bfloat16  # the Flax twin in bfloat16 against torch in float32, by layer (parity.bfloat16)
 #     bash tools/gpu_items.sh determinism  # exact resume on a GPU: the resume tests with and without XLA:GPU's
 #                                          # deterministic ops, and what they cost the large train step
-# or all three in one call, each under its own time limit (the tool lends 15 minutes of device
+# or several in one call, each under its own time limit (the tool lends 15 minutes of device
 # time in all, the machine's start included, so one call of under 10 minutes is the safe plan):
-#     bash tools/gpu_items.sh all       # train, parity, bench (Flax and torch eager), torch.compile
+#     bash tools/gpu_items.sh all       # train, parity, bench (Flax and torch eager), bench_decode,
+#                                       # bench_compile (torch.compile)
 #     GPU_ITEMS="profile ablations" LIMIT_ABLATIONS=300 bash tools/gpu_items.sh all  # what is still open
 #     GPU_ITEMS="parity bench" bash tools/gpu_items.sh all   # some of them
 # Issue 48 in one call of about 7-9 minutes (docs/benchmarks.md, "Running the GPU items": the
@@ -44,6 +45,25 @@ if [ "$item" = decide ]; then
     export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/gpu_items_jax_cache}
     export GPU_ITEMS=${GPU_ITEMS:-ablate bfloat16 check}
     exec bash "$0" all
+fi
+if [ "$item" = all ]; then
+    # Checked before any setup or clean-up: a misspelt item would otherwise end the call after
+    # the items before it ran, and `timeout 0` means no limit at all.
+    for name in ${GPU_ITEMS:-}; do
+        case "$name" in
+        train | parity | bench | bench_scan | bench_decode | bench_compile | bench_train | check | profile | ablations \
+            | ablate | bfloat16 | determinism) ;;
+        *) echo "GPU_ITEMS: unknown item $name (known: train parity bench bench_scan bench_decode bench_compile" \
+            "bench_train check profile ablations ablate bfloat16 determinism)" >&2
+            exit 2 ;;
+        esac
+    done
+    for var in $(compgen -v LIMIT_); do
+        if ! [[ ${!var} =~ ^[1-9][0-9]*$ ]]; then
+            echo "$var=${!var}: must be a positive whole number of seconds" >&2
+            exit 2
+        fi
+    done
 fi
 out=${OUT:-gpu_out}
 mkdir -p "$out"
