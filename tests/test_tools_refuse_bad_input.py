@@ -53,3 +53,87 @@ def test_gpu_items_all_refuses_an_unknown_item_or_a_limit_that_is_no_limit_befor
                           capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", line + "\n")
     assert not out.exists()  # nothing set up: not even the output directory
+
+
+@pytest.fixture
+def tsv_dir(tmp_path):
+    """A --data directory with the two files the sweep reads (their content is never read here)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train.tsv", "valid.tsv"):
+        (data / split).write_text("a b\tb a\n")
+    return data
+
+
+@pytest.mark.parametrize("extra, problem", [
+    (["--minutes", "0"], "--minutes must be > 0, got 0"),
+    (["--eval-every", "0"], "--eval-every must be >= 1, got 0"),
+    (["--beam-size", "0"], "--beam-size must be >= 1, got 0"),
+])
+def test_recipe_sweep_refuses_a_time_box_or_count_that_runs_nothing(extra, problem, tsv_dir, tmp_path, capsys):
+    from tools import recipe_sweep
+
+    out = tmp_path / "sweep"
+    argv = ["--data", str(tsv_dir), "--out", str(out), *extra]
+    assert refusal(recipe_sweep.main, argv, capsys) == f"python -m tools.recipe_sweep: error: {problem}"
+    assert not out.exists()
+
+
+def test_recipe_sweep_refuses_a_data_directory_without_its_validation_file(tsv_dir, tmp_path, capsys):
+    from tools import recipe_sweep
+
+    (tsv_dir / "valid.tsv").unlink()
+    argv = ["--data", str(tsv_dir), "--out", str(tmp_path / "sweep")]
+    assert refusal(recipe_sweep.main, argv, capsys) == (
+        f"python -m tools.recipe_sweep: error: --data {tsv_dir}: valid.tsv not found there")
+
+
+def test_recipe_sweep_refuses_an_out_that_is_a_file(tsv_dir, tmp_path, capsys):
+    from tools import recipe_sweep
+
+    out = tmp_path / "sweep"
+    out.write_text("")
+    argv = ["--data", str(tsv_dir), "--out", str(out)]
+    assert refusal(recipe_sweep.main, argv, capsys) == f"python -m tools.recipe_sweep: error: --out {out}: is not a directory"
+
+
+@pytest.fixture
+def failing_python(tmp_path, monkeypatch):
+    """sys.executable replaced by a script that fails as a child command would, with its error last."""
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\necho 'starting' >&2\necho 'error: --data x.tsv: no such file' >&2\nexit 2\n")
+    script.chmod(0o755)
+    monkeypatch.setattr("sys.executable", str(script))
+
+
+def test_recipe_sweep_reports_a_failed_train_with_the_last_line_of_its_log(failing_python, tsv_dir, tmp_path):
+    from tools import recipe_sweep
+
+    with pytest.raises(SystemExit) as e:
+        recipe_sweep.train("small", [], tsv_dir, tmp_path, 1, 1)
+    assert str(e.value) == "small: train exited 2: error: --data x.tsv: no such file"
+
+
+def test_recipe_sweep_reports_a_failed_evaluate_with_its_stderr(failing_python, tsv_dir, tmp_path):
+    from tools import recipe_sweep
+
+    with pytest.raises(SystemExit) as e:
+        recipe_sweep.score(tmp_path / "small", tsv_dir, 5)
+    assert str(e.value) == (f"evaluate --checkpoint {tmp_path / 'small'} --beam-size 5 exited 2: "
+                            "error: --data x.tsv: no such file")
+
+
+def test_recipe_sweep_skips_a_configuration_with_a_result_and_trains_one_without_again(
+        failing_python, tsv_dir, tmp_path, capsys):
+    from tools import recipe_sweep
+
+    out = tmp_path / "sweep"
+    (out / "small" / "checkpoints").mkdir(parents=True)  # a run whose sweep stopped before its line
+    (out / "d128x3").mkdir()
+    (out / "results.jsonl").write_text('{"name": "d128x3"}\n')
+    with pytest.raises(SystemExit):  # the stand-in train fails: the point is what came before it
+        recipe_sweep.main(["--data", str(tsv_dir), "--out", str(out), "--configs", "d128x3", "small"])
+    assert capsys.readouterr().err.splitlines() == [
+        "d128x3: results.jsonl has its line; skipped",
+        f"small: {out / 'small'} has no line in results.jsonl; trained again from the start"]
+    assert not (out / "small" / "checkpoints").exists() and (out / "d128x3").exists()

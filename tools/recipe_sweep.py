@@ -2,15 +2,17 @@
 
     PYTHONPATH=. python -m tools.recipe_sweep --data DIR --out SWEEP --minutes 10 [--configs NAME ...]
 
-``DIR`` holds ``train.tsv``, ``valid.tsv`` and ``test.tsv`` (``python -m flaxformer_mini.data.corpora
-cmudict DIR``). Each configuration (``CONFIGS``, ``flaxformer-mini train`` options) trains in a
+``DIR`` holds ``train.tsv`` and ``valid.tsv`` (``python -m flaxformer_mini.data.corpora cmudict DIR``
+writes them, with ``test.tsv``, which the sweep leaves for the end). Each configuration (``CONFIGS``, ``flaxformer-mini train`` options) trains in a
 fresh process with a step count it cannot reach; after ``--minutes`` of wall time, counted from
 the process's start (imports and compilation included, as a user waits for them), it gets a
 SIGTERM and saves where it is, as a scheduler's time limit would stop it. Then ``evaluate``
-scores the run's latest checkpoint (and its best and averaged ones where the configuration
-keeps them) on the validation file, greedily and with a beam. One JSON line a configuration
-goes to ``SWEEP/results.jsonl``: its options, steps reached, wall seconds, target tokens/s,
-and each score's phoneme error rate (``wer``) and word error rate (``1 - exact_match``).
+scores the run's latest checkpoint on the validation file, greedily and with a beam. One JSON
+line a configuration goes to ``SWEEP/results.jsonl``: its options, steps reached, wall seconds,
+target tokens/s, and each score's phoneme error rate (``wer``) and word error rate
+(``1 - exact_match``). A configuration with a line there is skipped when the sweep runs again;
+one with a run directory but no line is trained again from the start, since a resumed run
+would have had more than its time box.
 
 The machine is named in every line (``benchmarks.machine``): wall-time results hold for the CPU
 they ran on, and for the load it had (``uptime`` before and after each run is recorded too).
@@ -19,6 +21,7 @@ they ran on, and for the load it had (``uptime`` before and after each run is re
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +29,7 @@ import time
 from pathlib import Path
 
 from benchmarks import machine as machines
+from flaxformer_mini.cli.errors import EXIT_INTERRUPTED
 
 COMMON = ["--tokenizer", "word", "--max-len", "32", "--no-progress", "--no-plot", "--log-every", "100"]
 
@@ -82,12 +86,21 @@ def train(name, options, data, out, minutes, eval_every):
     started, load_before = time.monotonic(), load()
     with open(out / f"{name}.train.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        stopped = False
         try:
             proc.wait(timeout=minutes * 60)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGTERM)
+            stopped = True
             proc.wait()
     wall = time.monotonic() - started
+    # The sweep's own SIGTERM ends train with EXIT_INTERRUPTED, its run saved; anything else failed.
+    if proc.returncode != (EXIT_INTERRUPTED if stopped else 0):
+        raise SystemExit(f"{name}: train exited {proc.returncode}: "
+                         + _tail((out / f"{name}.train.log").read_text()))
+    if not (run / "metrics.jsonl").exists():  # stopped before its first log line
+        raise SystemExit(f"{name}: train wrote no metrics in {minutes:g} minutes: "
+                         + _tail((out / f"{name}.train.log").read_text()))
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     logged = [m for m in metrics if "tokens_per_s" in m]
     # The step it stopped at is its newest checkpoint's (the log has every --log-every'th step).
@@ -97,18 +110,63 @@ def train(name, options, data, out, minutes, eval_every):
             "load_before": round(load_before, 2), "load_after": round(load(), 2), "command": cmd}
 
 
+def _tail(text):
+    """The last non-empty line of a child's output: where its error is."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no output)"
+
+
 def score(checkpoint, data, beam):
     cmd = [sys.executable, "-m", "flaxformer_mini", "evaluate", "--checkpoint", str(checkpoint), "--data",
            str(data / "valid.tsv"), "--json", "--batch-size", "256", "--beam-size", str(beam)]
     started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"evaluate --checkpoint {checkpoint} --beam-size {beam} exited {proc.returncode}: "
+                         + _tail(proc.stderr))
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"per": round(result["wer"], 5), "word_error_rate": round(1 - result["exact_match"], 5),
             "seconds": round(time.monotonic() - started, 1)}
 
 
+def out_problem(out):
+    """Why the directory ``out`` cannot take the sweep's files (None if it can)."""
+    if out.exists():
+        if not out.is_dir():
+            return f"--out {out}: is not a directory"
+        return None if os.access(out, os.W_OK) else f"--out {out}: is not writable"
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        return f"--out {out}: cannot be made in {parent}, which is not a writable directory"
+    return None
+
+
+def done_configs(out):
+    """The names of the configurations results.jsonl holds a line for."""
+    path = out / "results.jsonl"
+    if not path.exists():
+        return set()
+    return {json.loads(line)["name"] for line in path.read_text().splitlines() if line.strip()}
+
+
+def check_args(parser, args):
+    """Each refusal an argparse error, before any run starts or any file is written."""
+    if args.minutes <= 0:
+        parser.error(f"--minutes must be > 0, got {args.minutes:g}")
+    for option, value in (("--eval-every", args.eval_every), ("--beam-size", args.beam_size)):
+        if value < 1:
+            parser.error(f"{option} must be >= 1, got {value}")
+    for split in ("train.tsv", "valid.tsv"):
+        if not (args.data / split).is_file():
+            parser.error(f"--data {args.data}: {split} not found there")
+    if problem := out_problem(args.out):
+        parser.error(problem)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.recipe_sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--minutes", type=float, default=10)
@@ -116,12 +174,18 @@ def main(argv=None):
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
     args = parser.parse_args(argv)
+    check_args(parser, args)
     args.out.mkdir(parents=True, exist_ok=True)
     machine = machines.one_line(machines.describe())
+    done = done_configs(args.out)
     for name in args.configs:
-        if (args.out / name).exists():
-            print(f"{name}: {args.out / name} exists; skipped", file=sys.stderr)
+        if name in done:
+            print(f"{name}: results.jsonl has its line; skipped", file=sys.stderr)
             continue
+        if (args.out / name).exists():
+            print(f"{name}: {args.out / name} has no line in results.jsonl; trained again from the start",
+                  file=sys.stderr)
+            shutil.rmtree(args.out / name)
         record = {"name": name, "options": CONFIGS[name], "minutes": args.minutes, "machine": machine,
                   "date": machines.date_utc()}
         record.update(train(name, CONFIGS[name], args.data, args.out, args.minutes, args.eval_every))
