@@ -137,3 +137,37 @@ def test_recipe_sweep_skips_a_configuration_with_a_result_and_trains_one_without
         "d128x3: results.jsonl has its line; skipped",
         f"small: {out / 'small'} has no line in results.jsonl; trained again from the start"]
     assert not (out / "small" / "checkpoints").exists() and (out / "d128x3").exists()
+
+
+def test_suite_profile_plugin_refuses_a_directory_holding_an_earlier_runs_files(tmp_path, monkeypatch):
+    from tools import suite_profile
+
+    (tmp_path / "main.json").write_text("{}")
+    monkeypatch.setenv("SUITE_PROFILE_OUT", str(tmp_path))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # the controller, whose check this is
+    with pytest.raises(pytest.UsageError) as e:
+        suite_profile.pytest_configure(None)
+    assert str(e.value) == (f"SUITE_PROFILE_OUT={tmp_path}: holds files of an earlier run, which the summary would "
+                            "merge into this one; give a new or empty directory")
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["{tmp}/profile.json"], "directory {tmp}/profile.json: is not a directory"),
+    (["{tmp}", "--top", "0"], "--top must be >= 1, got 0"),
+])
+def test_suite_profile_summary_refuses_a_file_for_its_directory_or_an_empty_table(argv, problem, tmp_path, capsys):
+    from tools import suite_profile
+
+    (tmp_path / "profile.json").write_text('{"tests": [], "compiles": []}')
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert refusal(suite_profile.main, argv, capsys) == (
+        "python -m tools.suite_profile: error: " + problem.format(tmp=tmp_path))
+
+
+def test_suite_profile_summary_names_a_truncated_file(tmp_path):
+    from tools import suite_profile
+
+    (tmp_path / "gw0.json").write_text('{"tests": [["t.py::a", 1.0, 1.0, 0.0]], "comp')
+    with pytest.raises(SystemExit) as e:
+        suite_profile.main([str(tmp_path)])
+    assert str(e.value).startswith(f"{tmp_path / 'gw0.json'}: not a whole profile file (JSONDecodeError: ")

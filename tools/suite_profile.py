@@ -67,7 +67,13 @@ def _record_compilations():
 
 
 def pytest_configure(config):
-    if os.environ.get(OUT_ENV):
+    out = os.environ.get(OUT_ENV)
+    # The summary reads every file in the directory: one from an earlier run would be merged in.
+    # The controller checks (an xdist worker starts after it, and its own file is not there yet).
+    if out and "PYTEST_XDIST_WORKER" not in os.environ and os.path.isdir(out) and os.listdir(out):
+        raise pytest.UsageError(f"{OUT_ENV}={out}: holds files of an earlier run, which the summary would "
+                                "merge into this one; give a new or empty directory")
+    if out:
         _record_compilations()
 
 
@@ -93,10 +99,13 @@ def pytest_sessionfinish():  # pytest passes only the arguments a hook names
 def summarize(directory, top=25):
     tests, compiles = [], []
     for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
-        with open(path) as f:
-            data = json.load(f)
-        tests += data["tests"]
-        compiles += data["compiles"]
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            tests += data["tests"]
+            compiles += data["compiles"]
+        except (ValueError, KeyError, TypeError) as e:  # a worker killed while writing, or another JSON
+            sys.exit(f"{path}: not a whole profile file ({type(e).__name__}: {e})")
     if not tests:
         sys.exit(f"{directory}: no profile files (run pytest with {OUT_ENV}={directory} -p tools.suite_profile)")
     by_file = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
@@ -128,6 +137,10 @@ def main(argv=None):
     parser.add_argument("directory", help=f"the directory {OUT_ENV} named")
     parser.add_argument("--top", type=int, default=25, help="rows per table (default 25)")
     args = parser.parse_args(argv)
+    if not os.path.isdir(args.directory):
+        parser.error(f"directory {args.directory}: is not a directory")
+    if args.top < 1:
+        parser.error(f"--top must be >= 1, got {args.top}")
     summarize(args.directory, args.top)
 
 
