@@ -171,3 +171,15 @@ def test_suite_profile_summary_names_a_truncated_file(tmp_path):
     with pytest.raises(SystemExit) as e:
         suite_profile.main([str(tmp_path)])
     assert str(e.value).startswith(f"{tmp_path / 'gw0.json'}: not a whole profile file (JSONDecodeError: ")
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--reps", "0"], "--reps must be >= 1, got 0"),
+    (["--length", "0"], "--length must be between 1 and the small preset's max_len=11, got 0"),
+    (["--length", "12"], "--length must be between 1 and the small preset's max_len=11, got 12"),
+])
+def test_dispatch_refuses_a_size_with_no_step_or_past_the_positional_table_before_building(argv, problem, capsys):
+    from tools import dispatch
+
+    assert refusal(dispatch.main, argv, capsys) == f"python -m tools.dispatch: error: {problem}"

@@ -26,10 +26,12 @@ import numpy as np
 from flax import nnx
 
 import flaxformer_mini as fm
+from benchmarks import one_at_a_time
 from flaxformer_mini.data import Batch
 from flaxformer_mini.train.optimizer import TrainConfig
 from flaxformer_mini.train.step import train_step
 from flaxformer_mini.train.trainer import Trainer
+from tools import where_and_what
 
 STEPS_PER_REP = 20
 
@@ -62,6 +64,15 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args(argv)
     config = fm.get_preset(args.preset)
+    for option, value in (("--batch", args.batch), ("--reps", args.reps)):
+        if value < 1:
+            parser.error(f"{option} must be >= 1, got {value}")
+    # The positional table has max_len rows: a longer sequence is refused by the model, after a build.
+    if not 1 <= args.length <= config.max_len:
+        parser.error(f"--length must be between 1 and the {args.preset} preset's max_len={config.max_len}, "
+                     f"got {args.length}")
+    if argv is None:  # a command, not a test's call: one timing run per host at a time
+        one_at_a_time.hold_the_machine_or_exit(parser.prog)
     batch = _batch(config, args.batch, args.length)
     variants = {name: list(_variant(config, batch, checks)) for name, checks in (("plain", False), ("token_checks", True))}
     times = {name: [] for name in variants}
@@ -76,6 +87,7 @@ def main(argv=None):
             v[1] = state
     print(f"preset {args.preset}, batch {args.batch}x{args.length}; {args.reps} repetitions of "
           f"{STEPS_PER_REP} back-to-back steps, interleaved, one process")
+    print(where_and_what())
     print(f"{'variant':<14} {'median ms':>10} {'best ms':>8}  jaxpr effects")
     for name, ts in times.items():
         print(f"{name:<14} {statistics.median(ts) * 1e3:>10.2f} {min(ts) * 1e3:>8.2f}  "
