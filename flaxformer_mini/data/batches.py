@@ -51,8 +51,11 @@ def _non_negative_int(name, value):
 
 
 def _positive_int(name, value):
-    value = _non_negative_int(name, value)
-    if value < 1:
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+    if value < 1:  # 0 and negatives alike, so the message names the one bound that holds
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value
 
