@@ -183,3 +183,23 @@ def test_dispatch_refuses_a_size_with_no_step_or_past_the_positional_table_befor
     from tools import dispatch
 
     assert refusal(dispatch.main, argv, capsys) == f"python -m tools.dispatch: error: {problem}"
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--batch-size", "0"], "--dropout must be in (0, 1), --draws >= 2, --train-steps >= 0, --batch-size >= 1"),
+    (["--preset", "tinny"], "argument --preset: invalid choice: 'tinny' (choose from "),
+])
+def test_dropout_expectation_refuses_an_empty_batch_or_unknown_preset_before_training(argv, problem, capsys):
+    from tools import dropout_expectation
+
+    line = refusal(dropout_expectation.main, argv, capsys)
+    assert line.startswith(f"python -m tools.dropout_expectation: error: {problem}")
+
+
+@pytest.mark.parametrize("value", [0, -2])
+def test_a_positive_count_is_refused_naming_the_bound_that_holds_for_zero_and_negatives(value):
+    from flaxformer_mini.data.batches import _positive_int
+
+    with pytest.raises(ValueError) as e:
+        _positive_int("batch_size", value)
+    assert str(e.value) == f"batch_size must be >= 1, got {value}"

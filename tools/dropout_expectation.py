@@ -39,15 +39,15 @@ from torch_ref.training import make_optimizer, token_cross_entropy, train_step
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tools.dropout_expectation", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--preset", default="tiny", choices=sorted(fm.PRESETS))
     parser.add_argument("--dropout", type=float, default=0.3)
     parser.add_argument("--draws", type=int, default=6000)
     parser.add_argument("--train-steps", type=int, default=400)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if not 0 < args.dropout < 1 or args.draws < 2 or args.train_steps < 0:
-        parser.error("--dropout must be in (0, 1), --draws >= 2, --train-steps >= 0")
+    if not 0 < args.dropout < 1 or args.draws < 2 or args.train_steps < 0 or args.batch_size < 1:
+        parser.error("--dropout must be in (0, 1), --draws >= 2, --train-steps >= 0, --batch-size >= 1")
     torch.set_num_threads(1)
     config = fm.get_preset(args.preset).replace(dropout=0.0)
     task = SyntheticTask("reverse", config.target_vocab_size, 2, config.max_len - 1)
