@@ -203,3 +203,48 @@ def test_a_positive_count_is_refused_naming_the_bound_that_holds_for_zero_and_ne
     with pytest.raises(ValueError) as e:
         _positive_int("batch_size", value)
     assert str(e.value) == f"batch_size must be >= 1, got {value}"
+
+
+def test_measure_loading_refuses_an_empty_corpus(tmp_path, capsys):
+    from tools import measure_loading
+
+    argv = ["--lines", "0", "--file", str(tmp_path / "c.tsv"), "--workdir", str(tmp_path / "w")]
+    assert refusal(measure_loading.main, argv, capsys) == "python tools/measure_loading.py: error: --lines must be >= 1, got 0"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_measure_loading_refuses_an_existing_corpus_of_another_length_naming_both_counts(tmp_path, capsys):
+    from tools import measure_loading
+
+    corpus = tmp_path / "c.tsv"
+    corpus.write_text("a b\tb a\n" * 3)
+    argv = ["--lines", "5", "--file", str(corpus), "--workdir", str(tmp_path / "w")]
+    assert refusal(measure_loading.main, argv, capsys) == (
+        f"python tools/measure_loading.py: error: --file {corpus}: holds 3 lines, not the 5 of --lines; remove it "
+        "or give another --file")
+
+
+@pytest.mark.parametrize("option", ["--file", "--workdir"])
+def test_measure_loading_refuses_a_file_or_workdir_it_cannot_write(option, tmp_path, capsys):
+    from tools import measure_loading
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    paths = {"--file": str(tmp_path / "c.tsv"), "--workdir": str(tmp_path / "w")}
+    paths[option] = str(blocker / "below")  # under a file: no directory can be made there
+    line = refusal(measure_loading.main, ["--lines", "2", *(x for kv in paths.items() for x in kv)], capsys)
+    assert line == {
+        "--file": f"python tools/measure_loading.py: error: --file {blocker / 'below'}: its directory {blocker} "
+                  "is missing or not writable",
+        "--workdir": f"python tools/measure_loading.py: error: --workdir {blocker / 'below'}: {blocker} is not a "
+                     "writable directory",
+    }[option]
+
+
+def test_measure_loading_writes_its_corpus_whole_under_its_name_and_nothing_else(tmp_path):
+    from tools import measure_loading
+
+    corpus = tmp_path / "c.tsv"
+    measure_loading.write_corpus(corpus, 3)
+    assert [p.name for p in tmp_path.iterdir()] == ["c.tsv"]
+    assert measure_loading.count_lines(corpus) == 3

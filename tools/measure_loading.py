@@ -6,11 +6,13 @@ Writes a synthetic corpus (Zipf-distributed words of random letters, 3-15 words 
 never committed), then, each in a fresh process so peak RSS is its own: trains a tokenizer
 on the file, then loads the file into ``data.TextPairs`` (flat int32 ids + offsets per side),
 streamed from ``iter_tsv`` (``streamed``) or from the list of string pairs ``read_tsv`` returns,
-as ``train --data`` holds it (``listed``). Prints one line per measurement.
+as ``train --data`` holds it (``listed``). Prints one line per measurement. An existing
+``--file`` is measured again only when it holds ``--lines`` lines.
 """
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -24,7 +26,10 @@ def write_corpus(path, lines, seed=0):
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     words = ["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(20000)]
-    with open(path, "w", encoding="utf-8") as f:
+    # Written under a temporary name and renamed when whole: an interrupted write leaves no
+    # partial corpus for the next run to measure.
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as f:
         for start in range(0, lines, 100_000):
             n = min(100_000, lines - start)
             ids = np.minimum(rng.zipf(1.2, size=(n, 30)) - 1, len(words) - 1)
@@ -33,6 +38,33 @@ def write_corpus(path, lines, seed=0):
                 " ".join(words[i] for i in row[:s]) + "\t" + " ".join(words[i] for i in row[15 : 15 + t]) + "\n"
                 for row, s, t in zip(ids.tolist(), src_len, tgt_len)
             )
+    os.replace(partial, path)
+
+
+def count_lines(path):
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def check_args(parser, args):
+    """Each refusal an argparse error, before a corpus is written or a child started."""
+    if args.lines < 1:
+        parser.error(f"--lines must be >= 1, got {args.lines}")
+    path, workdir = Path(args.file).absolute(), Path(args.workdir).absolute()
+    if path.is_dir():
+        parser.error(f"--file {args.file}: is a directory; give a file name")
+    if not path.exists() and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+        parser.error(f"--file {args.file}: its directory {path.parent} is missing or not writable")
+    if workdir.exists() and not workdir.is_dir():
+        parser.error(f"--workdir {args.workdir}: is not a directory")
+    existing = workdir
+    while not existing.exists():  # the directory mkdir would make it in
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        parser.error(f"--workdir {args.workdir}: {existing} is not a writable directory")
+    if path.exists() and (held := count_lines(path)) != args.lines:
+        parser.error(f"--file {args.file}: holds {held} lines, not the {args.lines} of --lines; remove it "
+                     "or give another --file")
 
 
 def measure(mode, path, kind, vocab_size, workdir):
@@ -41,7 +73,7 @@ def measure(mode, path, kind, vocab_size, workdir):
     from flaxformer_mini.data import tokenizers as tk
     from flaxformer_mini.data.parallel_text import iter_tsv
 
-    # Peak RSS after the imports (jax comes with flaxformer_mini): subtract it for the data's own cost.
+    # Peak RSS after the imports: subtract it for the data's own cost.
     result = {"mode": mode, "kind": kind, "rss_after_imports_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
     start = time.perf_counter()
     if mode == "train":
@@ -60,16 +92,17 @@ def measure(mode, path, kind, vocab_size, workdir):
     print(json.dumps(result), flush=True)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python tools/measure_loading.py", description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--file", default="/tmp/synthetic_1m.tsv")
     parser.add_argument("--workdir", default="/tmp/measure_loading")
     parser.add_argument("--child", nargs=4, metavar=("MODE", "PATH", "KIND", "VOCAB"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         mode, path, kind, vocab = args.child
         return measure(mode, path, kind, None if vocab == "none" else int(vocab), args.workdir)
+    check_args(parser, args)
     path, workdir = Path(args.file), Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if not path.exists():
