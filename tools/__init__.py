@@ -13,6 +13,14 @@
     build_idioms.py docs/idioms.md from docs/idioms_template.md, quoting the source
                     (``--check``: exit 1 when the guide no longer matches the code)
     measure_loading.py  time and peak memory of loading a 1M-line TSV (docs/data.md)
+    recipe_sweep.py recipe configurations trained for the same wall time each, then scored on
+                    the validation file, greedily and with a beam
+    dropout_expectation.py  whether the twins' dropouts agree in distribution: the mean
+                    train-mode loss over many dropout draws, torch against Flax
+    suite_profile.py  where the test suite's time goes: a pytest plugin recording each test's
+                    and each XLA compilation's CPU time, and a summary of its files
+    gpu_items.sh    the GPU items, one command each, for a lent GPU machine
+                    (docs/benchmarks.md, "GPU")
 
 ``python -m tools.xla_profile --preset base`` and ``python -m tools.ablations --preset base``;
 the product is ``python -m benchmarks`` (and ``python -m benchmarks.scaling``).

@@ -360,7 +360,7 @@ def drifted(committed, expected):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.build_idioms", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/idioms.md differs from what would be generated")
     args = parser.parse_args(argv)
     try:
