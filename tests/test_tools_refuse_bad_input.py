@@ -248,3 +248,26 @@ def test_measure_loading_writes_its_corpus_whole_under_its_name_and_nothing_else
     measure_loading.write_corpus(corpus, 3)
     assert [p.name for p in tmp_path.iterdir()] == ["c.tsv"]
     assert measure_loading.count_lines(corpus) == 3
+
+
+def test_ablations_ctrl_c_lists_the_group_under_way_and_those_not_reached_as_not_run(tmp_path, monkeypatch, capsys):
+    import json
+
+    from tools import ablations
+
+    def measured_then_ctrl_c(groups, preset, args, records, *_):
+        records["default"].update(status="failed", reason="its group's process exited with code 1: x")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ablations, "run_groups", measured_then_ctrl_c)
+    out = tmp_path / "a.json"
+    code = ablations.main(["--preset", "tiny", "--reps", "1", "--json", str(out),
+                           "--variants", "default", "no_dropout", "batch_x2"])
+    assert code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == f"python -m tools.ablations: stopped by Ctrl-C; wrote {out}"
+    report = json.loads(out.read_text())
+    assert report["complete"] is False
+    assert {r["name"]: (r["status"], r["reason"]) for r in report["variants"]} == {
+        "default": ("failed", "its group's process exited with code 1: x"),  # a finished group keeps its status
+        "no_dropout": ("not_run", "stopped by Ctrl-C"),
+        "batch_x2": ("not_run", "stopped by Ctrl-C")}

@@ -203,6 +203,10 @@ def _run_process(label, argv, env, timeout):
         proc.kill()
         proc.wait()
         code = None
+    except KeyboardInterrupt:  # the group ends with the run, not on its own after it
+        proc.kill()
+        proc.wait()
+        raise
     reader.join(timeout=10)
     return code, list(tail), time.monotonic() - start
 
@@ -403,7 +407,17 @@ def main(argv=None):
         if args.json:
             write_json(report, args.json)
 
-    run_groups(groups, preset, args, records, deadline, report, preallocate, save)
+    try:
+        run_groups(groups, preset, args, records, deadline, report, preallocate, save)
+    except KeyboardInterrupt:
+        # The group under way and those not reached are listed with why, so the JSON stays whole.
+        for rec in records.values():
+            if rec["status"] is None:
+                rec.update(status="not_run", reason="stopped by Ctrl-C")
+        save()
+        print("python -m tools.ablations: stopped by Ctrl-C" + (f"; wrote {args.json}" if args.json else ""),
+              file=sys.stderr)
+        return 130
     save(complete=True)
     print(format_table(report))
     if args.json:
