@@ -241,15 +241,6 @@ def test_measure_loading_refuses_a_file_or_workdir_it_cannot_write(option, tmp_p
     }[option]
 
 
-def test_measure_loading_writes_its_corpus_whole_under_its_name_and_nothing_else(tmp_path):
-    from tools import measure_loading
-
-    corpus = tmp_path / "c.tsv"
-    measure_loading.write_corpus(corpus, 3)
-    assert [p.name for p in tmp_path.iterdir()] == ["c.tsv"]
-    assert measure_loading.count_lines(corpus) == 3
-
-
 def test_ablations_ctrl_c_lists_the_group_under_way_and_those_not_reached_as_not_run(tmp_path, monkeypatch, capsys):
     import json
 
