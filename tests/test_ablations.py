@@ -108,14 +108,23 @@ def test_each_group_ran_in_its_own_process_and_is_compared_within_it(report):
     assert known["gflop_per_step"] == records["default"]["gflop_per_step"]
 
 
-def test_a_spent_budget_leaves_each_variant_listed_as_not_run(tmp_path):
-    # No group starts with under 30 s left: nothing is built, every variant says why.
+def test_a_spent_budget_leaves_each_variant_listed_as_not_run(tmp_path, monkeypatch):
+    # No group starts with under 30 s left: nothing is built, every variant says why. The
+    # module's clock advances a second a reading, so the least budget is spent at the first group.
+    import itertools
+    import time
+    import types
+
+    ticks = itertools.count(1000.0)
+    clock = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if not k.startswith("_")})
+    clock.monotonic = lambda: next(ticks)
+    monkeypatch.setattr(ablations, "time", clock)
     out = tmp_path / "a.json"
-    assert ablations.main(["--preset", "tiny", "--reps", "1", "--budget-s", "1", "--json", str(out),
+    assert ablations.main(["--preset", "tiny", "--reps", "1", "--budget-s", "30", "--json", str(out),
                            "--variants", "default", "no_dropout", "batch_x2", "xla_dynamic_slice_fusion"]) == 0
     records = {r["name"]: r for r in json.loads(out.read_text())["variants"]}
     for name in ("default", "no_dropout", "batch_x2"):
-        assert records[name]["status"] == "not_run" and "--budget-s 1" in records[name]["reason"], records[name]
+        assert records[name]["status"] == "not_run" and "--budget-s 30" in records[name]["reason"], records[name]
     assert records["xla_dynamic_slice_fusion"]["status"] == "skipped"
     # Inside a group: a compile does not start past the deadline either.
     records = {"default": ablations._record("default")}
@@ -124,7 +133,9 @@ def test_a_spent_budget_leaves_each_variant_listed_as_not_run(tmp_path):
 
 
 def test_bad_options_are_refused_before_anything_runs(tmp_path, capsys):
-    for argv, message in ((["--budget-s", "0"], "--budget-s must be > 0, got 0"),
+    for argv, message in ((["--budget-s", "0"], "--budget-s must be >= 30 (the least a group needs to start), got 0"),
+                          (["--budget-s", "29"], "--budget-s must be >= 30 (the least a group needs to start), got 29"),
+                          (["--budget-s", "nan"], "--budget-s must be >= 30 (the least a group needs to start), got nan"),
                           (["--group", "--variants", "default"], "--group writes its results"),
                           (["--json", str(tmp_path / "no" / "a.json")], "does not exist")):
         with pytest.raises(SystemExit) as stop:

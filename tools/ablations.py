@@ -342,8 +342,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error(f"--reps must be >= 1, got {args.reps}")
-    if args.budget_s is not None and not args.budget_s > 0:
-        parser.error(f"--budget-s must be > 0, got {args.budget_s:g}")
+    if args.budget_s is not None and not args.budget_s >= MIN_GROUP_S:  # nan too
+        parser.error(f"--budget-s must be >= {MIN_GROUP_S} (the least a group needs to start), got {args.budget_s:g}")
     if args.json and (problem := output_problem(args.json)):
         parser.error(problem)
     if args.group and not args.json:
