@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import signal
 import sys
 
 import benchmarks
@@ -19,7 +20,9 @@ def parse_args(argv=None):
     parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON to OUT")
     parser.add_argument("--reps", type=int, help="timed repetitions of forward and train step (preset default)")
     parser.add_argument("--decode-reps", type=int, help="timed repetitions of each decoding path (preset default)")
-    parser.add_argument("--warmup", type=int, help="untimed calls after the first one (preset default)")
+    parser.add_argument("--warmup", type=int,
+                        help="untimed calls after the first one of forward and train step (preset default); "
+                             "decoding keeps the preset's own (decode_warmup)")
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(DEFAULT_OPS),
                         help=f"operations to time (default: {' '.join(DEFAULT_OPS)})")
     parser.add_argument("--paths", nargs="+", choices=VARIANTS, default=list(VARIANTS),
@@ -35,7 +38,8 @@ def parse_args(argv=None):
     parser.add_argument("--torch-compile-backend", help="torch.compile backend (default: inductor, torch's default)")
     parser.add_argument("--reuse-compile-cache", action="store_true",
                         help="let torch.compile reuse its on-disk cache from earlier runs (default: a fresh one)")
-    parser.add_argument("--force", action="store_true", help="run a GPU preset without a GPU")
+    parser.add_argument("--force", action="store_true",
+                        help="run a GPU preset, or --attention cudnn, without a GPU")
     args = parser.parse_args(argv)
     if args.json and (problem := output_problem(args.json)):
         parser.error(problem)  # before minutes of timing, not after them
@@ -43,7 +47,46 @@ def parse_args(argv=None):
         args.bench_preset = preset_from_args(args)  # --reps 0 and the like: refused here, by name
     except ValueError as e:
         parser.error(str(e))
+    if problem := torch_compile_backend_problem(args) or gpu_attention_problem(args):
+        parser.error(problem)
     return args
+
+
+def torch_compile_backends():
+    """(every backend name torch.compile accepts, the ones to suggest: its non-debug ones and
+    eager). torch is imported here, not at the module's import, as a Flax-only run needs none."""
+    import torch._dynamo
+
+    every = {*torch._dynamo.list_backends(exclude_tags=()), "inductor"}
+    return every, sorted({*torch._dynamo.list_backends(), "inductor", "eager"})
+
+
+def torch_compile_backend_problem(args):
+    """Why ``--torch-compile-backend`` cannot run (None if it can, or no torch_compile path runs)."""
+    backend = args.torch_compile_backend
+    if backend is None or "torch_compile" not in args.paths:
+        return None
+    every, suggested = torch_compile_backends()
+    if backend in every:
+        return None
+    return (f"--torch-compile-backend {backend}: torch.compile has no such backend; choose one of "
+            f"{', '.join(suggested)} (torch._dynamo.list_backends())")
+
+
+def gpu_attention_problem(args):
+    """Why the Flax path's cuDNN attention cannot run here (None if it can): on a CPU preset,
+    asked for by --attention, with no GPU for JAX and no --force. A GPU preset's own cudnn is
+    the device check's (runner.check_device), after the GPU's memory is shared out."""
+    if args.attention_impl != "cudnn" or args.force or "flax_jit" not in args.paths:
+        return None
+    if args.bench_preset.device == "gpu":
+        return None
+    import jax
+
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return None
+    return f"--attention cudnn: cuDNN's attention needs a GPU and JAX sees none ({backend}); --force runs it anyway"
 
 
 def output_problem(path, option="--json"):
@@ -71,6 +114,26 @@ def preset_from_args(args):
     return preset.replace(**changes) if changes else preset
 
 
+def stop_on_sigterm():
+    """SIGTERM ends a command as Ctrl-C does: the run's temporary directories are removed on the
+    way out and the one line says what was kept."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def exit_interrupted(line, command):
+    """Print ``line``; a command then ends at once with 130: XLA's compile thread may still be
+    running, and an interpreter teardown under it segfaults. Called as a function: 130."""
+    print(line, file=sys.stderr)
+    if not command:
+        return 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if argv is None:
@@ -82,21 +145,31 @@ def main(argv=None):
         restart_keeping_freed_memory()
         # (a command only: the suite's workers call main() side by side)
         one_at_a_time.hold_the_machine_or_exit("python -m benchmarks")
+        stop_on_sigterm()
     preset = args.bench_preset
     from benchmarks import report, runner
 
     # --json is written after each operation too ("complete": false), so a run stopped midway
     # keeps what it measured; the last write is the whole report.
-    written = []
-    progress = (lambda rep: (write_json(rep, args.json), written.append(rep))) if args.json else None
+    finished = []
+
+    def progress(rep):
+        if args.json:
+            write_json(rep, args.json)
+        finished.append(rep)
+
     try:
+        # runner.run removes its inductor cache directory on the way out, Ctrl-C included.
         rep = runner.run(preset, ops=args.ops, variants=args.paths, force=args.force,
                          fresh_caches=not args.reuse_compile_cache, progress=progress)
     except KeyboardInterrupt:
-        kept = (f"{args.json} holds the operations finished before it" if written
-                else "no operation had finished: nothing written")
-        print(f"interrupted: {kept}", file=sys.stderr)
-        return 130
+        if not finished:
+            kept = "no operation had finished: nothing written"
+        elif args.json:
+            kept = f"{args.json} holds the operations finished before it"
+        else:
+            kept = f"{len(finished)} operation(s) had finished; no --json given, nothing written"
+        return exit_interrupted(f"interrupted: {kept}", command=argv is None)
     print(report.format_table(rep))
     from benchmarks import earlier_runs
 
