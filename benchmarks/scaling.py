@@ -28,10 +28,12 @@ Sweeps (the base model's width, D=512, 8 heads, unless ``--width``):
 """
 
 import argparse
+import os
 import sys
+import textwrap
 
 from benchmarks import code_version, machine, one_at_a_time
-from benchmarks.__main__ import output_problem, write_json
+from benchmarks.__main__ import exit_interrupted, output_problem, stop_on_sigterm, write_json
 from benchmarks.inputs import make_batch
 from benchmarks.measure import log, measure
 from benchmarks.presets import get_bench_preset
@@ -62,7 +64,7 @@ DEFAULT_PATHS = tuple(v for v in VARIANTS if v != "flax_jit_scan_remat")
 def point_preset(base, width, backend, seq_len, batch, num_layers):
     """The benchmark preset of one point: ``base``'s model at this depth, length and batch."""
     model = base.model.replace(num_layers=num_layers, max_len=max(base.model.max_len, seq_len))
-    if width:
+    if width is not None:
         model = model.replace(embed_size=width)
     return base.replace(name=f"{base.name}-L{num_layers}-B{batch}-S{seq_len}", model=model, batch=batch,
                         seq_len=seq_len, new_tokens=min(base.new_tokens, model.max_len),
@@ -100,9 +102,15 @@ def measure_point(preset, variants, reps):
     return rows
 
 
-def run(sweeps, quick=False, width=None, variants=DEFAULT_PATHS, reps=3, values=None):
-    """``values``: the swept axis's values in place of the sweep's own (one sweep)."""
-    base = get_bench_preset("tiny" if quick else "base")
+def base_preset(quick):
+    return get_bench_preset("tiny" if quick else "base")
+
+
+def run(sweeps, quick=False, width=None, variants=DEFAULT_PATHS, reps=3, values=None, progress=None):
+    """``values``: the swept axis's values in place of the sweep's own (one sweep).
+    ``progress(report)``, if given, gets the report so far (``"complete": False``) after each
+    point: a sweep cut short keeps the points it measured."""
+    base = base_preset(quick)
     table = QUICK if quick else SWEEPS
     if values:
         table = {name: dict(table[name], values=tuple(values)) for name in sweeps}
@@ -110,7 +118,7 @@ def run(sweeps, quick=False, width=None, variants=DEFAULT_PATHS, reps=3, values=
     out = {"date_utc": machine.date_utc(),
            "machine": machine.describe(), "code": code_version.code_version(), "quick": quick,
            "reps": 1 if quick else reps, "points": [],
-           "sweeps": {name: table[name] for name in sweeps}}
+           "sweeps": {name: table[name] for name in sweeps}, "complete": False}
     seen = set()  # the shapes measured so far: a later point of the same shapes reuses their compiles
     for name in sweeps:
         sweep = table[name]
@@ -123,6 +131,9 @@ def run(sweeps, quick=False, width=None, variants=DEFAULT_PATHS, reps=3, values=
                 out["points"].append({"sweep": name, **dims, "embed_size": preset.model.embed_size, **row,
                                       "compiled_earlier": key in seen})
             seen.add(key)
+            if progress is not None:
+                progress(dict(out, points=list(out["points"])))
+    out["complete"] = True
     return out
 
 
@@ -155,6 +166,30 @@ def markdown(rep):
     return "\n".join(lines)
 
 
+def title(rep):
+    """The plot's heading: the machine, then when and on which commit (as train_parity's plot),
+    and for --quick that its numbers are no measurement."""
+    lines = [machine.one_line(rep["machine"]), f"{rep['date_utc']}, {code_version.describe(rep['code'])}"]
+    if rep.get("quick"):
+        lines.append("--quick: a smoke test (tiny model, one step per point), not a measurement")
+    return "\n".join(lines)
+
+
+def plot_problem(path):
+    """Why matplotlib cannot write ``path`` (None if it can): its extension names the format."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    extension = os.path.splitext(path)[1].lstrip(".").lower()
+    if extension in formats:
+        return None
+    return (f"--plot {path}: matplotlib cannot write {f'.{extension}' if extension else 'a file without an extension'}; "
+            f"the extension names the format: one of {', '.join(f'.{e}' for e in sorted(formats))}")
+
+
 def plot(rep, path):
     import matplotlib
 
@@ -162,7 +197,9 @@ def plot(rep, path):
     import matplotlib.pyplot as plt
 
     sweeps = list(rep["sweeps"])
-    fig, axes = plt.subplots(2, len(sweeps), figsize=(4.5 * len(sweeps), 7), squeeze=False)
+    hollow = []  # the columns with points drawn hollow
+    width = max(4.5 * len(sweeps), 9.0)  # room for the title's lines
+    fig, axes = plt.subplots(2, len(sweeps), figsize=(width, 7), squeeze=False)
     for col, name in enumerate(sweeps):
         axis = rep["sweeps"][name]["axis"]
         for v in VARIANTS:
@@ -170,15 +207,30 @@ def plot(rep, path):
             if not pts:
                 continue
             xs = [x for x, _ in pts]
-            axes[0][col].plot(xs, [p["median_ms"] for _, p in pts], marker="o", label=v)
-            lower = [p["first_call_overhead_s"] for _, p in pts] if name == "depth" else [p["peak_mb"] or 0 for _, p in pts]
-            axes[1][col].plot(xs, lower, marker="o", label=v)
+            line, = axes[0][col].plot(xs, [p["median_ms"] for _, p in pts], marker="o", label=v)
+            if name == "depth":
+                # A point of an earlier point's shapes compiled nothing: its overhead is no compile
+                # time, so it is drawn hollow, off the curve.
+                fresh = [(x, p) for x, p in pts if not p.get("compiled_earlier")]
+                reused = [(x, p) for x, p in pts if p.get("compiled_earlier")]
+                axes[1][col].plot([x for x, _ in fresh], [p["first_call_overhead_s"] for _, p in fresh],
+                                  marker="o", color=line.get_color(), label=v)
+                if reused:
+                    hollow.append(col)
+                    axes[1][col].plot([x for x, _ in reused], [p["first_call_overhead_s"] for _, p in reused],
+                                      linestyle="none", marker="o", markerfacecolor="none", color=line.get_color())
+            else:
+                axes[1][col].plot(xs, [p["peak_mb"] or 0 for _, p in pts], marker="o", label=v)
         axes[0][col].set(title=f"train step vs {axis}", xlabel=axis, ylabel="ms", xscale="log", yscale="log")
         axes[1][col].set(xlabel=axis, xscale="log",
                          ylabel="first-call overhead (compile) s" if name == "depth" else "peak MB above baseline")
         axes[0][col].legend(fontsize=8)
-    c = rep["machine"]["cpu"]
-    fig.suptitle(f"{c['model_name']} family {c.get('family')}, {rep['machine']['cores']} cores")
+        if col in hollow:
+            axes[1][col].plot([], [], linestyle="none", marker="o", markerfacecolor="none", color="grey",
+                              label="hollow: shapes compiled at an earlier point (no compile)")
+            axes[1][col].legend(fontsize=8)
+    # About 15 characters an inch at 9 points: longer lines are wrapped, not cut off at the edges.
+    fig.suptitle("\n".join(textwrap.fill(line, int(15 * width)) for line in title(rep).split("\n")), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
@@ -194,7 +246,7 @@ def main(argv=None):
     parser.add_argument("--width", type=int, help="model width D instead of the base model's 512")
     parser.add_argument("--quick", action="store_true", help="tiny smoke test (seconds), not a measurement")
     parser.add_argument("--json", metavar="OUT", help="write every point as JSON")
-    parser.add_argument("--plot", metavar="OUT", help="write a PNG plot")
+    parser.add_argument("--plot", metavar="OUT", help="write a plot; its format follows the extension (.png, .svg, .pdf)")
     args = parser.parse_args(argv)
     if args.values and len(args.sweeps) != 1:
         parser.error("--values goes with one --sweeps name")
@@ -204,13 +256,38 @@ def main(argv=None):
         parser.error(f"--reps must be >= 1, got {args.reps}")
     if args.quick and args.reps is not None:
         parser.error("--quick times one step per point: leave --reps out")
+    if args.width is not None:
+        heads = base_preset(args.quick).model.heads
+        if args.width < 1 or args.width % heads:
+            parser.error(f"--width must be a positive multiple of the {'tiny' if args.quick else 'base'} model's "
+                         f"{heads} heads (each head takes width / heads), got {args.width}")
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path and (problem := output_problem(path, option)):
             parser.error(problem)  # before the sweep, not after it
+    if args.plot and (problem := plot_problem(args.plot)):
+        parser.error(problem)
     if argv is None:  # as python -m benchmarks: restart once under glibc's malloc tunables, one run at a time
         restart_keeping_freed_memory()
         one_at_a_time.hold_the_machine_or_exit(parser.prog)
-    rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps or 3, values=args.values)
+        stop_on_sigterm()
+    measured = []
+
+    def progress(rep):
+        if args.json:  # after each point, as python -m benchmarks after each operation
+            write_json(rep, args.json)
+        measured.append(rep)
+
+    try:
+        rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps or 3,
+                  values=args.values, progress=progress)
+    except KeyboardInterrupt:
+        if not measured:
+            kept = "no point had been measured: nothing written"
+        elif args.json:
+            kept = f"{args.json} holds the {len(measured)} point(s) measured before it (\"complete\": false)"
+        else:
+            kept = f"{len(measured)} point(s) had been measured; no --json given, nothing written"
+        return exit_interrupted(f"interrupted: {kept}", command=argv is None)
     print(f"{machine.one_line(rep['machine'])}; {rep['date_utc']}")
     print(f"code: {code_version.describe(rep['code'])}")
     if rep["quick"]:
