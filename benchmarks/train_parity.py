@@ -51,7 +51,13 @@ smoke version.
 
 ``--merge`` joins reports of the same recipe run for different seeds (seeds run one at a time,
 on one kind of machine) into one report and its verdict; it refuses reports of another recipe
-or CPU, or of a seed twice.
+or CPU, of another ``torch_threads``, ``XLA_FLAGS`` or ``GLIBC_TUNABLES``, or of a seed twice.
+The same data files at another path are the same recipe where both reports record the files'
+sha256 (``recipe.data_sha256``). A merged report can be merged again: each run keeps its own
+``merged_from`` entry (date, commit, argv).
+
+Ctrl-C (or SIGTERM) ends a run with one line: ``OUT/train_parity.json`` then holds the seeds
+finished before it, as a report of those seeds (no plot), or nothing is written.
 """
 
 import argparse
@@ -153,9 +159,80 @@ def parse_args(argv=None):
             if not os.path.isfile(os.path.join(args.data, name)):
                 parser.error(f"--data {args.data}: no {name} there (python -m flaxformer_mini.data.corpora cmudict "
                              f"{args.data} writes train.tsv, valid.tsv and test.tsv)")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f"--out {args.out}: is a file; give a directory")
+    if args.merge is not None:
+        # The reports' own recipe is kept: a training option beside --merge would be ignored.
+        for action in parser._actions:
+            if action.option_strings and action.dest in TRAINING_DESTS and (
+                    getattr(args, action.dest) != action.default):
+                parser.error(f"{action.option_strings[0]} has no effect with --merge (the reports' recipe is kept)")
+    if problem := out_problem(args.out):
+        parser.error(problem)  # before the run, not after it
+    if args.merge is None:
+        try:
+            check_recipe(args)  # a bad --lr, --dropout or --preset: refused here, not as a traceback later
+        except ValueError as e:
+            parser.error(as_options(str(e), args))
     return args
+
+
+# The options that shape a training run (all but --data, --task, --merge and --out).
+TRAINING_DESTS = ("steps", "eval_every", "seeds", "torch_threads", "preset", "embed_size", "heads", "layers",
+                  "ffn_dim", "dropout", "max_len", "batch_size", "max_tokens", "length_multiple", "lr", "schedule",
+                  "warmup", "weight_decay", "clip_norm", "label_smoothing", "valid_size", "beam_size", "target_wer",
+                  "target_per", "vocab_size", "min_len")
+# The config fields a recipe error names, as the options that set them.
+FIELD_OPTIONS = {"dropout": "--dropout", "embed_size": "--embed-size", "heads": "--heads", "learning_rate": "--lr", "label_smoothing": "--label-smoothing", "clip_norm": "--clip-norm",
+                 "weight_decay": "--weight-decay", "warmup_steps": "--warmup", "decay_steps": "--steps",
+                 "vocab_size": "--vocab-size", "min_len": "--min-len", "max_len": "--max-len"}
+
+
+def out_problem(path):
+    """Why the directory ``path`` cannot be made and written (None if it can): its nearest
+    existing ancestor must be a directory a file can be made in, which a probe tries."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"--out {path}: is a file; give a directory"
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return f"--out {path}: {ancestor} is a file, not a directory"
+    try:  # os.access says yes to root where the kernel still refuses (/proc): a real file says
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as e:
+        return f"--out {path}: cannot be written under {ancestor} ({e.strerror or e})"
+    return None
+
+
+def check_recipe(args):
+    """Raise ValueError where ``args``' recipe cannot run: the configs ``flaxformer-mini train``
+    would build (with a placeholder vocabulary for a text run, whose own is known once its
+    tokenizers are trained), and a synthetic task's lengths."""
+    from flaxformer_mini.data.synthetic import SyntheticTask
+    from flaxformer_mini.runs.config import resolve_config
+
+    if args.task and args.max_tokens is not None:
+        raise ValueError(f"--max-tokens goes with --data (synthetic tasks have fixed-size batches), got "
+                         f"--max-tokens {args.max_tokens}")
+    options, data = recipe(args)
+    if args.task:
+        SyntheticTask(args.task, data.vocab_size, data.min_len, data.max_len)
+    vocab = data.vocab_size if args.task else 64
+    resolve_config(options, data, vocab, vocab)
+
+
+def as_options(message, args):
+    """A config error in the options' names: ``lr_factor`` (the rsqrt schedule's factor, from
+    --lr) is said as --lr with the value given."""
+    import re
+
+    if "lr_factor" in message:
+        return re.sub(r"lr_factor (must be [^,]*), got \S+", rf"--lr \1, got {args.lr}", message)
+    if message.startswith("unknown preset"):
+        return f"--preset: {message}"
+    for field, option in FIELD_OPTIONS.items():
+        message = re.sub(rf"(?<![-\w]){field}\b", option, message)
+    return message.replace("or None (no clipping)", "or 0 (no clipping)")
 
 
 def recipe(args):
@@ -449,7 +526,8 @@ def build_report(args, config, env, per_seed, load, wall_s, argv):
          "load_average": {"start", "after_seed_N", "end"}, "wall_s", "argv",
          "recipe": {"model": ModelConfig, "train": TrainConfig (its seed: the first seed's),
                     "data": DataConfig, "batch_size", "max_tokens", "beam_size", "steps",
-                    "eval_every", "seeds", "eval_examples", "parameters", "targets": {"wer", "per"}},
+                    "eval_every", "seeds", "eval_examples", "parameters", "targets": {"wer", "per"},
+                    "data_sha256": {"data.train_path", "data.valid_path"} of a text run's files, or null},
          "seeds": {"0": {"flax": {"train_s", "first_shape_s", "median_step_ms", "target_tokens",
                                   "target_tokens_per_s", "target_tokens_per_s_steady", "eval_s",
                                   "final": {"step", "loss", ..., "word_error_rate", "token_error_rate"},
@@ -469,15 +547,17 @@ def build_report(args, config, env, per_seed, load, wall_s, argv):
         "beam_size": args.beam_size, "steps": args.steps, "eval_every": args.eval_every, "seeds": args.seeds,
         "eval_examples": env.pop("eval_examples"), "parameters": env.pop("parameters"),
         "targets": {"wer": args.target_wer, "per": args.target_per},
+        "data_sha256": env.pop("data_sha256", None),
     }
     seeds = {str(seed): s for seed, s in per_seed.items()}
     return {"benchmark": "train_parity", **env, "load_average": load, "wall_s": wall_s, "argv": list(argv),
             "recipe": recipe_, "seeds": seeds, "summary": verdict(seeds)}
 
 
-def run_all(args, argv=(), log=None):
+def run_all(args, argv=(), log=None, progress=None):
     """Train and evaluate both twins for each seed; returns the report (``build_report``),
-    which records ``argv``, the options it ran with."""
+    which records ``argv``, the options it ran with. ``progress(report)``, if given, gets the
+    report of the seeds finished so far after each seed."""
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started, load = time.perf_counter(), {"start": _loadavg()}
     import jax
@@ -485,6 +565,7 @@ def run_all(args, argv=(), log=None):
 
     from benchmarks import machine
     from benchmarks.code_version import code_version
+    from flaxformer_mini.runs.directory import data_file_checksums
     from flaxformer_mini.runs.run import Run
 
     # As the speed benchmark: the cores this process may use, unless told otherwise.
@@ -496,12 +577,17 @@ def run_all(args, argv=(), log=None):
            "jax_compilation_cache_dir": jax.config.jax_compilation_cache_dir}
     log(f"{machine.one_line(env['machine'])}\nload average {load['start']}")
     options, data_config = recipe(args)
+    # The data's contents, by sha256: --merge takes the same files at another path as the same data.
+    env["data_sha256"] = data_file_checksums(data_config) or None
     per_seed, first = {}, None
     with tempfile.TemporaryDirectory(prefix="train-parity-") as tmp:
         for seed in args.seeds:
             out = Path(tmp) / f"seed{seed}"
             if first is None:  # tokenizers and pairs built once, as `flaxformer-mini train` builds them
-                run = first = Run.start(out, dataclasses.replace(options, seed=seed), data_config, echo=log)
+                try:
+                    run = first = Run.start(out, dataclasses.replace(options, seed=seed), data_config, echo=log)
+                except ValueError as e:  # --max-tokens below the longest pair: known once the data is read
+                    raise Refused(str(e)) from None
             else:  # the same run but for its seed: init, batch order, dropout
                 config = dataclasses.replace(first.config, train=dataclasses.replace(first.config.train, seed=seed))
                 run = Run.create(out, config, first.data, echo=log)
@@ -509,7 +595,7 @@ def run_all(args, argv=(), log=None):
                 eval_batches = run.eval_batches(limit=run.config.data.eval_pairs)
                 env["eval_examples"] = sum(len(b.source) for b in eval_batches)
                 if first is run:
-                    log(run.describe_evaluation() or f"evaluating on {env['eval_examples']} held-out sequences")
+                    log(describe_evaluation(run, args) or f"evaluating on {env['eval_examples']} held-out sequences")
                 curves, steps = train_seed(run, seed, args, eval_batches, log)
             finally:
                 run.close()
@@ -519,8 +605,26 @@ def run_all(args, argv=(), log=None):
                               "curves": {twin: dataclasses.asdict(c) for twin, c in curves.items()},
                               "tokens": steps.tokens}
             load[f"after_seed_{seed}"] = _loadavg()
+            if progress is not None:  # the seeds so far, as a report of their own
+                finished = argparse.Namespace(**{**vars(args), "seeds": list(per_seed)})
+                progress(build_report(finished, first.config, dict(env), dict(per_seed),
+                                      dict(load, end=load[f"after_seed_{seed}"]), time.perf_counter() - started, argv))
     load["end"] = _loadavg()
     return build_report(args, first.config, env, per_seed, load, time.perf_counter() - started, argv)
+
+
+class Refused(ValueError):
+    """An option the run cannot take, found once its data is read (``--max-tokens`` below the
+    longest pair): the command ends with it in one line, exit 2."""
+
+
+def describe_evaluation(run, args):
+    """``Run.describe_evaluation``'s line in this command's words: the held-out pairs are
+    --data's valid.tsv (this command has no --valid option)."""
+    said = run.describe_evaluation()
+    if said and args.data is not None:
+        said = said.replace("from --valid;", f"from {os.path.join(args.data, 'valid.tsv')} (--data);")
+    return said
 
 
 # What may differ between the reports --merge joins: the seeds and what each run measured.
@@ -528,8 +632,39 @@ RUN_KEYS = ("date_utc", "code", "argv", "wall_s", "load_average")
 REPORT_KEYS = ("benchmark", "machine", "recipe", "seeds", "summary", *RUN_KEYS)
 
 
-def _without_seeds(recipe_):
-    return {**recipe_, "seeds": None, "train": {**recipe_["train"], "seed": None}}
+# The settings beside the recipe that change the times: reports that differ in one are not joined.
+SETTING_KEYS = ("torch_threads", "XLA_FLAGS", "GLIBC_TUNABLES")
+# The nested keys merge() reads, and the type each must have (None: any).
+SHAPE = (("machine", dict), ("machine.cpu", dict), ("machine.cores", None), ("load_average", dict),
+         ("load_average.start", None), ("load_average.end", None), ("recipe", dict), ("recipe.train", dict),
+         ("recipe.data", dict), ("seeds", dict))
+
+
+def _check_shape(rep, name):
+    """ValueError naming the first key path of ``SHAPE`` that ``rep`` lacks or holds another type at."""
+    for path, kind in SHAPE:
+        value = rep
+        for key in path.split("."):
+            if not isinstance(value, dict) or key not in value:
+                raise ValueError(f"{name}: a train_parity report without {path}")
+            value = value[key]
+        if kind is not None and not isinstance(value, kind):
+            raise ValueError(f"{name}: {path} is a {type(value).__name__} in a train_parity report, not a "
+                             f"{'JSON object' if kind is dict else kind.__name__}")
+    for i, run in enumerate(rep.get("merged_from") or ()):
+        if not (isinstance(run, dict) and {"name", "seeds", *RUN_KEYS} <= set(run)):
+            raise ValueError(f"{name}: merged_from[{i}] lacks one of name, seeds, {', '.join(RUN_KEYS)}")
+
+
+def _without_seeds(recipe_, other):
+    """``recipe_`` as compared with ``other``'s: its seeds left out, and its data files' paths
+    where both recipes record the files' sha256 (the same data may lie at another path)."""
+    out = {**recipe_, "seeds": None, "train": {**recipe_["train"], "seed": None}}
+    if recipe_.get("data_sha256") and other.get("data_sha256"):
+        out["data"] = {k: v for k, v in recipe_["data"].items() if k not in ("train_path", "valid_path")}
+    else:
+        out.pop("data_sha256", None)
+    return out
 
 
 def _first_difference(a, b, where=()):
@@ -562,8 +697,10 @@ def merge(reports, names=None):
         missing = [key for key in REPORT_KEYS if key not in rep]
         if missing:
             raise ValueError(f"{name}: a train_parity report without {', '.join(missing)}")
+        _check_shape(rep, name)
     for rep, name in zip(reports[1:], names[1:]):
-        differ = _first_difference(_without_seeds(rep["recipe"]), _without_seeds(first["recipe"]))
+        differ = _first_difference(_without_seeds(rep["recipe"], first["recipe"]),
+                                   _without_seeds(first["recipe"], rep["recipe"]))
         if differ:
             raise ValueError(f"{name}: another recipe than {name0}'s (recipe.{differ[0]}: {differ[1]!r} against "
                              f"{differ[2]!r})")
@@ -571,6 +708,10 @@ def merge(reports, names=None):
                 and rep["machine"]["cores"] == first["machine"]["cores"]):
             raise ValueError(f"{name}: measured on another CPU than {name0} ({_cpu(rep)} against {_cpu(first)}): "
                              f"their times cannot be compared")
+        for key in SETTING_KEYS:
+            if rep.get(key) != first.get(key):
+                raise ValueError(f"{name}: measured with another {key} than {name0} ({rep.get(key)!r} against "
+                                 f"{first.get(key)!r}): their times cannot be compared")
     seeds = {}
     for rep, name in zip(reports, names):
         for seed, s in rep["seeds"].items():
@@ -582,9 +723,12 @@ def merge(reports, names=None):
         load.update({k: v for k, v in rep["load_average"].items() if k.startswith("after_seed_")})
     load["end"] = reports[-1]["load_average"]["end"]
     recipe_ = {**first["recipe"], "seeds": [int(seed) for seed in seeds]}
+    # A report that is itself a merge brings its own runs, each with its date, commit and argv.
+    merged_from = [run for rep, name in zip(reports, names)
+                   for run in (rep.get("merged_from") or [{"name": name, "seeds": [int(seed) for seed in rep["seeds"]],
+                                                           **{k: rep[k] for k in RUN_KEYS}}])]
     return {**first, "load_average": load, "recipe": recipe_, "seeds": seeds, "summary": verdict(seeds),
-            "merged_from": [{"name": name, "seeds": [int(seed) for seed in rep["seeds"]],
-                             **{k: rep[k] for k in RUN_KEYS}} for rep, name in zip(reports, names)]}
+            "merged_from": merged_from}
 
 
 def _read_report(path):
@@ -721,8 +865,11 @@ def plot(rep, path):
 
 def main(argv=None):
     args = parse_args(argv)
-    if argv is None and not args.merge:  # a command: one timing run per host (the suite's workers call main() side by side)
+    command = argv is None
+    from benchmarks.__main__ import exit_interrupted, stop_on_sigterm  # JAX's import, when the options are good
+    if command and not args.merge:  # a command: one timing run per host (the suite's workers call main() side by side)
         one_at_a_time.hold_the_machine_or_exit("python -m benchmarks.train_parity")
+        stop_on_sigterm()
     if args.merge:
         try:
             rep = merge([_read_report(path) for path in args.merge], args.merge)
@@ -730,7 +877,14 @@ def main(argv=None):
             print(f"python -m benchmarks.train_parity: error: --merge: {e}", file=sys.stderr)
             return 2
     else:
-        rep = run_all(args, sys.argv[1:] if argv is None else argv)
+        finished = []
+        try:
+            rep = run_all(args, sys.argv[1:] if command else argv, progress=finished.append)
+        except Refused as e:
+            print(f"python -m benchmarks.train_parity: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # the run's temporary directory is removed on the way out
+            return exit_interrupted(f"interrupted: {keep_finished(finished, args.out)}", command)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from benchmarks.__main__ import write_json
@@ -740,6 +894,20 @@ def main(argv=None):
     print(format_table(rep))
     print(f"wrote {out / JSON_NAME} and {out / PLOT_NAME}", file=sys.stderr)
     return 0
+
+
+def keep_finished(finished, out):
+    """Write the last of ``finished`` (the report of the seeds finished so far) to ``out``'s JSON
+    (no plot: the run was asked to stop); what was kept, in words."""
+    if not finished:
+        return "no seed had finished: nothing written"
+    from benchmarks.__main__ import write_json
+
+    rep = finished[-1]
+    path = Path(out) / JSON_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(rep, path)
+    return f"{path} holds seed(s) {' '.join(rep['seeds'])}, finished before it (no plot drawn)"
 
 
 if __name__ == "__main__":
