@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 
 import benchmarks
 from benchmarks import one_at_a_time
@@ -98,6 +99,26 @@ def output_problem(path, option="--json"):
         return f"{option} {path}: its directory {parent} does not exist"
     if not os.access(parent, os.W_OK):
         return f"{option} {path}: its directory {parent} is not writable"
+    return None
+
+
+def directory_problem(path, option="--out"):
+    """Why ``path`` cannot be made (where missing) and written as an output directory (None if it
+    can): its nearest existing ancestor must be a directory a file can be made in, which a probe
+    tries, as ``os.access`` says yes to root where the kernel still refuses (/proc)."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{option} {path}: is a file; give a directory"
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return f"{option} {path}: {ancestor} is a file, not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as e:
+        return f"{option} {path}: cannot be written under {ancestor} ({e.strerror or e})"
     return None
 
 

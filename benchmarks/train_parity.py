@@ -165,7 +165,9 @@ def parse_args(argv=None):
             if action.option_strings and action.dest in TRAINING_DESTS and (
                     getattr(args, action.dest) != action.default):
                 parser.error(f"{action.option_strings[0]} has no effect with --merge (the reports' recipe is kept)")
-    if problem := out_problem(args.out):
+    from benchmarks.__main__ import directory_problem
+
+    if problem := directory_problem(args.out, "--out"):
         parser.error(problem)  # before the run, not after it
     if args.merge is None:
         try:
@@ -181,27 +183,10 @@ TRAINING_DESTS = ("steps", "eval_every", "seeds", "torch_threads", "preset", "em
                   "warmup", "weight_decay", "clip_norm", "label_smoothing", "valid_size", "beam_size", "target_wer",
                   "target_per", "vocab_size", "min_len")
 # The config fields a recipe error names, as the options that set them.
-FIELD_OPTIONS = {"dropout": "--dropout", "embed_size": "--embed-size", "heads": "--heads", "learning_rate": "--lr", "label_smoothing": "--label-smoothing", "clip_norm": "--clip-norm",
+FIELD_OPTIONS = {"dropout": "--dropout", "embed_size": "--embed-size", "heads": "--heads", "learning_rate": "--lr",
+                 "label_smoothing": "--label-smoothing", "clip_norm": "--clip-norm",
                  "weight_decay": "--weight-decay", "warmup_steps": "--warmup", "decay_steps": "--steps",
                  "vocab_size": "--vocab-size", "min_len": "--min-len", "max_len": "--max-len"}
-
-
-def out_problem(path):
-    """Why the directory ``path`` cannot be made and written (None if it can): its nearest
-    existing ancestor must be a directory a file can be made in, which a probe tries."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"--out {path}: is a file; give a directory"
-    ancestor = os.path.abspath(path)
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        return f"--out {path}: {ancestor} is a file, not a directory"
-    try:  # os.access says yes to root where the kernel still refuses (/proc): a real file says
-        with tempfile.TemporaryFile(dir=ancestor):
-            pass
-    except OSError as e:
-        return f"--out {path}: cannot be written under {ancestor} ({e.strerror or e})"
-    return None
 
 
 def check_recipe(args):

@@ -94,7 +94,7 @@ def test_recipe_sweep_refuses_an_out_that_is_a_file(tsv_dir, tmp_path, capsys):
     out = tmp_path / "sweep"
     out.write_text("")
     argv = ["--data", str(tsv_dir), "--out", str(out)]
-    assert refusal(recipe_sweep.main, argv, capsys) == f"python -m tools.recipe_sweep: error: --out {out}: is not a directory"
+    assert refusal(recipe_sweep.main, argv, capsys) == f"python -m tools.recipe_sweep: error: --out {out}: is a file; give a directory"
 
 
 @pytest.fixture
@@ -235,9 +235,9 @@ def test_measure_loading_refuses_a_file_or_workdir_it_cannot_write(option, tmp_p
     line = refusal(measure_loading.main, ["--lines", "2", *(x for kv in paths.items() for x in kv)], capsys)
     assert line == {
         "--file": f"python tools/measure_loading.py: error: --file {blocker / 'below'}: its directory {blocker} "
-                  "is missing or not writable",
-        "--workdir": f"python tools/measure_loading.py: error: --workdir {blocker / 'below'}: {blocker} is not a "
-                     "writable directory",
+                  "does not exist",
+        "--workdir": f"python tools/measure_loading.py: error: --workdir {blocker / 'below'}: {blocker} is a file, "
+                     "not a directory",
     }[option]
 
 

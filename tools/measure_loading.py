@@ -48,20 +48,16 @@ def count_lines(path):
 
 def check_args(parser, args):
     """Each refusal an argparse error, before a corpus is written or a child started."""
+    # Imported here: the children measure their memory after their own imports alone.
+    from benchmarks.__main__ import directory_problem, output_problem
+
     if args.lines < 1:
         parser.error(f"--lines must be >= 1, got {args.lines}")
-    path, workdir = Path(args.file).absolute(), Path(args.workdir).absolute()
-    if path.is_dir():
-        parser.error(f"--file {args.file}: is a directory; give a file name")
-    if not path.exists() and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
-        parser.error(f"--file {args.file}: its directory {path.parent} is missing or not writable")
-    if workdir.exists() and not workdir.is_dir():
-        parser.error(f"--workdir {args.workdir}: is not a directory")
-    existing = workdir
-    while not existing.exists():  # the directory mkdir would make it in
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
-        parser.error(f"--workdir {args.workdir}: {existing} is not a writable directory")
+    path = Path(args.file)
+    if not path.is_file() and (problem := output_problem(args.file, "--file")):  # an existing corpus is only read
+        parser.error(problem)
+    if problem := directory_problem(args.workdir, "--workdir"):
+        parser.error(problem)
     if path.exists() and (held := count_lines(path)) != args.lines:
         parser.error(f"--file {args.file}: holds {held} lines, not the {args.lines} of --lines; remove it "
                      "or give another --file")

@@ -2,9 +2,9 @@
 
     PYTHONPATH=. python -m tools.recipe_sweep --data DIR --out SWEEP --minutes 10 [--configs NAME ...]
 
-``DIR`` holds ``train.tsv`` and ``valid.tsv`` (``python -m flaxformer_mini.data.corpora cmudict DIR``
-writes them, with ``test.tsv``, which the sweep leaves for the end). Each configuration (``CONFIGS``, ``flaxformer-mini train`` options) trains in a
-fresh process with a step count it cannot reach; after ``--minutes`` of wall time, counted from
+``DIR`` holds ``train.tsv`` and ``valid.tsv`` (``python -m flaxformer_mini.data.corpora cmudict
+DIR`` writes them, with ``test.tsv``, which the sweep leaves for the end). Each configuration
+(``CONFIGS``, ``flaxformer-mini train`` options) trains in a fresh process with a step count it cannot reach; after ``--minutes`` of wall time, counted from
 the process's start (imports and compilation included, as a user waits for them), it gets a
 SIGTERM and saves where it is, as a scheduler's time limit would stop it. Then ``evaluate``
 scores the run's latest checkpoint on the validation file, greedily and with a beam. One JSON
@@ -129,20 +129,6 @@ def score(checkpoint, data, beam):
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def out_problem(out):
-    """Why the directory ``out`` cannot take the sweep's files (None if it can)."""
-    if out.exists():
-        if not out.is_dir():
-            return f"--out {out}: is not a directory"
-        return None if os.access(out, os.W_OK) else f"--out {out}: is not writable"
-    parent = out.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        return f"--out {out}: cannot be made in {parent}, which is not a writable directory"
-    return None
-
-
 def done_configs(out):
     """The names of the configurations results.jsonl holds a line for."""
     path = out / "results.jsonl"
@@ -161,7 +147,10 @@ def check_args(parser, args):
     for split in ("train.tsv", "valid.tsv"):
         if not (args.data / split).is_file():
             parser.error(f"--data {args.data}: {split} not found there")
-    if problem := out_problem(args.out):
+    # Imported here: benchmarks.__main__ brings JAX, which the sweep's own process does not use.
+    from benchmarks.__main__ import directory_problem
+
+    if problem := directory_problem(args.out, "--out"):
         parser.error(problem)
 
 
