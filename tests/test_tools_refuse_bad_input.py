@@ -45,8 +45,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
     ({"GPU_ITEMS": "check bogus"}, "GPU_ITEMS: unknown item bogus (known: train parity bench bench_scan "
      "bench_decode bench_compile bench_train check profile ablations ablate bfloat16 determinism)"),
     ({"GPU_ITEMS": "check", "LIMIT_CHECK": "0"}, "LIMIT_CHECK=0: must be a positive whole number of seconds"),
+    ({"GPU_ITEMS": "train", "LIMIT_TRAN": "5"}, "LIMIT_TRAN: unknown limit (known: LIMIT_TRAIN LIMIT_PARITY "
+     "LIMIT_BENCH LIMIT_SCAN LIMIT_DECODE LIMIT_COMPILE LIMIT_TRAIN_STEP LIMIT_CHECK LIMIT_PROFILE "
+     "LIMIT_ABLATIONS LIMIT_ABLATE LIMIT_BFLOAT16 LIMIT_DETERMINISM)"),
 ])
-def test_gpu_items_all_refuses_an_unknown_item_or_a_limit_that_is_no_limit_before_any_setup(setting, line, tmp_path):
+def test_gpu_items_all_refuses_an_unknown_item_a_misspelt_limit_or_a_limit_that_is_no_limit_before_any_setup(setting, line, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LIMIT_")}
     out = tmp_path / "out"
     done = subprocess.run(["bash", str(ROOT / "tools" / "gpu_items.sh"), "all"], env=dict(env, OUT=str(out), **setting),

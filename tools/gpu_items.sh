@@ -58,7 +58,14 @@ if [ "$item" = all ]; then
             exit 2 ;;
         esac
     done
+    # A misspelt limit (LIMIT_TRAN) would be ignored and its item run under the default.
+    known_limits="LIMIT_TRAIN LIMIT_PARITY LIMIT_BENCH LIMIT_SCAN LIMIT_DECODE LIMIT_COMPILE LIMIT_TRAIN_STEP LIMIT_CHECK"
+    known_limits="$known_limits LIMIT_PROFILE LIMIT_ABLATIONS LIMIT_ABLATE LIMIT_BFLOAT16 LIMIT_DETERMINISM"
     for var in $(compgen -v LIMIT_); do
+        if ! [[ " $known_limits " == *" $var "* ]]; then
+            echo "$var: unknown limit (known: $known_limits)" >&2
+            exit 2
+        fi
         if ! [[ ${!var} =~ ^[1-9][0-9]*$ ]]; then
             echo "$var=${!var}: must be a positive whole number of seconds" >&2
             exit 2
