@@ -265,3 +265,33 @@ def test_ablations_ctrl_c_lists_the_group_under_way_and_those_not_reached_as_not
         "default": ("failed", "its group's process exited with code 1: x"),  # a finished group keeps its status
         "no_dropout": ("not_run", "stopped by Ctrl-C"),
         "batch_x2": ("not_run", "stopped by Ctrl-C")}
+
+
+def test_measure_loading_interrupted_corpus_write_leaves_no_file_at_the_final_name(tmp_path, monkeypatch):
+    """A write stopped after some lines (Ctrl-C here) leaves the final name as it was: absent,
+    so the next run writes the corpus again rather than measuring a truncated one."""
+    from tools import measure_loading
+
+    class StopsMidWrite:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def writelines(self, lines):
+            self.f.write(next(iter(lines)))  # one whole line on disk, then the interrupt
+            self.f.flush()
+            raise KeyboardInterrupt
+
+    real_open = open
+    monkeypatch.setattr(measure_loading, "open", lambda *a, **k: StopsMidWrite(real_open(*a, **k)), raising=False)
+    corpus = tmp_path / "c.tsv"
+    with pytest.raises(KeyboardInterrupt):
+        measure_loading.write_corpus(corpus, 5)
+    assert not corpus.exists()
+    [partial] = tmp_path.iterdir()  # the line written went to the temporary name only
+    assert partial.name == "c.tsv.partial" and partial.read_text().count("\n") == 1
