@@ -30,7 +30,7 @@ from flaxformer_mini.runs import budget, init_from
 from flaxformer_mini.runs.config import DataConfig, RunConfig, RunConfigError, TrainOptions, resolve_config
 from flaxformer_mini.runs.directory import (RunDir, best_of, comparable_tokenizer_bytes, data_file_checksums,
                                             not_a_run)
-from flaxformer_mini.runs.run_data import RunData, load_data, unknown_tokens_note
+from flaxformer_mini.runs.run_data import UNKNOWN_NOTE_RATE, RunData, load_data, unknown_tokens_note
 from flaxformer_mini.scale import distributed
 from flaxformer_mini.train import checkpoint
 from flaxformer_mini.train.state import TrainState, on_default_device
@@ -157,7 +157,9 @@ class Run:
         if not resuming:
             run._report_dropped(echo)
             run._report_smaller_vocabularies(echo)
+            run._report_training_unknowns(echo)
             run._report_unknown_tokens(echo)
+            run._report_held_out_duplicates(echo)
         return run
 
     def follow_main(self):
@@ -245,6 +247,29 @@ class Run:
             echo(f"note: --vocab-size {d.tokenizer_vocab_size} asked for, the {d.tokenizer} tokenizer learnt "
                  + ", ".join(f"{n} ({side})" for side, n in smaller.items())
                  + ": all the training text gave it; the model's vocabulary is that size")
+
+    def _report_training_unknowns(self, echo):
+        """A --vocab-size that leaves much of the training text outside the vocabulary (a word
+        tokenizer keeps only its most frequent words): the model learns to write <unk> for it,
+        which no later warning about a --valid file explains."""
+        d = self.config.data
+        if d.kind != "tsv" or d.tokenizer_vocab_size is None or d.tokenizer_from is not None:
+            return
+        rates = dict(zip(("source", "target"), self.data.train.unknown_rates()))
+        high = {side: rate for side, rate in rates.items() if rate > UNKNOWN_NOTE_RATE}
+        if high:
+            said = " and ".join(f"{rate:.1%} of the {side} tokens" for side, rate in high.items())
+            echo(f"note: --vocab-size {d.tokenizer_vocab_size} leaves {said} of {d.train_path} outside the "
+                 f"{d.tokenizer} vocabulary, read as <unk>; a larger --vocab-size"
+                 + (", or --tokenizer bpe or unigram," if d.tokenizer == "word" else "") + " keeps more of them")
+
+    def _report_held_out_duplicates(self, echo):
+        """Held-out pairs that repeated lines also put among the training pairs: their scores
+        partly measure recall of trained pairs, which the user should know before reading them."""
+        if n := self.data.held_out_also_trained:
+            echo(f"warning: {n} of the {self.data.held_out_pairs} pairs held out of {self.config.data.train_path} "
+                 f"(no --valid) are also training pairs, on repeated lines: the held-out scores "
+                 f"partly measure pairs the model trains on; remove repeated lines (sort -u) or give --valid FILE")
 
     def _report_unknown_tokens(self, echo):
         """A text run whose pairs its tokenizers mostly cannot read: training pairs numbered by

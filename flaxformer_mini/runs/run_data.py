@@ -18,6 +18,9 @@ class RunData(NamedTuple):
     train: object  # SyntheticTask or TextPairs: batch(seed, step, batch_size)
     eval: object  # the held-out examples
     vocabs: tuple | None  # (source Vocab, target Vocab) of a text run
+    # Held-out pairs (no --valid) that a duplicate line also puts among the training pairs.
+    held_out_also_trained: int = 0
+    held_out_pairs: int = 0  # how many were held out of the training file
 
     @property
     def vocab_sizes(self):
@@ -68,6 +71,11 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         held_out = [(source, target) for i, (_, source, target) in enumerate(rows) if i in chosen]
         rows = [row for i, row in enumerate(rows) if i not in chosen]
     pairs = [(source, target) for _, source, target in rows]
+    # A file with repeated lines puts copies of held-out pairs among the training pairs, and
+    # the held-out scores then count pairs the model trained on: counted, for the run's note.
+    held = set(held_out)
+    trained = {pair for pair in pairs if pair in held} if held else set()
+    also_trained = sum(pair in trained for pair in held_out)
     if run_dir.has_vocabularies(config) or not rebuild:  # evaluate: a missing file is an error naming it
         vocabs = run_dir.load_vocabularies(config)
     elif config.tokenizer_from is not None:  # a new run numbering its tokens as an earlier run did
@@ -81,7 +89,7 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
         valid = _text_pairs(config.valid_path, read_tsv(config.valid_path, config.columns), vocabs, config)
     else:
         valid = _text_pairs(config.train_path, held_out, vocabs, config, holding_out=True) if held_out else train
-    return RunData(train, valid, vocabs)
+    return RunData(train, valid, vocabs, also_trained, len(held_out))
 
 
 # A side with more of its tokens outside the vocabulary than this is said: a --valid or

@@ -1,0 +1,41 @@
+"""What a new text run says at its start about its own training file, before any step: each
+case is ``Run.start`` on a few lines (tokenizers and encoding only, nothing compiled)."""
+
+import pytest
+
+from flaxformer_mini.runs.config import DataConfig, TrainOptions
+from flaxformer_mini.runs.run import Run
+
+
+def start_notes(tmp_path, lines, **data):
+    train = tmp_path / "train.tsv"
+    train.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    notes = []
+    config = DataConfig(kind="tsv", max_len=23, train_path=str(train), **data)
+    Run.start(tmp_path / "run", TrainOptions(preset="tiny"), config, echo=notes.append).close()
+    return train, notes
+
+
+def test_held_out_pairs_that_repeated_lines_also_train_on_are_counted_in_a_warning(tmp_path):
+    # 50 copies of one pair: the 5 held out (a tenth) all have copies among the 45 trained on.
+    train, notes = start_notes(tmp_path, ["a b\tb a"] * 50, holdout=512)
+    assert notes == [f"warning: 5 of the 5 pairs held out of {train} (no --valid) are also training pairs, on "
+                     "repeated lines: the held-out scores partly measure pairs the model trains on; remove repeated "
+                     "lines (sort -u) or give --valid FILE"]
+
+
+@pytest.mark.parametrize("holdout", [512, 0])
+def test_distinct_lines_or_no_held_out_pairs_give_no_repeated_line_warning(tmp_path, holdout):
+    lines = [f"w{i} x\tx w{i}" for i in range(50)] if holdout else ["a b\tb a"] * 50
+    assert start_notes(tmp_path, lines, holdout=holdout)[1] == []
+
+
+def test_a_word_vocab_size_that_leaves_training_tokens_unknown_says_how_many(tmp_path):
+    # 40 lines of two words each: "common" on every line, then one of 40 rare words. A vocabulary of
+    # 4 specials + 2 words keeps "common" and one rare word: 39 of 80 source tokens are <unk>.
+    lines = [f"common r{i:02d}\tcommon" for i in range(40)]
+    train, notes = start_notes(tmp_path, lines, holdout=0, tokenizer="word", tokenizer_vocab_size=6)
+    assert notes == ["note: --vocab-size 6 asked for, the word tokenizer learnt 5 (target): all the training text "
+                     "gave it; the model's vocabulary is that size",
+                     f"note: --vocab-size 6 leaves 48.8% of the source tokens of {train} outside the word vocabulary, "
+                     "read as <unk>; a larger --vocab-size, or --tokenizer bpe or unigram, keeps more of them"]
