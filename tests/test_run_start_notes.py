@@ -39,3 +39,25 @@ def test_a_word_vocab_size_that_leaves_training_tokens_unknown_says_how_many(tmp
                      "gave it; the model's vocabulary is that size",
                      f"note: --vocab-size 6 leaves 48.8% of the source tokens of {train} outside the word vocabulary, "
                      "read as <unk>; a larger --vocab-size, or --tokenizer bpe or unigram, keeps more of them"]
+
+
+def test_a_large_training_file_is_said_before_it_is_read_and_encoded_and_how_long_that_took(tmp_path, monkeypatch):
+    import re
+
+    from flaxformer_mini.runs import run
+
+    monkeypatch.setattr(run, "LARGE_TRAINING_FILE_BYTES", 1000)  # the file below: 50 lines of 20 bytes, 1000 in all
+    lines = [f"w{i:02d} x y z\tz y x w{i:02d}" for i in range(50)]
+    train, notes = start_notes(tmp_path, lines, holdout=512, tokenizer="bpe", tokenizer_vocab_size=40)
+    assert notes[0] == f"reading {train} (0 MiB) and encoding its pairs with bpe tokenizers trained on it"
+    assert re.fullmatch(r"read 45 training and 5 held-out pairs in \d+ s", notes[1]), notes
+    # A resume reads the tokenizers it saved; a file under the size says nothing.
+    notes.clear()
+    config = DataConfig(kind="tsv", max_len=23, train_path=str(train), holdout=512, tokenizer="bpe",
+                        tokenizer_vocab_size=40)
+    Run.start(tmp_path / "run", TrainOptions(preset="tiny"), config, echo=notes.append).close()
+    assert notes[0] == f"reading {train} (0 MiB) and encoding its pairs with its tokenizers saved in the run"
+    monkeypatch.setattr(run, "LARGE_TRAINING_FILE_BYTES", 1001)
+    notes.clear()
+    Run.start(tmp_path / "run", TrainOptions(preset="tiny"), config, echo=notes.append).close()
+    assert notes == []

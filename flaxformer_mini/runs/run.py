@@ -37,6 +37,23 @@ from flaxformer_mini.train.state import TrainState, on_default_device
 from flaxformer_mini.train.trainer import Trainer
 
 
+# A training file of this many bytes or more takes seconds to minutes to read, train
+# tokenizers on and encode before anything else is printed: said before and after, so a
+# long silence before the first step is not taken for a hang.
+LARGE_TRAINING_FILE_BYTES = 8 << 20
+
+
+def _large_training_file(data_config):
+    """The size of a text run's training file when it is large, else None."""
+    if data_config.kind != "tsv":
+        return None
+    try:
+        size = os.path.getsize(data_config.train_path)
+    except OSError:  # missing or unreadable: load_data's error names it
+        return None
+    return size if size >= LARGE_TRAINING_FILE_BYTES else None
+
+
 def warn(message):
     """The default ``echo`` of notes and warnings: standard error, since stdout is for results
     (evaluate --json, generate)."""
@@ -85,7 +102,16 @@ class Run:
         # at another path on their host, which the recorded path would refuse on resume.
         if distributed.is_main():
             run_dir.check_data(data_config)
+        if size := _large_training_file(data_config):
+            tokenizers = ("its tokenizers saved in the run" if run_dir.has_vocabularies(data_config) else
+                          f"the tokenizers of --tokenizer-from {data_config.tokenizer_from}" if data_config.tokenizer_from
+                          else f"{data_config.tokenizer} tokenizers trained on it")
+            echo(f"reading {data_config.train_path} ({size / 2**20:.0f} MiB) and encoding its pairs with {tokenizers}")
+            started = time.monotonic()
         data = load_data(data_config, run_dir)
+        if size:
+            echo(f"read {len(data.train):,} training and {len(data.eval):,} held-out pairs in "
+                 f"{time.monotonic() - started:.0f} s")
         config = resolve_config(options, data_config, *data.vocab_sizes)
         budget.check_training(config, data.train)  # before anything is written
         budget.check_evaluation(config)
