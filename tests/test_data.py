@@ -21,6 +21,7 @@ from flaxformer_mini.data import (
     TextPairs,
     Vocab,
     check_columns,
+    iter_tsv,
     make_batch,
     make_source,
     pad_batch,
@@ -171,6 +172,14 @@ def write(tmp_path, text, name="pairs.tsv"):
 def test_read_tsv_reads_pairs_skips_blank_lines_and_handles_crlf(tmp_path):
     path = write(tmp_path, "\ufeffein Haus\ta house\r\n\n  \nGrüße\tgreetings\n")
     assert read_tsv(path) == [("ein Haus", "a house"), ("Grüße", "greetings")]
+
+
+def test_a_bom_starting_a_later_line_of_files_joined_by_cat_is_not_read_as_text(tmp_path):
+    # Two files each saved with a BOM and joined by `cat`: the second's BOM starts line 2 (and a
+    # CRLF file's, line 3); its U+FEFF would otherwise be the start of a source word.
+    path = write(tmp_path, b"\xef\xbb\xbfein Haus\ta house\n\xef\xbb\xbfGr\xc3\xbc\xc3\x9fe\tgreetings\r\n"
+                           b"\xef\xbb\xbfHaus\thouse\r\n")
+    assert list(iter_tsv(path)) == [(1, "ein Haus", "a house"), (2, "Grüße", "greetings"), (3, "Haus", "house")]
 
 
 @pytest.mark.parametrize(

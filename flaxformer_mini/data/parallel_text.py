@@ -57,7 +57,7 @@ _CONVERT = "converts with `iconv -f {encoding} -t UTF-8`"
 def iter_lines(f, name):
     """``(line_number, text)`` for each line of the binary stream ``f``, numbered as every
     text reader here numbers them (training files, ``generate``'s standard input): a UTF-8
-    BOM at the start is skipped, ``\\n``, ``\\r\\n`` and a lone ``\\r`` each end a line
+    BOM at the start of the file, or of any line, is skipped, ``\\n``, ``\\r\\n`` and a lone ``\\r`` each end a line
     (bytes.splitlines), and invalid UTF-8 raises ``DataError`` naming ``name:line``. So do a
     UTF-16 or UTF-32 file (its byte-order mark, or without one its NUL bytes, which decode as
     valid UTF-8) and any NUL byte, which no text here holds. The text keeps its spaces:
@@ -74,6 +74,8 @@ def iter_lines(f, name):
                 physical = physical[len(UTF8_BOM):]
         for raw in physical.splitlines() or [b""]:
             lineno += 1
+            if raw.startswith(UTF8_BOM):  # files each saved with one and joined by `cat`: not text either
+                raw = raw[len(UTF8_BOM):]
             if b"\x00" in raw:
                 raise DataError(f"{name}:{lineno}: {_nul_problem(raw, at_start=lineno == 1)}")
             try:
