@@ -61,3 +61,20 @@ def test_a_large_training_file_is_said_before_it_is_read_and_encoded_and_how_lon
     notes.clear()
     Run.start(tmp_path / "run", TrainOptions(preset="tiny"), config, echo=notes.append).close()
     assert notes == []
+
+
+def test_a_word_vocabulary_over_the_large_size_is_said_with_the_parameters_it_costs(tmp_path, monkeypatch):
+    from flaxformer_mini.runs import run
+
+    monkeypatch.setattr(run, "LARGE_WORD_VOCABULARY", 55)
+    # 50 words and "x" a side, with the 4 specials 55 tokens: three tables of 55 rows of the tiny
+    # preset's width 30, and the output layer's 55 biases.
+    _, notes = start_notes(tmp_path, [f"w{i:02d} x\tx w{i:02d}" for i in range(50)], holdout=0)
+    assert notes == ["note: the word tokenizer keeps every word of the training text, a vocabulary of 55 (source) "
+                     "and 55 (target) tokens; the embeddings and the output layer hold 5,005 parameters; "
+                     "--vocab-size N keeps the N - 4 most frequent words, --tokenizer bpe or unigram splits the rare "
+                     "ones into pieces"]
+    monkeypatch.setattr(run, "LARGE_WORD_VOCABULARY", 56)
+    (tmp_path / "smaller").mkdir()
+    _, notes = start_notes(tmp_path / "smaller", [f"w{i:02d} x\tx w{i:02d}" for i in range(50)], holdout=0)
+    assert notes == []

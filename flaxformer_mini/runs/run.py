@@ -43,6 +43,11 @@ from flaxformer_mini.train.trainer import Trainer
 LARGE_TRAINING_FILE_BYTES = 8 << 20
 
 
+# A word vocabulary this large (one side) is said, with what it costs: see
+# Run._report_large_word_vocabularies.
+LARGE_WORD_VOCABULARY = 100_000
+
+
 def _large_training_file(data_config):
     """The size of a text run's training file when it is large, else None."""
     if data_config.kind != "tsv":
@@ -184,6 +189,7 @@ class Run:
             run._report_dropped(echo)
             run._report_smaller_vocabularies(echo)
             run._report_training_unknowns(echo)
+            run._report_large_word_vocabularies(echo)
             run._report_unknown_tokens(echo)
             run._report_held_out_duplicates(echo)
         return run
@@ -288,6 +294,26 @@ class Run:
             echo(f"note: --vocab-size {d.tokenizer_vocab_size} leaves {said} of {d.train_path} outside the "
                  f"{d.tokenizer} vocabulary, read as <unk>; a larger --vocab-size"
                  + (", or --tokenizer bpe or unigram," if d.tokenizer == "word" else "") + " keeps more of them")
+
+    def _report_large_word_vocabularies(self, echo):
+        """A word tokenizer keeps every word of the training text unless --vocab-size caps it: a
+        corpus of names, numbers or ids gives a vocabulary whose embedding and output rows are
+        most of the model's memory and time, which the user may not have meant."""
+        d, m = self.config.data, self.config.model
+        if d.kind != "tsv" or d.tokenizer != "word" or d.tokenizer_vocab_size is not None or d.tokenizer_from:
+            return
+        sizes = (m.source_vocab_size, m.target_vocab_size)
+        if max(sizes) < LARGE_WORD_VOCABULARY:
+            return
+        # Rows of the source and target embeddings and of the output layer, less those a tie shares.
+        table_rows = {None: m.source_vocab_size + 2 * m.target_vocab_size,
+                      "decoder": m.source_vocab_size + m.target_vocab_size, "all": m.target_vocab_size}
+        rows = table_rows[m.tie_embeddings] * m.embed_size + m.target_vocab_size  # and the output layer's bias
+        sides = ("shared",) if d.shared_vocab else ("source", "target")
+        echo("note: the word tokenizer keeps every word of the training text, a vocabulary of "
+             + " and ".join(f"{n:,} ({side})" for side, n in zip(sides, sizes))
+             + f" tokens; the embeddings and the output layer hold {rows:,} parameters; --vocab-size N keeps the N - 4 "
+             "most frequent words, --tokenizer bpe or unigram splits the rare ones into pieces")
 
     def _report_held_out_duplicates(self, echo):
         """Held-out pairs that repeated lines also put among the training pairs: their scores
