@@ -78,3 +78,17 @@ def test_a_word_vocabulary_over_the_large_size_is_said_with_the_parameters_it_co
     (tmp_path / "smaller").mkdir()
     _, notes = start_notes(tmp_path / "smaller", [f"w{i:02d} x\tx w{i:02d}" for i in range(50)], holdout=0)
     assert notes == []
+
+
+def test_the_evaluation_line_counts_the_held_out_pairs_that_are_too_long_apart(tmp_path):
+    # 50 distinct pairs, every fifth 30 words long (over --max-len 24): the fixed split holds out
+    # lines 14, 16, 25, 30 and 40, of which line 16 (pair 15) is a long one.
+    lines = [(f"w{i} " * (30 if i % 5 == 0 else 1)).strip() + f"\tx{i}" for i in range(50)]
+    train = tmp_path / "train.tsv"
+    train.write_text("".join(line + "\n" for line in lines))
+    config = DataConfig(kind="tsv", max_len=23, train_path=str(train), holdout=512)
+    run = Run.start(tmp_path / "run", TrainOptions(preset="tiny"), config, echo=lambda m: None)
+    run.close()
+    assert (run.data.held_out_pairs, len(run.data.eval)) == (5, 4)
+    assert run.describe_evaluation() == ("evaluating on 4 of 4 held-out pairs from 5 training pairs held out (no "
+                                         "--valid, 1 of them longer than --max-len); --valid-size sets how many")

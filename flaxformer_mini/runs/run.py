@@ -519,5 +519,7 @@ class Run:
             why = "too few pairs to hold a tenth out" if d.holdout else "none held out"
             return (f"evaluating on {used} of {total} training pairs themselves (no --valid, and {why}); "
                     f"--valid gives held-out pairs")
-        where = "--valid" if d.valid_path else f"{total} training pairs held out (no --valid)"
+        held = max(self.data.held_out_pairs, total)  # held out of the training file, before --max-len dropped some
+        too_long = f", {held - total} of them longer than --max-len" if held > total else ""
+        where = "--valid" if d.valid_path else f"{held} training pairs held out (no --valid{too_long})"
         return f"evaluating on {used} of {total} held-out pairs from {where}; --valid-size sets how many"
