@@ -229,6 +229,29 @@ def _check_inputs(torch_inputs, flax_inputs, channels_last=False, who="compare")
         raise ValueError(f"{who}: the two sides get different inputs: " + "; ".join(problems))
 
 
+def _wrapper(torch_model):
+    """(what wraps ``torch_model``, the attribute holding the model it wraps), or None."""
+    if isinstance(torch_model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+        return f"{type(torch_model).__name__} wrapper", "module"
+    # torch.compile's wrapper; its class lives in torch._dynamo, which is not imported for it.
+    if type(torch_model).__name__ == "OptimizedModule" and isinstance(getattr(torch_model, "_orig_mod", None),
+                                                                      torch.nn.Module):
+        return "torch.compile wrapper", "_orig_mod"
+    return None
+
+
+def check_unwrapped(torch_model, who="compare"):
+    """Refuse a torch model held by a wrapper (``DataParallel``, ``DistributedDataParallel``,
+    ``torch.compile``): its rows and parameters carry the wrapper's prefix (``module.``,
+    ``_orig_mod.``) before every path, so none would meet the port's, and the table would fail
+    every row as missing on both sides instead of naming the cause."""
+    wrapped = _wrapper(torch_model)
+    if wrapped is not None:
+        what, attribute = wrapped
+        raise TypeError(f"{who}: the torch model is a {what}, whose paths all start with '{attribute}.': pass "
+                        f"torch_model.{attribute}, the model it wraps, which the port mirrors")
+
+
 def _channels_first(named, selected=lambda name: True):
     """Flax convolutions are channels-last (N, *spatial, C); torch's are (N, C, *spatial)."""
     return {k: (np.moveaxis(v, -1, 1) if v.ndim >= 3 and selected(k) else v) for k, v in named.items()}
@@ -346,6 +369,7 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
 
     if atol is not None:
         check_tolerance(atol, "compare", float64=float64)
+    check_unwrapped(torch_model)
     _check_inputs(torch_inputs, flax_inputs, channels_last)
     if rename is not None:
         _check_rename(rename, torch_model, flax_model, rules)
@@ -385,6 +409,16 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
         if layer is not None:
             del f[name]
             left_out.append((name, f"inside {layer}, a {one_call[layer]} that torch computes in one call"))
+    # nn.MultiheadAttention returns (output, attention weights) unless called with
+    # need_weights=False, and the weights are on by default; nnx.MultiHeadAttention returns the
+    # output alone, matched to torch's [0]. The weights are no port's output: a correct port of
+    # a default call would otherwise fail on them.
+    for name in [k for k in t if k not in f and k.endswith("[1]")]:
+        layer = name.removesuffix("[1]")
+        if layer in one_call and f"{layer}[0]" in f:
+            del t[name]
+            left_out.append((name, f"the attention weights torch's {layer} returns (need_weights=True, its default), "
+                                   f"which the port's {one_call[layer]} does not"))
     # Modules run under a JAX transform have traced outputs, not values: the outermost of them
     # are said, and torch's rows at or inside them (a scanned layer stack's per-layer rows) are
     # left out with them rather than failed as missing.

@@ -441,3 +441,34 @@ def test_a_row_in_torchs_own_layout_moved_by_channels_last_true_says_so_and_the_
     report = parity.compare(t, f, *inputs, atol=1e-5, channels_last=["patch"])
     assert report.ok, report.format_table(show_all=True)
     assert [r.name for r in report.rows] == ["patch", "norm", ""]
+
+
+# ------------------------------------------------------------------ a wrapped torch model
+
+
+@pytest.mark.parametrize("wrap, attribute", [(torch.nn.DataParallel, "module"), (torch.compile, "_orig_mod")],
+                         ids=["DataParallel", "torch.compile"])
+def test_a_torch_model_in_a_wrapper_is_refused_naming_the_attribute_that_holds_the_model(wrap, attribute):
+    # Every torch row of a wrapped model carries the wrapper's prefix ('module.fc'): the table
+    # failed every row as missing on both sides, without naming the wrapper.
+    torch.manual_seed(0)
+    t = torch.nn.Sequential()
+    t.fc = torch.nn.Linear(D, OUT)
+    t.eval()
+
+    class Port(nnx.Module):
+        def __init__(self):
+            self.fc = nnx.Linear(D, OUT, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.fc(x)
+
+    f = Port()
+    _copy_linear(f.fc, t.fc)
+    x = _rand(N, D)
+    inputs = ((torch.as_tensor(x),), (x,))
+    with pytest.raises(TypeError, match=rf"compare: the torch model is a .*wrapper, whose paths all start with "
+                                        rf"'{attribute}\.': pass torch_model\.{attribute}, the model it wraps"):
+        parity.compare(wrap(t), f, *inputs)
+    report = parity.compare(getattr(wrap(t), attribute), f, *inputs)
+    assert report.ok and [r.name for r in report.rows] == ["fc", ""]

@@ -115,6 +115,27 @@ def test_the_sublayers_of_an_attention_torch_computes_in_one_call_are_left_out_a
     assert {"name": "attn.query", "why": why} in report.to_dict()["left_out"]
 
 
+class _TorchAttentionDefaultCall(_TorchAttention):
+    def forward(self, x):
+        return self.out(self.attn(x, x, x)[0])  # need_weights=True, torch's default: (output, weights)
+
+
+def test_the_attention_weights_of_a_default_multihead_attention_call_are_left_out_not_failed():
+    # A correct port of a default nn.MultiheadAttention call once failed on "attn[1] missing on
+    # the Flax side": torch's averaged attention weights, which nnx.MultiHeadAttention never returns.
+    torch.manual_seed(0)
+    t = _TorchAttentionDefaultCall().eval()
+    f = parity.torch_to_flax(t.state_dict(), _FlaxAttention(nnx.Rngs(0)))
+    x = np.random.default_rng(1).normal(size=(2, 4, D)).astype(np.float32)
+    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5)
+    assert report.ok, report.format_table(show_all=True)
+    assert [r.name for r in report.rows] == ["attn[0]", "out", ""]
+    assert ("attn[1]", "the attention weights torch's attn returns (need_weights=True, its default), which the "
+                       "port's MultiHeadAttention does not") in report.left_out
+    f.attn.value.kernel.set_value(f.attn.value.kernel.get_value() * 2)  # the output itself is still compared
+    assert parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5).first_divergence.name == "attn[0]"
+
+
 def test_ignore_missing_lists_every_row_it_left_out_and_a_rename_typo_is_refused_not_left_out():
     torch.manual_seed(0)
     t = torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.ReLU(), torch.nn.Linear(D, 3)).eval()
