@@ -78,3 +78,16 @@ def test_only_rounding_noise_is_normalised_a_fault_is_compared_to_one_percent():
     assert not _same("gn2 (max abs diff 3.932e-04 > 1e-05)", "gn2 (max abs diff 4.100e-04 > 1e-05)")
     assert not _same("conv1  (2, 8)  0.000e+00  yes", "conv1  (2, 8)  3.100e-02  yes")
     assert not _same("gn2 (max abs diff 3.932e-04 at [1, 5, 2, 1])", "gn2 (max abs diff 3.932e-04 at [1, 5, 2, 0])")
+
+
+def test_the_gelu_gap_the_guide_states_is_the_largest_on_the_real_line():
+    # The guide once said 4.4e-4, the largest gap on a grid of step 0.5 (idioms.md's check),
+    # which misses the peak near |x| = 2.7.
+    import jax
+    import numpy as np
+    import torch
+
+    x = np.linspace(-10, 10, 200_001).astype(np.float32)
+    gap = np.abs(torch.nn.functional.gelu(torch.from_numpy(x)).numpy() - np.asarray(jax.nn.gelu(x)))
+    assert f"{gap.max():.1e}" == "4.7e-04" and abs(abs(x[gap.argmax()]) - 2.7) < 0.05
+    assert "differ by up to 4.7e-4, near x = ±2.7" in GUIDE.read_text()
