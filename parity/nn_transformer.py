@@ -16,8 +16,9 @@ Differences, and how ``Seq2SeqTransformer`` removes them (see tests/test_parity_
   every key of a row is masked: then the seed attends uniformly and torch returns NaN.
 - ``enable_nested_tensor=False``: with it, torch's eval fast path returns zeros at padded source
   positions; the seed computes them (they are masked out downstream either way).
-- ``norm_first=True`` and GELU are not in a state dict: ``check_module`` refuses them on the
-  module; from a checkpoint alone ``parity check`` shows them as a divergence at the first norm.
+- ``norm_first=True``, GELU and a ``layer_norm_eps`` other than 1e-5 are not in a state dict:
+  ``check_module`` refuses them on the module; from a checkpoint alone ``parity check`` shows
+  them as a divergence at the first norm (an epsilon slip only when it is large enough).
 """
 
 import torch
@@ -60,6 +61,7 @@ NN_TRANSFORMER_RENAME = {
 }
 
 _MARKER = "transformer.encoder.layers.0.self_attn.in_proj_weight"
+SEED_LAYER_NORM_EPS = 1e-5  # torch_ref's nn.LayerNorm default, which the Flax twin sets too
 _FINAL_NORMS = ("transformer.encoder.norm.", "transformer.decoder.norm.")
 
 
@@ -94,6 +96,12 @@ def check_module(transformer: nn.Transformer):
             problems.append(f"norm_first=True in the {name} (the seed is post-LayerNorm)")
         if layer.activation is not torch.nn.functional.relu and not isinstance(layer.activation, nn.ReLU):
             problems.append(f"{name} activation {getattr(layer.activation, '__name__', layer.activation)} (the seed uses ReLU)")
+        # layer_norm_eps is in no state dict, and a slip there passes float32's tolerance at
+        # small ones (the seed's nn.LayerNorm keeps torch's default).
+        eps = sorted({norm.eps for norm in (layer.norm1, layer.norm2, getattr(layer, "norm3", layer.norm1))})
+        if eps != [SEED_LAYER_NORM_EPS]:
+            problems.append(f"layer_norm_eps={', '.join(map(str, eps))} in the {name} (the seed's LayerNorms use "
+                            f"{SEED_LAYER_NORM_EPS})")
     if problems:
         raise ConversionError("this nn.Transformer differs from the seed model: " + "; ".join(problems))
 
