@@ -217,6 +217,7 @@ def plan(model, rules=None, stacks=None):
         out.setdefault(key, []).append(link)
     for links in out.values():
         links.sort(key=lambda link: link.rule.part or (0, 1))
+    out = _unfuse(out)
     uncovered = []
     by_kind = defaultdict(list)  # {variable type name: [Flax path]}, of the uncovered ones
     for path, var in nnx.to_flat_state(nnx.state(model, STATE)):
@@ -238,6 +239,29 @@ def plan(model, rules=None, stacks=None):
             f"the rules handle {', '.join(_type_names(rules))} ({where}); "
             f"their variable types: {kinds}"
         )
+    return out
+
+
+def _unfuse(the_plan):
+    """``the_plan`` with each tensor split in chunks whose torch shapes differ past axis 0 (no
+    one tensor holds them) planned as one key per chunk, the rule's ``unfused_name``: torch's
+    own choice for such layers (``nn.MultiheadAttention``'s kdim/vdim). A chunk without one
+    leaves the plan unloadable: refused here, naming the key and the shapes."""
+    out = Plan()
+    for key, links in the_plan.items():
+        if links[0].rule.part is None or len({link.torch_shape[1:] for link in links}) == 1:
+            out[key] = links
+            continue
+        shapes = ", ".join(f"{link.flax_path} {link.torch_shape}" for link in links)
+        if any(link.rule.unfused_name is None for link in links):
+            raise ConversionError(f"{key!r}: its {len(links)} chunks have torch shapes that differ past axis 0 "
+                                  f"({shapes}), so no one tensor holds them; give each chunk's Rule the name it "
+                                  f"has on its own (Rule(..., unfused_name=...))")
+        for link in links:
+            name = link.rule.unfused_name
+            own = key.removesuffix(link.rule.torch_name) + name
+            rule = dataclasses.replace(link.rule, torch_name=name, part=None)
+            out[own] = [dataclasses.replace(link, torch_key=own, rule=rule)]
     return out
 
 

@@ -76,6 +76,10 @@ class Rule:
     port recomputes (a persistent causal mask: the checkpoint's must equal it, shape, dtype kind
     and values, or the load is refused, since the port would compute with another).
     ``ops``: layout operations, torch -> Flax. ``part``: (i, n), chunk i of n along torch axis 0.
+    ``unfused_name``: for a ``part``, the torch name the chunk has on its own when the chunks
+    differ in shape past axis 0, so that no one tensor holds them (``nn.MultiheadAttention``
+    with ``kdim``/``vdim`` other than ``embed_dim`` keeps ``q_proj_weight``, ``k_proj_weight``
+    and ``v_proj_weight`` where it otherwise keeps one ``in_proj_weight``).
     """
 
     torch_name: str
@@ -84,6 +88,7 @@ class Rule:
     part: tuple | None = None
     # Left out of ==: an array's == is elementwise, and a Rule's is a dataclass's.
     torch_default: int | float | np.ndarray | None = dataclasses.field(default=None, compare=False)
+    unfused_name: str | None = None
 
     def __post_init__(self):
         if np.ndim(self.torch_default) > 0:  # a constant; a scalar (numpy's too) stays a counter's default
@@ -115,9 +120,12 @@ _NORM_RULES = (Rule("weight", "scale"), Rule("bias", "bias"))
 def _attention_rules():
     # nn.MultiheadAttention stores q, k, v as one (3*D, D) in_proj_weight (torch's Linear
     # layout, out x in); nnx.MultiHeadAttention has a LinearGeneral each, kernel (D, H, K).
+    # Keys and values of another width (kdim, vdim; Flax's in_kv_features) have their own
+    # q_proj_weight, k_proj_weight, v_proj_weight; the bias stays one in_proj_bias.
     rules = []
     for i, name in enumerate(("query", "key", "value")):
-        rules.append(Rule("in_proj_weight", f"{name}/kernel", (Transpose(), Unflatten(1, 2)), part=(i, 3)))
+        rules.append(Rule("in_proj_weight", f"{name}/kernel", (Transpose(), Unflatten(1, 2)), part=(i, 3),
+                          unfused_name=f"{name[0]}_proj_weight"))
         rules.append(Rule("in_proj_bias", f"{name}/bias", (Unflatten(0, 2),), part=(i, 3)))
     # out_proj: torch (D, H*K) -> Flax (H, K, D).
     rules.append(Rule("out_proj.weight", "out/kernel", (Transpose(), Unflatten(0, 2))))

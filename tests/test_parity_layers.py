@@ -181,6 +181,39 @@ def test_multihead_attention_in_proj_splits_into_query_key_value(bias):
     _assert_round_trip(t, f)
 
 
+def test_multihead_attention_with_other_key_and_value_widths_converts_from_its_separate_projections():
+    # kdim/vdim other than embed_dim: torch keeps q_proj_weight, k_proj_weight, v_proj_weight
+    # (and one in_proj_bias). The plan once expected one in_proj_weight of the query's shape
+    # (24, 8) for chunks of (8, 8), (8, 6), (8, 6), and refused torch's own state dict.
+    torch.manual_seed(0)
+    t = torch.nn.MultiheadAttention(12, 3, kdim=7, vdim=7, batch_first=True).eval()
+    f = nnx.MultiHeadAttention(3, 12, in_kv_features=7, decode=False, rngs=nnx.Rngs(0))
+    assert parity.torch_key_shapes(f) == {"q_proj_weight": (12, 12), "k_proj_weight": (12, 7), "v_proj_weight": (12, 7),
+                                          "in_proj_bias": (36,), "out_proj.weight": (12, 12), "out_proj.bias": (12,)}
+    torch_to_flax(t.state_dict(), f)
+    assert f.key.kernel.get_value().shape == (7, 3, 4)  # (kdim, H, K)
+    q, kv = _rand(2, 5, 12), _rand(2, 6, 7)
+    with torch.no_grad():
+        want = t(torch.as_tensor(q), torch.as_tensor(kv), torch.as_tensor(kv), need_weights=False)[0].cpu().numpy()
+    np.testing.assert_allclose(np.asarray(f(q, kv, kv)), want, atol=ATOL, rtol=0)
+    _assert_round_trip(t, f)
+
+
+def test_chunks_of_one_torch_tensor_that_differ_past_axis_0_without_names_of_their_own_are_refused():
+    class Pair(nnx.Module):  # torch: one (5, 3) weight = [a; b]; here b is (2, 4) after transposing
+        def __init__(self):
+            self.a = nnx.Param(np.zeros((3, 3), np.float32))
+            self.b = nnx.Param(np.zeros((4, 2), np.float32))
+
+    rules = dict(parity.RULES)
+    parity.register_rule(Pair, parity.Rule("w", "a", parity.rules.TRANSPOSE, part=(0, 2)),
+                         parity.Rule("w", "b", parity.rules.TRANSPOSE, part=(1, 2)), table=rules)
+    with pytest.raises(ConversionError, match=r"^'w': its 2 chunks have torch shapes that differ past axis 0 "
+                                              r"\(a \(3, 3\), b \(2, 4\)\), so no one tensor holds them; give each "
+                                              r"chunk's Rule the name it has on its own \(Rule\(\.\.\., unfused_name=\.\.\.\)\)"):
+        parity.torch_key_shapes(Pair(), rules=rules)
+
+
 def test_batchnorm_train_mode_outputs_match_and_running_stats_follow_the_documented_conventions():
     torch.manual_seed(0)
     t = _randomize_buffers(torch.nn.BatchNorm1d(5, momentum=0.1)).train()
