@@ -10,6 +10,7 @@ rename map work together.
 """
 
 import re
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -346,3 +347,35 @@ def test_rng_state_decoding_caches_and_kept_values_are_not_converted():
     fresh = _Stateful(nnx.Rngs(7))
     torch_to_flax(back, fresh)
     np.testing.assert_array_equal(fresh.proj.kernel.get_value(), model.proj.kernel.get_value())
+
+
+class _TorchLMHeadFirst(TorchLM):
+    """The head built before the embedding: torch then lists the tied parameter under the
+    copy's name, lm_head.weight, in named_parameters() (and so in .grad's names)."""
+
+    def __init__(self):
+        torch.nn.Module.__init__(self)
+        self.lm_head = torch.nn.Linear(D, V, bias=False)
+        self.tok = torch.nn.Embedding(V, D)
+        self.register_buffer("pos", torch.randn(L, D) * 0.1)
+        self.register_buffer("position_ids", torch.arange(L).flip(0))
+        self.norm = torch.nn.LayerNorm(D)
+        self.lm_head.weight = self.tok.weight
+
+
+def test_a_tied_gradient_torch_lists_under_the_copys_name_is_compared_given_tied_as_the_guide_says():
+    # docs/porting.md once said tied gradients "need nothing more": true only when the source
+    # (tok) is registered first; here torch names the gradient lm_head.weight, met only with tied=.
+    torch.manual_seed(0)
+    t = _TorchLMHeadFirst().eval()
+    assert [name for name, _ in t.named_parameters()] == ["lm_head.weight", "norm.weight", "norm.bias"]
+    f = convert_in(t.state_dict(), tied=TIED)
+    args = (lambda m, ids: m(ids).square().mean(), lambda m, ids: jnp.square(m(ids)).mean(),
+            (torch.as_tensor(IDS),), (IDS,))
+    untied = parity.compare_gradients(t, f, *args, rename=RENAME, rules=RULES)
+    assert not untied.ok and untied.first_divergence.name == "grad:lm_head.weight"
+    report = parity.compare_gradients(t, f, *args, rename=RENAME, rules=RULES, tied=TIED)
+    assert report.ok and [row.name for row in report.rows] == ["loss", "grad:lm_head.weight", "grad:norm.weight",
+                                                                 "grad:norm.bias"]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "porting.md").read_text()
+    assert "Gradients need the same `tied=`" in guide
