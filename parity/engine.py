@@ -237,9 +237,22 @@ def plan(model, rules=None, stacks=None):
         raise ConversionError(
             f"no conversion rule covers these variables of {type(model).__name__}: {', '.join(uncovered)}; "
             f"the rules handle {', '.join(_type_names(rules))} ({where}); "
-            f"their variable types: {kinds}"
+            f"their variable types: {kinds}{_buffer_hint(by_kind)}"
         )
     return out
+
+
+def _buffer_hint(by_kind):
+    """For variables that are not parameters (a port's buffers, or arrays held as plain
+    attributes, which NNX keeps as state too): what a rule for one looks like, and what to do
+    for a torch buffer registered with persistent=False, which no state dict holds."""
+    others = [path for kind, paths in by_kind.items() if kind != "Param" for path in paths]
+    if not others:
+        return ""
+    name = others[0].rpartition("/")[2]
+    return (f"; a torch buffer (register_buffer) needs a rule on the module that holds it "
+            f"(parity.Rule({name!r}, {name!r})), and one registered with persistent=False is in no state dict: "
+            f"compute it in __call__ rather than hold it as an array")
 
 
 def _unfuse(the_plan):

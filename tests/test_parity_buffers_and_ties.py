@@ -200,7 +200,27 @@ def test_a_buffer_no_rule_covers_is_named_with_its_variable_type(torch_model):
         torch_to_flax(torch_model.state_dict(), FlaxLM(nnx.Rngs(0)), rename=RENAME, tied=TIED)
     message = str(info.value)
     assert "no conversion rule covers these variables of FlaxLM: pos (a FlaxLM), position_ids (a FlaxLM)" in message
-    assert message.endswith("their variable types: Buffer (pos, position_ids)")
+    assert message.endswith("their variable types: Buffer (pos, position_ids); a torch buffer (register_buffer) "
+                            "needs a rule on the module that holds it (parity.Rule('pos', 'pos')), and one registered "
+                            "with persistent=False is in no state dict: compute it in __call__ rather than hold it as "
+                            "an array")
+
+
+def test_an_array_a_port_holds_for_a_non_persistent_torch_buffer_is_refused_saying_to_compute_it():
+    # torch's register_buffer(..., persistent=False) (rotary inv_freq) is in no state dict; the
+    # port holding it as an array (NNX state, as any array attribute) was refused with no way out.
+    class Port(nnx.Module):
+        def __init__(self):
+            self.fc = nnx.Linear(D, D, rngs=nnx.Rngs(0))
+            self.inv_freq = jnp.arange(D, dtype=jnp.float32)
+
+    torch_model = torch.nn.Linear(D, D)
+    state = {f"fc.{k}": v for k, v in torch_model.state_dict().items()}
+    with pytest.raises(ConversionError, match=r"their variable types: ArrayImpl \(inv_freq\); a torch buffer "
+                                              r"\(register_buffer\) needs a rule on the module that holds it "
+                                              r"\(parity.Rule\('inv_freq', 'inv_freq'\)\), and one registered with "
+                                              r"persistent=False is in no state dict: compute it in __call__"):
+        torch_to_flax(state, Port())
 
 
 class _Tempered(nnx.Module):  # its torch twin also keeps a float buffer "temperature", which the port drops
