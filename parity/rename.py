@@ -45,6 +45,7 @@ class Rename:
         self.table = dict(table)
         self._forward = [(src, _compile(src), tgt if isinstance(tgt, tuple) else (tgt,)) for src, tgt in table.items()]
         self._backward = [(src, tgts, [_compile(t) for t in tgts]) for src, _, tgts in self._forward]
+        self._modules = _module_pairs(self._forward)
 
     @staticmethod
     def _report(direction, unused, twice, collide, wrapped=None):
@@ -136,14 +137,33 @@ class Rename:
         """A torch module path renamed as its parameters are (for matching intermediates), or
         itself: a pattern's module part ("layers.{}.wq") or its part up to a ``{}``
         ("layers.{}" -> "blocks.{}", for a block that holds no parameter of its own)."""
-        for src, _, tgts in self._forward:
-            if len(tgts) != 1:
-                continue
-            for head, target in _prefix_pairs(src, tgts[0]):
-                m = _compile(head).match(torch_path)
-                if m:
-                    return _fill(target, m.groups())
+        for head, target in self._modules:
+            m = head.match(torch_path)
+            if m:
+                return _fill(target, m.groups())
         return torch_path
+
+
+def _module_pairs(forward):
+    """[(compiled torch module pattern, its Flax module pattern)] for ``Rename.module_path``:
+    each pattern's module part and its parts up to a ``{}`` (``_prefix_pairs``), then the
+    shorter prefixes of module parts of as many segments, ``{}`` in the same places, segment
+    for segment ("layers.{}.attn.wq" -> "blocks.{}.attention.query" gives "layers.{}.attn" ->
+    "blocks.{}.attention": a module that holds no parameter of its own). A prefix the table
+    maps to two targets is no module's name, and is left out."""
+    pairs = [(head, target) for src, _, tgts in forward if len(tgts) == 1 for head, target in _prefix_pairs(src, tgts[0])]
+    aligned = {}
+    for src, _, tgts in forward:
+        if len(tgts) != 1:
+            continue
+        s_parts, t_parts = src.split(".")[:-1], tgts[0].split(".")[:-1]
+        if len(s_parts) != len(t_parts) or [p == "{}" for p in s_parts] != [p == "{}" for p in t_parts]:
+            continue
+        for k in range(1, len(s_parts)):
+            aligned.setdefault(".".join(s_parts[:k]), set()).add(".".join(t_parts[:k]))
+    heads = {head for head, _ in pairs}
+    pairs += [(head, targets.pop()) for head, targets in aligned.items() if len(targets) == 1 and head not in heads]
+    return [(_compile(head), target) for head, target in pairs]
 
 
 def _closest_pattern(pattern, keys):

@@ -124,3 +124,66 @@ def test_a_rename_map_that_does_not_fit_is_refused_as_conversion_refuses_it(pair
         parity.compare(t, f, tx, fx, rename=rename, ignore_missing=True)
     with pytest.raises(ConversionError, match=r"'out.bias'|'proj.bias'"):  # as the conversion refuses it
         parity.torch_to_flax(t.state_dict(), _FlaxNet(nnx.Rngs(0)), rename=rename)
+
+
+# ------------------------------------------------------------------ a renamed module without parameters
+
+
+class _TorchMixer(torch.nn.Module):  # holds no parameter of its own: its children do
+    def __init__(self):
+        super().__init__()
+        self.wq, self.wo = torch.nn.Linear(D, D), torch.nn.Linear(D, D)
+
+    def forward(self, x):
+        return self.wo(self.wq(x))
+
+
+class _TorchMixerNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Module() for _ in range(LAYERS)])
+        for layer in self.layers:
+            layer.attn = _TorchMixer()
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer.attn(x)
+        return x
+
+
+class _FlaxMixer(nnx.Module):
+    def __init__(self, rngs):
+        self.query, self.out = nnx.Linear(D, D, rngs=rngs), nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+        return self.out(self.query(x))
+
+
+class _FlaxMixerNet(nnx.Module):
+    def __init__(self, rngs):
+        self.blocks = nnx.List([nnx.Module() for _ in range(LAYERS)])
+        for block in self.blocks:
+            block.attention = _FlaxMixer(rngs)
+
+    def __call__(self, x):
+        for block in self.blocks:
+            x = x + block.attention(x)
+        return x
+
+
+def test_a_module_the_rename_map_renames_only_through_its_childrens_keys_is_matched_by_its_new_name():
+    # The map names parameters alone; layers.0.attn (no parameter of its own) was left under its
+    # torch name, and a correct port failed it as missing on the Flax side, blocks.0.attention on torch's.
+    rename = {"layers.{}.attn.wq.{}": "blocks.{}.attention.query.{}", "layers.{}.attn.wo.{}": "blocks.{}.attention.out.{}"}
+    torch.manual_seed(0)
+    t = _TorchMixerNet().eval()
+    f = parity.torch_to_flax(t.state_dict(), _FlaxMixerNet(nnx.Rngs(0)), rename=rename)
+    x = np.random.default_rng(0).standard_normal((N, L, D)).astype(np.float32)
+    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5, rename=rename)
+    assert report.ok, report.format_table(show_all=True)
+    assert [r.name for r in report.rows] == [f"blocks.{i}.attention{part}" for i in range(LAYERS)
+                                             for part in (".query", ".out", "")] + [""]
+    # A prefix the map sends to two places is no module's name: left as it is, and reported.
+    split = {"layers.0.attn.wq.{}": "blocks.0.attention.query.{}", "layers.0.attn.wo.{}": "blocks.0.mixer.out.{}"}
+    assert parity.Rename(split).module_path("layers.0.attn") == "layers.0.attn"
+    assert parity.Rename(split).module_path("layers.0") == "blocks.0"
