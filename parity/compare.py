@@ -370,6 +370,10 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
     if atol is not None:
         check_tolerance(atol, "compare", float64=float64)
     check_unwrapped(torch_model)
+    if rules is not None:
+        from parity.rules import check_table
+
+        check_table(rules)
     _check_inputs(torch_inputs, flax_inputs, channels_last)
     if rename is not None:
         _check_rename(rename, torch_model, flax_model, rules)

@@ -168,6 +168,7 @@ def plan(model, rules=None, stacks=None):
     """The conversion plan of the Flax ``model`` under ``rules`` (default: ``parity.RULES``)
     and ``stacks`` (default: ``parity.rules.STACKS``)."""
     rules = _rules.RULES if rules is None else rules
+    _rules.check_table(rules)
     modules = {tuple(path): module for path, module in nnx.iter_modules(model)}
     depths = _stacked_depths(modules, _rules.STACKS if stacks is None else stacks)
     entries, covered = [], set()  # entries: (order, torch key, Link)

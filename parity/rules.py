@@ -25,6 +25,7 @@ paths already and needs nothing. ``parity.register_stack`` adds a container type
 """
 
 import dataclasses
+from collections.abc import Mapping
 
 import numpy as np
 from flax import nnx
@@ -173,6 +174,20 @@ STACKS = {
     model.Encoder: ("transformer_layers",),
     model.Decoder: ("decoder_layers",),
 }
+
+
+def check_table(rules):
+    """Refuse, with a TypeError naming the problem, a ``rules=`` that is no rule table: a dict
+    {Flax layer type: tuple of Rule}, as ``dict(RULES)`` extended by ``register_rule(...,
+    table=)`` is (a list, or one Rule where a tuple belongs, failed deep inside the plan)."""
+    if not isinstance(rules, Mapping):
+        raise TypeError(f"rules is a table {{Flax layer type: (parity.Rule, ...)}}, such as dict(parity.RULES) "
+                        f"extended by parity.register_rule(..., table=it), got a {type(rules).__name__}")
+    bad = [f"{getattr(k, '__name__', repr(k))}: {v!r}" for k, v in rules.items()
+           if not isinstance(k, type) or not isinstance(v, (tuple, list)) or not all(isinstance(r, Rule) for r in v)]
+    if bad:
+        raise TypeError(f"rules maps each Flax layer type (a class) to a tuple of parity.Rule; these entries do not: "
+                        f"{'; '.join(bad[:3])}" + (f" ({len(bad)} in all)" if len(bad) > 3 else ""))
 
 
 def register_stack(container_type, *names, table=None):

@@ -331,3 +331,21 @@ def test_channels_last_prefix_matching_no_row_is_refused_naming_it():
         parity.compare(t, f, (torch.as_tensor(x),), (_nlc(x),), channels_last=["conv", "con"])
     with pytest.raises(ValueError, match=r"input 0: torch shape \(2, 3, 11\), Flax shape \(2, 4, 11\) \(nor with"):
         parity.compare(t, f, (torch.as_tensor(x),), (_rand(2, 4, 11),), channels_last=["conv"])
+
+
+@pytest.mark.parametrize("rules, problem", [
+    ([], r"rules is a table \{Flax layer type: \(parity.Rule, ...\)\}, such as dict\(parity.RULES\) .* got a list"),
+    ({nnx.Linear: parity.Rule("weight", "kernel")}, r"rules maps each Flax layer type \(a class\) to a tuple of "
+                                                     r"parity.Rule; these entries do not: Linear: Rule\("),
+    ({"Linear": (parity.Rule("weight", "kernel"),)}, r"these entries do not: 'Linear': \(Rule\("),
+], ids=["a list", "one Rule, not a tuple", "a name, not a class"])
+def test_a_rules_argument_that_is_no_rule_table_is_refused_naming_the_problem(rules, problem):
+    # These failed deep inside the plan: "'list' object has no attribute 'get'", "'Rule' object
+    # is not iterable", "'str' object has no attribute '__name__'".
+    t, f = torch.nn.Linear(3, 2).eval(), nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    x = _rand(2, 3)
+    for call in (lambda: torch_to_flax(t.state_dict(), f, rules=rules), lambda: parity.torch_key_shapes(f, rules=rules),
+                 lambda: flax_to_torch(f, rules=rules),
+                 lambda: parity.compare(t, f, (torch.as_tensor(x),), (x,), rules=rules)):
+        with pytest.raises(TypeError, match=problem):
+            call()
