@@ -172,6 +172,7 @@ def plan(model, rules=None, stacks=None):
     modules = {tuple(path): module for path, module in nnx.iter_modules(model)}
     depths = _stacked_depths(modules, _rules.STACKS if stacks is None else stacks)
     entries, covered = [], set()  # entries: (order, torch key, Link)
+    absent = {}  # {layer type: (a rule naming an attribute its module lacks, that name, the module)}
     # A rule naming a sublayer's variable ("query/kernel") covers that sublayer: it is not
     # looked up on its own (MultiHeadAttention's LinearGenerals).
     owners = [path for path, module in modules.items()
@@ -194,6 +195,8 @@ def plan(model, rules=None, stacks=None):
                 continue
             var = module
             for name in rule.flax_name.split("/"):
+                if var is not None and not hasattr(var, name):  # no such attribute: a misspelt rule?
+                    absent.setdefault(type(module), (rule, name, module))
                 var = getattr(var, name, None)
             if var is None:  # e.g. a Linear built with use_bias=False: no bias, no key
                 continue
@@ -238,9 +241,20 @@ def plan(model, rules=None, stacks=None):
         raise ConversionError(
             f"no conversion rule covers these variables of {type(model).__name__}: {', '.join(uncovered)}; "
             f"the rules handle {', '.join(_type_names(rules))} ({where}); "
-            f"their variable types: {kinds}{_buffer_hint(by_kind)}"
+            f"their variable types: {kinds}{_buffer_hint(by_kind)}{_absent_hint(absent)}"
         )
     return out
+
+
+def _absent_hint(absent):
+    """The rules that name an attribute their layer does not have (a misspelt flax_name reads
+    as a variable no rule covers), each with the layer's nearest variable name."""
+    lines = []
+    for layer_type, (rule, name, module) in absent.items():
+        names = [str(path[-1]) for path, _ in nnx.to_flat_state(nnx.state(module, STATE))]
+        lines.append(f"{layer_type.__name__}'s Rule({rule.torch_name!r}, {rule.flax_name!r}) names {name!r}, which "
+                     f"it does not have{_closest(name, names)}")
+    return "; " + "; ".join(lines) if lines else ""
 
 
 def _buffer_hint(by_kind):

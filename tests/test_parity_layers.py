@@ -349,3 +349,22 @@ def test_a_rules_argument_that_is_no_rule_table_is_refused_naming_the_problem(ru
                  lambda: parity.compare(t, f, (torch.as_tensor(x),), (x,), rules=rules)):
         with pytest.raises(TypeError, match=problem):
             call()
+
+
+def test_a_rule_naming_a_variable_its_layer_lacks_is_named_with_the_nearest_one():
+    # A misspelt flax_name was skipped as a bias-free layer's bias is, and the refusal named only
+    # the variable left uncovered ("no conversion rule covers ... g"), under a rule the user had registered.
+    class Gain(nnx.Module):
+        def __init__(self):
+            self.g = nnx.Param(np.ones(4, np.float32))
+
+    rules = dict(parity.RULES)
+    parity.register_rule(Gain, parity.Rule("gain", "gg"), table=rules)
+    with pytest.raises(ConversionError) as info:
+        torch_to_flax({"gain": torch.full((4,), 2.0)}, Gain(), rules=rules)
+    assert str(info.value).startswith("no conversion rule covers these variables of Gain: g (a Gain)")
+    assert str(info.value).endswith("their variable types: Param (g); Gain's Rule('gain', 'gg') names 'gg', which it "
+                                    "does not have (did you mean 'g'?)")
+    # A bias-free layer's absent bias (an attribute holding None) is no misspelling: it converts.
+    t = torch.nn.Linear(3, 2, bias=False)
+    torch_to_flax(t.state_dict(), nnx.Linear(3, 2, use_bias=False, rngs=nnx.Rngs(0)))
