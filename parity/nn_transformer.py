@@ -16,6 +16,8 @@ Differences, and how ``Seq2SeqTransformer`` removes them (see tests/test_parity_
   every key of a row is masked: then the seed attends uniformly and torch returns NaN.
 - ``enable_nested_tensor=False``: with it, torch's eval fast path returns zeros at padded source
   positions; the seed computes them (they are masked out downstream either way).
+- ``bias=False`` leaves keys out, which ``check_module`` names once rather than the conversion
+  key by key.
 - ``norm_first=True``, GELU and a ``layer_norm_eps`` other than 1e-5 are not in a state dict:
   ``check_module`` refuses them on the module; from a checkpoint alone ``parity check`` shows
   them as a divergence at the first norm (an epsilon slip only when it is large enough).
@@ -96,6 +98,8 @@ def check_module(transformer: nn.Transformer):
             problems.append(f"norm_first=True in the {name} (the seed is post-LayerNorm)")
         if layer.activation is not torch.nn.functional.relu and not isinstance(layer.activation, nn.ReLU):
             problems.append(f"{name} activation {getattr(layer.activation, '__name__', layer.activation)} (the seed uses ReLU)")
+        if layer.linear1.bias is None:
+            problems.append(f"bias=False in the {name} (the seed's layers have biases)")
         # layer_norm_eps is in no state dict, and a slip there passes float32's tolerance at
         # small ones (the seed's nn.LayerNorm keeps torch's default).
         eps = sorted({norm.eps for norm in (layer.norm1, layer.norm2, getattr(layer, "norm3", layer.norm1))})

@@ -74,7 +74,7 @@ def test_final_norms_norm_first_and_gelu_are_refused_by_name():
     check_module(Seq2SeqTransformer(**CONFIG).transformer)  # the wrapper passes
 
 
-def test_a_layer_norm_eps_other_than_the_seeds_is_refused_by_name():
+def test_a_layer_norm_eps_or_bias_free_layers_unlike_the_seeds_are_refused_by_name():
     # Not in the state dict, and passed check_module: at 1e-3 the logits differ by 6e-4 from the
     # twin's, at 1e-6 by less than the 1e-5 tolerance.
     for eps in (1e-3, 1e-6):
@@ -86,6 +86,14 @@ def test_a_layer_norm_eps_other_than_the_seeds_is_refused_by_name():
             check_module(t)
         for name in ("encoder", "decoder"):
             assert f"layer_norm_eps={eps} in the {name} (the seed's LayerNorms use 1e-05)" in str(info.value)
+    # bias=False (torch >= 2.1) leaves out keys the conversion would miss one by one: said once, by name.
+    kw = dict(d_model=8, nhead=2, dim_feedforward=8, batch_first=True, bias=False)
+    t = torch.nn.Transformer(**kw, custom_encoder=torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(**kw), 1, norm=None, enable_nested_tensor=False),
+        custom_decoder=torch.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(**kw), 1, norm=None))
+    with pytest.raises(ConversionError, match=r"bias=False in the encoder \(the seed's layers have biases\); "
+                                              r"bias=False in the decoder"):
+        check_module(t)
 
 
 def test_parity_check_and_convert_accept_an_nn_transformer_checkpoint(wrapped, tmp_path, capsys):
