@@ -413,6 +413,20 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
         if layer is not None:
             del f[name]
             left_out.append((name, f"inside {layer}, a {one_call[layer]} that torch computes in one call"))
+    # nn.MultiheadAttention's default batch_first=False computes sequence-first (L, N, E);
+    # nnx.MultiHeadAttention is batch-first (N, L, E) whatever the port's inputs. Torch's output
+    # is moved to compare them, and the note says so: a correct port failed there on its shape.
+    seq_first = {name for name, m in torch_model.named_modules()
+                 if isinstance(m, torch.nn.MultiheadAttention) and not m.batch_first}
+    if rename is not None:
+        seq_first = {table.module_path(name) for name in seq_first}
+    moved = sorted({row_base(k) for k, v in t.items() if k.endswith("[0]") and row_base(k) in seq_first
+                    and row_base(k) in one_call and np.ndim(v) == 3})
+    t = {k: (np.swapaxes(v, 0, 1) if k.endswith("[0]") and row_base(k) in moved else v) for k, v in t.items()}
+    if moved:
+        notes.append((f"torch's {listed(moved)} computes sequence-first (L, N, E) (nn.MultiheadAttention's "
+                      f"batch_first=False, its default), the port's nnx.MultiHeadAttention batch-first (N, L, E): "
+                      f"torch's output there is compared with its first two axes swapped", False))
     # nn.MultiheadAttention returns (output, attention weights) unless called with
     # need_weights=False, and the weights are on by default; nnx.MultiHeadAttention returns the
     # output alone, matched to torch's [0]. The weights are no port's output: a correct port of

@@ -136,6 +136,31 @@ def test_the_attention_weights_of_a_default_multihead_attention_call_are_left_ou
     assert parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5).first_divergence.name == "attn[0]"
 
 
+class _TorchSequenceFirstAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(D, 2)  # batch_first=False, torch's default: (L, N, E)
+        self.out = torch.nn.Linear(D, 3)
+
+    def forward(self, x):  # x: (N, L, E), as the port's
+        y = x.transpose(0, 1)
+        return self.out(self.attn(y, y, y, need_weights=False)[0].transpose(0, 1))
+
+
+def test_a_sequence_first_multihead_attention_is_compared_batch_first_and_said_so():
+    # A correct port failed at attn[0] with "shape differs: Flax (2, 4, D)": torch's (L, N, E) output.
+    torch.manual_seed(0)
+    t = _TorchSequenceFirstAttention().eval()
+    f = parity.torch_to_flax(t.state_dict(), _FlaxAttention(nnx.Rngs(0)))
+    x = np.random.default_rng(1).normal(size=(2, 4, D)).astype(np.float32)
+    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5)
+    assert report.ok, report.format_table(show_all=True)
+    assert [(r.name, r.shape) for r in report.rows] == [("attn[0]", (2, 4, D)), ("out", (2, 4, 3)), ("", (2, 4, 3))]
+    assert any(note.startswith("torch's attn computes sequence-first (L, N, E)") for note in report.notes)
+    f.attn.value.kernel.set_value(f.attn.value.kernel.get_value() * 2)  # a fault there is still found there
+    assert parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5).first_divergence.name == "attn[0]"
+
+
 def test_ignore_missing_lists_every_row_it_left_out_and_a_rename_typo_is_refused_not_left_out():
     torch.manual_seed(0)
     t = torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.ReLU(), torch.nn.Linear(D, 3)).eval()
