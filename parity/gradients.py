@@ -100,10 +100,11 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     takes it, for the call's symmetry; a tied copy is one torch parameter, with one gradient.
     A gradient of an ``nn.Embedding(padding_idx=P)`` weight that differs in row P alone is
     said in a note: torch gives the padding row no gradient, ``nnx.Embed`` does."""
-    from parity.compare import _check_inputs, _say, random_layer_notes
+    from parity.compare import _check_inputs, _say, check_unwrapped, random_layer_notes
     from parity.report import Report
 
     check_tolerance(atol, "compare_gradients")
+    check_unwrapped(torch_model, "compare_gradients")
     _check_inputs(torch_inputs, flax_inputs, channels_last, who="compare_gradients")
     notes = random_layer_notes(torch_model, flax_model)
     params = dict(torch_model.named_parameters())

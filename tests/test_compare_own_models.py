@@ -472,3 +472,7 @@ def test_a_torch_model_in_a_wrapper_is_refused_naming_the_attribute_that_holds_t
         parity.compare(wrap(t), f, *inputs)
     report = parity.compare(getattr(wrap(t), attribute), f, *inputs)
     assert report.ok and [r.name for r in report.rows] == ["fc", ""]
+    # compare_gradients reads the same parameter names, so it refuses the wrapper the same way.
+    with pytest.raises(TypeError, match=rf"compare_gradients: the torch model is a .*wrapper, whose paths all start "
+                                        rf"with '{attribute}\.': pass torch_model\.{attribute}"):
+        parity.compare_gradients(wrap(t), f, lambda m, x: m(x).sum(), lambda m, x: m(x).sum(), *inputs)
