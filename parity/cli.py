@@ -15,7 +15,8 @@ Exit codes: 0 every compared tensor within tolerance (``convert``: written), 1 s
 difference beyond it (with ``--decode``, also a decoded token the twins disagree on where
 either side's logit of its token exceeds its logit of the other side's by more than
 NEAR_TIE_FACTOR x --atol; a near-tie within that is reported, not failed), 2 the options, inputs or output are unusable (the message says which
-key, file or option; nothing was written), 141 stdout was closed before the report was
+key, file or option; nothing was written), 130 stopped by Ctrl-C (an output is there whole or
+not at all), 141 stdout was closed before the report was
 written (``parity check | head -1``), quietly, as a process ended by SIGPIPE. A user's mistake prints one line; ``--debug`` (or
 PARITY_DEBUG=1) shows the traceback. Outputs are written all at once or not at all, and an
 existing OUT is replaced only with ``--force`` (``parity.output``).
@@ -29,6 +30,9 @@ import sys
 from pathlib import Path
 
 EXIT_OK, EXIT_DIVERGED, EXIT_UNUSABLE = 0, 1, 2
+# Ctrl-C: the shell's code for a process ended by SIGINT (128 + 2), as flaxformer-mini's
+# commands exit; not 1, which means "the twins differ".
+EXIT_INTERRUPTED = 130
 # stdout closed early (`parity check | head -1`): the shell's code for a process ended by
 # SIGPIPE (128 + 13), as `yes | head -1` reports it; not 1, which means "the twins differ".
 EXIT_BROKEN_PIPE = 141
@@ -487,6 +491,13 @@ def main(argv=None):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        if args.debug or os.environ.get(DEBUG_ENV):
+            raise
+        # Each output is renamed into place whole (parity.output), so one being written when
+        # the key was pressed is simply not there: say so, in one line, not a traceback.
+        print(f"\nparity {args.command}: stopped by Ctrl-C; no output was left half-written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
         message = explain(e, args)
         if message is None or args.debug or os.environ.get(DEBUG_ENV):
