@@ -53,20 +53,60 @@ class UsageError(ValueError):
 # ----------------------------------------------------------------------------- check
 
 
+def _same_path(a, b):
+    """Whether paths ``a`` and ``b`` name one file or directory: spelt alike once resolved
+    (``d/../x``, a symlink) or one file under two names (a hard link)."""
+    from flaxformer_mini.files import same_file
+
+    return Path(a).resolve() == Path(b).resolve() or same_file(a, b)
+
+
+def _run_of(path):
+    """The training run directory that ``path`` (a run, or RUN/best) reads, or None."""
+    from flaxformer_mini.runs.directory import best_of
+    from parity.convert import is_training_run
+
+    return (best_of(path) or Path(path)) if is_training_run(path) else None
+
+
+def _is_run_file(path, run):
+    """Whether ``path`` is one of the files the training run ``run`` keeps (its config.json,
+    metrics, plot, lock, tokenizers) or lies under one of its directories (checkpoints, best,
+    TensorBoard events)."""
+    from flaxformer_mini.runs.directory import RunDir
+
+    d = RunDir(run)
+    try:
+        tokenizer_files = [p for _, p in d.tokenizer_files(d.load_config().data)]
+    except (OSError, ValueError):  # an unreadable config.json: the check itself names it
+        tokenizer_files = []
+    files = (d.config_path, d.metrics_path, d.plot_path, d.lock_path, *d.vocab_paths, *tokenizer_files)
+    target = Path(path).resolve()
+    return (any(target == f.resolve() for f in files)
+            or any(target.is_relative_to(directory.resolve()) for directory in (d.checkpoints, d.best, d.tensorboard)))
+
+
 def _check_output_paths(args):
     """Before the work: each output can be written, replaces nothing unasked (``--force``), and
-    is neither the checkpoint being checked nor the other output."""
+    is neither the checkpoint being checked, a file of the run being checked, nor the other
+    output."""
     from flaxformer_mini.files import check_writable
     from parity.output import refuse_existing
     from parity.plot import PLOT_SUFFIXES
 
     outputs = [(option, path) for option, path in (("--json", args.json), ("--plot", args.plot)) if path]
-    if len(outputs) == 2 and Path(args.json).absolute() == Path(args.plot).absolute():
+    if len(outputs) == 2 and _same_path(args.json, args.plot):
         raise UsageError(f"--json and --plot are the same path ({args.json}); give each its own file")
+    run = _run_of(args.torch_checkpoint) if args.torch_checkpoint else None
     for option, path in outputs:
         check_writable(path, option)  # before the work, not after it
-        if args.torch_checkpoint and Path(path).absolute() == Path(args.torch_checkpoint).absolute():
+        if args.torch_checkpoint and _same_path(path, args.torch_checkpoint):
             raise UsageError(f"{option} {path}: is the checkpoint being checked; write the {option[2:]} elsewhere")
+        # --force replaces a file of one's own; a run's config.json or metrics.jsonl replaced
+        # by a report would leave a run no command can open.
+        if run is not None and _is_run_file(path, run):
+            raise UsageError(f"{option} {path}: is one of the files of the training run being checked ({run}), "
+                             f"which --force would replace too; write the {option[2:]} elsewhere")
         if not args.force:
             refuse_existing(path, option)
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
@@ -272,7 +312,7 @@ def _convert(args):
     from parity.output import refuse_existing
 
     source, out = args.input, args.output
-    if Path(source).absolute() == Path(out).absolute():
+    if _same_path(source, out):  # another spelling or a link too: --force would replace IN with its conversion
         raise UsageError(f"IN and OUT are the same path ({source}); write the conversion elsewhere")
     out_suffix = "" if is_orbax_path(out) else Path(out).suffix.lower()
     if is_training_run(source):

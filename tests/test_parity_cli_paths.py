@@ -1,18 +1,29 @@
-"""`parity check` and `parity convert` and the paths they are given: Ctrl-C.
+"""`parity check` and `parity convert` and the paths they are given: Ctrl-C, an output that is
+the input under another name, a report over a file of the run being checked.
 
 Properties checked:
 - Ctrl-C exits 130 with one line, no traceback, and leaves neither an output nor a temporary
-  file or directory (a .safetensors file, an orbax directory, a --json report).
+  file or directory (a .safetensors file, an orbax directory, a --json report);
+- IN and OUT that are one file under two names (``d/../x``, a symlink, a hard link) are
+  refused before anything is read or written, even with --force; so is a --json onto the
+  checkpoint being checked under another name;
+- --json and --plot never replace a file of the training run being checked (its config.json,
+  anything under checkpoints/), even with --force; a new file beside them is written;
 
 Checkpoints are torch_ref's, of a 1-layer tiny model; every call is ``parity.cli.main``
-in-process, and none runs a model.
+in-process, and all but one stop before any model runs.
 """
+
+import os
 
 import pytest
 import torch
 
 import torch_ref
 from parity.cli import main
+from parity.checkpoint_io import save_state_dict
+
+from helpers import untrained_run
 
 CONFIG = dict(src_pad_idx=0, source_vocab_size=11, target_vocab_size=11, max_len=6, embed_size=30, heads=5,
               num_layers=1, dropout=0.1)
@@ -68,3 +79,51 @@ def test_ctrl_c_during_check_exits_130_in_one_line_writing_no_report(pt, tmp_pat
     assert main(["check", "--torch-checkpoint", str(pt), "--heads", "5", "--json", str(report)]) == 130
     assert "parity check: stopped by Ctrl-C" in refused(capsys, "no output was left half-written")
     assert listing(tmp_path) == ["model.pt"]
+
+
+# ----------------------------------------------------------------------------- one file, two names
+
+
+def test_in_and_out_that_are_one_file_under_two_names_are_refused_even_with_force(state_dict, tmp_path, capsys):
+    original = tmp_path / "model.safetensors"
+    save_state_dict(state_dict, original, config=CONFIG)
+    before = original.read_bytes()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.safetensors").symlink_to(original)
+    os.link(original, tmp_path / "hard.safetensors")
+    for source, out in [(original, tmp_path / "sub" / ".." / "model.safetensors"),
+                        (tmp_path / "link.safetensors", original),
+                        (tmp_path / "hard.safetensors", original)]:
+        assert main(["convert", str(source), str(out), "--force"]) == 2
+        refused(capsys, f"IN and OUT are the same path ({source})")
+    assert original.read_bytes() == before  # still the torch state dict, not its Flax conversion
+
+
+def test_a_report_onto_the_checkpoint_under_another_name_is_refused_even_with_force(pt, tmp_path, capsys):
+    os.link(pt, tmp_path / "hard.pt")
+    before = pt.read_bytes()
+    for option in ("--json", "--plot"):
+        assert main(["check", "--torch-checkpoint", str(pt), "--heads", "5", option, str(tmp_path / "hard.pt"),
+                     "--force"]) == 2
+        refused(capsys, f"{option} {tmp_path / 'hard.pt'}: is the checkpoint being checked")
+    assert pt.read_bytes() == before
+
+
+# ----------------------------------------------------------------------------- the run's own files
+
+
+def test_check_never_replaces_a_file_of_the_run_it_checks_even_with_force(tmp_path, capsys):
+    run = untrained_run(tmp_path / "run")
+    config = (run / "config.json").read_bytes()
+    step = next((run / "checkpoints").iterdir())
+    for option, path in [("--json", run / "config.json"), ("--json", step / "report.json"),
+                         ("--plot", run / "checkpoints" / "report.png")]:
+        assert main(["check", "--torch-checkpoint", str(run), option, str(path), "--force"]) == 2
+        refused(capsys, f"{option} {path}: is one of the files of the training run being checked ({run})")
+    assert (run / "config.json").read_bytes() == config
+    assert not (step / "report.json").exists() and not (run / "checkpoints" / "report.png").exists()
+    # A report of its own beside the run's files is the user's to write, and to replace.
+    report = run / "parity.json"
+    report.write_text("an earlier report")
+    assert main(["check", "--torch-checkpoint", str(run), "--batch", "1", "--json", str(report), "--force"]) == 0
+    assert '"passed": true' in report.read_text()
