@@ -20,7 +20,7 @@ import torch
 from parity import output
 from parity.file_kinds import (  # noqa: F401 - public names
     SAFETENSORS_SUFFIX, TORCH_FORMAT, TORCH_SUFFIXES, CheckpointError, as_model_config, config_metadata,
-    read_recorded_config, readable_file, recorded_config, safetensors_header)
+    misnamed, read_recorded_config, readable_file, recorded_config, safetensors_header, unreadable)
 
 # Common wrappers: torch.save({"epoch": 3, "model_state_dict": model.state_dict()}, ...).
 _WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
@@ -31,6 +31,8 @@ def _read_torch(path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if misnamed(path, "a torch checkpoint"):  # a .safetensors file under a torch suffix: no pickle at all
+            raise unreadable(path, "a torch checkpoint", e) from None
         # torch raises this for a refused global and for garbage bytes alike, and its first
         # line is boilerplate; the line naming the cause starts with "WeightsUnpickler error".
         text = str(e)
@@ -42,7 +44,7 @@ def _read_torch(path):
             f"as a plain state dict or as .safetensors. Detail: {detail}"
         ) from None
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, EOFError, ... for bad files
-        raise CheckpointError(f"{path}: not a readable torch checkpoint (truncated or corrupt?): {e}") from None
+        raise unreadable(path, "a torch checkpoint", e) from None
 
 
 def _read_safetensors(path):
@@ -52,7 +54,7 @@ def _read_safetensors(path):
     try:
         return load_file(path, device="cpu")
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
+        raise unreadable(path, "a .safetensors file", e) from None
 
 
 def load_state_dict(path):

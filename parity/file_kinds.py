@@ -12,6 +12,7 @@ its metadata (str -> str, ignored by every tensor loader):
 """
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -44,6 +45,46 @@ def readable_file(path, what="checkpoint file"):
     return path
 
 
+def actual_kind(path):
+    """What the first bytes of the file ``path`` say it is, in words: "a .safetensors file" or
+    "a torch checkpoint (torch.save's ...)", or None for neither (or unreadable). For the error
+    of a file whose suffix names another kind: its reader's own words (a pickle refused, a
+    header too large) would hide that the file is fine under its right name."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return None
+    if head[:4] == b"PK\x03\x04":
+        return "a torch checkpoint (torch.save's zip format)"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "a torch checkpoint (torch.save's legacy pickle format)"
+    # safetensors: an 8-byte little-endian header length, then the JSON header itself.
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
+        return "a .safetensors file"
+    return None
+
+
+def misnamed(path, expected):
+    """'; its first bytes say it is KIND: rename it to NAME' when the file
+    ``path`` is another kind than its suffix names, else ''."""
+    kind = actual_kind(path)
+    if kind is None or kind.startswith(expected):
+        return ""
+    suffix = SAFETENSORS_SUFFIX if kind == "a .safetensors file" else ".pt"
+    return f"; its first bytes say it is {kind}: rename it to {Path(path).with_suffix(suffix).name}"
+
+
+def unreadable(path, expected, error):
+    """The CheckpointError for a file its reader refused with ``error``: named for what it is
+    when its bytes are another kind than ``expected`` (``misnamed``), else a guess at the cause."""
+    wrong_name = misnamed(path, expected)
+    if wrong_name:
+        return CheckpointError(f"{path}: not {expected}{wrong_name}")
+    return CheckpointError(f"{path}: not a readable {expected[2:]} (truncated or corrupt?): {error}")
+
+
 def safetensors_header(path):
     """({metadata key: str}, [tensor keys]) of a ``.safetensors`` file, without reading its tensors."""
     from safetensors import SafetensorError, safe_open
@@ -52,7 +93,7 @@ def safetensors_header(path):
         with safe_open(path, framework="numpy") as f:
             return dict(f.metadata() or {}), list(f.keys())
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable .safetensors file (truncated or corrupt?): {e}") from None
+        raise unreadable(path, "a .safetensors file", e) from None
 
 
 def as_model_config(config):

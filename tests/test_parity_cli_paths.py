@@ -1,5 +1,6 @@
 """`parity check` and `parity convert` and the paths they are given: Ctrl-C, an output that is
-the input under another name, a report over a file of the run being checked.
+the input under another name, a report over a file of the run being checked, a checkpoint
+whose suffix names the other kind.
 
 Properties checked:
 - Ctrl-C exits 130 with one line, no traceback, and leaves neither an output nor a temporary
@@ -9,6 +10,8 @@ Properties checked:
   checkpoint being checked under another name;
 - --json and --plot never replace a file of the training run being checked (its config.json,
   anything under checkpoints/), even with --force; a new file beside them is written;
+- a .safetensors file named .pt, and a torch checkpoint (zip or legacy pickle) named
+  .safetensors, are refused naming what the file is and the name to give it.
 
 Checkpoints are torch_ref's, of a 1-layer tiny model; every call is ``parity.cli.main``
 in-process, and all but one stop before any model runs.
@@ -127,3 +130,28 @@ def test_check_never_replaces_a_file_of_the_run_it_checks_even_with_force(tmp_pa
     report.write_text("an earlier report")
     assert main(["check", "--torch-checkpoint", str(run), "--batch", "1", "--json", str(report), "--force"]) == 0
     assert '"passed": true' in report.read_text()
+
+
+# ----------------------------------------------------------------------------- misnamed files
+
+
+def test_a_checkpoint_whose_suffix_names_the_other_kind_is_named_for_what_it_is(state_dict, tmp_path, capsys):
+    safetensors_as_pt = tmp_path / "a.pt"
+    save_state_dict(state_dict, tmp_path / "a.safetensors", config=CONFIG)
+    (tmp_path / "a.safetensors").rename(safetensors_as_pt)
+    zip_as_safetensors, legacy_as_safetensors = tmp_path / "b.safetensors", tmp_path / "c.safetensors"
+    torch.save(state_dict, zip_as_safetensors)
+    torch.save(state_dict, legacy_as_safetensors, _use_new_zipfile_serialization=False)
+    cases = [(safetensors_as_pt, "not a torch checkpoint; its first bytes say it is a .safetensors file: "
+                                 "rename it to a.safetensors"),
+             (zip_as_safetensors, "not a .safetensors file; its first bytes say it is a torch checkpoint "
+                                  "(torch.save's zip format): rename it to b.pt"),
+             (legacy_as_safetensors, "not a .safetensors file; its first bytes say it is a torch checkpoint "
+                                     "(torch.save's legacy pickle format): rename it to c.pt")]
+    for path, message in cases:
+        out = tmp_path / ("out.safetensors" if path.suffix == ".pt" else "out.pt")
+        assert main(["convert", str(path), str(out), "--heads", "5"]) == 2
+        refused(capsys, f"{path}: {message}")
+        assert main(["check", "--torch-checkpoint", str(path), "--heads", "5"]) == 2
+        refused(capsys, f"{path}: {message}")
+        assert not out.exists()
