@@ -109,7 +109,8 @@ class DecodeReport:
             "max_new_tokens": self.max_new_tokens,
             "identical": self.identical,
             "ok": self.ok,
-            "near_tie_margin": self.near_tie_margin,
+            # NEAR_TIE_FACTOR x an --atol near float's largest is inf: null, as strict JSON has no inf.
+            "near_tie_margin": self.near_tie_margin if math.isfinite(self.near_tie_margin) else None,
             "first_difference": first.to_dict() if first else None,
             "differences": [d.to_dict() for d in self.differences],
             "torch_tokens": self.torch_tokens.tolist(),

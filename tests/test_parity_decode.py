@@ -210,3 +210,11 @@ def test_json_holds_the_decode_result_beside_the_reports_own_keys(same_weights, 
     assert set(first) == {"row", "position", "torch_token", "flax_token", "torch_margin", "flax_margin", "near_tie"}
     row, position = first["row"], first["position"]
     assert first["torch_token"] == perturbed[2]["decode"]["torch_tokens"][row][position] != first["flax_token"]
+
+
+def test_an_atol_whose_near_tie_margin_overflows_still_writes_strict_json(tmp_path):
+    # 10 x 1e308 is inf: the report says null there, as for a non-finite margin, and the check
+    # still passes (the twins agree), where json.dumps(allow_nan=False) refused it after the work.
+    code, _, data = run_check(tmp_path, "--atol", "1e308")
+    assert code == 0 and data["passed"] is True and data["atol"] == 1e308
+    assert data["decode"]["near_tie_margin"] is None and data["decode"]["identical"] is True
