@@ -15,8 +15,8 @@ Exit codes: 0 every compared tensor within tolerance (``convert``: written), 1 s
 difference beyond it (with ``--decode``, also a decoded token the twins disagree on where
 either side's logit of its token exceeds its logit of the other side's by more than
 NEAR_TIE_FACTOR x --atol; a near-tie within that is reported, not failed), 2 the options, inputs or output are unusable (the message says which
-key, file or option; nothing was written), 130 stopped by Ctrl-C (an output is there whole or
-not at all), 141 stdout was closed before the report was
+key, file or option; nothing was written), 130 stopped by Ctrl-C or SIGTERM (an output is there
+whole or not at all), 141 stdout was closed before the report was
 written (``parity check | head -1``), quietly, as a process ended by SIGPIPE. A user's mistake prints one line; ``--debug`` (or
 PARITY_DEBUG=1) shows the traceback. Outputs are written all at once or not at all, and an
 existing OUT is replaced only with ``--force`` (``parity.output``).
@@ -26,12 +26,14 @@ import argparse
 import errno
 import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 EXIT_OK, EXIT_DIVERGED, EXIT_UNUSABLE = 0, 1, 2
-# Ctrl-C: the shell's code for a process ended by SIGINT (128 + 2), as flaxformer-mini's
-# commands exit; not 1, which means "the twins differ".
+# Ctrl-C or SIGTERM: the shell's code for a process ended by SIGINT (128 + 2), as
+# flaxformer-mini's commands exit; not 1, which means "the twins differ".
 EXIT_INTERRUPTED = 130
 # stdout closed early (`parity check | head -1`): the shell's code for a process ended by
 # SIGPIPE (128 + 13), as `yes | head -1` reports it; not 1, which means "the twins differ".
@@ -521,6 +523,7 @@ def main(argv=None):
     if not (math.isfinite(atol) and atol >= 0):  # NaN would pass `< 0` and then fail every row
         print(f"parity {args.command}: error: --atol must be a finite number >= 0, got {atol}", file=sys.stderr)
         return EXIT_UNUSABLE
+    previous = _stop_on_sigterm()
     try:
         code = args.run(args)
         sys.stdout.flush()  # here, so that a reader gone away is handled below, not at exit
@@ -531,12 +534,13 @@ def main(argv=None):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if args.debug or os.environ.get(DEBUG_ENV):
             raise
         # Each output is renamed into place whole (parity.output), so one being written when
         # the key was pressed is simply not there: say so, in one line, not a traceback.
-        print(f"\nparity {args.command}: stopped by Ctrl-C; no output was left half-written", file=sys.stderr)
+        by = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        print(f"\nparity {args.command}: stopped by {by}; no output was left half-written", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
         message = explain(e, args)
@@ -544,6 +548,27 @@ def main(argv=None):
             raise
         print(f"parity {args.command}: error: {message}", file=sys.stderr)
         return EXIT_UNUSABLE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, a job scheduler), raised as Ctrl-C is."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+def _stop_on_sigterm():
+    """SIGTERM raises Terminated while a command runs, so that the output being written is
+    cleaned up as for Ctrl-C (its default action would end the process at once, leaving the
+    temporary file or orbax staging directory beside OUT). The handler it replaces, or None
+    where Python allows no handler (a thread other than the main one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def explain(error, args):

@@ -12,9 +12,12 @@ place once orbax has finished; with ``overwrite``, the old directory is moved as
 removed only after the new one is in place.
 """
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -52,6 +55,28 @@ def _replaceable_directory(path):
     return {p.name for p in path.iterdir()} <= ORBAX_ENTRIES
 
 
+@contextlib.contextmanager
+def _signals_deferred():
+    """Hold Ctrl-C and SIGTERM until the block is done, then deliver them to the handlers they
+    would have reached. orbax writes from threads of its own (TensorStore's): interrupted in
+    the middle, they go on writing into the staging directory after it is removed, and an
+    interrupt raised inside its C++ wait can abort the process, so the staging directory is
+    left behind either way. Outside the main thread Python allows no handler: nothing held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = {signum: signal.signal(signum, lambda number, frame: held.append(number))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)  # the handler runs here: Ctrl-C raises KeyboardInterrupt
+
+
 def write_directory_atomic(path, write, overwrite=False):
     """Call ``write(tmp)`` to create the directory ``tmp`` (which does not exist yet; orbax
     creates its own), then rename it to ``path``. On any failure nothing is left but what was
@@ -70,7 +95,8 @@ def write_directory_atomic(path, write, overwrite=False):
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         new, old = staging / "new", staging / "old"
-        write(new)
+        with _signals_deferred():
+            write(new)
         if os.path.lexists(path):
             os.rename(path, old)  # aside, within the same directory: atomic, and undone below
             try:

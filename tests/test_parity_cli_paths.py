@@ -3,8 +3,9 @@ the input under another name, a report over a file of the run being checked, a c
 whose suffix names the other kind.
 
 Properties checked:
-- Ctrl-C exits 130 with one line, no traceback, and leaves neither an output nor a temporary
-  file or directory (a .safetensors file, an orbax directory, a --json report);
+- Ctrl-C and SIGTERM exit 130 with one line, no traceback, and leave neither an output nor a
+  temporary file or directory (a .safetensors file, an orbax directory, a --json report); a
+  signal that comes while orbax writes is held until its threads are done, then delivered;
 - IN and OUT that are one file under two names (``d/../x``, a symlink, a hard link) are
   refused before anything is read or written, even with --force; so is a --json onto the
   checkpoint being checked under another name;
@@ -18,6 +19,7 @@ in-process, and all but one stop before any model runs.
 """
 
 import os
+import signal
 
 import pytest
 import torch
@@ -82,6 +84,38 @@ def test_ctrl_c_during_check_exits_130_in_one_line_writing_no_report(pt, tmp_pat
     assert main(["check", "--torch-checkpoint", str(pt), "--heads", "5", "--json", str(report)]) == 130
     assert "parity check: stopped by Ctrl-C" in refused(capsys, "no output was left half-written")
     assert listing(tmp_path) == ["model.pt"]
+
+
+def test_sigterm_during_convert_exits_130_in_one_line_leaving_no_output_nor_temporary(pt, tmp_path, monkeypatch,
+                                                                                    capsys):
+    monkeypatch.setattr("flaxformer_mini.files.os.fsync", lambda fd: signal.raise_signal(signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["convert", str(pt), str(tmp_path / "model.safetensors"), "--heads", "5"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["parity convert: stopped by SIGTERM; no output was left half-written"], err
+    assert listing(tmp_path) == ["model.pt"]
+    assert signal.getsignal(signal.SIGTERM) is before  # main's handler is gone with it
+
+
+@pytest.mark.parametrize("signum, by", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_a_signal_while_orbax_writes_is_held_until_it_is_done_then_stops_leaving_nothing(pt, tmp_path, signum, by,
+                                                                                          monkeypatch, capsys):
+    import parity.flax_io
+
+    real_nest, finished = parity.flax_io._nest, []
+
+    def nest_then_signal(flat):
+        signal.raise_signal(signum)  # in the middle of the write: held, so orbax goes on
+        tree = real_nest(flat)
+        finished.append(True)
+        return tree
+
+    monkeypatch.setattr(parity.flax_io, "_nest", nest_then_signal)
+    assert main(["convert", str(pt), str(tmp_path / "model_orbax"), "--heads", "5"]) == 130
+    assert finished == [True]
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"parity convert: stopped by {by}; no output was left half-written"], err
+    assert listing(tmp_path) == ["model.pt"]  # neither the directory nor orbax's staging one
 
 
 # ----------------------------------------------------------------------------- one file, two names
