@@ -90,8 +90,8 @@ def _is_run_file(path, run):
 
 def _check_output_paths(args):
     """Before the work: each output can be written, replaces nothing unasked (``--force``), and
-    is neither the checkpoint being checked, a file of the run being checked, nor the other
-    output."""
+    is neither an input (the checkpoint, a file of the run being checked, the --config file or
+    run) nor the other output."""
     from flaxformer_mini.files import check_writable
     from parity.output import refuse_existing
     from parity.plot import PLOT_SUFFIXES
@@ -109,6 +109,12 @@ def _check_output_paths(args):
         if run is not None and _is_run_file(path, run):
             raise UsageError(f"{option} {path}: is one of the files of the training run being checked ({run}), "
                              f"which --force would replace too; write the {option[2:]} elsewhere")
+        config_input = (None if not args.config else "the --config file" if _same_path(path, args.config) else
+                        "one of the files of the --config run" if Path(args.config).is_dir()
+                        and _is_run_file(path, args.config) else None)
+        if config_input:
+            raise UsageError(f"{option} {path}: is {config_input} ({args.config}), which --force would replace "
+                             f"too; write the {option[2:]} elsewhere")
         if not args.force:
             refuse_existing(path, option)
     if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:

@@ -8,7 +8,8 @@ Properties checked:
   signal that comes while orbax writes is held until its threads are done, then delivered;
 - IN and OUT that are one file under two names (``d/../x``, a symlink, a hard link) are
   refused before anything is read or written, even with --force; so is a --json onto the
-  checkpoint being checked under another name;
+  checkpoint being checked under another name, or onto the --config file (or a file of the
+  --config run);
 - --json and --plot never replace a file of the training run being checked (its config.json,
   anything under checkpoints/), even with --force; a new file beside them is written;
 - a .safetensors file named .pt, and a torch checkpoint (zip or legacy pickle) named
@@ -38,6 +39,13 @@ CONFIG = dict(src_pad_idx=0, source_vocab_size=11, target_vocab_size=11, max_len
 def state_dict():
     torch.manual_seed(3)
     return torch_ref.Transformer(**CONFIG).state_dict()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A training run, made once: the tests refuse to write over its files (one writes a report
+    of its own beside them)."""
+    return untrained_run(tmp_path_factory.mktemp("run") / "run")
 
 
 @pytest.fixture
@@ -146,11 +154,24 @@ def test_a_report_onto_the_checkpoint_under_another_name_is_refused_even_with_fo
     assert pt.read_bytes() == before
 
 
+def test_a_report_onto_the_config_file_or_a_file_of_the_config_run_is_refused_even_with_force(pt, run, tmp_path,
+                                                                                               capsys):
+    config = tmp_path / "config.json"
+    config.write_text('{"heads": 5}')
+    run_config = (run / "config.json").read_bytes()
+    for given, path, what in [(config, config, "the --config file"),
+                              (run, run / "config.json", "one of the files of the --config run"),
+                              (run / "config.json", run / "config.json", "the --config file")]:
+        assert main(["check", "--torch-checkpoint", str(pt), "--config", str(given), "--json", str(path),
+                     "--force"]) == 2
+        refused(capsys, f"--json {path}: is {what} ({given}), which --force would replace too")
+    assert config.read_text() == '{"heads": 5}' and (run / "config.json").read_bytes() == run_config
+
+
 # ----------------------------------------------------------------------------- the run's own files
 
 
-def test_check_never_replaces_a_file_of_the_run_it_checks_even_with_force(tmp_path, capsys):
-    run = untrained_run(tmp_path / "run")
+def test_check_never_replaces_a_file_of_the_run_it_checks_even_with_force(run, capsys):
     config = (run / "config.json").read_bytes()
     step = next((run / "checkpoints").iterdir())
     for option, path in [("--json", run / "config.json"), ("--json", step / "report.json"),
