@@ -182,10 +182,15 @@ def _which_checkpoint(path):
 
     run = Run.open(path)
     if run.best:
-        return f"best checkpoint (--best-metric {run.config.evaluation.best_metric})"
-    if run.config.averaged is not None:  # flaxformer-mini average's
-        return f"checkpoint averaged from steps {', '.join(map(str, run.config.averaged.steps))}"
-    return "newest checkpoint"
+        which = f"best checkpoint (--best-metric {run.config.evaluation.best_metric})"
+    elif run.config.averaged is not None:  # flaxformer-mini average's
+        which = f"checkpoint averaged from steps {', '.join(map(str, run.config.averaged.steps))}"
+    else:
+        which = "newest checkpoint"
+    # A run trained with --ema is read, as generate decodes it, as its moving average: say so,
+    # since its raw parameters are in the checkpoint too.
+    decay = run.config.train.ema_decay
+    return which + ("" if decay is None else f", its moving average (--ema {decay:g})")
 
 
 def _seed_keys(state_dict, path):
@@ -457,7 +462,8 @@ def build_parser():
     source.add_argument("--preset", help="model preset with torch's initialisation (default: seed, the seed tutorial's config)")
     source.add_argument("--torch-checkpoint", metavar="FILE|RUN",
                         help="a seed 001 Transformer state dict (.pt/.pth/.bin, read with weights_only=True, or "
-                             ".safetensors), or a training run's directory (its newest checkpoint and config)")
+                             ".safetensors), or a training run's directory (its newest checkpoint and config; with --ema, "
+                             "its moving average), or RUN/best (its best checkpoint, train --best-metric)")
     _config_options(check, "checkpoint")
     check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"max absolute difference allowed (default {DEFAULT_ATOL:g})")
     check.add_argument("--batch", type=int, default=4,
@@ -491,13 +497,15 @@ def build_parser():
         description="A torch state dict (.pt/.pth/.bin/.safetensors) to Flax parameters (OUT.safetensors with Flax "
                     "paths as keys and the config in its metadata, or an orbax directory: OUT without a suffix or "
                     "ending in /); or Flax parameters written by this command, or a training run's newest "
-                    "checkpoint (IN: the directory of `flaxformer-mini train --out`), to a torch state dict "
+                    "checkpoint (IN: the directory of `flaxformer-mini train --out` or of `flaxformer-mini average "
+                    "--out`, with --ema its moving average; RUN/best: its best checkpoint), to a torch state dict "
                     "(OUT .pt/.pth/.bin/.safetensors) that torch_ref.Transformer loads strictly; a .safetensors "
                     "OUT carries the config in its metadata, a .pt OUT the state dict alone. The direction "
                     "follows IN.",
     )
     convert.add_argument("input", metavar="IN",
-                         help="torch checkpoint, Flax .safetensors / orbax directory, or a training run's directory")
+                         help="torch checkpoint, Flax .safetensors / orbax directory, a training run's directory, "
+                              "or RUN/best")
     convert.add_argument("output", metavar="OUT", help="where to write the other framework's parameters")
     convert.add_argument("--force", action="store_true",
                          help="replace an existing OUT (a file, or an orbax directory this command wrote); "

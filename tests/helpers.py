@@ -184,10 +184,10 @@ def assert_exported_state_dict_computes_the_runs_logits(out, tmp_path):
     return int(state.step)
 
 
-def untrained_run(out, num_layers=1):
+def untrained_run(out, num_layers=1, ema_decay=None):
     """A flaxformer-mini run in ``out`` (config.json and one checkpoint, of its initial state)
-    of the tiny preset on `copy` with 5 heads, as `parity` reads a trained one, made without
-    compiling a train step."""
+    of the tiny preset on `copy` with 5 heads (and a moving average with ``ema_decay``), as
+    `parity` reads a trained one, made without compiling a train step."""
     from flaxformer_mini.runs.config import DataConfig, RunConfig, model_config_for
     from flaxformer_mini.runs.run import Run
     from flaxformer_mini.train import checkpoint
@@ -195,7 +195,8 @@ def untrained_run(out, num_layers=1):
 
     data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
     model = model_config_for("tiny", 11, 11, data.model_max_len).replace(num_layers=num_layers)
-    run = Run.create(out, RunConfig(model=model, train=TrainConfig(), data=data, batch_size=8), echo=lambda m: None)
+    run = Run.create(out, RunConfig(model=model, train=TrainConfig(ema_decay=ema_decay), data=data, batch_size=8),
+                     echo=lambda m: None)
     checkpoint.save(run.checkpoints(), run.initial_state())
     run.close()
     return Path(out)

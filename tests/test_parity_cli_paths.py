@@ -12,6 +12,8 @@ Properties checked:
   --config run);
 - --json and --plot never replace a file of the training run being checked (its config.json,
   anything under checkpoints/), even with --force; a new file beside them is written;
+- `--help` names RUN/best, and the summary of a run trained with --ema says its moving
+  average is what is read;
 - a .safetensors file named .pt, and a torch checkpoint (zip or legacy pickle) named
   .safetensors, are refused naming what the file is and the name to give it.
 
@@ -185,6 +187,16 @@ def test_check_never_replaces_a_file_of_the_run_it_checks_even_with_force(run, c
     report.write_text("an earlier report")
     assert main(["check", "--torch-checkpoint", str(run), "--batch", "1", "--json", str(report), "--force"]) == 0
     assert '"passed": true' in report.read_text()
+
+
+def test_help_and_the_summary_say_which_weights_of_a_run_are_read(tmp_path, capsys):
+    for command in ("check", "convert"):
+        assert main([command, "--help"]) == 0
+        assert "RUN/best" in capsys.readouterr().out
+    run = untrained_run(tmp_path / "run", ema_decay=0.9)
+    assert main(["convert", str(run), str(tmp_path / "model.pt")]) == 0
+    out = capsys.readouterr().out
+    assert f"{run} (training run, its newest checkpoint, its moving average (--ema 0.9): step 0)" in out, out
 
 
 # ----------------------------------------------------------------------------- misnamed files
