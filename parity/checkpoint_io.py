@@ -84,7 +84,7 @@ def load_state_dict(path):
     return dict(obj)
 
 
-def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None):
+def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None, replace=True):
     """Write {key: tensor} as ``.safetensors`` or ``.pt``, chosen by the suffix; atomically
     (``parity.output``), so a failed write never leaves a truncated file under the final name
     nor a temporary file beside it. ``config`` (a ModelConfig, or a dict of its fields: the
@@ -98,7 +98,10 @@ def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None):
     them, so a ``.safetensors`` file holds each later key's copy as a tensor of its own, equal
     to the first, as ``flax_to_torch`` writes a tie: the file loads with
     ``load_state_dict(strict=True)`` and ``torch_to_flax(..., tied=...)`` as the model's own
-    state dict does (safetensors' ``save_model`` would keep one name instead)."""
+    state dict does (safetensors' ``save_model`` would keep one name instead).
+
+    ``replace=False``: never replace a file at ``path``, even one created while this wrote
+    (``parity.output.write_atomic``)."""
     config = None if config is None else as_model_config(config)
     path = Path(path)
     suffix = path.suffix.lower()
@@ -119,7 +122,7 @@ def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None):
         data = buffer.getvalue()
     else:
         raise CheckpointError(f"{path}: unknown checkpoint type {suffix!r}; use .safetensors or .pt")
-    output.write_atomic(path, data)
+    output.write_atomic(path, data, replace=replace)
     return path
 
 

@@ -302,12 +302,13 @@ def _check(args):
         # the tensors' verdict); null when --decode was not given. "passed": the exit code's
         # verdict, tensors and decoding together, for a script that reads one key.
         data = dict(report.to_dict(), decode=decoded.to_dict() if decoded is not None else None, passed=passed)
-        write_atomic(args.json, json.dumps(data, allow_nan=False, indent=2) + "\n")
+        # replace: --json was refused before the work unless --force; a file that appeared since is kept.
+        write_atomic(args.json, json.dumps(data, allow_nan=False, indent=2) + "\n", replace=args.force)
         print(f"report written to {args.json}")
     if args.plot:
         from parity.plot import plot_report
 
-        plot_report(report, args.plot, title=f"torch vs Flax, {what}")
+        plot_report(report, args.plot, title=f"torch vs Flax, {what}", replace=args.force)
         print(f"plot written to {args.plot}")
     return EXIT_OK if passed else EXIT_DIVERGED
 
@@ -349,8 +350,10 @@ def _convert(args):
         state_dict = _seed_keys(load_state_dict(source), source)
         config, sources, assumed, warnings = _torch_config(args, source, state_dict)
         params = flax_params_from_state_dict(state_dict, config)
+        # replace_file: OUT was refused above unless --force; one that appeared during the work is kept.
         written = save_flax_params(params, config, out, overwrite=args.force, assumed=assumed,
-                                   tokenizers=recorded_tokenizers(source))  # carried on, as `assumed` is
+                                   tokenizers=recorded_tokenizers(source),  # carried on, as `assumed` is
+                                   replace_file=args.force)
         for message in warnings:
             warn(args.command, message)
         form = "an orbax directory" if out_suffix == "" else SAFETENSORS_SUFFIX
@@ -382,7 +385,7 @@ def _convert(args):
             state_dict = state_dict_from_flax_params(params, config)
             what = f"Flax parameters, {len(params)} arrays"
             tokenizers = recorded_tokenizers(source)  # carried on, as `assumed` is
-        save_state_dict(state_dict, out, config=config, assumed=assumed, tokenizers=tokenizers)
+        save_state_dict(state_dict, out, config=config, assumed=assumed, tokenizers=tokenizers, replace=args.force)
         if assumed:
             warn(args.command, f"{source} records these settings as assumed, not known (the seed's defaults "
                                f"when it was converted from torch): {describe_assumed(config, assumed, options=False)}; "

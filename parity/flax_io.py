@@ -120,12 +120,15 @@ def _describe(config):
 # ----------------------------------------------------------------------------- files
 
 
-def save_flax_params(params, config: ModelConfig, path, *, overwrite=False, assumed=(), tokenizers=None):
+def save_flax_params(params, config: ModelConfig, path, *, overwrite=False, assumed=(), tokenizers=None,
+                     replace_file=True):
     """Write {Flax path: array} and ``config`` as ``.safetensors`` or an orbax directory, all at
     once or not at all (``parity.output``). ``overwrite``: replace an existing orbax directory
     written by ``parity convert`` (a file is always replaced, atomically). ``assumed``: names
     of ``config``'s fields that are a guess (the seed's defaults), recorded as such.
-    ``tokenizers``: {file name: sha256} of the text run the weights come from, carried on."""
+    ``tokenizers``: {file name: sha256} of the text run the weights come from, carried on.
+    ``replace_file=False``: a .safetensors file is never replaced, even one created while this
+    wrote."""
     config = as_model_config(config)
     params = {k: np.ascontiguousarray(v) for k, v in params.items()}
     if is_orbax_path(path):
@@ -137,7 +140,7 @@ def save_flax_params(params, config: ModelConfig, path, *, overwrite=False, assu
     from safetensors.numpy import save
 
     metadata = config_metadata(FLAX_FORMAT, config, assumed, tokenizers)
-    output.write_atomic(path, save(params, metadata=metadata))
+    output.write_atomic(path, save(params, metadata=metadata), replace=replace_file)
     return path
 
 

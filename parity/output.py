@@ -27,13 +27,14 @@ from pathlib import Path
 ORBAX_ENTRIES = frozenset({"params", "config", "_CHECKPOINT_METADATA", "commit_success.txt"})
 
 
-def write_atomic(path, data):
+def write_atomic(path, data, replace=True):
     """``flaxformer_mini.files.write_atomic``: the project's one atomic writer of files. Imported
     on first use, since importing flaxformer_mini loads JAX, which the torch-side readers and
-    writers (parity.checkpoint_io) otherwise never need."""
+    writers (parity.checkpoint_io) otherwise never need. ``replace=False``: a file that appeared
+    at ``path`` since the caller's ``refuse_existing`` is kept (FileExistsError naming it)."""
     from flaxformer_mini.files import write_atomic as write
 
-    write(path, data)
+    write(path, data, replace=replace)
 
 
 class OutputExistsError(ValueError):

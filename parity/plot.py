@@ -76,8 +76,9 @@ def _panel(ax, rows, atol, what, label_landmarks, width, factor=None):
     ax.legend(fontsize=7, loc="best")
 
 
-def plot_report(report, path, title=None):
-    """Draw ``report`` into ``path`` (.png, .svg or .pdf). Gradient rows, if any, get a second panel."""
+def plot_report(report, path, title=None, replace=True):
+    """Draw ``report`` into ``path`` (.png, .svg or .pdf). Gradient rows, if any, get a second panel.
+    ``replace=False``: a file at ``path`` is kept (FileExistsError), even one made while drawing."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -99,5 +100,5 @@ def plot_report(report, path, title=None):
                            else f"torch vs Flax: first divergence at {report.first_divergence.label}"), fontsize=10)
     image = io.BytesIO()
     fig.savefig(image, format=path.suffix.lower()[1:], dpi=120)
-    write_atomic(path, image.getvalue())  # never a half-drawn image under the final name
+    write_atomic(path, image.getvalue(), replace=replace)  # never a half-drawn image under the final name
     return path

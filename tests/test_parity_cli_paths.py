@@ -10,6 +10,8 @@ Properties checked:
   refused before anything is read or written, even with --force; so is a --json onto the
   checkpoint being checked under another name, or onto the --config file (or a file of the
   --config run);
+- an OUT or --json report that another process writes during the work is kept without
+  --force (exit 2 naming it), not replaced;
 - --json and --plot never replace a file of the training run being checked (its config.json,
   anything under checkpoints/), even with --force; a new file beside them is written;
 - `--help` names RUN/best, and the summary of a run trained with --ema says its moving
@@ -168,6 +170,38 @@ def test_a_report_onto_the_config_file_or_a_file_of_the_config_run_is_refused_ev
                      "--force"]) == 2
         refused(capsys, f"--json {path}: is {what} ({given}), which --force would replace too")
     assert config.read_text() == '{"heads": 5}' and (run / "config.json").read_bytes() == run_config
+
+
+@pytest.mark.parametrize("out", ["model.safetensors", "back.pt", "report.json", "report.png"])
+def test_an_output_that_appears_during_the_work_is_kept_without_force(pt, tmp_path, out, monkeypatch, capsys):
+    # Another process writes OUT after the check before the work (it was not there) and before
+    # the write: without --force it is kept, and the conversion or report is not written.
+    import parity.check
+    import parity.convert
+
+    path = tmp_path / out
+    if out == "back.pt":
+        source = tmp_path / "model.safetensors"
+        assert main(["convert", str(pt), str(source), "--heads", "5"]) == 0
+        arguments, function = ["convert", str(source), str(path)], "state_dict_from_flax_params"
+    elif out.startswith("report"):
+        option = "--json" if out.endswith(".json") else "--plot"
+        source, arguments, function = pt, ["check", "--torch-checkpoint", str(pt), "--heads", "5", "--batch", "1",
+                                           option, str(path)], None
+    else:
+        source, arguments, function = pt, ["convert", str(pt), str(path), "--heads", "5"], "flax_params_from_state_dict"
+    module, name = (parity.convert, function) if function else (parity.check, "check_twins")
+    real = getattr(module, name)
+
+    def meanwhile(*args, **kwargs):
+        path.write_text("another process's file")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, meanwhile)
+    assert main(arguments) == 2
+    refused(capsys, f"{path}: already exists; nothing was written")
+    assert path.read_text() == "another process's file"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
 # ----------------------------------------------------------------------------- the run's own files
