@@ -182,6 +182,21 @@ def test_a_bom_starting_a_later_line_of_files_joined_by_cat_is_not_read_as_text(
     assert list(iter_tsv(path)) == [(1, "ein Haus", "a house"), (2, "Grüße", "greetings"), (3, "Haus", "house")]
 
 
+@pytest.mark.parametrize("name, text, hinted", [
+    ("field.tsv", b"a b\tb a\nc d\rx\te f\n", True),  # a lone \r inside line 2's source
+    ("mac.tsv", b"a b\tb a\rc d\rx\te\tf\r", True),  # old Mac line ends, the last one at the end
+    ("crlf.tsv", b"a b\tb a\r\nc d\r\nx\te f\r\n", False),  # \r\n alone: an editor numbers as here
+])
+def test_a_bad_lines_number_says_when_lone_carriage_returns_count_as_line_ends(tmp_path, name, text, hinted):
+    # A lone \r ends a line here, and an editor showing it as ^M numbers the lines otherwise:
+    # "line 2 has no tab" points at a line the user sees with one.
+    path = write(tmp_path, text, name)
+    with pytest.raises(DataError, match=rf"{name}:2: expected one tab between source and target, found no tab") as e:
+        list(iter_tsv(path))
+    hint = r"carriage return (\r) not followed by \n as a line end, and this file has some"
+    assert (hint in str(e.value)) == hinted, str(e.value)
+
+
 @pytest.mark.parametrize(
     "text, message",
     [

@@ -143,10 +143,33 @@ def iter_tsv(path, columns=None, lines=None):
             numbers = [str(n) if n is not None else "then not valid UTF-8" for n, _ in rest[:10]]
             more = f" (and {len(rest)} more bad line{'s' if len(rest) > 1 else ''}: {', '.join(numbers)}" \
                    f"{', ...' if len(rest) > 10 else ''})"
-        raise DataError(f"{path}:{first}: {why}{more}")
+        cr = ("; lines are numbered with a carriage return (\\r) not followed by \\n as a line end, and this file "
+              "has some, as in a field or an old Mac file (an editor showing them as ^M numbers the lines otherwise)"
+              if _has_lone_carriage_return(path) else "")
+        raise DataError(f"{path}:{first}: {why}{more}{cr}")
     if not found:
         why = f"its {lineno} line{'s are' if lineno > 1 else ' is'} blank" if lineno else "the file is empty"
         raise DataError(f"{path}: no source<TAB>target pairs ({why})")
+
+
+def _has_lone_carriage_return(path):
+    """Whether the file ``path`` holds a ``\\r`` not followed by ``\\n``, which ``iter_lines``
+    reads as a line end: a bad line's number then differs from an editor's that shows it as ^M.
+    Read again only on that error path; False for a pipe, which cannot be read twice."""
+    try:
+        if not path.is_file():
+            return False
+        with path.open("rb") as f:
+            carried = b""
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                data = carried + chunk
+                # A \r ending the chunk waits for the next chunk's first byte.
+                carried = b"\r" if data.endswith(b"\r") else b""
+                if b"\r" in data[:len(data) - len(carried)].replace(b"\r\n", b""):
+                    return True
+            return bool(carried)
+    except OSError:
+        return False
 
 
 def _flatten(encoded):
