@@ -73,16 +73,18 @@ def _run_of(path):
 
 def _is_run_file(path, run):
     """Whether ``path`` is one of the files the training run ``run`` keeps (its config.json,
-    metrics, plot, lock, tokenizers) or lies under one of its directories (checkpoints, best,
-    TensorBoard events)."""
+    metrics, plot, lock, tokenizers) or reads (a text run's training and --valid files), or
+    lies under one of its directories (checkpoints, best, TensorBoard events)."""
     from flaxformer_mini.runs.directory import RunDir
 
     d = RunDir(run)
     try:
-        tokenizer_files = [p for _, p in d.tokenizer_files(d.load_config().data)]
+        data = d.load_config().data
+        tokenizer_files = [p for _, p in d.tokenizer_files(data)]
+        data_files = [Path(p) for p in (getattr(data, "train_path", None), getattr(data, "valid_path", None)) if p]
     except (OSError, ValueError):  # an unreadable config.json: the check itself names it
-        tokenizer_files = []
-    files = (d.config_path, d.metrics_path, d.plot_path, d.lock_path, *d.vocab_paths, *tokenizer_files)
+        tokenizer_files, data_files = [], []
+    files = (d.config_path, d.metrics_path, d.plot_path, d.lock_path, *d.vocab_paths, *tokenizer_files, *data_files)
     target = Path(path).resolve()
     return (any(target == f.resolve() for f in files)
             or any(target.is_relative_to(directory.resolve()) for directory in (d.checkpoints, d.best, d.tensorboard)))

@@ -13,7 +13,8 @@ Properties checked:
 - an OUT or --json report that another process writes during the work is kept without
   --force (exit 2 naming it), not replaced;
 - --json and --plot never replace a file of the training run being checked (its config.json,
-  anything under checkpoints/), even with --force; a new file beside them is written;
+  anything under checkpoints/, a text run's training and --valid files), even with --force; a
+  new file beside them is written;
 - `--help` names RUN/best, and the summary of a run trained with --ema says its moving
   average is what is read;
 - a .safetensors file named .pt, and a torch checkpoint (zip or legacy pickle) named
@@ -221,6 +222,17 @@ def test_check_never_replaces_a_file_of_the_run_it_checks_even_with_force(run, c
     report.write_text("an earlier report")
     assert main(["check", "--torch-checkpoint", str(run), "--batch", "1", "--json", str(report), "--force"]) == 0
     assert '"passed": true' in report.read_text()
+
+
+def test_check_never_replaces_a_text_runs_training_or_valid_file_even_with_force(trained_run, capsys):
+    # A text run reads its --data and --valid files on every resume and evaluation; a report
+    # written over one would lose the user's corpus (helpers.SHARED_RUNS' char run, read only).
+    d = trained_run("char_4_steps")
+    for data in (d / "train.tsv", d / "valid.tsv"):
+        before = data.read_bytes()
+        assert main(["check", "--torch-checkpoint", str(d / "run"), "--json", str(data), "--force"]) == 2
+        refused(capsys, f"--json {data}: is one of the files of the training run being checked ({d / 'run'})")
+        assert data.read_bytes() == before
 
 
 def test_help_and_the_summary_say_which_weights_of_a_run_are_read(tmp_path, capsys):
