@@ -124,7 +124,13 @@ def test_a_signal_while_orbax_writes_is_held_until_it_is_done_then_stops_leaving
         return tree
 
     monkeypatch.setattr(parity.flax_io, "_nest", nest_then_signal)
-    assert main(["convert", str(pt), str(tmp_path / "model_orbax"), "--heads", "5"]) == 130
+    # pytest-xdist's workers ignore SIGINT, and a held signal goes to the handler it would have
+    # reached (ignored there too, as it should be): Python's default, which a shell gives, here.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(["convert", str(pt), str(tmp_path / "model_orbax"), "--heads", "5"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert finished == [True]
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [f"parity convert: stopped by {by}; no output was left half-written"], err
