@@ -26,8 +26,21 @@ def test_held_out_pairs_that_repeated_lines_also_train_on_are_counted_in_a_warni
 
 @pytest.mark.parametrize("holdout", [512, 0])
 def test_distinct_lines_or_no_held_out_pairs_give_no_repeated_line_warning(tmp_path, holdout):
-    lines = [f"w{i} x\tx w{i}" for i in range(50)] if holdout else ["a b\tb a"] * 50
+    # Distinct lines of 8 words, each word on 14 lines: the held-out pairs' words are trained on too.
+    words = [f"w{i}" for i in range(8)]
+    lines = [f"{a} {b}\t{b} {a}" for a in words for b in words if a != b] if holdout else ["a b\tb a"] * 50
     assert start_notes(tmp_path, lines, holdout=holdout)[1] == []
+
+
+def test_held_out_pairs_of_words_no_other_line_has_are_warned_of_without_the_columns_hint(tmp_path):
+    # A corpus of ids: "common id{i}" -> "id{i}", each id on one line alone. The 5 pairs held out
+    # have ids the tokenizers never saw: half their source tokens and all their target tokens
+    # are <unk>, and their scores measure that. Their columns are the trained ones: no hint of a swap.
+    lines = [f"common id{i}\tid{i}" for i in range(50)]
+    train, notes = start_notes(tmp_path, lines, holdout=512)
+    assert notes == [f"warning: {train} (its 5 pairs held out, no --valid): 50.0% of its source tokens and 100.0% of "
+                     "its target tokens are outside the vocabulary (the tokenizers trained on its other pairs) and read "
+                     "as <unk>"]
 
 
 def test_a_word_vocab_size_that_leaves_training_tokens_unknown_says_how_many(tmp_path):

@@ -325,10 +325,18 @@ class Run:
 
     def _report_unknown_tokens(self, echo):
         """A text run whose pairs its tokenizers mostly cannot read: training pairs numbered by
-        another run's tokenizers (--tokenizer-from), and a --valid file."""
+        another run's tokenizers (--tokenizer-from), a --valid file, and the pairs held out of
+        the training file (words of their own, as in a corpus of names or ids: their scores
+        measure <unk> more than the model)."""
         d = self.config.data
         if d.kind != "tsv":
             return
+        if d.valid_path is None and d.tokenizer_from is None and self.data.held_out_pairs:
+            note = unknown_tokens_note(self.data.eval, f"{d.train_path} (its {self.data.held_out_pairs} pairs held "
+                                       "out, no --valid)", "the tokenizers trained on its other pairs",
+                                       mismatch_hint=False)
+            if note:
+                echo(note)
         files = []
         if d.tokenizer_from is not None:
             files.append((self.data.train, d.train_path, f"the tokenizers of --tokenizer-from {d.tokenizer_from}"))

@@ -99,16 +99,18 @@ UNKNOWN_NOTE_RATE = 0.05
 UNKNOWN_MISMATCH_RATE = 0.5
 
 
-def unknown_tokens_note(pairs, path, what):
+def unknown_tokens_note(pairs, path, what, mismatch_hint=True):
     """A line saying how many of ``pairs``' tokens (each side's) are UNK, or None when no side
-    passes ``UNKNOWN_NOTE_RATE``. ``what``: how the tokenizers came to this file."""
+    passes ``UNKNOWN_NOTE_RATE``. ``what``: how the tokenizers came to this file.
+    ``mismatch_hint``: past ``UNKNOWN_MISMATCH_RATE``, suggest swapped columns or another corpus
+    (not for pairs held out of the training file itself, whose columns are the trained ones)."""
     rates = dict(zip(("source", "target"), pairs.unknown_rates()))
     high = {side: rate for side, rate in rates.items() if rate > UNKNOWN_NOTE_RATE}
     if not high:
         return None
     said = " and ".join(f"{rate:.1%} of its {side} tokens" for side, rate in high.items())
     hint = ""
-    if max(high.values()) > UNKNOWN_MISMATCH_RATE:
+    if mismatch_hint and max(high.values()) > UNKNOWN_MISMATCH_RATE:
         hint = ("; so many suggests swapped source and target columns (--columns) or another corpus than the "
                 "tokenizers were trained on")
     return f"warning: {path}: {said} are outside the vocabulary ({what}) and read as <unk>{hint}"
