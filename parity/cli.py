@@ -75,13 +75,13 @@ def _is_run_file(path, run):
     """Whether ``path`` is one of the files the training run ``run`` keeps (its config.json,
     metrics, plot, lock, tokenizers) or reads (a text run's training and --valid files), or
     lies under one of its directories (checkpoints, best, TensorBoard events)."""
-    from flaxformer_mini.runs.directory import RunDir
+    from flaxformer_mini.runs.directory import DATA_FILES, RunDir
 
     d = RunDir(run)
     try:
         data = d.load_config().data
         tokenizer_files = [p for _, p in d.tokenizer_files(data)]
-        data_files = [Path(p) for p in (getattr(data, "train_path", None), getattr(data, "valid_path", None)) if p]
+        data_files = [Path(getattr(data, key)) for key in DATA_FILES if getattr(data, key, None)]
     except (OSError, ValueError):  # an unreadable config.json: the check itself names it
         tokenizer_files, data_files = [], []
     files = (d.config_path, d.metrics_path, d.plot_path, d.lock_path, *d.vocab_paths, *tokenizer_files, *data_files)
