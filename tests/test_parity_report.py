@@ -98,16 +98,24 @@ class _FlaxAttention(nnx.Module):
         return self.out(self.attn(x))
 
 
+def _ported_and_compared(torch_type):
+    """(torch model, its port with the converted weights, compare's inputs, the report) of
+    ``torch_type``'s attention model against ``_FlaxAttention``; a correct port, so the report passes."""
+    torch.manual_seed(0)
+    t = torch_type().eval()
+    f = parity.torch_to_flax(t.state_dict(), _FlaxAttention(nnx.Rngs(0)))
+    x = np.random.default_rng(1).normal(size=(2, 4, D)).astype(np.float32)
+    inputs = ((torch.as_tensor(x),), (x,))
+    report = parity.compare(t, f, *inputs, atol=1e-5)
+    assert report.ok, report.format_table(show_all=True)
+    return t, f, inputs, report
+
+
 def test_the_sublayers_of_an_attention_torch_computes_in_one_call_are_left_out_and_said_so():
     # nn.MultiheadAttention runs its projections inside one call (no query/key/value modules);
     # nnx.MultiHeadAttention calls four sublayers. Without ignore_missing, the report once
     # failed on "attn.key ... missing on the torch side" for a correct port.
-    torch.manual_seed(0)
-    t = _TorchAttention().eval()
-    f = parity.torch_to_flax(t.state_dict(), _FlaxAttention(nnx.Rngs(0)))
-    x = np.random.default_rng(1).normal(size=(2, 4, D)).astype(np.float32)
-    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5)
-    assert report.ok, report.format_table(show_all=True)
+    t, f, inputs, report = _ported_and_compared(_TorchAttention)
     assert [r.name for r in report.rows] == ["attn[0]", "out", ""]
     why = "inside attn, a MultiHeadAttention that torch computes in one call"
     assert sorted(report.left_out) == [(f"attn.{n}", why) for n in ("key", "out", "query", "value")]
@@ -123,17 +131,12 @@ class _TorchAttentionDefaultCall(_TorchAttention):
 def test_the_attention_weights_of_a_default_multihead_attention_call_are_left_out_not_failed():
     # A correct port of a default nn.MultiheadAttention call once failed on "attn[1] missing on
     # the Flax side": torch's averaged attention weights, which nnx.MultiHeadAttention never returns.
-    torch.manual_seed(0)
-    t = _TorchAttentionDefaultCall().eval()
-    f = parity.torch_to_flax(t.state_dict(), _FlaxAttention(nnx.Rngs(0)))
-    x = np.random.default_rng(1).normal(size=(2, 4, D)).astype(np.float32)
-    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5)
-    assert report.ok, report.format_table(show_all=True)
+    t, f, inputs, report = _ported_and_compared(_TorchAttentionDefaultCall)
     assert [r.name for r in report.rows] == ["attn[0]", "out", ""]
     assert ("attn[1]", "the attention weights torch's attn returns (need_weights=True, its default), which the "
                        "port's MultiHeadAttention does not") in report.left_out
     f.attn.value.kernel.set_value(f.attn.value.kernel.get_value() * 2)  # the output itself is still compared
-    assert parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5).first_divergence.name == "attn[0]"
+    assert parity.compare(t, f, *inputs, atol=1e-5).first_divergence.name == "attn[0]"
 
 
 class _TorchSequenceFirstAttention(torch.nn.Module):
@@ -149,16 +152,11 @@ class _TorchSequenceFirstAttention(torch.nn.Module):
 
 def test_a_sequence_first_multihead_attention_is_compared_batch_first_and_said_so():
     # A correct port failed at attn[0] with "shape differs: Flax (2, 4, D)": torch's (L, N, E) output.
-    torch.manual_seed(0)
-    t = _TorchSequenceFirstAttention().eval()
-    f = parity.torch_to_flax(t.state_dict(), _FlaxAttention(nnx.Rngs(0)))
-    x = np.random.default_rng(1).normal(size=(2, 4, D)).astype(np.float32)
-    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5)
-    assert report.ok, report.format_table(show_all=True)
+    t, f, inputs, report = _ported_and_compared(_TorchSequenceFirstAttention)
     assert [(r.name, r.shape) for r in report.rows] == [("attn[0]", (2, 4, D)), ("out", (2, 4, 3)), ("", (2, 4, 3))]
     assert any(note.startswith("torch's attn computes sequence-first (L, N, E)") for note in report.notes)
     f.attn.value.kernel.set_value(f.attn.value.kernel.get_value() * 2)  # a fault there is still found there
-    assert parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5).first_divergence.name == "attn[0]"
+    assert parity.compare(t, f, *inputs, atol=1e-5).first_divergence.name == "attn[0]"
 
 
 def test_ignore_missing_lists_every_row_it_left_out_and_a_rename_typo_is_refused_not_left_out():
