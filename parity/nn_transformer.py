@@ -26,6 +26,7 @@ Differences, and how ``Seq2SeqTransformer`` removes them (see tests/test_parity_
 import torch
 from torch import nn
 
+from flaxformer_mini.model.primitives import LAYER_NORM_EPS  # the twins' epsilon, nn.LayerNorm's default
 from parity.engine import ConversionError
 from parity.rename import Rename
 
@@ -63,7 +64,6 @@ NN_TRANSFORMER_RENAME = {
 }
 
 _MARKER = "transformer.encoder.layers.0.self_attn.in_proj_weight"
-SEED_LAYER_NORM_EPS = 1e-5  # torch_ref's nn.LayerNorm default, which the Flax twin sets too
 _FINAL_NORMS = ("transformer.encoder.norm.", "transformer.decoder.norm.")
 
 
@@ -103,9 +103,9 @@ def check_module(transformer: nn.Transformer):
         # layer_norm_eps is in no state dict, and a slip there passes float32's tolerance at
         # small ones (the seed's nn.LayerNorm keeps torch's default).
         eps = sorted({norm.eps for norm in (layer.norm1, layer.norm2, getattr(layer, "norm3", layer.norm1))})
-        if eps != [SEED_LAYER_NORM_EPS]:
+        if eps != [LAYER_NORM_EPS]:
             problems.append(f"layer_norm_eps={', '.join(map(str, eps))} in the {name} (the seed's LayerNorms use "
-                            f"{SEED_LAYER_NORM_EPS})")
+                            f"{LAYER_NORM_EPS})")
     if problems:
         raise ConversionError("this nn.Transformer differs from the seed model: " + "; ".join(problems))
 
