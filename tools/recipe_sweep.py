@@ -4,8 +4,8 @@
 
 ``DIR`` holds ``train.tsv`` and ``valid.tsv`` (``python -m flaxformer_mini.data.corpora cmudict
 DIR`` writes them, with ``test.tsv``, which the sweep leaves for the end). Each configuration
-(``CONFIGS``, ``flaxformer-mini train`` options) trains in a fresh process with a step count it cannot reach; after ``--minutes`` of wall time, counted from
-the process's start (imports and compilation included, as a user waits for them), it gets a
+(``CONFIGS``, ``flaxformer-mini train`` options) trains in a fresh process with a step count
+it cannot reach; after ``--minutes`` of wall time, counted from the process's start (imports and compilation included, as a user waits for them), it gets a
 SIGTERM and saves where it is, as a scheduler's time limit would stop it. Then ``evaluate``
 scores the run's latest checkpoint on the validation file, greedily and with a beam. One JSON
 line a configuration goes to ``SWEEP/results.jsonl``: its options, steps reached, wall seconds,
