@@ -4,15 +4,15 @@
 
 ``DIR`` holds ``train.tsv`` and ``valid.tsv`` (``python -m flaxformer_mini.data.corpora cmudict
 DIR`` writes them, with ``test.tsv``, which the sweep leaves for the end). Each configuration
-(``CONFIGS``, ``flaxformer-mini train`` options) trains in a fresh process with a step count
-it cannot reach; after ``--minutes`` of wall time, counted from the process's start (imports and compilation included, as a user waits for them), it gets a
-SIGTERM and saves where it is, as a scheduler's time limit would stop it. Then ``evaluate``
-scores the run's latest checkpoint on the validation file, greedily and with a beam. One JSON
-line a configuration goes to ``SWEEP/results.jsonl``: its options, steps reached, wall seconds,
-target tokens/s, and each score's phoneme error rate (``wer``) and word error rate
-(``1 - exact_match``). A configuration with a line there is skipped when the sweep runs again;
-one with a run directory but no line is trained again from the start, since a resumed run
-would have had more than its time box.
+(``CONFIGS``, ``flaxformer-mini train`` options) trains in a fresh process with a step count it
+cannot reach; after ``--minutes`` of wall time, counted from the process's start (imports and
+compilation included, as a user waits for them), it gets a SIGTERM and saves where it is, as a
+scheduler's time limit would stop it. Then ``evaluate`` scores the run's latest checkpoint on
+the validation file, greedily and with a beam. One JSON line a configuration goes to
+``SWEEP/results.jsonl``: its options, steps reached, wall seconds, target tokens/s, and each
+score's phoneme error rate (``wer``) and word error rate (``1 - exact_match``). A configuration
+with a line there is skipped when the sweep runs again; one with a run directory but no line is
+trained again from the start, since a resumed run would have had more than its time box.
 
 The machine is named in every line (``benchmarks.machine``): wall-time results hold for the CPU
 they ran on, and for the load it had (``uptime`` before and after each run is recorded too).
