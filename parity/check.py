@@ -28,7 +28,8 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAUL
     Rows: every submodule output in torch's execution order; with ``grads``, then the loss and
     every parameter's gradient in torch's parameter order. ``float64_reference``: each output
     is also measured against the torch twin in float64, and one beyond ``atol`` agrees when
-    Flax's error there is at most FLOAT64_FACTOR times torch's (parity/float64_reference.py).
+    Flax's error there is as torch's own (parity/float64_reference.py: FLOAT64_FACTOR times its
+    root mean square, FLOAT64_LARGEST_FACTOR times its largest).
     """
     check_tolerance(atol, "check_twins")
     source, target = sample_batch(config, batch=batch, seed=seed)

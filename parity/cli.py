@@ -43,7 +43,7 @@ EXIT_BROKEN_PIPE = 141
 MAX_BATCH = 1024
 # --seed: JAX's PRNG keys take an int64 (torch's and numpy's take more), and none a negative.
 MAX_SEED = 2**63 - 1
-from parity.policy import DEFAULT_ATOL, FLOAT64_FACTOR, NEAR_TIE_FACTOR
+from parity.policy import DEFAULT_ATOL, FLOAT64_FACTOR, FLOAT64_LARGEST_FACTOR, NEAR_TIE_FACTOR
 
 DEBUG_ENV = "PARITY_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
@@ -479,9 +479,9 @@ def build_parser():
                        help="also compare the loss and every parameter's gradient (token cross-entropy, next-token labels)")
     check.add_argument("--float64-reference", action="store_true",
                        help="also run the torch twin in float64 and measure both float32 twins against it: an output "
-                            f"beyond --atol agrees when Flax's error is at most {FLOAT64_FACTOR}x torch's own (for a "
-                            "trained model, whose float32 rounding alone can pass 1e-5); gradients are judged by "
-                            "--atol alone")
+                            f"beyond --atol agrees when Flax's error there is at most {FLOAT64_FACTOR}x torch's own "
+                            f"in root mean square and {FLOAT64_LARGEST_FACTOR}x at its largest (for a trained model, "
+                            "whose float32 rounding alone can pass 1e-5); gradients are judged by --atol alone")
     check.add_argument("--decode", type=int, metavar="N",
                        help="also decode N new tokens greedily with KV caches on both twins (the same source batch), "
                             "1 to the model's max_len, and compare the token ids; a row that differs fails the check "

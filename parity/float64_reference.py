@@ -5,27 +5,56 @@ the suite holds them to it. A trained model can exceed it from float32 rounding 
 activations and weights amplify each rounding, in torch as much as in Flax. So, for each
 compared output, this measures both float32 twins against the torch twin in float64 (the
 nearest thing to the exact value either side has; JAX computes in float32 unless x64 is on)
-and lets a row beyond the tolerance pass when the Flax twin's error is at most
-``FLOAT64_FACTOR`` times torch's own: the port is then as exact as the model it ports. A
-port's bug (a wrong epsilon, a mask off by one) leaves Flax far from float64 while torch stays
-near it, and still fails.
+and lets a row beyond the tolerance pass when the Flax twin's errors are those of a model as
+exact as torch: their root mean square at most ``FLOAT64_FACTOR`` times torch's, and their
+largest at most ``FLOAT64_LARGEST_FACTOR`` times torch's largest (parity/policy.py says why
+two statistics). A port's bug (a wrong epsilon, a mask off by one) leaves Flax far from
+float64 while torch stays near it, and still fails.
 
-Shapes: whatever each compared output's shape is; errors are max absolute differences.
+Shapes: whatever each compared output's shape is; errors are absolute differences.
 """
 
 import copy
+import dataclasses
 
 import numpy as np
 
 from parity.compare import _match_tuple_outputs, torch_intermediates
-from parity.policy import FLOAT64_FACTOR
+from parity.policy import FLOAT64_FACTOR, FLOAT64_LARGEST_FACTOR
 
 
-def judge_against_float64(report, torch_model, named, torch_inputs, factor=FLOAT64_FACTOR):
-    """Fill each intermediate row's ``torch_f64`` and ``flax_f64`` (each float32 twin's max
-    absolute error against the torch twin in float64) and re-judge the rows beyond the
-    tolerance by ``factor``; gradient rows, and rows with a note (missing, shape, NaN), stay as
-    they are. ``named``: the float32 twins' intermediates the report compared
+@dataclasses.dataclass(frozen=True)
+class Float64Errors:
+    """Each float32 twin's absolute error against the float64 value: the largest and the root
+    mean square over the output's elements."""
+
+    torch_largest: float
+    flax_largest: float
+    torch_rms: float
+    flax_rms: float
+
+    def as_exact_as_torch(self, factor=FLOAT64_FACTOR, largest_factor=FLOAT64_LARGEST_FACTOR):
+        return self.flax_rms <= factor * self.torch_rms and self.flax_largest <= largest_factor * self.torch_largest
+
+
+def float64_errors(torch32, flax32, exact) -> Float64Errors:
+    """The errors of ``torch32`` and ``flax32`` (the twins' float32 outputs) against ``exact``."""
+    exact = np.asarray(exact, np.float64)
+    t = np.abs(np.asarray(torch32, np.float64) - exact)
+    f = np.abs(np.asarray(flax32, np.float64) - exact)
+
+    def rms(e):
+        return float(np.sqrt(np.mean(np.square(e)))) if e.size else 0.0
+
+    return Float64Errors(float(t.max(initial=0.0)), float(f.max(initial=0.0)), rms(t), rms(f))
+
+
+def judge_against_float64(report, torch_model, named, torch_inputs, factor=FLOAT64_FACTOR,
+                          largest_factor=FLOAT64_LARGEST_FACTOR):
+    """Fill each intermediate row's float64 errors (``torch_f64``/``flax_f64``, the largest;
+    ``torch_f64_rms``/``flax_f64_rms``) and re-judge the rows beyond the tolerance by
+    ``factor`` and ``largest_factor``; gradient rows, and rows with a note (missing, shape,
+    NaN), stay as they are. ``named``: the float32 twins' intermediates the report compared
     (``compare.model_intermediates``). ``report`` is changed in place and returned."""
     t32, f32 = named
     f32 = _match_tuple_outputs(t32, f32)
@@ -34,10 +63,10 @@ def judge_against_float64(report, torch_model, named, torch_inputs, factor=FLOAT
     for row in report.rows:
         if row.kind != "intermediate" or row.note or row.name not in t64 or row.name not in f32:
             continue
-        exact = np.asarray(t64[row.name], np.float64)
-        row.torch_f64 = float(np.abs(np.asarray(t32[row.name], np.float64) - exact).max(initial=0.0))
-        row.flax_f64 = float(np.abs(np.asarray(f32[row.name], np.float64) - exact).max(initial=0.0))
+        errors = float64_errors(t32[row.name], f32[row.name], t64[row.name])
+        row.torch_f64, row.flax_f64 = errors.torch_largest, errors.flax_largest
+        row.torch_f64_rms, row.flax_f64_rms = errors.torch_rms, errors.flax_rms
         if not row.ok:
-            row.ok = row.flax_f64 <= factor * row.torch_f64
-    report.float64_factor = factor
+            row.ok = errors.as_exact_as_torch(factor, largest_factor)
+    report.float64_factor, report.float64_largest_factor = factor, largest_factor
     return report

@@ -14,11 +14,15 @@ DEFAULT_ATOL = 1e-5
 NEAR_TIE_FACTOR = 10
 
 # ``parity check --float64-reference``: an output beyond the tolerance still agrees when the
-# Flax twin's float32 error against the torch twin run in float64 is at most this many times
-# torch's own float32 error there. A trained model's large activations make float32 rounding
-# alone exceed 1e-5 (docs/design.md has the measured ratio); a port's bug is many times
-# torch's rounding.
+# Flax twin's float32 errors against the torch twin run in float64 are those of a model as exact
+# as torch: their root mean square at most FLOAT64_FACTOR times torch's, and their largest at
+# most FLOAT64_LARGEST_FACTOR times torch's largest. A trained model's large activations make
+# float32 rounding alone exceed 1e-5. The RMS over a row's elements measures a twin's rounding
+# and varies little between equally exact twins; the largest error is one extreme among many
+# and varies about twice as much, so it gets the wider bound, which one wrong element still
+# passes far beyond (docs/design.md, "Parity policy", has the measured ratios).
 FLOAT64_FACTOR = 2
+FLOAT64_LARGEST_FACTOR = 4
 
 # ``parity.bfloat16``: the Flax twin computing in bfloat16 against the torch twin in float32.
 # Each row's max absolute difference may be BFLOAT16_FACTOR x 2^-8 (bfloat16's rounding step,

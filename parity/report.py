@@ -38,10 +38,13 @@ class Row:
     note: str = ""  # why a row could not be compared
     at: tuple | None = None  # index of the largest difference (the first non-finite one, if any)
     alias: str = ""  # shown instead of the module path (ALIASES)
-    # With a float64 reference (parity/float64_reference.py): each float32 twin's max absolute
-    # error against the torch twin run in float64; None without one.
+    # With a float64 reference (parity/float64_reference.py): each float32 twin's largest
+    # absolute error against the torch twin run in float64, and their root mean square; None
+    # without one.
     torch_f64: float | None = None
     flax_f64: float | None = None
+    torch_f64_rms: float | None = None
+    flax_f64_rms: float | None = None
 
     @property
     def label(self):
@@ -84,9 +87,11 @@ class Report(RowVerdicts):
     # modules the port calls as functions (``ignore_missing``), the sublayers of a layer torch
     # computes in one call (``nn.MultiheadAttention``), parameters frozen in torch. Said, never dropped silently.
     left_out: list = dataclasses.field(default_factory=list)
-    # Set by parity/float64_reference.py: a row beyond ``atol`` agrees when Flax's error against
-    # float64 is at most this many times torch's own. None: ``atol`` alone judges.
+    # Set by parity/float64_reference.py: a row beyond ``atol`` agrees when Flax's errors against
+    # float64 have at most ``float64_factor`` times torch's root mean square and at most
+    # ``float64_largest_factor`` times torch's largest. None: ``atol`` alone judges.
     float64_factor: float | None = None
+    float64_largest_factor: float | None = None
     # What the reader must know to trust the rows, said above the verdict: dropout drawing
     # masks on either side (``parity.compare``), which no port can reproduce.
     notes: list = dataclasses.field(default_factory=list)
@@ -103,14 +108,14 @@ class Report(RowVerdicts):
         # With a float64 reference, rows beyond atol that it let pass are shown too.
         shown = [r for r in self.rows if show_all or r.landmark or not r.ok or (f64 and r.max_abs > self.atol)]
         width = max([len(r.label) for r in shown] + [12])
-        extra = f"  {'torch vs f64':>12}  {'Flax vs f64':>12}" if f64 else ""
-        verdict = f"within {self.atol:g}" + (f" or {self.float64_factor:g}x torch's" if f64 else "")
+        extra = f"  {'torch vs f64':>12}  {'Flax vs f64':>12}  {'RMS ratio':>9}" if f64 else ""
+        verdict = f"within {self.atol:g}" + (" or as exact as torch" if f64 else "")
         lines = [f"{'intermediate':<{width}}  {'shape':<16} {'max abs diff':>12}  {'max rel diff':>12}{extra}  {verdict}"]
         for r in shown:
             status = "yes" if r.ok else "NO  " + (r.note or _where(r)).strip()
             if r.ok and f64 and r.max_abs > self.atol:
                 status = "yes (float64)"
-            errors = (f"  {_number(r.torch_f64):>12}  {_number(r.flax_f64):>12}" if f64 else "")
+            errors = (f"  {_number(r.torch_f64):>12}  {_number(r.flax_f64):>12}  {_rms_ratio(r):>9}" if f64 else "")
             lines.append(f"{r.label:<{width}}  {str(r.shape):<16} {r.max_abs:>12.3e}  {r.max_rel:>12.3e}{errors}"
                          f"  {status}".rstrip())
         shown_ids = {id(r) for r in shown}
@@ -136,17 +141,30 @@ class Report(RowVerdicts):
             by_f64 = sum(r.max_abs > self.atol for r in self.rows) if f64 else 0
             lines.append(f"all {counted} within {self.atol:g} (largest difference {self.max_abs:.3e})" if not by_f64
                          else f"all {counted} agree: {by_f64} beyond {self.atol:g} (largest difference "
-                              f"{self.max_abs:.3e}) are within {self.float64_factor:g}x torch's own float32 error "
-                              f"against the torch twin in float64, the rest within {self.atol:g}")
+                              f"{self.max_abs:.3e}) are as exact as torch against the torch twin in float64 "
+                              f"({self._float64_bounds()}), the rest within {self.atol:g}")
         elif first.note:  # missing on one side, shapes differ, NaN: the note says it, no number does
             lines.append(f"first divergence: {first.label} ({first.note})")
         else:
-            against = ("" if not f64 or first.flax_f64 is None else
-                       f"; against the torch twin in float64, Flax's error {first.flax_f64:.3e} > "
-                       f"{self.float64_factor:g}x torch's {first.torch_f64:.3e}")
+            against = "" if not f64 or first.flax_f64 is None else self._float64_failure(first)
             lines.append(f"first divergence: {first.label} (max abs diff {first.max_abs:.3e} > {self.atol:g}"
                          f"{_where(first)}{against})")
         return "\n".join(lines)
+
+    def _float64_bounds(self):
+        return (f"Flax's RMS error at most {self.float64_factor:g}x torch's, its largest at most "
+                f"{self.float64_largest_factor:g}x torch's")
+
+    def _float64_failure(self, row):
+        """'; against the torch twin in float64, ...': which of the two bounds ``row`` exceeds."""
+        beyond = []
+        if row.flax_f64_rms > self.float64_factor * row.torch_f64_rms:
+            beyond.append(f"Flax's RMS error {row.flax_f64_rms:.3e} > {self.float64_factor:g}x torch's "
+                          f"{row.torch_f64_rms:.3e}")
+        if row.flax_f64 > self.float64_largest_factor * row.torch_f64:
+            beyond.append(f"Flax's largest error {row.flax_f64:.3e} > {self.float64_largest_factor:g}x torch's "
+                          f"{row.torch_f64:.3e}")
+        return "; against the torch twin in float64, " + " and ".join(beyond)
 
     def to_dict(self):
         """The report as plain JSON values: a row's ``max_abs`` / ``max_rel`` that is not a
@@ -154,7 +172,8 @@ class Report(RowVerdicts):
         first = self.first_divergence
         return {
             "atol": self.atol,
-            **({} if self.float64_factor is None else {"float64_factor": self.float64_factor}),
+            **({} if self.float64_factor is None else {"float64_factor": self.float64_factor,
+                                                       "float64_largest_factor": self.float64_largest_factor}),
             "ok": self.ok,
             "first_divergence": first.label if first else None,
             "rows": [_row_dict(r, self.atol) for r in self.rows],
@@ -169,6 +188,13 @@ class Report(RowVerdicts):
 
 def _number(value):
     return "-" if value is None else f"{value:.3e}"
+
+
+def _rms_ratio(row):
+    """Flax's RMS error against float64 over torch's: '-' where either is unmeasured or torch's is 0."""
+    if row.flax_f64_rms is None or row.torch_f64_rms is None or row.torch_f64_rms == 0:
+        return "-"
+    return f"{row.flax_f64_rms / row.torch_f64_rms:.2f}"
 
 
 def _where(row):
@@ -193,7 +219,7 @@ def _row_dict(row, atol):
     out["at"] = None if row.at is None else list(row.at)
     del out["alias"]  # ``label`` holds it
     if row.torch_f64 is None and row.flax_f64 is None:  # no float64 reference: the row's keys as always
-        del out["torch_f64"], out["flax_f64"]
+        del out["torch_f64"], out["flax_f64"], out["torch_f64_rms"], out["flax_f64_rms"]
     else:  # agreed by the float64 reference alone, beyond atol (the table's "yes (float64)")
         out["by_float64"] = bool(row.ok and not row.note and row.max_abs > atol)
     bad = {key: out[key] for key in ("max_abs", "max_rel") if not math.isfinite(out[key])}
