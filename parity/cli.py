@@ -295,23 +295,26 @@ def _check(args):
               f"as much as in Flax; --float64-reference measures both against the torch twin in float64")
     if decoded is not None:
         print(decoded.format())
+    outputs = []  # drawn and serialised first, then written together: all of them or none
     if args.json:
         import json
-
-        from parity.output import write_atomic
 
         # "decode" is added beside the report's own keys, which keep their meaning ("ok" is
         # the tensors' verdict); null when --decode was not given. "passed": the exit code's
         # verdict, tensors and decoding together, for a script that reads one key.
         data = dict(report.to_dict(), decode=decoded.to_dict() if decoded is not None else None, passed=passed)
-        # replace: --json was refused before the work unless --force; a file that appeared since is kept.
-        write_atomic(args.json, json.dumps(data, allow_nan=False, indent=2) + "\n", replace=args.force)
-        print(f"report written to {args.json}")
+        outputs.append((args.json, json.dumps(data, allow_nan=False, indent=2) + "\n", "report"))
     if args.plot:
-        from parity.plot import plot_report
+        from parity.plot import render_report
 
-        plot_report(report, args.plot, title=f"torch vs Flax, {what}", replace=args.force)
-        print(f"plot written to {args.plot}")
+        outputs.append((args.plot, render_report(report, args.plot, title=f"torch vs Flax, {what}"), "plot"))
+    if outputs:
+        from parity.output import write_files_atomic
+
+        # replace: each was refused before the work unless --force; a file that appeared since is kept.
+        write_files_atomic([(path, data) for path, data, _ in outputs], replace=args.force)
+        for path, _, kind in outputs:
+            print(f"{kind} written to {path}")
     return EXIT_OK if passed else EXIT_DIVERGED
 
 

@@ -37,6 +37,49 @@ def write_atomic(path, data, replace=True):
     write(path, data, replace=replace)
 
 
+def write_files_atomic(outputs, replace=False):
+    """Write each ``(path, data)`` of ``outputs`` with ``write_atomic``, all of them or none: when
+    one fails (a full disk, a file that appeared without ``replace``, Ctrl-C), those written
+    before it are removed, and a file that ``replace`` put aside goes back, so one command's
+    outputs are never half there."""
+    written = []  # (path, the file it replaced, moved aside beside it, or None)
+    try:
+        for path, data in outputs:
+            path = Path(path)
+            old = _set_aside(path) if replace else None
+            try:
+                write_atomic(path, data, replace=replace)
+            except BaseException:
+                if old is not None:
+                    os.replace(old, path)
+                raise
+            written.append((path, old))
+    except BaseException:
+        for path, old in reversed(written):
+            if old is not None:
+                os.replace(old, path)
+            else:
+                path.unlink(missing_ok=True)
+        raise
+    for _, old in written:
+        if old is not None:
+            os.unlink(old)
+
+
+def _set_aside(path):
+    """Rename the file at ``path`` (if any) to a hidden temporary name beside it; that name, or None."""
+    if not os.path.lexists(path):
+        return None
+    fd, aside = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old")
+    os.close(fd)
+    try:
+        os.replace(path, aside)
+    except BaseException:
+        os.unlink(aside)
+        raise
+    return aside
+
+
 class OutputExistsError(ValueError):
     """The output path exists and replacing it was not asked for (``--force``)."""
 

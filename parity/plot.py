@@ -79,6 +79,14 @@ def _panel(ax, rows, atol, what, label_landmarks, width):
 def plot_report(report, path, title=None, replace=True):
     """Draw ``report`` into ``path`` (.png, .svg or .pdf). Gradient rows, if any, get a second panel.
     ``replace=False``: a file at ``path`` is kept (FileExistsError), even one made while drawing."""
+    path = Path(path)
+    write_atomic(path, render_report(report, path, title), replace=replace)  # never a half-drawn image
+    return path
+
+
+def render_report(report, path, title=None):
+    """The bytes of ``plot_report``'s image for ``path`` (its suffix picks the format), drawn in
+    memory: a caller writing several outputs together draws first and writes once all are ready."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -100,5 +108,4 @@ def plot_report(report, path, title=None, replace=True):
                            else f"torch vs Flax: first divergence at {report.first_divergence.label}"), fontsize=10)
     image = io.BytesIO()
     fig.savefig(image, format=path.suffix.lower()[1:], dpi=120)
-    write_atomic(path, image.getvalue(), replace=replace)  # never a half-drawn image under the final name
-    return path
+    return image.getvalue()

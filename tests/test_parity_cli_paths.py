@@ -12,6 +12,9 @@ Properties checked:
   --config run);
 - an OUT or --json report that another process writes during the work is kept without
   --force (exit 2 naming it), not replaced;
+- --json and --plot are written both or neither: a --plot file that appears during the work
+  leaves no report, and a full disk while the plot is written under --force puts the report
+  it replaced back;
 - --json and --plot never replace a file of the training run being checked (its config.json,
   anything under checkpoints/, a text run's training and --valid files), even with --force; a
   new file beside them is written;
@@ -179,7 +182,8 @@ def test_a_report_onto_the_config_file_or_a_file_of_the_config_run_is_refused_ev
     assert config.read_text() == '{"heads": 5}' and (run / "config.json").read_bytes() == run_config
 
 
-@pytest.mark.parametrize("out", ["model.safetensors", "back.pt", "report.json", "report.png"])
+# A --plot file that appears during the work: test_json_and_plot_are_written_both_or_neither.
+@pytest.mark.parametrize("out", ["model.safetensors", "back.pt", "report.json"])
 def test_an_output_that_appears_during_the_work_is_kept_without_force(pt, tmp_path, out, monkeypatch, capsys):
     # Another process writes OUT after the check before the work (it was not there) and before
     # the write: without --force it is kept, and the conversion or report is not written.
@@ -209,6 +213,41 @@ def test_an_output_that_appears_during_the_work_is_kept_without_force(pt, tmp_pa
     refused(capsys, f"{path}: already exists; nothing was written")
     assert path.read_text() == "another process's file"
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_json_and_plot_are_written_both_or_neither(pt, tmp_path, monkeypatch, capsys):
+    # The --plot file appears during the work (no --force): the report, ready first, is not left either.
+    import parity.check
+
+    report, image = tmp_path / "report.json", tmp_path / "report.png"
+    real, checked = parity.check.check_twins, []
+
+    def meanwhile(*args, **kwargs):
+        image.write_text("another process's file")
+        checked.append(real(*args, **kwargs))
+        return checked[0]
+
+    monkeypatch.setattr(parity.check, "check_twins", meanwhile)
+    arguments = ["check", "--torch-checkpoint", str(pt), "--heads", "5", "--batch", "1", "--json", str(report),
+                 "--plot", str(image)]
+    assert main(arguments) == 2
+    refused(capsys, f"{image}: already exists; nothing was written")
+    assert listing(tmp_path) == ["model.pt", "report.png"] and image.read_text() == "another process's file"
+    # With --force, the disk fills while the plot is written: the report it replaced is back.
+    monkeypatch.setattr(parity.check, "check_twins", lambda *args, **kwargs: checked[0])  # the same check again
+    report.write_text("an earlier report")
+    writes = []
+
+    def second_write_fails(fd):
+        writes.append(fd)
+        if len(writes) == 2:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("flaxformer_mini.files.os.fsync", second_write_fails)
+    assert main([*arguments, "--force"]) == 2
+    refused(capsys, "no space left on the device")
+    assert listing(tmp_path) == ["model.pt", "report.json", "report.png"]
+    assert report.read_text() == "an earlier report" and image.read_text() == "another process's file"
 
 
 # ----------------------------------------------------------------------------- the run's own files
