@@ -16,7 +16,7 @@ difference beyond it (with ``--decode``, also a decoded token the twins disagree
 either side's logit of its token exceeds its logit of the other side's by more than
 NEAR_TIE_FACTOR x --atol; a near-tie within that is reported, not failed), 2 the options, inputs or output are unusable (the message says which
 key, file or option; nothing was written), 130 stopped by Ctrl-C or SIGTERM (an output is there
-whole or not at all), 141 stdout was closed before the report was
+whole or not at all; a second signal while orbax writes ends the process at once, parity.output), 141 stdout was closed before the report was
 written (``parity check | head -1``), quietly, as a process ended by SIGPIPE. A user's mistake prints one line; ``--debug`` (or
 PARITY_DEBUG=1) shows the traceback. Outputs are written all at once or not at all, and an
 existing OUT is replaced only with ``--force`` (``parity.output``).

@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -100,18 +101,25 @@ def _replaceable_directory(path):
 
 
 @contextlib.contextmanager
-def _signals_deferred():
+def _signals_deferred(staging):
     """Hold Ctrl-C and SIGTERM until the block is done, then deliver them to the handlers they
     would have reached. orbax writes from threads of its own (TensorStore's): interrupted in
     the middle, they go on writing into the staging directory after it is removed, and an
     interrupt raised inside its C++ wait can abort the process, so the staging directory is
-    left behind either way. Outside the main thread Python allows no handler: nothing held."""
+    left behind either way. A second signal while one is held is the user insisting: the
+    process ends at once (``_stop_at_once``). Outside the main thread Python allows no
+    handler: nothing held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held = []
-    previous = {signum: signal.signal(signum, lambda number, frame: held.append(number))
-                for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def hold(signum, frame):
+        if held:
+            _stop_at_once(signum, staging)
+        held.append(signum)
+
+    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
@@ -119,6 +127,19 @@ def _signals_deferred():
             signal.signal(signum, handler)
         for signum in dict.fromkeys(held):
             signal.raise_signal(signum)  # the handler runs here: Ctrl-C raises KeyboardInterrupt
+
+
+def _stop_at_once(signum, staging):
+    """End the process at once, with exit 130 (the shell's code for SIGINT, as parity's commands
+    exit on Ctrl-C) and one line, removing ``staging``. orbax's threads may write into it while
+    it goes, so a directory still there is named for the user to remove."""
+    shutil.rmtree(staging, ignore_errors=True)
+    left = (f"{staging} is left, orbax's threads were writing into it: remove it" if os.path.lexists(staging)
+            else "no output was left half-written")
+    by = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    print(f"\nparity: stopped at once by a second {by} while orbax was writing; {left}", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(130)  # no unwinding: the main thread would wait for orbax's threads again
 
 
 def write_directory_atomic(path, write, overwrite=False):
@@ -139,7 +160,7 @@ def write_directory_atomic(path, write, overwrite=False):
     staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         new, old = staging / "new", staging / "old"
-        with _signals_deferred():
+        with _signals_deferred(staging):
             write(new)
         if os.path.lexists(path):
             os.rename(path, old)  # aside, within the same directory: atomic, and undone below

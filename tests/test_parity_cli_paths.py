@@ -5,7 +5,9 @@ whose suffix names the other kind.
 Properties checked:
 - Ctrl-C and SIGTERM exit 130 with one line, no traceback, and leave neither an output nor a
   temporary file or directory (a .safetensors file, an orbax directory, a --json report); a
-  signal that comes while orbax writes is held until its threads are done, then delivered;
+  signal that comes while orbax writes is held until its threads are done, then delivered,
+  and a second one (SIGTERM after Ctrl-C) ends the process at once with 130 and one line,
+  orbax's staging directory removed first;
 - IN and OUT that are one file under two names (``d/../x``, a symlink, a hard link) are
   refused before anything is read or written, even with --force; so is a --json onto the
   checkpoint being checked under another name, or onto the --config file (or a file of the
@@ -138,6 +140,41 @@ def test_a_signal_while_orbax_writes_is_held_until_it_is_done_then_stops_leaving
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [f"parity convert: stopped by {by}; no output was left half-written"], err
     assert listing(tmp_path) == ["model.pt"]  # neither the directory nor orbax's staging one
+
+
+class _Exited(BaseException):
+    """os._exit's stand-in: unwinds instead of ending the test's process."""
+
+
+def test_a_second_signal_while_orbax_writes_ends_the_process_at_once_leaving_nothing(pt, tmp_path, monkeypatch,
+                                                                                      capsys):
+    import parity.flax_io
+
+    real_nest, finished, exits = parity.flax_io._nest, [], []
+
+    def nest_then_two_signals(flat):
+        signal.raise_signal(signal.SIGINT)  # held
+        signal.raise_signal(signal.SIGTERM)  # insisting: the process ends here
+        finished.append(True)
+        return real_nest(flat)
+
+    def exit_now(code):
+        exits.append((code, capsys.readouterr().err, listing(tmp_path)))  # as the process ends
+        raise _Exited
+
+    monkeypatch.setattr(parity.flax_io, "_nest", nest_then_two_signals)
+    monkeypatch.setattr("parity.output.os._exit", exit_now)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it (see above)
+    try:
+        with pytest.raises((_Exited, KeyboardInterrupt)):  # what unwinds after the stand-in
+            main(["convert", str(pt), str(tmp_path / "model_orbax"), "--heads", "5", "--debug"])
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert finished == []
+    (code, err, left), = exits
+    assert code == 130 and left == ["model.pt"]  # the staging directory removed before the exit
+    assert err.strip().splitlines() == ["parity: stopped at once by a second SIGTERM while orbax was writing; "
+                                        "no output was left half-written"], err
 
 
 # ----------------------------------------------------------------------------- one file, two names
