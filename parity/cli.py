@@ -256,11 +256,13 @@ def _check(args):
     if args.torch_checkpoint is None:
         preset = args.preset or "seed"
         config = get_preset(preset)
-        torch_model, flax_model = transformer_pair(config, seed=args.seed)
         what = f"preset {preset}"
+        _refuse_beyond_memory(config, args.batch, what)
+        torch_model, flax_model = transformer_pair(config, seed=args.seed)
         heads, pad = f"{config.heads} heads", ""
     else:
         state_dict, config, sources, what = _load_checkpoint(args)
+        _refuse_beyond_memory(config, args.batch, what)
         torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=args.seed)
         # The weights do not record H, and the twins agree for any H dividing D: say where it came from.
         heads = f"{config.heads} heads ({sources['heads']}; not in the weights)"
@@ -316,6 +318,28 @@ def _check(args):
         for path, _, kind in outputs:
             print(f"{kind} written to {path}")
     return EXIT_OK if passed else EXIT_DIVERGED
+
+
+def _refuse_beyond_memory(config, batch, what):
+    """UsageError, before the twins are built, when one train step of ``config`` at ``batch``
+    rows of the check's lengths needs more memory than is free (``flaxformer_mini.model.memory``,
+    the estimate `flaxformer-mini train` refuses by): a lower bound of a check, which holds both
+    twins and every intermediate of each for the whole batch."""
+    from flaxformer_mini.model import memory
+
+    parts = memory.training_bytes(config, batch, config.max_len, max(config.max_len - 1, 1))
+    needed = sum(parts.values())
+    short = memory.shortfall(needed)
+    if short is None:
+        return
+    if memory.shortfall(parts["model"]) is not None:  # no batch size helps
+        raise UsageError(f"{what}: its {memory.param_count(config):,} parameters with their gradients take at least "
+                         f"{memory.gib(parts['model'])}, more than the {short} free: check it on a machine with "
+                         f"more memory")
+    raise UsageError(f"--batch {batch} of {what} (max_len {config.max_len}, target vocabulary "
+                     f"{config.target_vocab_size:,}) takes at least {memory.gib(needed)}, the memory of one train step "
+                     f"of the model, which a check of both twins exceeds, more than the {short} free: "
+                     f"give a smaller --batch")
 
 
 # ----------------------------------------------------------------------------- convert
@@ -475,7 +499,8 @@ def build_parser():
     _config_options(check, "checkpoint")
     check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"max absolute difference allowed (default {DEFAULT_ATOL:g})")
     check.add_argument("--batch", type=int, default=4,
-                       help=f"batch size of the seeded inputs, 1 to {MAX_BATCH} (default 4)")
+                       help=f"batch size of the seeded inputs, 1 to {MAX_BATCH} (default 4); refused when one train step "
+                            "of the model at this batch needs more memory than is free")
     check.add_argument("--seed", type=int, default=0,
                        help="seed for the inputs (and a preset's weights), 0 to 2**63-1 (default 0)")
     check.add_argument("--grads", action="store_true",

@@ -12,6 +12,8 @@ Properties checked:
   gradient row per parameter in torch's order, all within tolerance;
 - a planted numerical fault in the Flax twin is named as the first divergence;
 - unusable input exits 2 with a message naming the key, file or option, and no traceback;
+- a --batch (or a model) whose train step's least memory exceeds the memory free is refused
+  before the twins are built, naming both figures and the option to lower;
 - ``convert`` torch -> Flax -> torch is bit-exact on files, through .safetensors and orbax;
 - the config travels with the weights: a torch .safetensors export records it in its
   metadata (torch_ref loads the file strictly), check and convert read it back, a .pt export
@@ -282,6 +284,31 @@ def test_unusable_options_exit_2_naming_the_option(checkpoint, args, message, ca
     assert main(["check", "--torch-checkpoint", str(checkpoint), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_check_beyond_the_free_memory_is_refused_before_the_twins_are_built(checkpoint, tmp_path, monkeypatch,
+                                                                             capsys):
+    from flaxformer_mini.model import memory
+
+    def built(*args, **kwargs):
+        raise AssertionError("the twins were built")
+
+    monkeypatch.setattr("parity.twins.transformer_pair", built)
+    monkeypatch.setattr("parity.twins.twins_from_state_dict", built)
+    report = tmp_path / "report.json"
+    for free, args, said in [
+        (4 * 2**30, ["--preset", "base", "--batch", "1024"],
+         "--batch 1024 of preset base (max_len 128, target vocabulary 1,000) takes at least 10.3 GiB, the memory of one "
+         "train step of the model, which a check of both twins exceeds, more than the 4.0 GiB (this machine's "
+         "available memory) free: give a smaller --batch"),
+        (0, ["--torch-checkpoint", str(checkpoint), "--heads", "5", "--pad-idx", "0"],
+         f"checkpoint {checkpoint}: its 33,229 parameters with their gradients take at least 1 MiB, more than the "
+         f"0 MiB (this machine's available memory) free: check it on a machine with more memory"),
+    ]:
+        monkeypatch.setattr(memory, "free_bytes", lambda device=None: (free, "this machine's available memory"))
+        assert main(["check", *args, "--json", str(report)]) == 2
+        assert capsys.readouterr().err.strip() == f"parity check: error: {said}"
+    assert not report.exists()
 
 
 def test_check_replaces_no_existing_file_unasked_and_never_the_checkpoint_it_checks(checkpoint, tmp_path, capsys):
