@@ -18,7 +18,7 @@ are judged alike. A port's slip many times bfloat16's rounding still fails at it
 LayerNorm epsilon of 1e-1 for 1e-5: tests/test_parity_bfloat16.py); one smaller than that is
 the float32 check's to find.
 
-``python -m parity.bfloat16 [--presets tiny seed] [--torch-device cuda] [--json OUT] [--all]``
+``python -m parity.bfloat16 [--presets tiny seed] [--torch-device cuda] [--json OUT [--force]] [--all]``
 prints each preset's rows (landmarks and any beyond tolerance; ``--all``: every row); exit 1
 if a row is beyond its tolerance, 2 for unusable options. Call ``parity_numerics()`` first
 (the command does): the torch twin must be exact float32, TF32 off.
@@ -197,16 +197,19 @@ def main(argv=None):
     parser.add_argument("--torch-device", default="cpu", help="where the torch twin runs: cpu (default) or cuda")
     parser.add_argument("--json", metavar="OUT", help="also write every row as JSON")
     parser.add_argument("--all", action="store_true", help="print every row, not only the landmarks")
+    parser.add_argument("--force", action="store_true", help="replace an existing --json file")
     args = parser.parse_args(argv)
     if not 1 <= args.batch <= 1024:
         parser.error(f"--batch must be in [1, 1024], got {args.batch}")
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
     if args.json:
-        from flaxformer_mini.files import check_writable
+        from flaxformer_mini.files import check_writable, refuse_existing
 
         try:
             check_writable(args.json, "--json")  # before the work, not after it
+            if not args.force:
+                refuse_existing(args.json, "--json")
         except ValueError as e:
             parser.error(str(e))
     import torch
@@ -229,10 +232,14 @@ def main(argv=None):
             print(report.format_table(show_all=args.all) + "\n")
             reports.append(report)
     if args.json:
-        from flaxformer_mini.files import write_atomic
+        from flaxformer_mini.files import describe_os_error, write_atomic
 
         text = json.dumps({"reports": [r.to_dict() for r in reports]}, indent=1, allow_nan=False)
-        write_atomic(args.json, text + "\n")
+        try:
+            write_atomic(args.json, text + "\n", replace=args.force)
+        except FileExistsError as e:  # made during the work, without --force: kept
+            print(f"{parser.prog}: error: {describe_os_error(e)}", file=sys.stderr)
+            return 2
     return 0 if all(r.ok for r in reports) else 1
 
 

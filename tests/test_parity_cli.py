@@ -12,6 +12,7 @@ Properties checked:
   gradient row per parameter in torch's order, all within tolerance;
 - a planted numerical fault in the Flax twin is named as the first divergence;
 - unusable input exits 2 with a message naming the key, file or option, and no traceback;
+  ``python -m parity.bfloat16 --json`` replaces an existing file only with --force;
 - a --batch (or a model) whose train step's least memory exceeds the memory free is refused
   before the twins are built, naming both figures and the option to lower;
 - ``convert`` torch -> Flax -> torch is bit-exact on files, through .safetensors and orbax;
@@ -328,6 +329,20 @@ def test_check_replaces_no_existing_file_unasked_and_never_the_checkpoint_it_che
     assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--batch", "2", "--json", str(report),
                  "--force"]) == 0
     assert json.loads(report.read_text())["ok"] is True  # --force replaces it, whole
+
+
+def test_the_bfloat16_check_replaces_no_json_file_unasked(tmp_path, capsys):
+    from parity import bfloat16
+
+    report = tmp_path / "bf16.json"
+    report.write_text("an earlier report")
+    with pytest.raises(SystemExit) as stop:
+        bfloat16.main(["--presets", "tiny", "--json", str(report)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"python -m parity.bfloat16: error: --json {report}: already exists (a file); nothing was written. "
+        f"Give --force to replace it, or choose another path")
+    assert report.read_text() == "an earlier report"
 
 
 def test_summaries_of_check_and_convert_name_the_feed_forward_width(tmp_path, capsys):

@@ -217,7 +217,7 @@ bfloat16)
     # tiny and seed presets, then its tests, torch in float32 on CUDA (TF32 off), JAX's GPU in bfloat16.
     rc=0
     # (TORCH_DEVICE=cpu: the same on a machine without one)
-    python3 -m parity.bfloat16 --torch-device "${TORCH_DEVICE:-cuda}" --json "$out/bfloat16.json" 2>&1 \
+    python3 -m parity.bfloat16 --torch-device "${TORCH_DEVICE:-cuda}" --json "$out/bfloat16.json" --force 2>&1 \
         | tee -i "$out/bfloat16.log" || rc=$?
     python3 -m pytest tests/test_parity_bfloat16.py --torch-device "${TORCH_DEVICE:-cuda}" -p no:cacheprovider -q \
         2>&1 | tee -i -a "$out/bfloat16.log" || rc=$?
