@@ -3,7 +3,6 @@
 import argparse
 import json
 import os
-import signal
 import sys
 import tempfile
 
@@ -11,6 +10,7 @@ import benchmarks
 from benchmarks import one_at_a_time
 from benchmarks.presets import PRESETS, get_bench_preset
 from benchmarks.runner import DEFAULT_OPS, OPS, VARIANTS
+from benchmarks.stopping import exit_interrupted, stop_on_signals
 from flaxformer_mini.model.attention import ATTENTION_IMPLS
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
@@ -135,54 +135,23 @@ def preset_from_args(args):
     return preset.replace(**changes) if changes else preset
 
 
-def stop_on_sigterm():
-    """SIGTERM ends a command as Ctrl-C does: the run's temporary directories are removed on the
-    way out and the one line says what was kept."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-
-
-def exit_interrupted(line, command):
-    """Print ``line``; a command then ends at once with 130: XLA's compile thread may still be
-    running, and an interpreter teardown under it segfaults. Called as a function: 130."""
-    print(line, file=sys.stderr)
-    if not command:
-        return 130
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(130)
-
-
 def main(argv=None):
-    args = parse_args(argv)
-    if argv is None:
-        # As `flaxformer-mini train --keep-freed-memory` does: the process restarts once with
-        # glibc's malloc tunables set, or the base train step page-faults its temporaries in
-        # on every call. Process-wide, so the torch paths run under it too;
-        # FLAXFORMER_MINI_KEEP_FREED_MEMORY=0 turns it off. (Not when called as a function:
-        # it would replace the caller's process.)
-        restart_keeping_freed_memory()
-        # (a command only: the suite's workers call main() side by side)
-        one_at_a_time.hold_the_machine_or_exit("python -m benchmarks")
-        stop_on_sigterm()
-    preset = args.bench_preset
-    from benchmarks import report, runner
-
-    # --json is written after each operation too ("complete": false), so a run stopped midway
-    # keeps what it measured; the last write is the whole report.
-    finished = []
-
-    def progress(rep):
-        if args.json:
-            write_json(rep, args.json)
-        finished.append(rep)
-
+    command = argv is None
+    if command:
+        stop_on_signals()  # before parse_args: its import of torch._dynamo takes seconds
+    args, finished = None, []  # --json is written after each operation too, see below
     try:
-        # runner.run removes its inductor cache directory on the way out, Ctrl-C included.
-        rep = runner.run(preset, ops=args.ops, variants=args.paths, force=args.force,
-                         fresh_caches=not args.reuse_compile_cache, progress=progress)
+        args = parse_args(argv)
+        if command:
+            # As `flaxformer-mini train --keep-freed-memory` does: the process restarts once with
+            # glibc's malloc tunables set, or the base train step page-faults its temporaries in
+            # on every call. Process-wide, so the torch paths run under it too;
+            # FLAXFORMER_MINI_KEEP_FREED_MEMORY=0 turns it off. (Not when called as a function:
+            # it would replace the caller's process.)
+            restart_keeping_freed_memory()
+            # (a command only: the suite's workers call main() side by side)
+            one_at_a_time.hold_the_machine_or_exit("python -m benchmarks")
+        rep = _run(args, finished)
     except KeyboardInterrupt:
         if not finished:
             kept = "no operation had finished: nothing written"
@@ -190,10 +159,10 @@ def main(argv=None):
             kept = f"{args.json} holds the operations finished before it"
         else:
             kept = f"{len(finished)} operation(s) had finished; no --json given, nothing written"
-        return exit_interrupted(f"interrupted: {kept}", command=argv is None)
-    print(report.format_table(rep))
-    from benchmarks import earlier_runs
+        return exit_interrupted(f"interrupted: {kept}", command=command)
+    from benchmarks import earlier_runs, report
 
+    print(report.format_table(rep))
     earlier = earlier_runs.format_lines(rep)  # this CPU's committed runs, where it has any
     if earlier:
         print("\n" + "\n".join(earlier))
@@ -201,6 +170,22 @@ def main(argv=None):
         write_json(rep, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def _run(args, finished):
+    """The benchmark of ``args``, each operation's report appended to ``finished`` as it ends:
+    --json is written then too ("complete": false), so a run stopped midway keeps what it
+    measured; the last write is the whole report."""
+    from benchmarks import runner
+
+    def progress(rep):
+        if args.json:
+            write_json(rep, args.json)
+        finished.append(rep)
+
+    # runner.run removes its inductor cache directory on the way out, Ctrl-C included.
+    return runner.run(args.bench_preset, ops=args.ops, variants=args.paths, force=args.force,
+                      fresh_caches=not args.reuse_compile_cache, progress=progress)
 
 
 def write_json(rep, path):

@@ -33,10 +33,11 @@ import sys
 import textwrap
 
 from benchmarks import code_version, machine, one_at_a_time
-from benchmarks.__main__ import exit_interrupted, output_problem, stop_on_sigterm, write_json
+from benchmarks.__main__ import output_problem, write_json
 from benchmarks.inputs import make_batch
 from benchmarks.measure import log, measure
 from benchmarks.presets import get_bench_preset
+from benchmarks.stopping import exit_interrupted, stop_on_signals
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
 SWEEPS = {
@@ -269,7 +270,7 @@ def main(argv=None):
     if argv is None:  # as python -m benchmarks: restart once under glibc's malloc tunables, one run at a time
         restart_keeping_freed_memory()
         one_at_a_time.hold_the_machine_or_exit(parser.prog)
-        stop_on_sigterm()
+        stop_on_signals()
     measured = []
 
     def progress(rep):

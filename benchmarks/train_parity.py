@@ -851,10 +851,10 @@ def plot(rep, path):
 def main(argv=None):
     args = parse_args(argv)
     command = argv is None
-    from benchmarks.__main__ import exit_interrupted, stop_on_sigterm  # JAX's import, when the options are good
+    from benchmarks.stopping import exit_interrupted, stop_on_signals
     if command and not args.merge:  # a command: one timing run per host (the suite's workers call main() side by side)
         one_at_a_time.hold_the_machine_or_exit("python -m benchmarks.train_parity")
-        stop_on_sigterm()
+        stop_on_signals()
     if args.merge:
         try:
             rep = merge([_read_report(path) for path in args.merge], args.merge)

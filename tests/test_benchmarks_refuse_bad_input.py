@@ -2,7 +2,9 @@
 
 Every refusal here comes before a model is built or timed: the commands' ``main`` or
 ``parse_args`` is called in this process and its SystemExit caught; the runs that Ctrl-C stops
-are stand-ins that report progress and then raise KeyboardInterrupt. Nothing is compiled.
+are stand-ins that report progress and then raise KeyboardInterrupt. Ctrl-C during the options'
+import of torch._dynamo is one line too, and a second Ctrl-C while the first's line is made
+(the finished seeds written) is ignored. Nothing is compiled.
 """
 
 import copy
@@ -63,6 +65,15 @@ def test_ctrl_c_without_json_counts_the_operations_that_had_finished(monkeypatch
     said = ("2 operation(s) had finished; no --json given, nothing written" if finished
             else "no operation had finished: nothing written")
     assert capsys.readouterr().err.strip().splitlines() == [f"interrupted: {said}"]
+
+
+def test_ctrl_c_while_torch_dynamo_is_imported_is_one_line_too(monkeypatch, capsys):
+    def importing():
+        raise KeyboardInterrupt  # pressed during `import torch._dynamo`, in parse_args
+
+    monkeypatch.setattr(benchmarks_main, "torch_compile_backends", importing)
+    assert benchmarks_main.main(["--preset", "tiny", "--torch-compile-backend", "eager"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["interrupted: no operation had finished: nothing written"]
 
 
 # ------------------------------------------------------------------- python -m benchmarks.scaling
@@ -267,3 +278,35 @@ def test_merge_takes_the_same_data_at_another_path_by_its_sha256_and_refuses_oth
     with pytest.raises(ValueError) as e:
         train_parity.merge([_report(0), unrecorded], ["a.json", "b.json"])
     assert str(e.value) == "b.json: another recipe than a.json's (recipe.data.train_path: '/b/train.tsv' against '/a/train.tsv')"
+
+
+def test_a_second_ctrl_c_while_the_finished_seeds_are_written_is_ignored(monkeypatch, tmp_path, capsys):
+    import signal
+
+    from benchmarks.stopping import STOP_SIGNALS, stop_on_signals
+
+    finished, written = {"benchmark": "train_parity", "seeds": {"0": {}}}, []
+    real_write = benchmarks_main.write_json
+
+    def interrupted(args, argv=(), log=None, progress=None):
+        progress(finished)
+        signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: KeyboardInterrupt from here
+
+    def write_pressed_again(rep, path):
+        signal.raise_signal(signal.SIGINT)  # the second, while the finished seed is written
+        written.append(path)
+        real_write(rep, path)
+
+    monkeypatch.setattr(train_parity, "run_all", interrupted)
+    monkeypatch.setattr(benchmarks_main, "write_json", write_pressed_again)
+    before = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    stop_on_signals()  # the command's handlers, as `python -m benchmarks.train_parity` installs them
+    try:
+        assert train_parity.main([*TRAIN, "--out", str(tmp_path / "out")]) == 130
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+    path = tmp_path / "out" / "train_parity.json"
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"interrupted: {path} holds seed(s) 0, finished before it (no plot drawn)"]
+    assert written == [path] and json.loads(path.read_text()) == finished

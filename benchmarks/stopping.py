@@ -1,0 +1,34 @@
+"""How a benchmark command stops on Ctrl-C or SIGTERM: in one line, with exit code 130, keeping
+what had finished. Light (no JAX, no torch), so that a command installs it before its first
+slow import."""
+
+import os
+import signal
+import sys
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def stop_on_signals():
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt, once: the command unwinds (its temporary
+    directories are removed on the way out) and says in one line what it kept. Later ones are
+    ignored until it ends, so that a second Ctrl-C cannot cut the cleanup or that line short
+    into a traceback."""
+    def interrupt(signum, frame):
+        for number in STOP_SIGNALS:
+            signal.signal(number, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for number in STOP_SIGNALS:
+        signal.signal(number, interrupt)
+
+
+def exit_interrupted(line, command):
+    """Print ``line``; a command then ends at once with 130: XLA's compile thread may still be
+    running, and an interpreter teardown under it segfaults. Called as a function: 130."""
+    print(line, file=sys.stderr)
+    if not command:
+        return 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
