@@ -71,30 +71,12 @@ def _run_of(path):
     return (best_of(path) or Path(path)) if is_training_run(path) else None
 
 
-def _is_run_file(path, run):
-    """Whether ``path`` is one of the files the training run ``run`` keeps (its config.json,
-    metrics, plot, lock, tokenizers) or reads (a text run's training and --valid files), or
-    lies under one of its directories (checkpoints, best, TensorBoard events)."""
-    from flaxformer_mini.runs.directory import DATA_FILES, RunDir
-
-    d = RunDir(run)
-    try:
-        data = d.load_config().data
-        tokenizer_files = [p for _, p in d.tokenizer_files(data)]
-        data_files = [Path(getattr(data, key)) for key in DATA_FILES if getattr(data, key, None)]
-    except (OSError, ValueError):  # an unreadable config.json: the check itself names it
-        tokenizer_files, data_files = [], []
-    files = (d.config_path, d.metrics_path, d.plot_path, d.lock_path, *d.vocab_paths, *tokenizer_files, *data_files)
-    target = Path(path).resolve()
-    return (any(target == f.resolve() for f in files)
-            or any(target.is_relative_to(directory.resolve()) for directory in (d.checkpoints, d.best, d.tensorboard)))
-
-
 def _check_output_paths(args):
     """Before the work: each output can be written, replaces nothing unasked (``--force``), and
     is neither an input (the checkpoint, a file of the run being checked, the --config file or
     run) nor the other output."""
     from flaxformer_mini.files import check_writable
+    from flaxformer_mini.runs.directory import RunDir
     from parity.output import refuse_existing
     from parity.plot import PLOT_SUFFIXES
 
@@ -108,12 +90,11 @@ def _check_output_paths(args):
             raise UsageError(f"{option} {path}: is the checkpoint being checked; write the {option[2:]} elsewhere")
         # --force replaces a file of one's own; a run's config.json or metrics.jsonl replaced
         # by a report would leave a run no command can open.
-        if run is not None and _is_run_file(path, run):
+        if run is not None and RunDir(run).own_file(path):
             raise UsageError(f"{option} {path}: is one of the files of the training run being checked ({run}), "
                              f"which --force would replace too; write the {option[2:]} elsewhere")
         config_input = (None if not args.config else "the --config file" if _same_path(path, args.config) else
-                        "one of the files of the --config run" if Path(args.config).is_dir()
-                        and _is_run_file(path, args.config) else None)
+                        "one of the files of the --config run" if RunDir(args.config).own_file(path) else None)
         if config_input:
             raise UsageError(f"{option} {path}: is {config_input} ({args.config}), which --force would replace "
                              f"too; write the {option[2:]} elsewhere")

@@ -1,8 +1,11 @@
 """`flaxformer-mini evaluate` scores what `generate` decodes: hypotheses decoded to the model's
 max_len whatever the references' length or the batch size, `--data` to score a file of
-pairs with one output line per input line, and `--output` that replaces no file unasked."""
+pairs with one output line per input line, and `--output` that replaces no file unasked, nor
+a file of the run (its config.json, its training or --valid file) even with --force, under any
+name (a hard link, a symlink, a path through `..`)."""
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -187,6 +190,15 @@ def test_evaluate_refuses_its_valid_file_changed_or_gone_and_an_output_onto_it_e
     forced = cli("evaluate", "--checkpoint", str(run), "--output", str(mine), "--force")
     assert forced.returncode == 2 and (f"--output {mine}: is the run's --valid file (data.valid_path in "
                                        f"{run}/config.json), which --force would overwrite too") in forced.stderr
+    assert mine.read_text() == valid.read_text()
+    # Any file of the run, under any name (RunDir.own_file): a hard link to its config.json, a
+    # path through `..` to its --valid file.
+    os.link(run / "config.json", tmp_path / "hard.txt")
+    for output, what in [(tmp_path / "hard.txt", "config.json"),
+                         (run / ".." / mine.name, f"--valid file (data.valid_path in {run}/config.json)")]:
+        forced = cli("evaluate", "--checkpoint", str(run), "--output", str(output), "--force")
+        assert forced.returncode == 2 and (f"--output {output}: is the run's {what}, which --force would overwrite "
+                                           f"too") in forced.stderr, forced.stderr
     assert mine.read_text() == valid.read_text()
     with mine.open("a") as f:
         f.write("sun cat\tcat sun\n")  # one pair more: other held-out pairs under the run's name

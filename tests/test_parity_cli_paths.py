@@ -18,8 +18,9 @@ Properties checked:
   leaves no report, and a full disk while the plot is written under --force puts the report
   it replaced back;
 - --json and --plot never replace a file of the training run being checked (its config.json,
-  anything under checkpoints/, a text run's training and --valid files), even with --force; a
-  new file beside them is written;
+  anything under checkpoints/, a text run's training and --valid files), even with --force,
+  under any name (a hard link, a symlink, a path through ``..``); a new file beside them is
+  written;
 - `--help` names RUN/best, and the summary of a run trained with --ema says its moving
   average is what is read;
 - a .safetensors file named .pt, and a torch checkpoint (zip or legacy pickle) named
@@ -290,11 +291,18 @@ def test_json_and_plot_are_written_both_or_neither(pt, tmp_path, monkeypatch, ca
 # ----------------------------------------------------------------------------- the run's own files
 
 
-def test_check_never_replaces_a_file_of_the_run_it_checks_even_with_force(run, capsys):
+def test_check_never_replaces_a_file_of_the_run_it_checks_even_with_force(run, tmp_path, capsys):
     config = (run / "config.json").read_bytes()
     step = next((run / "checkpoints").iterdir())
+    # The run's files under other names: a hard link, a symlink, a path through `..`, and a
+    # hard link to a file of a checkpoint.
+    os.link(run / "config.json", tmp_path / "hard.json")
+    (tmp_path / "link.json").symlink_to(run / "metrics.jsonl")
+    os.link(next(p for p in step.rglob("*") if p.is_file()), tmp_path / "weights.json")
     for option, path in [("--json", run / "config.json"), ("--json", step / "report.json"),
-                         ("--plot", run / "checkpoints" / "report.png")]:
+                         ("--plot", run / "checkpoints" / "report.png"), ("--json", tmp_path / "hard.json"),
+                         ("--json", tmp_path / "link.json"), ("--json", step / ".." / ".." / "config.json"),
+                         ("--json", tmp_path / "weights.json")]:
         assert main(["check", "--torch-checkpoint", str(run), option, str(path), "--force"]) == 2
         refused(capsys, f"{option} {path}: is one of the files of the training run being checked ({run})")
     assert (run / "config.json").read_bytes() == config

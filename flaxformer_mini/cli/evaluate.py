@@ -6,7 +6,6 @@ import json
 from flaxformer_mini.cli.parser import length_penalty
 from flaxformer_mini.decode.options import OptionError
 from flaxformer_mini.files import check_writable, refuse_existing, same_file
-from flaxformer_mini.runs.config import RunConfigError
 from flaxformer_mini.runs.directory import RunDir, best_of
 from flaxformer_mini.runs.evaluate import evaluate_run
 
@@ -17,7 +16,7 @@ def run(args):
         check_writable(args.output, "--output")
         if args.data is not None and same_file(args.output, args.data):
             raise ValueError(f"--output {args.output}: is the --data file being scored; write the hypotheses elsewhere")
-        _refuse_the_runs_data(args.output, args.checkpoint)
+        _refuse_the_runs_file(args.output, args.checkpoint)
         if not args.force:
             refuse_existing(args.output, "--output")
 
@@ -34,15 +33,11 @@ def run(args):
               f"BLEU {result['bleu']:.2f}, chrF {result['chrf']:.2f}, WER {result['wer']:.4f}, CER {result['cer']:.4f}")
 
 
-def _refuse_the_runs_data(output, checkpoint):
-    """--output must not be the run's own training or --valid file: even with --force, it
-    would replace the pairs the run trains and scores on (and a resume refuses a changed file)."""
-    try:
-        data = RunDir(best_of(checkpoint) or checkpoint).load_config().data  # RUN/best: RUN's
-    except RunConfigError:
-        return  # no run there: evaluate_run names the problem
-    for key, what in (("train_path", "training file"), ("valid_path", "--valid file")):
-        path = getattr(data, key, None)
-        if path is not None and same_file(output, path):
-            raise ValueError(f"--output {output}: is the run's {what} (data.{key} in {checkpoint}/config.json), "
-                             f"which --force would overwrite too; write the hypotheses elsewhere")
+def _refuse_the_runs_file(output, checkpoint):
+    """--output must not be one of the run's files (``RunDir.own_file``): even with --force, it
+    would replace the pairs the run trains and scores on (and a resume refuses a changed
+    file), or a file no run can do without."""
+    what = RunDir(best_of(checkpoint) or checkpoint).own_file(output)  # RUN/best: RUN's
+    if what is not None:
+        raise ValueError(f"--output {output}: is the run's {what}, which --force would overwrite too; "
+                         f"write the hypotheses elsewhere")

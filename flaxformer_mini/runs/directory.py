@@ -24,7 +24,7 @@ import socket
 from pathlib import Path
 
 from flaxformer_mini.data import Vocab, tokenizers
-from flaxformer_mini.files import file_sha256, write_atomic
+from flaxformer_mini.files import file_sha256, same_file, write_atomic
 from flaxformer_mini.runs.config import RunConfig, RunConfigError, peak_lr
 from flaxformer_mini.train.optimizer import TrainConfig
 
@@ -90,6 +90,35 @@ class RunDir:
 
     def exists(self):
         return self.config_path.is_file()
+
+    def own_file(self, path):
+        """What ``path`` is among the files this run keeps (config.json, metrics, plot, lock,
+        vocabularies or tokenizers) or reads (a text run's training and --valid files), in
+        words (``"config.json"``, ``"--valid file (data.valid_path in RUN/config.json)"``), or
+        lies under (checkpoints, best, TensorBoard events); None for any other path, and where
+        no run is here. Under any name: another spelling (``d/../x``), a symlink, a hard link.
+        For the commands that refuse to write an output over a run's files, even with --force."""
+        if not self.exists():
+            return None
+        named = [(self.config_path, "config.json"), (self.metrics_path, "metrics.jsonl"),
+                 (self.plot_path, "loss plot"), (self.lock_path, "lock file"),
+                 *((vocab, "vocabulary") for vocab in self.vocab_paths)]
+        try:
+            data = self.load_config().data
+        except (OSError, ValueError):  # an unreadable config.json: the command reading the run names it
+            data = None
+        if data is not None:
+            named += [(tokenizer, "tokenizer") for _, tokenizer in self.tokenizer_files(data)]
+            named += [(Path(getattr(data, key)), f"{_DATA_FILE_WORDS[key]} (data.{key} in {self.config_path})")
+                      for key in DATA_FILES if getattr(data, key, None)]
+        target = Path(path).resolve()
+        for file, what in named:
+            if target == file.resolve() or same_file(path, file):
+                return what
+        for directory in (self.checkpoints, self.best, self.tensorboard):
+            if target.is_relative_to(directory.resolve()) or _hard_linked_under(path, directory):
+                return f"a file under {directory.name}/"
+        return None
 
     def load_config(self) -> RunConfig:
         if not self.exists():
@@ -339,6 +368,28 @@ def sha256(data: bytes):
 # A text run's data files, as DataConfig names them; config.json records each one's sha256
 # under "data.<name>" in its checksums.
 DATA_FILES = ("train_path", "valid_path")
+_DATA_FILE_WORDS = {"train_path": "training file", "valid_path": "--valid file"}
+
+
+def _hard_linked_under(path, directory):
+    """Whether the file ``path`` has another name somewhere under ``directory``: a hard link's
+    names are all alike, so the file's identity (device and inode) is looked for there; only
+    for a file with more than one name."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if st.st_nlink < 2 or not os.path.isfile(path):
+        return False
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                other = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                return True
+    return False
 _DATA_SHA256 = {}  # (path, size, mtime_ns) -> sha256: one read of a corpus per process, not one per check
 
 
