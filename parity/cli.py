@@ -238,12 +238,12 @@ def _check(args):
         preset = args.preset or "seed"
         config = get_preset(preset)
         what = f"preset {preset}"
-        _refuse_beyond_memory(config, args.batch, what)
+        _refuse_a_model_beyond_memory(config, what)
         torch_model, flax_model = transformer_pair(config, seed=args.seed)
         heads, pad = f"{config.heads} heads", ""
     else:
         state_dict, config, sources, what = _load_checkpoint(args)
-        _refuse_beyond_memory(config, args.batch, what)
+        _refuse_a_model_beyond_memory(config, what)
         torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=args.seed)
         # The weights do not record H, and the twins agree for any H dividing D: say where it came from.
         heads = f"{config.heads} heads ({sources['heads']}; not in the weights)"
@@ -252,6 +252,7 @@ def _check(args):
         raise UsageError(f"--decode {args.decode} exceeds the model's max_len {config.max_len}: the decoder's "
                          f"positional table holds {config.max_len} positions (BOS + {config.max_len - 1} "
                          f"fed-back tokens)")
+    _refuse_a_batch_beyond_memory(torch_model, config, args, what)
     torch_model.to(device)  # built on the CPU, so that a seed's weights are the same on any device
     report = check_twins(torch_model, flax_model, config, batch=args.batch, seed=args.seed, atol=args.atol,
                          grads=args.grads, float64_reference=args.float64_reference)
@@ -301,26 +302,35 @@ def _check(args):
     return EXIT_OK if passed else EXIT_DIVERGED
 
 
-def _refuse_beyond_memory(config, batch, what):
-    """UsageError, before the twins are built, when one train step of ``config`` at ``batch``
-    rows of the check's lengths needs more memory than is free (``flaxformer_mini.model.memory``,
-    the estimate `flaxformer-mini train` refuses by): a lower bound of a check, which holds both
-    twins and every intermediate of each for the whole batch."""
+def _refuse_a_model_beyond_memory(config, what):
+    """UsageError, before the twins are built, when the parameters of ``config`` with their
+    gradients alone need more memory than is free (``flaxformer_mini.model.memory``, the
+    estimate `flaxformer-mini train` refuses by): no --batch helps."""
     from flaxformer_mini.model import memory
 
-    parts = memory.training_bytes(config, batch, config.max_len, max(config.max_len - 1, 1))
-    needed = sum(parts.values())
-    short = memory.shortfall(needed)
-    if short is None:
-        return
-    if memory.shortfall(parts["model"]) is not None:  # no batch size helps
+    model = memory.training_bytes(config, 1, config.max_len, max(config.max_len - 1, 1))["model"]
+    short = memory.shortfall(model)
+    if short is not None:
         raise UsageError(f"{what}: its {memory.param_count(config):,} parameters with their gradients take at least "
-                         f"{memory.gib(parts['model'])}, more than the {short} free: check it on a machine with "
-                         f"more memory")
-    raise UsageError(f"--batch {batch} of {what} (max_len {config.max_len}, target vocabulary "
-                     f"{config.target_vocab_size:,}) takes at least {memory.gib(needed)}, the memory of one train step "
-                     f"of the model, which a check of both twins exceeds, more than the {short} free: "
-                     f"give a smaller --batch")
+                         f"{memory.gib(model)}, more than the {short} free: check it on a machine with more memory")
+
+
+def _refuse_a_batch_beyond_memory(torch_model, config, args, what):
+    """UsageError, before the comparison, when the check's records of every submodule output
+    of both twins for ``--batch`` rows (parity/check_memory.py) need more memory than is free.
+    The bound needs no forward; the count, a forward of one row, runs only past it."""
+    from flaxformer_mini.model import memory
+    from parity.check_memory import check_bytes
+
+    options = dict(float64_reference=args.float64_reference, grads=args.grads)
+    if memory.shortfall(check_bytes(torch_model, config, args.batch, bound=True, **options)) is None:
+        return
+    needed = check_bytes(torch_model, config, args.batch, **options)
+    short = memory.shortfall(needed)
+    if short is not None:
+        raise UsageError(f"--batch {args.batch} of {what} (max_len {config.max_len}, width {config.embed_size}, "
+                         f"{config.num_layers}+{config.num_layers} layers) records every submodule output of both "
+                         f"twins, {memory.gib(needed)}, more than the {short} free: give a smaller --batch")
 
 
 # ----------------------------------------------------------------------------- convert

@@ -13,8 +13,9 @@ Properties checked:
 - a planted numerical fault in the Flax twin is named as the first divergence;
 - unusable input exits 2 with a message naming the key, file or option, and no traceback;
   ``python -m parity.bfloat16 --json`` replaces an existing file only with --force;
-- a --batch (or a model) whose train step's least memory exceeds the memory free is refused
-  before the twins are built, naming both figures and the option to lower;
+- a model whose parameters and gradients alone exceed the memory free is refused before the
+  twins are built; a --batch whose records of both twins' outputs exceed it, before the
+  comparison; each naming both figures and what to do;
 - ``convert`` torch -> Flax -> torch is bit-exact on files, through .safetensors and orbax;
 - the config travels with the weights: a torch .safetensors export records it in its
   metadata (torch_ref loads the file strictly), check and convert read it back, a .pt export
@@ -287,7 +288,7 @@ def test_unusable_options_exit_2_naming_the_option(checkpoint, args, message, ca
     assert message in err and "Traceback" not in err
 
 
-def test_a_check_beyond_the_free_memory_is_refused_before_the_twins_are_built(checkpoint, tmp_path, monkeypatch,
+def test_a_model_beyond_the_free_memory_is_refused_before_the_twins_are_built(checkpoint, tmp_path, monkeypatch,
                                                                              capsys):
     from flaxformer_mini.model import memory
 
@@ -296,21 +297,41 @@ def test_a_check_beyond_the_free_memory_is_refused_before_the_twins_are_built(ch
 
     monkeypatch.setattr("parity.twins.transformer_pair", built)
     monkeypatch.setattr("parity.twins.twins_from_state_dict", built)
+    monkeypatch.setattr(memory, "free_bytes", lambda device=None: (0, "this machine's available memory"))
     report = tmp_path / "report.json"
-    for free, args, said in [
-        (4 * 2**30, ["--preset", "base", "--batch", "1024"],
-         "--batch 1024 of preset base (max_len 128, target vocabulary 1,000) takes at least 10.3 GiB, the memory of one "
-         "train step of the model, which a check of both twins exceeds, more than the 4.0 GiB (this machine's "
-         "available memory) free: give a smaller --batch"),
-        (0, ["--torch-checkpoint", str(checkpoint), "--heads", "5", "--pad-idx", "0"],
-         f"checkpoint {checkpoint}: its 33,229 parameters with their gradients take at least 1 MiB, more than the "
-         f"0 MiB (this machine's available memory) free: check it on a machine with more memory"),
-    ]:
-        monkeypatch.setattr(memory, "free_bytes", lambda device=None: (free, "this machine's available memory"))
-        assert main(["check", *args, "--json", str(report)]) == 2
-        assert capsys.readouterr().err.strip() == f"parity check: error: {said}"
+    assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--pad-idx", "0",
+                 "--json", str(report)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"parity check: error: checkpoint {checkpoint}: its 33,229 parameters with their gradients take at least "
+        f"1 MiB, more than the 0 MiB (this machine's available memory) free: check it on a machine with more memory")
     assert not report.exists()
 
+
+class Compared(Exception):
+    pass
+
+
+def test_a_batch_whose_records_exceed_the_free_memory_is_refused_before_the_comparison(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """The seed preset at --batch 1024 records 7.3 GiB of outputs (202 of them, 962,264 elements a
+    row, 8 bytes each), where one train step of it takes 0.43 GiB: 2 GiB free refuses the
+    first and would pass the second. --batch 4 at the same memory reaches the comparison."""
+    from flaxformer_mini.model import memory
+
+    def compared(*args, **kwargs):
+        raise Compared
+
+    monkeypatch.setattr("parity.check.check_twins", compared)
+    monkeypatch.setattr(memory, "free_bytes", lambda device=None: (2 * 2**30, "this machine's available memory"))
+    report = tmp_path / "report.json"
+    assert main(["check", "--preset", "seed", "--batch", "1024", "--json", str(report)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "parity check: error: --batch 1024 of preset seed (max_len 10, width 512, 6+6 layers) records every "
+        "submodule output of both twins, 7.3 GiB, more than the 2.0 GiB (this machine's available memory) free: "
+        "give a smaller --batch")
+    assert not report.exists()
+    with pytest.raises(Compared):
+        main(["check", "--preset", "seed", "--batch", "4"])
 
 def test_check_replaces_no_existing_file_unasked_and_never_the_checkpoint_it_checks(checkpoint, tmp_path, capsys):
     before = checkpoint.read_bytes()
