@@ -24,6 +24,7 @@ from flaxformer_mini.runs.config import RunConfigError
 from flaxformer_mini.runs.plot import plot_metrics
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.runs.selection import Selection
+from flaxformer_mini.runs.step_rate import StepRate, progress_bar
 from flaxformer_mini.runs.tensorboard import open_writer
 from flaxformer_mini.scale import distributed
 from flaxformer_mini.scale.partitioning import format_mesh
@@ -179,6 +180,9 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
                  else "No checkpoint had been saved yet")
         remedy = "a lower --lr" + (" or --dtype float32" if run.config.dtype != "float32" else "")
         raise NonFiniteLossError(f"{e}; stopped. {where}. Try {remedy}.") from None
+    except BaseException:  # any other error: the bar, and its listener of JAX's compilations, end here
+        log.close()
+        raise
     log.close()
     if not last_eval and (start >= steps or stopped_early):
         if not stopped_early:
@@ -348,10 +352,12 @@ class _StepLog:
     (``push``), so logging never makes the host wait for the device."""
 
     def __init__(self, run, steps, start, log_every, progress, write=True):
-        from tqdm.auto import tqdm
-
         self.run, self.log_every, self.steps, self.write = run, log_every, steps, write
-        self.bar = tqdm(total=steps, initial=start, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+        self.rate = StepRate()  # the bar's rate and ETA, the steps that compiled left out
+        if progress:
+            self.rate.watch_compilations()
+        self.bar = progress_bar(self.rate, total=steps, initial=start, desc="train", unit="step",
+                                disable=not progress, dynamic_ncols=True)
         self.pending = None  # (step, metrics, tokens/s or None) not yet read back
         self.tokens, self.t0 = 0, time.perf_counter()
         self.events = None  # TensorBoard writer, opened at the first logged line (tensorboardX loads then)
@@ -368,6 +374,7 @@ class _StepLog:
             now = time.perf_counter()
             rate, self.tokens, self.t0 = self.tokens / max(now - self.t0, 1e-9), 0, now
         self.pending = (step, metrics, rate)
+        self.rate.step_done()
         self.bar.update(1)
 
     def flush(self):
@@ -401,6 +408,7 @@ class _StepLog:
         self.events.scalars(step, values)
 
     def close(self):
+        self.rate.stop_watching()
         self.bar.close()
         if self.events is not None:
             self.events.close()
