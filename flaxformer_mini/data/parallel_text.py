@@ -313,7 +313,7 @@ class TextPairs:
 
     @property
     def source_lengths(self):
-        """Encoder lengths (tokens + EOS), one int per pair: what batching.TokenBatcher takes."""
+        """Encoder lengths (tokens + EOS), one int per pair: what token_batches.TokenBatcher takes."""
         return self._source_lengths
 
     @property

@@ -1,6 +1,6 @@
 """Decode any number of text lines with a model, in bounded batches: what ``generate`` runs.
 
-Inputs are encoded by a codec (``data.Codec``: a synthetic task's space-separated integers,
+Inputs are encoded by a codec (``data.codec.Codec``: a synthetic task's space-separated integers,
 or text through tokenizers, with words outside the vocabulary mapped to UNK and reported, so
 an odd output is never a mystery).
 

@@ -122,7 +122,7 @@ def _digests(checksums):
 def load_into_state(state, params):
     """``state`` (a fresh TrainState, or its shapes: ``Trainer.state_template()``) at step 0
     with ``params`` (``read_params``) as its parameters, a fresh optimizer state for them, and
-    dropout streams (``training.fresh_streams``: made where ``state`` has shapes for them)."""
+    dropout streams (``state.fresh_streams``: made where ``state`` has shapes for them)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx

@@ -429,7 +429,7 @@ class Run:
         if params is None:
             params, _ = init_from.read_params(self.config.init_from.path, self.config)
         echo(f"starting from the weights of {self.config.init_from.path}")
-        # Laid out as a fresh or restored state (training.on_default_device says why).
+        # Laid out as a fresh or restored state (state.on_default_device says why).
         return on_default_device(init_from.load_into_state(self.trainer.state_template(), params))
 
     @staticmethod
@@ -496,7 +496,7 @@ class Run:
 
     @functools.cached_property
     def token_batcher(self):
-        """--max-tokens batches over the training pairs (batching.TokenBatcher); an example
+        """--max-tokens batches over the training pairs (token_batches.TokenBatcher); an example
         that alone exceeds the budget is an error naming it."""
         train = self.data.train
         return TokenBatcher(train.source_lengths, train.target_lengths, self.config.max_tokens,

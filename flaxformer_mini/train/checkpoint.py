@@ -183,7 +183,7 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     """Restore checkpoint ``step`` (default: the latest) into the structure of ``template``:
     a state, or its shapes alone (``Trainer.state_template()``), laid out as its arrays are
     (sharded where they are) or, for shapes, on the default device. The dropout streams that
-    a template of shapes lacks are made on the default device (``training.fresh_streams``):
+    a template of shapes lacks are made on the default device (``state.fresh_streams``):
     on a mesh, lay them out as the rest (``Run.restore_or_init``: ``place(state.other)``).
 
     Raises CheckpointMismatchError naming the parameters whose shapes differ when the
@@ -211,7 +211,7 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     # A template of shapes (Trainer.state_template()) has shapes for dropout streams too: not
     # saved, their values carry nothing (the module's docstring), made here; for shapes with no
     # sharding, committed to the default device as the rest is (_target): laid out as a fresh
-    # state (training.on_default_device says why).
+    # state (state.on_default_device says why).
     other = fresh_streams(template.other, template.config.seed)
     other = on_default_device(other) if _unplaced(template.params) else other
     return template.replace(step=restored["step"], params=restored["params"], opt_state=restored["opt_state"],

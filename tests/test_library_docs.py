@@ -1,0 +1,64 @@
+"""What a learner reads in the library (docstrings, comments, help()) names what exists."""
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "flaxformer_mini"
+# Names of other projects that docstrings compare with (torch.load, nn.LayerNorm, hashlib.sha256).
+OTHER_PROJECTS = {"torch", "torch_ref", "nn", "hashlib", "str", "optax", "orbax", "flax", "parity"}
+
+
+def _definitions():
+    """Each module's name (a package's: its folder's) -> what it defines, its classes' members
+    included; and every top-level function and class of the package."""
+    defined, top_level = {}, set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+                top_level.add(node.name)
+                if isinstance(node, ast.ClassDef):
+                    names |= {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= {a.asname or a.name.split(".")[0] for a in node.names}
+        key = path.parent.name if path.name == "__init__.py" else path.stem
+        defined.setdefault(key, set()).update(names)
+        if path.name == "__init__.py":
+            defined[key] |= {p.stem for p in path.parent.glob("*.py")} | {p.parent.name for p in path.parent.glob("*/__init__.py")}
+    return defined, top_level
+
+
+def _bound(tree):
+    """Every name a file binds or reads (variables, parameters, attributes): ``state.model`` in
+    its text is then a variable's attribute, not a module's."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+    return names
+
+
+def test_every_module_a_docstring_or_comment_names_exists_and_defines_the_name():
+    # e.g. ``training.fresh_streams`` once named a module split into train/state.py and others.
+    defined, top_level = _definitions()
+    stale = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        bound = _bound(ast.parse(text)) | OTHER_PROJECTS | set(sys.stdlib_module_names)
+        # Not the tail of a longer dotted path (flax.training.train_state.TrainState) nor a quoted
+        # key ("evaluation.length_penalty" in config.json).
+        for m in re.finditer(r"(?<![\w.\"'])([a-z_]\w*)\.([A-Za-z_]\w*)\b", text):
+            module, name = m.groups()
+            if name not in top_level or module in bound:
+                continue
+            if name not in defined.get(module, ()):
+                stale.append(f"{path.relative_to(PACKAGE.parent)}: {module}.{name}")
+    assert not stale, stale
