@@ -39,3 +39,24 @@ def test_stored_shapes_are_read_once_per_saved_checkpoint_and_again_when_a_step_
     first, second = (checkpoint.restore(manager, narrow.state_template()) for _ in range(2))
     assert len(reads) == 2  # the second restore of the step saved again reads nothing
     chex.assert_trees_all_equal(first.params, second.params, narrow.init_state().params)
+
+
+def test_a_learners_mistakes_are_named_and_a_relative_directory_saves(tmp_path, monkeypatch):
+    narrow = trainer(30)
+    monkeypatch.chdir(tmp_path)
+    manager = checkpoint.open_manager("ckpt")  # orbax refused a relative path at the first save
+    checkpoint.save(manager, narrow.init_state())
+    assert int(checkpoint.restore(checkpoint.open_manager("ckpt"), narrow.state_template()).step) == 0
+    # orbax: "Must provide `args` of type `Composite` when dealing with multiple checkpointable objects."
+    with pytest.raises(FileNotFoundError, match=r"^no checkpoint 7 in .*ckpt \(its steps: 0\)$"):
+        checkpoint.restore(manager, narrow.state_template(), step=7)
+    with pytest.raises(TypeError, match=r"^expected a checkpoint manager \(checkpoint.open_manager\(directory\)\), "
+                                        r"got str 'ckpt'$"):
+        checkpoint.restore("ckpt", narrow.state_template())
+    with pytest.raises(TypeError, match=r"^template must be a TrainState \(Trainer.state_template\(\)\), got Transformer$"):
+        checkpoint.restore(manager, narrow.init_state().model())
+    with pytest.raises(TypeError, match=r"^state must be a TrainState \(Trainer.init_state\(\)\), got dict$"):
+        checkpoint.save(manager, {"params": narrow.init_state().params})
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match=r"a checkpoint directory must be a directory, not a file: '.*file'"):
+        checkpoint.open_manager("file")

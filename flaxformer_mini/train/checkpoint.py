@@ -46,14 +46,32 @@ def _saved(state: TrainState):
 
 
 def open_manager(directory, max_to_keep=3):
+    """The rotating checkpoints in ``directory`` (made if absent), for ``save`` and ``restore``,
+    the newest ``max_to_keep`` kept. A relative path is taken from the working directory: orbax
+    refuses one at the first save."""
+    directory = Path(directory).absolute()
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "a checkpoint directory must be a directory, not a file", str(directory))
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True)
     return ocp.CheckpointManager(directory, options=options)
+
+
+def _check_arguments(manager, state, role):
+    """A checkpoint manager and a ``TrainState`` (what ``save``'s and ``restore``'s callers
+    pass), or a TypeError naming what came instead: orbax's own errors name neither."""
+    if not isinstance(manager, ocp.CheckpointManager):
+        raise TypeError(f"expected a checkpoint manager (checkpoint.open_manager(directory)), got "
+                        f"{type(manager).__name__} {manager!r}")
+    if not isinstance(state, TrainState):
+        raise TypeError(f"{role} must be a TrainState ({'Trainer.init_state()' if role == 'state' else 'Trainer.state_template()'}), "
+                        f"got {type(state).__name__}")
 
 
 def save(manager, state: TrainState):
     """Save ``state`` as checkpoint ``state.step``. A full disk raises ``OSError(ENOSPC)``
     after removing the half-written temporary directory (the earlier checkpoints are intact:
     orbax renames a checkpoint into place only once it is complete)."""
+    _check_arguments(manager, state, "state")
     step = int(jax.device_get(state.step))
     # Before the save, not after its failure: orbax's threads report a full disk while the
     # save is still failing, before the error reaches this function, and after it.
@@ -189,9 +207,14 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     Raises CheckpointMismatchError naming the parameters whose shapes differ when the
     checkpoint comes from a model of another size.
     """
-    step = manager.latest_step() if step is None else step
+    _check_arguments(manager, template, "template")
     if step is None:
-        raise FileNotFoundError(f"no checkpoint in {manager.directory}")
+        step = manager.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {manager.directory}")
+    elif step not in (steps := manager.all_steps(read=True)):  # read: another process may have saved it
+        raise FileNotFoundError(f"no checkpoint {step} in {manager.directory} (its steps: "
+                                f"{', '.join(map(str, steps)) or 'none'})")
     wanted = _saved(template)
     have = _stored_shapes(manager, step)
     if have is not None:
