@@ -329,3 +329,44 @@ def test_model_config_rejects_invalid_fields_naming_them(changes, match):
 def test_model_config_lists_every_problem_at_once():
     with pytest.raises(ValueError, match=r"embed_size=31 is not divisible by heads=5; src_pad_idx=40"):
         TINY.replace(embed_size=31, src_pad_idx=40)
+
+
+# --- the training library: what a learner passes by mistake ---------------------------------
+
+
+def test_trainer_train_step_and_check_batch_name_a_wrong_argument(flax_model):
+    from flaxformer_mini.data import make_batch
+    from flaxformer_mini.train.optimizer import TrainConfig
+    from flaxformer_mini.train.step import check_batch, eval_step, train_step
+    from flaxformer_mini.train.trainer import Trainer
+
+    # Each was an AttributeError ('ModelConfig' object has no attribute 'config', ...).
+    with pytest.raises(TypeError, match=r"^Trainer takes a model \(a Transformer\), got ModelConfig \(build one: "
+                                        r"Transformer.from_config\(config, rngs=nnx.Rngs\(0\)\)\)$"):
+        Trainer(TINY, TrainConfig())
+    with pytest.raises(TypeError, match=r"^Trainer's config must be a TrainConfig, got dict$"):
+        Trainer(flax_model, {"learning_rate": 1e-3})
+    batch = make_batch([[4, 5]], [[6]])
+    for step in (train_step, eval_step):
+        with pytest.raises(TypeError, match=r"^the state must be a TrainState \(Trainer.init_state\(\) or "
+                                            r"TrainState.create\(model, TrainConfig\(\)\)\), got Transformer$"):
+            step(flax_model, batch)
+    with pytest.raises(TypeError, match=r"^a batch must be a Batch \(source, target_in, target_out: data.make_batch "
+                                        r"makes one\), got tuple$"):
+        check_batch(tuple(batch), TINY)
+    check_batch(batch, TINY)
+
+
+@pytest.mark.parametrize("changes, match", [
+    pytest.param(dict(learning_rate="1e-3"), r"^TrainConfig.learning_rate must be a number, got '1e-3'$", id="string"),
+    pytest.param(dict(warmup_steps=2.5), r"^TrainConfig.warmup_steps must be an integer, got 2.5$", id="float_steps"),
+    pytest.param(dict(seed=True), r"^TrainConfig.seed must be an integer, got True$", id="bool_seed"),
+    pytest.param(dict(clip_norm="1"), r"^TrainConfig.clip_norm must be a number or None, got '1'$", id="clip_norm"),
+])
+def test_train_config_names_a_field_of_the_wrong_type(changes, match):
+    from flaxformer_mini.train.optimizer import TrainConfig
+
+    # A string was "TypeError: '<' not supported between instances of 'str' and 'int'", naming no field.
+    with pytest.raises(TypeError, match=match):
+        TrainConfig(**changes)
+    assert TrainConfig(seed=np.int64(3), learning_rate=np.float32(1e-3), clip_norm=None).seed == 3

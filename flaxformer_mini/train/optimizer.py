@@ -5,12 +5,20 @@ warm-up + cosine decay to zero for runs of a known length."""
 import dataclasses
 import functools
 import math
+import numbers
 
 import jax.numpy as jnp
 import optax
 
 
 SCHEDULES = ("rsqrt", "constant", "cosine")
+
+
+# TrainConfig's numeric fields: integers, real numbers (an integer too), and those None may be.
+_INTEGER_FIELDS = ("warmup_steps", "seed", "decay_steps")
+_REAL_FIELDS = ("learning_rate", "lr_factor", "b1", "b2", "eps", "weight_decay", "clip_norm", "label_smoothing",
+                "ema_decay")
+_OPTIONAL_FIELDS = ("clip_norm", "ema_decay", "decay_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +47,15 @@ class TrainConfig:
     decay_steps: int | None = None
 
     def __post_init__(self):
+        # The type first: a string ("1e-3", from a config file) would otherwise fail a comparison
+        # below with Python's own message, which names no field.
+        for name in (*_INTEGER_FIELDS, *_REAL_FIELDS):
+            value = getattr(self, name)
+            kind = numbers.Integral if name in _INTEGER_FIELDS else numbers.Real
+            if (value is None and name in _OPTIONAL_FIELDS) or (isinstance(value, kind) and not isinstance(value, bool)):
+                continue
+            raise TypeError(f"TrainConfig.{name} must be {'an integer' if kind is numbers.Integral else 'a number'}"
+                            + (" or None" if name in _OPTIONAL_FIELDS else "") + f", got {value!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}")
         if self.warmup_steps < 1:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from flaxformer_mini.data import Batch
 from flaxformer_mini.model.token_checks import check_same_batch, check_tokens
 from flaxformer_mini.train import ema
 from flaxformer_mini.train.loss import correct_tokens, token_cross_entropy
@@ -34,9 +35,18 @@ def reseed_dropout(model, key):
     nnx.reseed(model, policy="match_shape", default=key, dropout=key)
 
 
+def check_state(state):
+    """A TrainState, or a TypeError naming what came instead (a model, a Trainer): the steps
+    read its fields, and an AttributeError from inside a trace names none of this."""
+    if not isinstance(state, TrainState):
+        raise TypeError(f"the state must be a TrainState (Trainer.init_state() or TrainState.create(model, "
+                        f"TrainConfig())), got {type(state).__name__}")
+
+
 def train_step(state: TrainState, batch):
     """One optimizer update: ``(state, batch) -> (state, metrics)``, pure. Jit it (the
     ``Trainer`` does, donating the state); ``check_batch`` the batch on the host first."""
+    check_state(state)
     model = nnx.merge(state.graphdef, state.params, state.other)
     # Dropout keys from (seed, step) alone. Tag "default" when the model was built with
     # nnx.Rngs(seed), "dropout" when it has a dropout stream; reseed ignores absent tags.
@@ -70,6 +80,7 @@ def averaged(state: TrainState, params):
 
 def eval_step(state: TrainState, batch):
     """Teacher-forced sums over one batch, pure: summed loss, label count, correct labels."""
+    check_state(state)
     model = state.model()
     logits = model(batch.source, batch.target_in)
     _, (total, count) = token_cross_entropy(logits, batch.target_out)
@@ -78,6 +89,10 @@ def eval_step(state: TrainState, batch):
 
 def check_batch(batch, model_config):
     """Host-side checks before a batch enters compiled code (JAX would not raise)."""
+    missing = [name for name in Batch._fields if not hasattr(batch, name)]
+    if missing:
+        raise TypeError(f"a batch must be a Batch (source, target_in, target_out: data.make_batch makes one), "
+                        f"got {type(batch).__name__}" + ("" if len(missing) == 3 else f" without {', '.join(missing)}"))
     c = model_config
     check_tokens(batch.source, c.source_vocab_size, c.max_len, "batch.source")
     check_tokens(batch.target_in, c.target_vocab_size, c.max_len, "batch.target_in")
