@@ -62,3 +62,24 @@ def test_every_module_a_docstring_or_comment_names_exists_and_defines_the_name()
             if name not in defined.get(module, ()):
                 stale.append(f"{path.relative_to(PACKAGE.parent)}: {module}.{name}")
     assert not stale, stale
+
+
+def test_help_shows_each_model_class_with_its_constructors_arguments():
+    # flax's module metaclass made it Transformer(*args: 'Any', **kwargs: 'Any') -> 'Any'.
+    import inspect
+
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import flaxformer_mini as fm
+
+    modules = [getattr(fm, name) for name in fm.__all__
+               if isinstance(getattr(fm, name), type) and issubclass(getattr(fm, name), nnx.Module)]
+    assert len(modules) == 11
+    for cls in modules:
+        init = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        assert list(inspect.signature(cls).parameters.values()) == init, cls
+    assert str(inspect.signature(fm.FeedForward)).startswith("(d_model=4, hidden_dim=8, *, dtype=None,")
+    feed_forward = fm.FeedForward(4, 8, rngs=nnx.Rngs(0))
+    assert str(inspect.signature(feed_forward)) == "(x)"  # an instance's is its __call__'s
+    assert feed_forward(jnp.ones((1, 2, 4))).shape == (1, 2, 4)

@@ -21,6 +21,7 @@ from flax import nnx
 
 from flaxformer_mini.model.axes import EMBED, HEADS, KV
 from flaxformer_mini.model.primitives import linear
+from flaxformer_mini.model.signature import ConstructorSignature
 
 # How SelfAttention computes softmax(q k^T / sqrt(K)) v once q, k and v are projected:
 #   "einsum"  the seed's formulation, written out (the default; what the parity suite pins)
@@ -62,6 +63,8 @@ def _softmax_f32(scores, axis=-1):
 
 class SelfAttention(nnx.Module):
     """Seed 001's multi-head attention: project, split into H heads, attend, merge, project."""
+
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
 
     def __init__(self, embed_size, heads, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.embed_size = embed_size
@@ -180,6 +183,8 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
 class MultiHeadAttention(nnx.Module):
     """Seed 002's multi-head attention with ``W_q, W_k, W_v, W_o``."""
 
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
+
     def __init__(self, d_model, num_heads, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
@@ -209,6 +214,8 @@ class PerHeadSelfAttention(nnx.Module):
     Seed 003 calls it ``SelfAttention``, renamed as in torch_ref (seed 001 has a
     ``SelfAttention`` of its own); parameter paths mirror seed 003's keys.
     """
+
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
 
     def __init__(self, embed_size, heads, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.embed_size = embed_size
@@ -240,6 +247,8 @@ class PerHeadSelfAttention(nnx.Module):
 class MultiHeadSelfAttention(nnx.Module):
     """Seed 004: bias-free multi-head self-attention. Returns ``(out, attn_weights)``, the
     weights of shape (B, H, T, T)."""
+
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
 
     def __init__(self, d_model=4, num_heads=2, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         if d_model % num_heads:

@@ -8,6 +8,7 @@ from flax import nnx
 from flaxformer_mini.model.attention import SelfAttention
 from flaxformer_mini.model.axes import EMBED, LENGTH, MLP
 from flaxformer_mini.model.primitives import ReLU, embedding, layer_norm, linear, normalize, sequential
+from flaxformer_mini.model.signature import ConstructorSignature
 
 
 class TransformerBlock(nnx.Module):
@@ -15,6 +16,8 @@ class TransformerBlock(nnx.Module):
 
     ``ffn_dim`` is the feed-forward width F; None keeps the seed's F = D.
     """
+
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
 
     def __init__(self, embed_size, heads, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32,
                  rngs: nnx.Rngs):
@@ -45,6 +48,8 @@ class DecoderBlock(nnx.Module):
     """Seed 001: masked self-attention + Add & Norm, then a TransformerBlock whose attention
     reads the encoder output (cross-attention). ``ffn_dim`` as in TransformerBlock."""
 
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
+
     def __init__(self, embed_size, heads, dropout, *, ffn_dim=None, dtype=None, param_dtype=jnp.float32,
                  rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -71,6 +76,8 @@ class DecoderBlock(nnx.Module):
 class LearnedPositionalEncoding(nnx.Module):
     """Seed 004: adds a learned embedding of each position 0..T-1 to ``x`` of shape (B, T, D)."""
 
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
+
     def __init__(self, d_model, max_len=512, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.max_len = max_len
         self.pos_embedding = embedding(max_len, d_model, axes=(LENGTH, EMBED), dtype=dtype, param_dtype=param_dtype,
@@ -86,6 +93,8 @@ class LearnedPositionalEncoding(nnx.Module):
 
 class FeedForward(nnx.Module):
     """Seed 004: Linear(D -> hidden) -> ReLU -> Linear(hidden -> D), applied per token."""
+
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
 
     def __init__(self, d_model=4, hidden_dim=8, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)

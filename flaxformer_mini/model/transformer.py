@@ -14,6 +14,7 @@ from flaxformer_mini.model.axes import EMBED, LENGTH, VOCAB
 from flaxformer_mini.model.config import ModelConfig
 from flaxformer_mini.model.layers import DecoderBlock, TransformerBlock
 from flaxformer_mini.model.primitives import SharedEmbedding, TiedLinear, embedding, linear
+from flaxformer_mini.model.signature import ConstructorSignature
 from flaxformer_mini.model.token_checks import check_same_batch, check_tokens
 
 
@@ -46,6 +47,8 @@ class Encoder(nnx.Module):
     ``ffn_dim``: the blocks' feed-forward width F; None keeps the seed's F = D.
     ``scan_layers``, ``remat``, ``remat_policy``: as in ``Transformer``."""
 
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
+
     def __init__(self, num_embeddings, max_len, embed_size, heads, num_layers, dropout, *,
                  ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False, remat=False,
                  remat_policy=None, rngs: nnx.Rngs):
@@ -76,6 +79,8 @@ class Decoder(nnx.Module):
     ``ffn_dim``, ``scan_layers``, ``remat``, ``remat_policy`` as in Encoder. ``tie_output=True``:
     the projection's weight is the embedding table (``TiedLinear``; its bias stays its own), as
     torch_ref's ``fc.weight = embedding_layer.weight``; the state then has no ``fc/kernel``."""
+
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
 
     def __init__(self, target_vocab_size, max_len, embed_size, heads, num_layers, dropout, *,
                  ffn_dim=None, dtype=None, param_dtype=jnp.float32, scan_layers=False, remat=False,
@@ -134,6 +139,8 @@ class Transformer(nnx.Module):
     torch_ref's twin holds as the same tensor under its own keys. The tables a tie drops are
     drawn all the same, so every other initial value is the untied model's of the same seed.
     """
+
+    __signature__ = ConstructorSignature()  # help(cls): the constructor's arguments
 
     def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads,
                  num_layers, dropout, *, ffn_dim=None, tie_embeddings=None, dtype=None, param_dtype=jnp.float32,
