@@ -15,6 +15,58 @@ Shape legend, used in comments and einsum strings across the project:
     N  decoded positions (a decoding cache's length, max new tokens)
 
 This package never imports torch, torch_ref or parity: a TPU user needs no PyTorch.
+
+From Python (the command line, ``flaxformer-mini train``, is docs/cli.md's), a model of the
+tiny preset (one layer a side, quick to compile) and batches of a synthetic task whose ids fit
+both of its vocabularies (23 source, 19 target ids):
+
+    >>> from flax import nnx
+    >>> import flaxformer_mini as fm
+    >>> from flaxformer_mini.data import SyntheticTask
+    >>> config = fm.get_preset("tiny").replace(num_layers=1)
+    >>> model = fm.Transformer.from_config(config, rngs=nnx.Rngs(0))
+    >>> task = SyntheticTask("copy", vocab_size=config.target_vocab_size, min_len=2, max_len=8)
+    >>> batch = task.batch(seed=0, step=0, batch_size=4)  # a data.Batch: source, target_in, target_out
+    >>> model(batch.source, batch.target_in).shape  # logits (B, T, V)
+    (4, 9, 19)
+
+Training: a ``Trainer`` compiles ``train.step.train_step``, a pure function of a ``TrainState``
+(parameters, optimizer state, step) and a batch, and checks each batch on the host first:
+
+    >>> from flaxformer_mini.train.optimizer import TrainConfig
+    >>> from flaxformer_mini.train.trainer import Trainer
+    >>> trainer = Trainer(model, TrainConfig(schedule="constant", learning_rate=1e-3))
+    >>> state = trainer.init_state()
+    >>> for step in range(3):
+    ...     state, metrics = trainer.step(state, task.batch(seed=0, step=step, batch_size=4))
+    >>> int(state.step), sorted(metrics)
+    (3, ['grad_norm', 'learning_rate', 'loss', 'token_accuracy', 'tokens'])
+
+Decoding the trained parameters (``state.model()``, in eval mode): greedy, beam search, sampling:
+
+    >>> from flaxformer_mini.decode.search import beam_search, greedy_decode, sample
+    >>> trained = state.model()
+    >>> greedy_decode(trained, batch.source, max_new_tokens=9).shape  # EOS included, PAD after it
+    (4, 9)
+    >>> tokens, scores = beam_search(trained, batch.source, 9, beam_size=2)
+    >>> tokens.shape, scores.shape  # best beam first
+    ((4, 2, 9), (4, 2))
+    >>> sample(trained, batch.source, 9, temperature=0.8, top_k=5, seed=1).shape
+    (4, 9)
+
+Checkpoints (orbax, rotating): saved from a state, restored into the trainer's template:
+
+    >>> import tempfile
+    >>> from flaxformer_mini.train import checkpoint
+    >>> manager = checkpoint.open_manager(tempfile.mkdtemp())
+    >>> checkpoint.save(manager, state)  # returns the step saved
+    3
+    >>> int(checkpoint.restore(manager, trainer.state_template()).step)
+    3
+
+A ``torch_ref`` model's state dict loads into the twin through ``parity.torch_to_flax(state_dict,
+model)`` (README.md, "A short tour"; docs/porting.md). A whole training run, its directory, its
+evaluation and text generation: ``flaxformer_mini.runs`` (``Run``, ``runs.fit.fit``).
 """
 
 from flaxformer_mini.lazy_exports import lazy_exports

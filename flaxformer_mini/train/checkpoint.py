@@ -68,7 +68,7 @@ def _check_arguments(manager, state, role):
 
 
 def save(manager, state: TrainState):
-    """Save ``state`` as checkpoint ``state.step``. A full disk raises ``OSError(ENOSPC)``
+    """Save ``state`` as checkpoint ``state.step``, and return that step. A full disk raises ``OSError(ENOSPC)``
     after removing the half-written temporary directory (the earlier checkpoints are intact:
     orbax renames a checkpoint into place only once it is complete)."""
     _check_arguments(manager, state, "state")
