@@ -370,3 +370,22 @@ def test_train_config_names_a_field_of_the_wrong_type(changes, match):
     with pytest.raises(TypeError, match=match):
         TrainConfig(**changes)
     assert TrainConfig(seed=np.int64(3), learning_rate=np.float32(1e-3), clip_norm=None).seed == 3
+
+
+def test_a_model_of_shapes_a_config_dict_and_an_int_for_rngs_are_named():
+    from flaxformer_mini.decode.search import greedy_decode
+
+    source, target = _good_batch()
+    abstract = fm.Transformer.abstract(TINY)
+    # Were: "'ShapeDtypeStruct' object is not subscriptable" and "Argument 'state['decoder']...
+    # of type <class 'jax.ShapeDtypeStruct'> is not a valid JAX type".
+    for call in (lambda: abstract(source, target), lambda: greedy_decode(abstract, source, 3)):
+        with pytest.raises(ValueError, match=r"^this Transformer holds shapes, not arrays \(Transformer.abstract or "
+                                             r"nnx.eval_shape\): load weights into it first"):
+            call()
+    # Were: "'dict' object has no attribute 'to_dict'" and "'int' object has no attribute 'params'".
+    with pytest.raises(TypeError, match=r"^config must be a ModelConfig \(get_preset\('tiny'\), or ModelConfig\(\*\*d\) "
+                                        r"from a dict\), got dict$"):
+        fm.Transformer.from_config(TINY.to_dict(), rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match=r"^rngs must be an nnx.Rngs \(e.g. rngs=nnx.Rngs\(0\)\), got int$"):
+        fm.Transformer.from_config(TINY, rngs=0)

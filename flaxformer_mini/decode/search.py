@@ -53,6 +53,7 @@ def eval_split(model):
 def _check(model, source, max_new_tokens):
     """Check the inputs; return ``(source as an array, *eval_split(model))``. ``source`` may be
     any array-like of ids, nested lists included, as the model's forward takes."""
+    model.check_has_arrays()
     c = model.config
     # Checked here first: check_options reads None as "not given", and decoding needs it.
     check_options(c, max_new_tokens=integer_option("max_new_tokens", max_new_tokens))

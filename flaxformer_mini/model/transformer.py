@@ -6,6 +6,7 @@ target mask (B, 1, T, T) is causal.
 
 import functools
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -145,6 +146,8 @@ class Transformer(nnx.Module):
     def __init__(self, src_pad_idx, source_vocab_size, target_vocab_size, max_len, embed_size, heads,
                  num_layers, dropout, *, ffn_dim=None, tie_embeddings=None, dtype=None, param_dtype=jnp.float32,
                  scan_layers=False, remat=False, remat_policy=None, rngs: nnx.Rngs):
+        if not isinstance(rngs, nnx.Rngs):  # flax's own error, deep in a layer, names no argument
+            raise TypeError(f"rngs must be an nnx.Rngs (e.g. rngs=nnx.Rngs(0)), got {type(rngs).__name__}")
         # Validates the arguments (divisible heads, pad id inside the vocabulary, ...).
         self.config = ModelConfig(src_pad_idx, source_vocab_size, target_vocab_size, max_len,
                                   embed_size, heads, num_layers, dropout, ffn_dim=ffn_dim,
@@ -164,6 +167,10 @@ class Transformer(nnx.Module):
     @classmethod
     def from_config(cls, config: ModelConfig, *, dtype=None, param_dtype=jnp.float32, scan_layers=False,
                     remat=False, remat_policy=None, rngs: nnx.Rngs):
+        """The model of ``config`` (a ``ModelConfig``: ``get_preset(name)``, or its ``replace``)."""
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a ModelConfig (get_preset('tiny'), or ModelConfig(**d) from a dict), "
+                            f"got {type(config).__name__}")
         return cls(**config.to_dict(), dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
                    remat_policy=remat_policy, rngs=rngs)
 
@@ -185,9 +192,18 @@ class Transformer(nnx.Module):
         B, T = target_input.shape
         return jnp.tril(jnp.ones((B, 1, T, T), dtype=jnp.bool_))  # (B, 1, T, T), causal
 
+    def check_has_arrays(self):
+        """A ValueError when the model holds shapes, not arrays (``abstract``, ``nnx.eval_shape``):
+        JAX's own errors there name a ShapeDtypeStruct deep in a layer, not the model's state."""
+        if isinstance(self.decoder.embedding_layer.embedding.get_value(), jax.ShapeDtypeStruct):
+            raise ValueError("this Transformer holds shapes, not arrays (Transformer.abstract or nnx.eval_shape): "
+                             "load weights into it first (parity.torch_to_flax(state_dict, model), nnx.update(model, "
+                             "state)), or build one with arrays: Transformer.from_config(config, rngs=nnx.Rngs(0))")
+
     def encode(self, source_input, *, check_inputs=True):
         """Encoder output (B, S, D) and the source mask (B, 1, 1, S). ``check_inputs=False``
         skips the token check, for a caller that has checked ``source_input`` already."""
+        self.check_has_arrays()
         if check_inputs:
             check_tokens(source_input, self.config.source_vocab_size, self.config.max_len, "source input")
         source_input = jnp.asarray(source_input)
@@ -197,6 +213,7 @@ class Transformer(nnx.Module):
     def __call__(self, source_input, target_input):
         # Both inputs are checked here, once each, before any layer runs (the encoder would
         # otherwise run on a batch whose target is unusable); the submodules do not check again.
+        self.check_has_arrays()
         c = self.config
         check_tokens(source_input, c.source_vocab_size, c.max_len, "source input")
         check_tokens(target_input, c.target_vocab_size, c.max_len, "target input")
