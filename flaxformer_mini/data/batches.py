@@ -60,16 +60,27 @@ def _positive_int(name, value):
     return value
 
 
+def _id_sequences(sequences, what="sequence"):
+    """``sequences`` as one-dimensional integer arrays, or an error naming the first that is not
+    (a flat list of ids where a list of sequences belongs, text, floats)."""
+    arrays = [np.asarray(s) for s in sequences]
+    for i, a in enumerate(arrays):
+        if a.dtype.kind in "US":
+            raise TypeError(f"{what} {i} must hold integer ids, got text {a.tolist()!r} (encode it first: a "
+                            f"Vocab or a tokenizer)")
+        if a.ndim != 1:
+            raise ValueError(f"{what} {i} must be one-dimensional (a sequence of ids), got shape {a.shape}"
+                             + (f" ({a.item()!r}: a list of ids where a list of sequences belongs?)" if a.ndim == 0 else ""))
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"{what} {i} must hold integer ids, got dtype {a.dtype}")
+    return arrays
+
+
 def pad_batch(sequences, length=None):
     """Stack integer sequences into a ``(len(sequences), length)`` int32 array, right-padded
     with PAD. ``length`` defaults to the longest sequence; a longer sequence is an error,
     never silently truncated."""
-    arrays = [np.asarray(s) for s in sequences]
-    for i, a in enumerate(arrays):
-        if a.ndim != 1:
-            raise ValueError(f"sequence {i} must be one-dimensional, got shape {a.shape}")
-        if a.size and not np.issubdtype(a.dtype, np.integer):
-            raise TypeError(f"sequence {i} must hold integer ids, got dtype {a.dtype}")
+    arrays = _id_sequences(sequences)
     longest = max((a.size for a in arrays), default=0)
     if length is None:
         length = longest
@@ -83,15 +94,17 @@ def pad_batch(sequences, length=None):
 
 def make_source(sequences, length=None):
     """The encoder input for already-encoded token sequences: each + EOS, padded. (B, S)"""
-    return pad_batch([[*s, EOS] for s in sequences], length)
+    return pad_batch([[*s, EOS] for s in _id_sequences(sequences, "source")], length)
 
 
 def make_batch(sources, targets, source_length=None, target_length=None):
     """A ``Batch`` from token sequences without specials: the one place that adds BOS/EOS."""
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+    source = make_source(sources, source_length)
+    targets = _id_sequences(targets, "target")
     return Batch(
-        source=make_source(sources, source_length),
+        source=source,
         target_in=pad_batch([[BOS, *t] for t in targets], target_length),
         target_out=pad_batch([[*t, EOS] for t in targets], target_length),
     )
