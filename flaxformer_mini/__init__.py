@@ -103,4 +103,7 @@ __version__ = "0.1.0"
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+# The library's floors (docs/design.md), as attributes too: help(fm.train) in a REPL.
+_SUBPACKAGES = ("data", "decode", "model", "runs", "scale", "train")
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), _SUBPACKAGES)

@@ -97,3 +97,16 @@ def test_the_package_docstrings_walkthrough_runs_as_written():
 
     result = doctest.testmod(flaxformer_mini, optionflags=doctest.ELLIPSIS, raise_on_error=True)
     assert (result.failed, result.attempted) == (0, 25)
+
+
+def test_each_floor_is_an_attribute_of_the_package_as_help_reaches_it():
+    # A fresh process: here the test suite has imported every subpackage already. Was
+    # "AttributeError: module 'flaxformer_mini' has no attribute 'train'" without an import of it.
+    import subprocess
+
+    code = ("import flaxformer_mini as fm; "
+            "print([getattr(fm, n).__name__ for n in ('data', 'decode', 'model', 'runs', 'scale', 'train')], "
+            "{'train', 'model'} <= set(dir(fm)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip() == ("['flaxformer_mini.data', 'flaxformer_mini.decode', 'flaxformer_mini.model', "
+                           "'flaxformer_mini.runs', 'flaxformer_mini.scale', 'flaxformer_mini.train'] True")
