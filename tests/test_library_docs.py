@@ -110,3 +110,25 @@ def test_each_floor_is_an_attribute_of_the_package_as_help_reaches_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.strip() == ("['flaxformer_mini.data', 'flaxformer_mini.decode', 'flaxformer_mini.model', "
                            "'flaxformer_mini.runs', 'flaxformer_mini.scale', 'flaxformer_mini.train'] True")
+
+
+def test_design_md_lists_every_module_path_the_docs_import_and_each_holds_its_names():
+    import importlib
+
+    repo = PACKAGE.parent
+    design = (repo / "docs" / "design.md").read_text()
+    section = design[design.index("- These module paths"):design.index("Every other module path is internal")]
+    listed = {m.group(1): re.findall(r"`(\w+)`", m.group(2) or "")
+              for m in re.finditer(r"`(flaxformer_mini(?:\.\w+)+)`(?: \(([^)]*)\))?", section)}
+    assert len(listed) == 15 and listed["flaxformer_mini.train.checkpoint"] == ["open_manager", "save", "restore"]
+    for path, names in listed.items():
+        module = importlib.import_module(path)
+        assert [n for n in names if not hasattr(module, n)] == [], path
+    # What the README, the guides and help(flaxformer_mini) import.
+    texts = [repo / "README.md", PACKAGE / "__init__.py", *(repo / "docs").glob("*.md")]
+    imported = {m.group(1) for p in texts for m in re.finditer(r"from (flaxformer_mini(?:\.\w+)+) import (?!lazy_exports)",
+                                                               p.read_text())}
+    imported |= {f"flaxformer_mini.train.{m}" for m in re.findall(r"from flaxformer_mini\.train import (\w+)",
+                                                                   (PACKAGE / "__init__.py").read_text())}
+    imported.discard("flaxformer_mini.train")
+    assert imported and imported <= set(listed), sorted(imported - set(listed))
