@@ -346,6 +346,13 @@ def test_trainer_train_step_and_check_batch_name_a_wrong_argument(flax_model):
         Trainer(TINY, TrainConfig())
     with pytest.raises(TypeError, match=r"^Trainer's config must be a TrainConfig, got dict$"):
         Trainer(flax_model, {"learning_rate": 1e-3})
+    from flaxformer_mini.train.state import TrainState
+
+    # Were "'ModelConfig' object has no attribute 'train'" and "unhashable type: 'dict'".
+    with pytest.raises(TypeError, match=r"^TrainState.create takes a model \(a Transformer\), got ModelConfig"):
+        TrainState.create(TINY, TrainConfig())
+    with pytest.raises(TypeError, match=r"^TrainState.create's config must be a TrainConfig, got dict$"):
+        TrainState.create(flax_model, {"learning_rate": 1e-3})
     batch = make_batch([[4, 5]], [[6]])
     for step in (train_step, eval_step):
         with pytest.raises(TypeError, match=r"^the state must be a TrainState \(Trainer.init_state\(\) or "
@@ -389,3 +396,18 @@ def test_a_model_of_shapes_a_config_dict_and_an_int_for_rngs_are_named():
         fm.Transformer.from_config(TINY.to_dict(), rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match=r"^rngs must be an nnx.Rngs \(e.g. rngs=nnx.Rngs\(0\)\), got int$"):
         fm.Transformer.from_config(TINY, rngs=0)
+
+
+def test_decoding_names_a_whole_batch_for_its_source_and_a_beam_size_below_one(flax_model):
+    from flaxformer_mini.data import make_batch
+    from flaxformer_mini.decode.options import OptionError
+    from flaxformer_mini.decode.search import decode, greedy_decode
+
+    batch = make_batch([[4, 5]], [[6]])
+    # Was "source: expected shape (batch, length), got (3, 1, 3)": numpy stacked the Batch's arrays.
+    with pytest.raises(TypeError, match=r"^source: expected an array of token ids, got a whole Batch \(pass its .source\)$"):
+        greedy_decode(flax_model, batch, 3)
+    # Was a greedy decoding, silently: decode searched with beams only above 1.
+    for beam_size, match in ((0, r"^beam size must be >= 1, got 0$"), ("2", r"^beam size must be an integer, got '2'$")):
+        with pytest.raises(OptionError, match=match):
+            decode(flax_model, batch.source, 3, beam_size=beam_size)

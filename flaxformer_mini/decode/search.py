@@ -214,6 +214,7 @@ def decode(model, source, max_new_tokens, *, beam_size=1, alpha=DEFAULT_LENGTH_P
            top_k=None, seed=0):
     """One output (B, N) per source row: the best beam with ``beam_size`` > 1, a sample when
     ``temperature`` or ``top_k`` is given, else greedy. (evaluate and generate use this.)"""
+    check_options(model.config, beam_size=beam_size, alpha=alpha)  # a beam size of 0 is no greedy search
     if beam_size > 1:
         return beam_search(model, source, max_new_tokens, beam_size=beam_size, alpha=alpha)[0][:, 0]
     if temperature is not None or top_k is not None:

@@ -77,6 +77,9 @@ def check_tokens(tokens, vocab_size, max_len, name="input"):
         # so this package still never imports torch.
         raise TypeError(f"{name}: expected a numpy or JAX array of token ids, got {type(tokens).__module__}."
                         f"{type(tokens).__qualname__} (convert it with .numpy(), or .cpu().numpy() off the CPU)")
+    if all(hasattr(tokens, side) for side in ("source", "target_in")):  # numpy would stack its three arrays
+        raise TypeError(f"{name}: expected an array of token ids, got a whole {type(tokens).__name__} "
+                        f"(pass its .source)")
     dtype = getattr(tokens, "dtype", None)
     if dtype is None:
         tokens = np.asarray(tokens)

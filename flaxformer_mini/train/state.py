@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from flaxformer_mini.model.config import ModelConfig
 from flaxformer_mini.model.paths import path_name
 from flaxformer_mini.train.optimizer import TrainConfig, make_optimizer
 
@@ -45,6 +46,7 @@ class TrainState:
         An abstract model (``nnx.eval_shape``: ``jax.ShapeDtypeStruct``s for arrays) gives an
         abstract state, its shapes and dtypes alone: a template that ``checkpoint.restore``
         reads a checkpoint into, without the random init the checkpoint would overwrite."""
+        check_model_and_config(model, config, "TrainState.create")
         was_training = _is_training(model)
         model.train()
         graphdef, params, other = nnx.split(model, nnx.Param, ...)
@@ -77,6 +79,17 @@ class TrainState:
         optimizer state and average: what decoding never reads, it does not hold."""
         params = self.params if self.ema is None else self.ema
         return self.replace(params=params, opt_state=None, ema=None)
+
+
+def check_model_and_config(model, config, who):
+    """A TypeError naming ``who``'s wrong argument: a model (a Transformer) and a ``TrainConfig``
+    are read field by field, and a ModelConfig or a dict in their place failed with an
+    AttributeError or "unhashable type" naming neither."""
+    if not isinstance(getattr(model, "config", None), ModelConfig):
+        hint = " (build one: Transformer.from_config(config, rngs=nnx.Rngs(0)))" if isinstance(model, ModelConfig) else ""
+        raise TypeError(f"{who} takes a model (a Transformer), got {type(model).__name__}{hint}")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"{who}'s config must be a TrainConfig, got {type(config).__name__}")
 
 
 def default_device():

@@ -4,10 +4,9 @@ import jax
 import jax.numpy as jnp
 
 from flaxformer_mini.data import pad_rows
-from flaxformer_mini.model.config import ModelConfig
 from flaxformer_mini.train.accumulation import GradientSums, add_micro_batch, apply_gradient_sums, zero_gradient_sums
 from flaxformer_mini.train.optimizer import TrainConfig, learning_rate_schedule
-from flaxformer_mini.train.state import TrainState, is_abstract
+from flaxformer_mini.train.state import TrainState, check_model_and_config, is_abstract
 from flaxformer_mini.train.step import check_batch, eval_step, train_step
 
 
@@ -25,11 +24,7 @@ class Trainer:
     """
 
     def __init__(self, model, config: TrainConfig):
-        if not isinstance(getattr(model, "config", None), ModelConfig):
-            hint = " (build one: Transformer.from_config(config, rngs=nnx.Rngs(0)))" if isinstance(model, ModelConfig) else ""
-            raise TypeError(f"Trainer takes a model (a Transformer), got {type(model).__name__}{hint}")
-        if not isinstance(config, TrainConfig):
-            raise TypeError(f"Trainer's config must be a TrainConfig, got {type(config).__name__}")
+        check_model_and_config(model, config, "Trainer")
         self.config = config
         self.model_config = model.config
         self.lr_schedule = learning_rate_schedule(config, model.config.embed_size)
