@@ -86,17 +86,20 @@ def test_help_shows_each_model_class_with_its_constructors_arguments():
     assert feed_forward(jnp.ones((1, 2, 4))).shape == (1, 2, 4)
 
 
-def test_the_package_docstrings_walkthrough_runs_as_written():
+def test_the_package_docstrings_walkthrough_runs_as_written(tmp_path, monkeypatch):
     # help(flaxformer_mini)'s example: a model, batches, three train steps, the three searches and
     # a checkpoint saved and restored, at the tiny preset with one layer a side. Its compilations
     # (one train step, three decoding loops) are most of this test's time: running them is the
     # only proof that the example a learner copies runs.
     import doctest
+    import tempfile
 
     import flaxformer_mini
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's checkpoint directory
     result = doctest.testmod(flaxformer_mini, optionflags=doctest.ELLIPSIS, raise_on_error=True)
     assert (result.failed, result.attempted) == (0, 25)
+    assert [p.name for p in tmp_path.glob("*/*")] == ["3"]
 
 
 def test_each_floor_is_an_attribute_of_the_package_as_help_reaches_it():
