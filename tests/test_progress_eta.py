@@ -72,3 +72,20 @@ def test_other_events_leave_the_step_counted(event):
     rate.compiled(event, 1.0)
     rate.step_done()
     assert rate.rate() == 0.5
+
+
+def test_the_training_bar_counts_the_steps_after_a_compilation_and_stops_listening_when_closed():
+    import numpy as np
+
+    from flaxformer_mini.runs.fit import _StepLog
+
+    log = _StepLog(None, steps=10, start=0, log_every=100, progress=True, write=False)
+    try:
+        assert log.rate.watching and log.bar.format_dict["rate"] == 0.0
+        jax.jit(lambda x: x - 7)(jnp.arange(2))  # as the first step's compilation
+        for step in (1, 2, 3):
+            log.push(step, {"loss": np.float32(1.0)}, tokens=3)
+        assert log.rate.steps == 2 and log.bar.format_dict["rate"] == log.rate.rate() > 0
+    finally:
+        log.close()
+    assert not log.rate.watching
