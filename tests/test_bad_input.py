@@ -340,7 +340,7 @@ def test_trainer_train_step_and_check_batch_name_a_wrong_argument(flax_model):
     from flaxformer_mini.train.step import check_batch, eval_step, train_step
     from flaxformer_mini.train.trainer import Trainer
 
-    # Each was an AttributeError ('ModelConfig' object has no attribute 'config', ...).
+    # Unchecked, each is an AttributeError ('ModelConfig' object has no attribute 'config', ...).
     with pytest.raises(TypeError, match=r"^Trainer takes a model \(a Transformer\), got ModelConfig \(build one: "
                                         r"Transformer.from_config\(config, rngs=nnx.Rngs\(0\)\)\)$"):
         Trainer(TINY, TrainConfig())
@@ -348,7 +348,7 @@ def test_trainer_train_step_and_check_batch_name_a_wrong_argument(flax_model):
         Trainer(flax_model, {"learning_rate": 1e-3})
     from flaxformer_mini.train.state import TrainState
 
-    # Were "'ModelConfig' object has no attribute 'train'" and "unhashable type: 'dict'".
+    # Unchecked: "'ModelConfig' object has no attribute 'train'" and "unhashable type: 'dict'".
     with pytest.raises(TypeError, match=r"^TrainState.create takes a model \(a Transformer\), got ModelConfig"):
         TrainState.create(TINY, TrainConfig())
     with pytest.raises(TypeError, match=r"^TrainState.create's config must be a TrainConfig, got dict$"):
@@ -373,7 +373,7 @@ def test_trainer_train_step_and_check_batch_name_a_wrong_argument(flax_model):
 def test_train_config_names_a_field_of_the_wrong_type(changes, match):
     from flaxformer_mini.train.optimizer import TrainConfig
 
-    # A string was "TypeError: '<' not supported between instances of 'str' and 'int'", naming no field.
+    # Unchecked, a string fails with "TypeError: '<' not supported between instances of 'str' and 'int'", naming no field.
     with pytest.raises(TypeError, match=match):
         TrainConfig(**changes)
     assert TrainConfig(seed=np.int64(3), learning_rate=np.float32(1e-3), clip_norm=None).seed == 3
@@ -384,13 +384,13 @@ def test_a_model_of_shapes_a_config_dict_and_an_int_for_rngs_are_named():
 
     source, target = _good_batch()
     abstract = fm.Transformer.abstract(TINY)
-    # Were: "'ShapeDtypeStruct' object is not subscriptable" and "Argument 'state['decoder']...
+    # Unchecked: "'ShapeDtypeStruct' object is not subscriptable" and "Argument 'state['decoder']...
     # of type <class 'jax.ShapeDtypeStruct'> is not a valid JAX type".
     for call in (lambda: abstract(source, target), lambda: greedy_decode(abstract, source, 3)):
         with pytest.raises(ValueError, match=r"^this Transformer holds shapes, not arrays \(Transformer.abstract or "
                                              r"nnx.eval_shape\): load weights into it first"):
             call()
-    # Were: "'dict' object has no attribute 'to_dict'" and "'int' object has no attribute 'params'".
+    # Unchecked: "'dict' object has no attribute 'to_dict'" and "'int' object has no attribute 'params'".
     with pytest.raises(TypeError, match=r"^config must be a ModelConfig \(get_preset\('tiny'\), or ModelConfig\(\*\*d\) "
                                         r"from a dict\), got dict$"):
         fm.Transformer.from_config(TINY.to_dict(), rngs=nnx.Rngs(0))
@@ -404,10 +404,10 @@ def test_decoding_names_a_whole_batch_for_its_source_and_a_beam_size_below_one(f
     from flaxformer_mini.decode.search import decode, greedy_decode
 
     batch = make_batch([[4, 5]], [[6]])
-    # Was "source: expected shape (batch, length), got (3, 1, 3)": numpy stacked the Batch's arrays.
+    # Unchecked, numpy stacks the Batch's three arrays into one of another shape.
     with pytest.raises(TypeError, match=r"^source: expected an array of token ids, got a whole Batch \(pass its .source\)$"):
         greedy_decode(flax_model, batch, 3)
-    # Was a greedy decoding, silently: decode searched with beams only above 1.
+    # A beam size below 1 is refused, as beam_search refuses it, not taken for greedy search.
     for beam_size, match in ((0, r"^beam size must be >= 1, got 0$"), ("2", r"^beam size must be an integer, got '2'$")):
         with pytest.raises(OptionError, match=match):
             decode(flax_model, batch.source, 3, beam_size=beam_size)

@@ -44,7 +44,7 @@ def test_stored_shapes_are_read_once_per_saved_checkpoint_and_again_when_a_step_
 def test_a_learners_mistakes_are_named_and_a_relative_directory_saves(tmp_path, monkeypatch):
     narrow = trainer(30)
     monkeypatch.chdir(tmp_path)
-    manager = checkpoint.open_manager("ckpt")  # orbax refused a relative path at the first save
+    manager = checkpoint.open_manager("ckpt")  # orbax refuses a relative path at its first save
     checkpoint.save(manager, narrow.init_state())
     assert int(checkpoint.restore(checkpoint.open_manager("ckpt"), narrow.state_template()).step) == 0
     # orbax: "Must provide `args` of type `Composite` when dealing with multiple checkpointable objects."

@@ -81,13 +81,13 @@ def test_make_batch_shifts_target_by_one_and_counts_label_tokens():
 
 
 @pytest.mark.parametrize("sources, targets, exc, match", [
-    # Was "TypeError: Value after * must be an iterable, not int".
+    # Unchecked: "TypeError: Value after * must be an iterable, not int".
     pytest.param([7, 8], [9, 10], ValueError, r"^source 0 must be one-dimensional \(a sequence of ids\), got shape \(\) "
                  r"\(7: a list of ids where a list of sequences belongs\?\)$", id="flat_sources"),
     pytest.param([[7]], [9], ValueError, r"^target 0 must be one-dimensional", id="flat_targets"),
     pytest.param([[7]], [[[9]]], ValueError, r"^target 0 must be one-dimensional \(a sequence of ids\), got shape \(1, 1\)$",
                  id="nested_targets"),
-    # Was "sequence 0 must hold integer ids, got dtype <U3".
+    # Named as text, not as pad_batch's "sequence 0 must hold integer ids, got dtype <U3".
     pytest.param(["a b"], [[9]], TypeError, r"^source 0 must hold integer ids, got text 'a b' \(encode it first: a Vocab "
                  r"or a tokenizer\)$", id="text"),
     pytest.param([[7]], [[9.0]], TypeError, r"^target 0 must hold integer ids, got dtype float64$", id="floats"),

@@ -48,7 +48,7 @@ def _bound(tree):
 
 
 def test_every_module_a_docstring_or_comment_names_exists_and_defines_the_name():
-    # e.g. ``training.fresh_streams`` once named a module split into train/state.py and others.
+    # e.g. ``training.fresh_streams``: no module training exists (train/state.py holds fresh_streams).
     defined, top_level = _definitions()
     stale = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -66,7 +66,7 @@ def test_every_module_a_docstring_or_comment_names_exists_and_defines_the_name()
 
 
 def test_help_shows_each_model_class_with_its_constructors_arguments():
-    # flax's module metaclass made it Transformer(*args: 'Any', **kwargs: 'Any') -> 'Any'.
+    # flax's module metaclass alone makes it Transformer(*args: 'Any', **kwargs: 'Any') -> 'Any'.
     import inspect
 
     import jax.numpy as jnp
@@ -103,8 +103,8 @@ def test_the_package_docstrings_walkthrough_runs_as_written(tmp_path, monkeypatc
 
 
 def test_each_floor_is_an_attribute_of_the_package_as_help_reaches_it():
-    # A fresh process: here the test suite has imported every subpackage already. Was
-    # "AttributeError: module 'flaxformer_mini' has no attribute 'train'" without an import of it.
+    # A fresh process: here the test suite has imported every subpackage already. Without the
+    # lazy attribute: "AttributeError: module 'flaxformer_mini' has no attribute 'train'".
     import subprocess
 
     code = ("import flaxformer_mini as fm; "

@@ -38,7 +38,7 @@ def test_the_bar_shows_the_time_left_at_the_warm_steps_rate():
     bar = progress_bar(recorded_rate(), total=100, desc="train", unit="step", file=io.StringIO())
     bar.n = 11
     line = bar.format_meter(**{**bar.format_dict, "elapsed": 40.0, "ncols": 100})
-    # 89 steps at 1 step a second; tqdm's own average (11 steps in 40 s) said 05:23.
+    # 89 steps at 1 step a second; tqdm's own average (11 steps in 40 s) gives 05:23.
     assert re.search(r"11/100 \[00:40<01:29, +1\.00step/s\]", line), line
     bar.close()
 

@@ -12,12 +12,12 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 class StepRate:
     """Steps a second over the steps during which nothing compiled.
 
-    A step that compiles takes the compilation's time (seconds on a CPU, minutes for a large
-    model on an accelerator), which says nothing of the steps that follow it. tqdm's own rate is
-    an average since the bar began, so the first step's compilation made the ETA far too long
-    for many steps. Left out: each step during which XLA compiled anything (the first step, each
-    new shape of length-bucketed batches, the first evaluation's programs). Steps that compiled
-    nothing count whole, evaluations included, since those recur until the run ends.
+    A step that compiles takes the compilation's time too, which says nothing of the steps that
+    follow it. tqdm's own rate is an average since the bar began, so counting the first step's
+    compilation makes the ETA far too long for many steps. Left out: each step during which XLA
+    compiled anything (the first step, each shape of length-bucketed batches met for the first
+    time, the first evaluation's programs). Steps that compiled nothing count whole, evaluations
+    included, since those recur until the run ends.
 
     ``step_done()`` after each step; ``compiled`` is the ``jax.monitoring`` listener that marks
     the current step (``watch_compilations`` registers it); ``rate()`` is steps a second, or 0.0
@@ -33,10 +33,10 @@ class StepRate:
             self.compiling = True
 
     def step_done(self):
-        now = self.clock()
+        t = self.clock()
         if not self.compiling:
-            self.steps, self.seconds = self.steps + 1, self.seconds + (now - self.last)
-        self.last, self.compiling = now, False
+            self.steps, self.seconds = self.steps + 1, self.seconds + (t - self.last)
+        self.last, self.compiling = t, False
 
     def rate(self):
         return self.steps / self.seconds if self.steps and self.seconds > 0 else 0.0

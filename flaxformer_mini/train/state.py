@@ -83,7 +83,7 @@ class TrainState:
 
 def check_model_and_config(model, config, who):
     """A TypeError naming ``who``'s wrong argument: a model (a Transformer) and a ``TrainConfig``
-    are read field by field, and a ModelConfig or a dict in their place failed with an
+    are read field by field, and a ModelConfig or a dict in their place fails with an
     AttributeError or "unhashable type" naming neither."""
     if not isinstance(getattr(model, "config", None), ModelConfig):
         hint = " (build one: Transformer.from_config(config, rngs=nnx.Rngs(0)))" if isinstance(model, ModelConfig) else ""
