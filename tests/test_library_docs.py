@@ -102,6 +102,20 @@ def test_the_package_docstrings_walkthrough_runs_as_written(tmp_path, monkeypatc
     assert [p.name for p in tmp_path.glob("*/*")] == ["3"]
 
 
+def test_the_run_modules_example_runs_as_written(tmp_path, monkeypatch):
+    # A run started, its initial state saved and the run opened again, at the tiny preset: no
+    # step compiles (runs.fit's training is the walkthrough's Trainer step, above).
+    import doctest
+    import tempfile
+
+    from flaxformer_mini.runs import run
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = doctest.testmod(run, raise_on_error=True)
+    assert (result.failed, result.attempted) == (0, 13)
+    assert sorted(p.name for p in (next(tmp_path.iterdir()) / "checkpoints").iterdir()) == ["0"]
+
+
 def test_each_floor_is_an_attribute_of_the_package_as_help_reaches_it():
     # A fresh process: here the test suite has imported every subpackage already. Without the
     # lazy attribute: "AttributeError: module 'flaxformer_mini' has no attribute 'train'".

@@ -1,11 +1,21 @@
 """A training run: one directory's whole lifecycle, from options to a finished model.
 
-    run = Run.start(out, TrainOptions(...), DataConfig(...))   # new, or resume the run in `out`
-    state = run.restore_or_init(manager)                       # the latest checkpoint, or step 0
-    ...                                                        # fit.fit trains it
-    run = Run.open(out)                                        # a finished run: evaluate, generate
-    state = run.latest_state()
-    ids, unknown = run.codec.encode("5 3 9")
+    >>> import tempfile
+    >>> from flaxformer_mini.runs.config import DataConfig, TrainOptions
+    >>> from flaxformer_mini.runs.run import Run
+    >>> from flaxformer_mini.train import checkpoint
+    >>> out = tempfile.mkdtemp()
+    >>> data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5)
+    >>> run = Run.start(out, TrainOptions(preset="tiny", num_layers=1), data)  # or resume the run in out
+    >>> state = run.restore_or_init(run.checkpoints())  # the latest checkpoint, or step 0
+    >>> checkpoint.save(run.checkpoints(), state)  # runs.fit.fit(run, steps) trains, evaluates and saves
+    0
+    >>> run.close()  # the directory's lock, for another train
+    >>> finished = Run.open(out)  # a run as evaluate and generate read it
+    >>> int(finished.latest_state().step)
+    0
+    >>> finished.codec.encode("5 3 6")  # ids, and the words outside the vocabulary
+    ([9, 7, 10], [])
 
 ``Run`` resolves the config from the options and the data (the vocabulary sizes come from
 the data), writes it or checks it against the run already there, saves the vocabularies,
