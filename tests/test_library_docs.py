@@ -149,3 +149,13 @@ def test_design_md_lists_every_module_path_the_docs_import_and_each_holds_its_na
                                                                    (PACKAGE / "__init__.py").read_text())}
     imported.discard("flaxformer_mini.train")
     assert imported and imported <= set(listed), sorted(imported - set(listed))
+
+
+def test_help_of_a_transformer_call_says_what_it_takes_and_returns():
+    import pydoc
+
+    import flaxformer_mini as fm
+
+    text = pydoc.render_doc(fm.Transformer, renderer=pydoc.plaintext)
+    call = text[text.index("__call__(self, source_input, target_input)"):]
+    assert call.split("\n")[1].strip(" |").startswith("Logits (B, T, V) for source ids (B, S) and target ids (B, T)")

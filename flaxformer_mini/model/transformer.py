@@ -211,6 +211,9 @@ class Transformer(nnx.Module):
         return self.encoder(source_input, source_mask, check_inputs=False), source_mask
 
     def __call__(self, source_input, target_input):
+        """Logits (B, T, V) for source ids (B, S) and target ids (B, T) (``Batch.source`` and
+        ``Batch.target_in``), each checked first: integer ids inside the vocabulary, at most
+        ``max_len`` long, one batch size."""
         # Both inputs are checked here, once each, before any layer runs (the encoder would
         # otherwise run on a batch whose target is unusable); the submodules do not check again.
         self.check_has_arrays()
