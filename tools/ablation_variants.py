@@ -128,7 +128,7 @@ def _model(preset, **model_kw):
 
 def train_path(name, preset, jbatch, *, impl="threefry2x32", building=contextlib.nullcontext,
                tracing=contextlib.nullcontext, model_kw=None, **train_config):
-    """A train-step Path: the Trainer's step (``training.train_step``, its state donated) for
+    """A train-step Path: the Trainer's step (``train.step.train_step``, its state donated) for
     the model of ``preset`` (with ``model_kw``), its state and executable all made under the
     PRNG implementation ``impl``; ``building`` holds while the model is built, ``tracing``
     while its step is traced. Each path jits its own wrapper of ``train_step``: jax.jit keeps
@@ -169,7 +169,7 @@ def memory_analysis(compiled):
 
 def _scan_path(preset, jbatch, steps_per_call=4):
     """``steps_per_call`` train steps in one compiled call: ``lax.scan`` with
-    ``training.train_step`` (the function the Trainer jits) as its body."""
+    ``train.step.train_step`` (the function the Trainer jits) as its body."""
     c, B, L = preset.model, preset.batch, preset.seq_len
     state = TrainState.create(_model(preset), TrainConfig(schedule="constant", learning_rate=1e-4))
     holder = {"state": jax.tree.map(jnp.copy, state)}
