@@ -38,10 +38,20 @@ class Float64Errors:
 
 
 def float64_errors(torch32, flax32, exact) -> Float64Errors:
-    """The errors of ``torch32`` and ``flax32`` (the twins' float32 outputs) against ``exact``."""
+    """The errors of ``torch32`` and ``flax32`` (the twins' float32 outputs) against ``exact``.
+
+    An element equal to ``exact`` has error 0, infinities included (a score masked with -inf on
+    all three sides), as ``report._differences`` counts it. An element where both twins hold
+    the same non-finite value (both overflowed) is left out: they are equally wrong there, and
+    its infinite error would hide any error of Flax's elsewhere. Twins that differ there never
+    reach this: their row has a note."""
     exact = np.asarray(exact, np.float64)
-    t = np.abs(np.asarray(torch32, np.float64) - exact)
-    f = np.abs(np.asarray(flax32, np.float64) - exact)
+    t32, f32 = np.asarray(torch32, np.float64), np.asarray(flax32, np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf where equal, set to 0
+        t = np.where(t32 == exact, 0.0, np.abs(t32 - exact))
+        f = np.where(f32 == exact, 0.0, np.abs(f32 - exact))
+    shared = (t32 == f32) & ~np.isfinite(t)
+    t, f = t[~shared], f[~shared]
 
     def rms(e):
         return float(np.sqrt(np.mean(np.square(e)))) if e.size else 0.0

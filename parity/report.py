@@ -164,6 +164,9 @@ class Report(RowVerdicts):
         if row.flax_f64 > self.float64_largest_factor * row.torch_f64:
             beyond.append(f"Flax's largest error {row.flax_f64:.3e} > {self.float64_largest_factor:g}x torch's "
                           f"{row.torch_f64:.3e}")
+        if not beyond:  # a NaN compares false with either bound: the errors themselves are the finding
+            beyond.append(f"an error is not a finite number (torch's largest {row.torch_f64:.3e}, Flax's "
+                          f"{row.flax_f64:.3e})")
         return "; against the torch twin in float64, " + " and ".join(beyond)
 
     def to_dict(self):

@@ -148,3 +148,31 @@ def test_a_failing_row_names_the_bound_it_exceeds():
     assert line.endswith("against the torch twin in float64, Flax's largest error 5.000e-05 > 4x torch's 1.000e-05)")
     assert "RMS error" not in line
     assert report.format_table().splitlines()[1].split()[-2:] == ["1.50", "NO"]
+
+
+def test_a_score_masked_with_minus_infinity_on_every_side_is_error_zero_there():
+    # A porter's attention scores, masked with -inf (nn.Transformer's causal mask) in both twins
+    # and in float64: the masked elements are exact, the row is judged on the rest.
+    exact = EXACT.copy()
+    exact[..., :10] = -np.inf
+    errors = float64_errors(rounded(1, exact), rounded(2, exact), exact)
+    assert np.isfinite([errors.torch_rms, errors.flax_rms, errors.torch_largest, errors.flax_largest]).all()
+    assert errors.flax_rms == pytest.approx(errors.torch_rms, rel=0.01)
+    assert errors.as_exact_as_torch()
+
+
+def test_an_element_both_twins_overflow_at_hides_no_error_elsewhere():
+    torch32 = rounded(1)
+    flax32 = EXACT + (rounded(2) - EXACT) * 10  # a port 10x less exact everywhere
+    torch32.flat[7] = flax32.flat[7] = np.inf  # both overflowed where float64 did not
+    errors = float64_errors(torch32, flax32, EXACT)
+    assert errors.flax_rms == pytest.approx(10 * errors.torch_rms, rel=0.05)
+    assert not errors.as_exact_as_torch()
+
+
+def test_a_row_failed_by_a_nan_error_says_so():
+    row = Row("decoder.fc", (4, 10, 16), 3e-5, 1e-4, False, torch_f64=float("nan"), flax_f64=5e-5,
+              torch_f64_rms=float("nan"), flax_f64_rms=3e-6)
+    report = Report([row], atol=DEFAULT_ATOL, float64_factor=FLOAT64_FACTOR, float64_largest_factor=FLOAT64_LARGEST_FACTOR)
+    assert report.format_table().splitlines()[-1].endswith(
+        "against the torch twin in float64, an error is not a finite number (torch's largest nan, Flax's 5.000e-05))")
