@@ -323,14 +323,32 @@ def _refuse_a_batch_beyond_memory(torch_model, config, args, what):
     from parity.check_memory import check_bytes
 
     options = dict(float64_reference=args.float64_reference, grads=args.grads)
-    if memory.shortfall(check_bytes(torch_model, config, args.batch, bound=True, **options)) is None:
+    if _records_shortfall(check_bytes(torch_model, config, args.batch, bound=True, **options)) is None:
         return
     needed = check_bytes(torch_model, config, args.batch, **options)
-    short = memory.shortfall(needed)
+    short = _records_shortfall(needed)
     if short is not None:
         raise UsageError(f"--batch {args.batch} of {what} (max_len {config.max_len}, width {config.embed_size}, "
                          f"{config.num_layers}+{config.num_layers} layers) records every submodule output of both "
                          f"twins, {memory.gib(needed)}, more than the {short} free: give a smaller --batch")
+
+
+def _records_shortfall(needed):
+    """``memory.shortfall`` of the check's records: numpy arrays in the host's memory, which
+    ``memory.shortfall`` alone does not read where JAX computes on an accelerator (it reads that
+    device's); the accelerator holds the twins' outputs as they are computed, so both are read."""
+    import jax
+
+    from flaxformer_mini.model import memory
+
+    devices = [jax.devices("cpu")[0]]
+    if jax.local_devices()[0].platform != "cpu":
+        devices.append(jax.local_devices()[0])
+    for device in devices:
+        free, where = memory.free_bytes(device)
+        if free is not None and needed > free:
+            return f"{memory.gib(free)} ({where})"
+    return None
 
 
 # ----------------------------------------------------------------------------- convert

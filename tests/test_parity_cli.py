@@ -333,6 +333,24 @@ def test_a_batch_whose_records_exceed_the_free_memory_is_refused_before_the_comp
     with pytest.raises(Compared):
         main(["check", "--preset", "seed", "--batch", "4"])
 
+def test_a_batch_is_refused_by_the_hosts_memory_where_the_records_are_kept(tmp_path, monkeypatch, capsys):
+    """On an accelerator, ``memory.shortfall`` reads the device's free memory; the records are
+    numpy arrays on the host, whose 2 GiB the seed preset's 7.3 GiB at --batch 1024 exceed."""
+    from flaxformer_mini.model import memory
+
+    def free_bytes(device=None):
+        if device is not None and device.platform == "cpu":
+            return 2 * 2**30, "this machine's available memory"
+        return 1000 * 2**30, "an accelerator's memory"
+
+    monkeypatch.setattr("parity.check.check_twins", lambda *a, **k: (_ for _ in ()).throw(Compared()))
+    monkeypatch.setattr(memory, "free_bytes", free_bytes)
+    assert main(["check", "--preset", "seed", "--batch", "1024"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "records every submodule output of both twins, 7.3 GiB, more than the 2.0 GiB (this machine's available "
+        "memory) free: give a smaller --batch")
+
+
 def test_check_replaces_no_existing_file_unasked_and_never_the_checkpoint_it_checks(checkpoint, tmp_path, capsys):
     before = checkpoint.read_bytes()
     report = tmp_path / "report.json"
