@@ -119,7 +119,10 @@ def _signals_deferred(staging):
             _stop_at_once(signum, staging)
         held.append(signum)
 
-    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
+    # A signal the process ignores (SIGINT in a shell script's background job) stays ignored:
+    # held, a second one would end the process that was started not to be stopped by it.
+    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         yield
     finally:

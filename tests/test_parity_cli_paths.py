@@ -178,6 +178,22 @@ def test_a_second_signal_while_orbax_writes_ends_the_process_at_once_leaving_not
                                         "no output was left half-written"], err
 
 
+def test_a_signal_the_process_ignores_stays_ignored_while_orbax_writes(tmp_path, monkeypatch):
+    from parity.output import _signals_deferred
+
+    exits = []
+    monkeypatch.setattr("parity.output.os._exit", exits.append)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell script's background job starts
+    try:
+        with _signals_deferred(tmp_path / "staging"):
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert exits == []
+
+
 # ----------------------------------------------------------------------------- one file, two names
 
 
