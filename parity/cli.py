@@ -341,7 +341,10 @@ def _records_shortfall(needed):
 
     from flaxformer_mini.model import memory
 
-    devices = [jax.devices("cpu")[0]]
+    try:
+        devices = [jax.devices("cpu")[0]]
+    except RuntimeError:  # JAX_PLATFORMS without cpu: the accelerator's alone can be read
+        devices = []
     if jax.local_devices()[0].platform != "cpu":
         devices.append(jax.local_devices()[0])
     for device in devices:
