@@ -103,6 +103,17 @@ def test_token_cross_entropy_of_uniform_logits_is_log_vocab_whatever_the_padding
         assert abs(loss.item() - np.log(V)) <= 1e-6
 
 
+def test_token_cross_entropy_widens_half_precision_logits_and_keeps_float64():
+    # float64 logits (a twin run in float64 as a reference) must not be rounded to float32 first.
+    logits = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 30
+    labels = torch.tensor([[1, 4, PAD], [6, 2, 3]])
+    exact = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=PAD)
+    loss = token_cross_entropy(logits, labels)
+    assert loss.dtype == torch.float64 and abs(loss.item() - exact.item()) <= 1e-13
+    assert token_cross_entropy(logits.float(), labels).item() != loss.item()  # float32's rounding is visible here
+    assert token_cross_entropy(logits.bfloat16(), labels).dtype == torch.float32
+
+
 @functools.cache
 def _loss_and_grads(label_smoothing):
     """(Flax loss, torch loss, Flax grads as a torch state dict, torch grads) on one batch."""

@@ -23,14 +23,15 @@ SCHEDULES = ("rsqrt", "constant", "cosine")
 def token_cross_entropy(logits, labels, label_smoothing=0.0, pad_id=PAD):
     """Cross-entropy averaged over the non-padding target tokens.
 
-    ``logits`` (B, T, V), ``labels`` (B, T). The log-softmax runs in float32 whatever the
-    compute dtype. Equals ``F.cross_entropy(..., ignore_index=pad_id, reduction="mean")``,
+    ``logits`` (B, T, V), ``labels`` (B, T). The log-softmax runs in float32 at least:
+    bfloat16 and float16 logits are widened, float64 ones (a twin run in float64 as a
+    reference) stay float64. Equals ``F.cross_entropy(..., ignore_index=pad_id, reduction="mean")``,
     except for a batch without any label: that gives 0 here, as in the Flax twin (which
     divides by max(count, 1)), where the mean reduction gives NaN (0 / 0).
     """
     labels = labels.long()
     total = F.cross_entropy(
-        logits.float().flatten(0, 1),
+        logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, 1),
         labels.flatten(),
         ignore_index=pad_id,
         label_smoothing=label_smoothing,
