@@ -334,9 +334,9 @@ def _refuse_a_batch_beyond_memory(torch_model, config, args, what):
 
 
 def _records_shortfall(needed):
-    """``memory.shortfall`` of the check's records: numpy arrays in the host's memory, which
-    ``memory.shortfall`` alone does not read where JAX computes on an accelerator (it reads that
-    device's); the accelerator holds the twins' outputs as they are computed, so both are read."""
+    """``memory.shortfall`` of the check's records on the host and, where JAX computes on an
+    accelerator, on that device too: the records are numpy arrays in the host's memory, and the
+    accelerator holds the twins' outputs as they are computed. The first shortfall, or None."""
     import jax
 
     from flaxformer_mini.model import memory
@@ -347,11 +347,7 @@ def _records_shortfall(needed):
         devices = []
     if jax.local_devices()[0].platform != "cpu":
         devices.append(jax.local_devices()[0])
-    for device in devices:
-        free, where = memory.free_bytes(device)
-        if free is not None and needed > free:
-            return f"{memory.gib(free)} ({where})"
-    return None
+    return next((short for short in (memory.shortfall(needed, device) for device in devices) if short), None)
 
 
 # ----------------------------------------------------------------------------- convert
@@ -511,8 +507,8 @@ def build_parser():
     _config_options(check, "checkpoint")
     check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"max absolute difference allowed (default {DEFAULT_ATOL:g})")
     check.add_argument("--batch", type=int, default=4,
-                       help=f"batch size of the seeded inputs, 1 to {MAX_BATCH} (default 4); refused when one train step "
-                            "of the model at this batch needs more memory than is free")
+                       help=f"batch size of the seeded inputs, 1 to {MAX_BATCH} (default 4); refused when the check's records "
+                            "of every submodule output of both twins at this batch need more memory than is free")
     check.add_argument("--seed", type=int, default=0,
                        help="seed for the inputs (and a preset's weights), 0 to 2**63-1 (default 0)")
     check.add_argument("--grads", action="store_true",

@@ -80,10 +80,11 @@ def _host_available():
         return None
 
 
-def shortfall(needed):
-    """None when ``needed`` bytes fit in the free memory (or it cannot be read), else the
-    words that say how much there is: ``'22.4 GiB (this machine's available memory)'``."""
-    free, where = free_bytes()
+def shortfall(needed, device=None):
+    """None when ``needed`` bytes fit in ``device``'s free memory (``free_bytes``; or it cannot
+    be read), else the words that say how much there is:
+    ``'22.4 GiB (this machine's available memory)'``."""
+    free, where = free_bytes(device)
     if free is None or needed <= free:
         return None
     return f"{gib(free)} ({where})"

@@ -390,6 +390,8 @@ def _hard_linked_under(path, directory):
             if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
                 return True
     return False
+
+
 _DATA_SHA256 = {}  # (path, size, mtime_ns) -> sha256: one read of a corpus per process, not one per check
 
 
