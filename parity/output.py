@@ -42,29 +42,35 @@ def write_files_atomic(outputs, replace=False):
     """Write each ``(path, data)`` of ``outputs`` with ``write_atomic``, all of them or none: when
     one fails (a full disk, a file that appeared without ``replace``, Ctrl-C), those written
     before it are removed, and a file that ``replace`` put aside goes back, so one command's
-    outputs are never half there."""
-    written = []  # (path, the file it replaced, moved aside beside it, or None)
+    outputs are never half there.
+
+    The renames around the writes (putting a file aside, putting it back, removing it once all
+    are written) run with Ctrl-C and SIGTERM held (``_signals_deferred``): a signal inside them
+    (a second Ctrl-C while the first one's clean-up runs) would otherwise cut them short,
+    leaving the user's file under its hidden name. One held there is delivered once they are
+    done."""
+    aside = []  # (path, the file it replaced, moved aside beside it, or None); the last perhaps not written
+    written = 0  # how many of them were
     try:
         for path, data in outputs:
             path = Path(path)
-            old = _set_aside(path) if replace else None
-            try:
-                write_atomic(path, data, replace=replace)
-            except BaseException:
+            # Held: between the rename and the append, an interrupt would lose the file aside.
+            with _signals_deferred():
+                aside.append((path, _set_aside(path) if replace else None))
+            write_atomic(path, data, replace=replace)
+            written += 1
+    except BaseException:
+        with _signals_deferred():
+            for i, (path, old) in reversed(list(enumerate(aside))):
                 if old is not None:
                     os.replace(old, path)
-                raise
-            written.append((path, old))
-    except BaseException:
-        for path, old in reversed(written):
-            if old is not None:
-                os.replace(old, path)
-            else:
-                path.unlink(missing_ok=True)
+                elif i < written:  # one not written may be another process's file (replace=False)
+                    path.unlink(missing_ok=True)
         raise
-    for _, old in written:
-        if old is not None:
-            os.unlink(old)
+    with _signals_deferred():  # all written: a Ctrl-C here comes once no file is left aside
+        for _, old in aside:
+            if old is not None:
+                os.unlink(old)
 
 
 def _set_aside(path):
@@ -101,21 +107,22 @@ def _replaceable_directory(path):
 
 
 @contextlib.contextmanager
-def _signals_deferred(staging):
+def _signals_deferred(staging=None):
     """Hold Ctrl-C and SIGTERM until the block is done, then deliver them to the handlers they
-    would have reached. orbax writes from threads of its own (TensorStore's): interrupted in
-    the middle, they go on writing into the staging directory after it is removed, and an
-    interrupt raised inside its C++ wait can abort the process, so the staging directory is
-    left behind either way. A second signal while one is held is the user insisting: the
-    process ends at once (``_stop_at_once``). Outside the main thread Python allows no
-    handler: nothing held."""
+    would have reached. Around orbax's write into ``staging``: orbax writes from threads of its
+    own (TensorStore's): interrupted in the middle, they go on writing into the staging
+    directory after it is removed, and an interrupt raised inside its C++ wait can abort the
+    process, so the staging directory is left behind either way. There a second signal while
+    one is held is the user insisting: the process ends at once (``_stop_at_once``). Without
+    ``staging`` (a few renames that must all happen, or a file is left under a hidden name),
+    every signal is held. Outside the main thread Python allows no handler: nothing held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held = []
 
     def hold(signum, frame):
-        if held:
+        if held and staging is not None:
             _stop_at_once(signum, staging)
         held.append(signum)
 

@@ -16,7 +16,10 @@ Properties checked:
   --force (exit 2 naming it), not replaced;
 - --json and --plot are written both or neither: a --plot file that appears during the work
   leaves no report, and a full disk while the plot is written under --force puts the report
-  it replaced back;
+  it replaced back; a Ctrl-C that comes while --force's renames put a file aside,
+  put the files back after a first one, or remove those aside once all are written, is held
+  until they are done: no file is left under its hidden .old name, and the outputs are the
+  old ones or the new ones, whole;
 - --json and --plot never replace a file of the training run being checked (its config.json,
   anything under checkpoints/, a text run's training and --valid files), even with --force,
   under any name (a hard link, a symlink, a path through ``..``); a new file beside them is
@@ -32,6 +35,7 @@ in-process, and all but one stop before any model runs.
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -302,6 +306,54 @@ def test_json_and_plot_are_written_both_or_neither(pt, tmp_path, monkeypatch, ca
     refused(capsys, "no space left on the device")
     assert listing(tmp_path) == ["model.pt", "report.json", "report.png"]
     assert report.read_text() == "an earlier report" and image.read_text() == "another process's file"
+
+
+@pytest.mark.parametrize("when", ["a file is put aside", "the files go back", "the files aside are removed"])
+def test_a_signal_while_force_moves_files_is_held_until_the_outputs_are_whole(tmp_path, monkeypatch, when):
+    # A Ctrl-C raised inside one of write_files_atomic's renames (in "the files go back", the
+    # second one: the first stopped the plot's write). Delivered there, it would cut the renames
+    # short, leaving a file under its hidden .old name; held, it comes once they are done.
+    import parity.output
+
+    report, image = tmp_path / "report.json", tmp_path / "report.png"
+    report.write_bytes(b"an earlier report")
+    image.write_bytes(b"an earlier plot")
+    real_write, real_replace, real_unlink, signalled = parity.output.write_atomic, os.replace, os.unlink, []
+
+    def second_write_stopped(path, data, replace=True):
+        if Path(path) == image and when == "the files go back":
+            raise KeyboardInterrupt  # the first Ctrl-C
+        real_write(path, data, replace)
+
+    def signal_once(at):
+        if at and not signalled:
+            signalled.append(when)
+            signal.raise_signal(signal.SIGINT)
+
+    def replace(source, destination):
+        signal_once(when == "the files go back" and str(source).endswith(".old"))  # before the first goes back
+        real_replace(source, destination)
+        signal_once(when == "a file is put aside" and str(destination).endswith(".old"))  # once it is aside
+
+    def unlink(path, *args, **kwargs):
+        signal_once(when == "the files aside are removed" and str(path).endswith(".old"))
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(parity.output, "write_atomic", second_write_stopped)
+    monkeypatch.setattr("parity.output.os.replace", replace)
+    monkeypatch.setattr("parity.output.os.unlink", unlink)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it (see above)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parity.output.write_files_atomic([(report, "a new report"), (image, b"a new plot")], replace=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert signalled == [when]  # the signal came where the test means it to
+    assert listing(tmp_path) == ["report.json", "report.png"]  # no .old file, no temporary one
+    if when == "the files aside are removed":  # all written before the signal: the new outputs, whole
+        assert (report.read_bytes(), image.read_bytes()) == (b"a new report", b"a new plot")
+    else:
+        assert (report.read_bytes(), image.read_bytes()) == (b"an earlier report", b"an earlier plot")
 
 
 # ----------------------------------------------------------------------------- the run's own files
