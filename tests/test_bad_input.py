@@ -355,8 +355,8 @@ def test_trainer_train_step_and_check_batch_name_a_wrong_argument(flax_model):
         TrainState.create(flax_model, {"learning_rate": 1e-3})
     batch = make_batch([[4, 5]], [[6]])
     for step in (train_step, eval_step):
-        with pytest.raises(TypeError, match=r"^the state must be a TrainState \(Trainer.init_state\(\) or "
-                                            r"TrainState.create\(model, TrainConfig\(\)\)\), got Transformer$"):
+        with pytest.raises(TypeError, match=rf"^{step.__name__}'s state must be a TrainState \(Trainer.init_state\(\) "
+                                            r"or TrainState.create\(model, TrainConfig\(\)\)\), got Transformer$"):
             step(flax_model, batch)
     with pytest.raises(TypeError, match=r"^a batch must be a Batch \(source, target_in, target_out: data.make_batch "
                                         r"makes one\), got tuple$"):

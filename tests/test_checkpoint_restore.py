@@ -53,9 +53,11 @@ def test_a_learners_mistakes_are_named_and_a_relative_directory_saves(tmp_path, 
     with pytest.raises(TypeError, match=r"^expected a checkpoint manager \(checkpoint.open_manager\(directory\)\), "
                                         r"got str 'ckpt'$"):
         checkpoint.restore("ckpt", narrow.state_template())
-    with pytest.raises(TypeError, match=r"^template must be a TrainState \(Trainer.state_template\(\)\), got Transformer$"):
+    with pytest.raises(TypeError, match=r"^checkpoint.restore's template must be a TrainState "
+                                        r"\(Trainer.state_template\(\)\), got Transformer$"):
         checkpoint.restore(manager, narrow.init_state().model())
-    with pytest.raises(TypeError, match=r"^state must be a TrainState \(Trainer.init_state\(\)\), got dict$"):
+    with pytest.raises(TypeError, match=r"^checkpoint.save's state must be a TrainState \(Trainer.init_state\(\) or "
+                                        r"TrainState.create\(model, TrainConfig\(\)\)\), got dict$"):
         checkpoint.save(manager, {"params": narrow.init_state().params})
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match=r"a checkpoint directory must be a directory, not a file: '.*file'"):

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 
 from flaxformer_mini.model.paths import path_name
 from flaxformer_mini.train.state import TrainState, default_device, fresh_streams, on_default_device
+from flaxformer_mini.train.step import check_state
 
 # orbax logs every save at INFO through absl; the progress bar already says what happens.
 logging.getLogger("absl").setLevel(logging.WARNING)
@@ -56,22 +57,20 @@ def open_manager(directory, max_to_keep=3):
     return ocp.CheckpointManager(directory, options=options)
 
 
-def _check_arguments(manager, state, role):
-    """A checkpoint manager and a ``TrainState`` (what ``save``'s and ``restore``'s callers
-    pass), or a TypeError naming what came instead: orbax's own errors name neither."""
+def _check_manager(manager):
+    """A checkpoint manager (what ``save``'s and ``restore``'s callers pass), or a TypeError
+    naming what came instead: orbax's own errors name neither."""
     if not isinstance(manager, ocp.CheckpointManager):
         raise TypeError(f"expected a checkpoint manager (checkpoint.open_manager(directory)), got "
                         f"{type(manager).__name__} {manager!r}")
-    if not isinstance(state, TrainState):
-        raise TypeError(f"{role} must be a TrainState ({'Trainer.init_state()' if role == 'state' else 'Trainer.state_template()'}), "
-                        f"got {type(state).__name__}")
 
 
 def save(manager, state: TrainState):
     """Save ``state`` as checkpoint ``state.step``, and return that step. A full disk raises ``OSError(ENOSPC)``
     after removing the half-written temporary directory (the earlier checkpoints are intact:
     orbax renames a checkpoint into place only once it is complete)."""
-    _check_arguments(manager, state, "state")
+    _check_manager(manager)
+    check_state(state, "checkpoint.save's state")
     step = int(jax.device_get(state.step))
     # Before the save, not after its failure: orbax's threads report a full disk while the
     # save is still failing, before the error reaches this function, and after it.
@@ -207,7 +206,8 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     Raises CheckpointMismatchError naming the parameters whose shapes differ when the
     checkpoint comes from a model of another size.
     """
-    _check_arguments(manager, template, "template")
+    _check_manager(manager)
+    check_state(template, "checkpoint.restore's template", made_by="Trainer.state_template()")
     if step is None:
         step = manager.latest_step()
         if step is None:

@@ -35,18 +35,19 @@ def reseed_dropout(model, key):
     nnx.reseed(model, policy="match_shape", default=key, dropout=key)
 
 
-def check_state(state):
-    """A TrainState, or a TypeError naming what came instead (a model, a Trainer): the steps
-    read its fields, and an AttributeError from inside a trace names none of this."""
+def check_state(state, name, made_by="Trainer.init_state() or TrainState.create(model, TrainConfig())"):
+    """A TrainState, or a TypeError naming the argument (``name``, as "train_step's state"),
+    where one comes from (``made_by``) and what came instead (a model, a Trainer): the steps
+    read its fields, and neither an AttributeError from inside a trace nor orbax's errors
+    name any of this."""
     if not isinstance(state, TrainState):
-        raise TypeError(f"the state must be a TrainState (Trainer.init_state() or TrainState.create(model, "
-                        f"TrainConfig())), got {type(state).__name__}")
+        raise TypeError(f"{name} must be a TrainState ({made_by}), got {type(state).__name__}")
 
 
 def train_step(state: TrainState, batch):
     """One optimizer update: ``(state, batch) -> (state, metrics)``, pure. Jit it (the
     ``Trainer`` does, donating the state); ``check_batch`` the batch on the host first."""
-    check_state(state)
+    check_state(state, "train_step's state")
     model = nnx.merge(state.graphdef, state.params, state.other)
     # Dropout keys from (seed, step) alone. Tag "default" when the model was built with
     # nnx.Rngs(seed), "dropout" when it has a dropout stream; reseed ignores absent tags.
@@ -80,7 +81,7 @@ def averaged(state: TrainState, params):
 
 def eval_step(state: TrainState, batch):
     """Teacher-forced sums over one batch, pure: summed loss, label count, correct labels."""
-    check_state(state)
+    check_state(state, "eval_step's state")
     model = state.model()
     logits = model(batch.source, batch.target_in)
     _, (total, count) = token_cross_entropy(logits, batch.target_out)
