@@ -89,3 +89,59 @@ def test_the_training_bar_counts_the_steps_after_a_compilation_and_stops_listeni
     finally:
         log.close()
     assert not log.rate.watching
+
+
+def test_the_logged_tokens_per_s_counts_only_the_steps_that_compiled_nothing(tmp_path):
+    import types
+
+    import numpy as np
+
+    from flaxformer_mini.runs import tensorboard
+    from flaxformer_mini.runs.directory import RunDir
+    from flaxformer_mini.runs.fit import _StepLog
+
+    run_dir = RunDir(tmp_path)
+    # Logged every 2 steps: steps 1 and 2 compile (30 s, then a new shape's 15 s); steps 3 and 4
+    # take 2 s and 1 s; step 5 compiles (22 s), step 6 takes 2 s.
+    clock = FakeClock([0.0, 30.0, 45.0, 47.0, 48.0, 70.0, 72.0])
+    log = _StepLog(types.SimpleNamespace(dir=run_dir), steps=6, start=0, log_every=2, progress=False, clock=clock)
+    try:
+        assert log.rate.watching  # no bar, yet the log needs to know which steps compiled
+        for step, tokens, compiled in [(1, 100, True), (2, 100, True), (3, 90, False), (4, 60, False),
+                                       (5, 100, True), (6, 30, False)]:
+            if compiled:
+                log.rate.compiled(COMPILE_EVENT, 20.0)
+            log.push(step, {"loss": np.float32(step)}, tokens)
+        log.flush()
+    finally:
+        log.close()
+    # The wall clock's windows would read 200/45, 150/3 and 130/24 tokens/s.
+    assert run_dir.read_metrics() == [{"step": 2, "loss": 2.0},  # every step compiled: no rate to claim
+                                      {"step": 4, "loss": 4.0, "tokens_per_s": 150 / 3},
+                                      {"step": 6, "loss": 6.0, "tokens_per_s": 30 / 2}]
+    scalars = tensorboard.read_scalars(run_dir.tensorboard)
+    assert scalars["train/tokens_per_s"] == [(4, 50.0), (6, 15.0)]
+    assert [step for step, _ in scalars["train/loss"]] == [2, 4, 6]
+
+
+def test_without_a_bar_a_real_compilation_leaves_its_step_out_of_the_logged_tokens_per_s(tmp_path):
+    import types
+
+    import numpy as np
+
+    from flaxformer_mini.runs.directory import RunDir
+    from flaxformer_mini.runs.fit import _StepLog
+
+    run_dir = RunDir(tmp_path)
+    log = _StepLog(types.SimpleNamespace(dir=run_dir), steps=2, start=0, log_every=1, progress=False)
+    try:
+        jax.jit(lambda x: x * 5 - 2)(jnp.arange(4))  # as the first step's compilation
+        log.push(1, {"loss": np.float32(1.0)}, tokens=40)
+        log.push(2, {"loss": np.float32(2.0)}, tokens=30)
+        log.flush()
+    finally:
+        log.close()
+    first, second = run_dir.read_metrics()
+    assert first == {"step": 1, "loss": 1.0}
+    # The rate has counted step 2 alone: its seconds are the step's.
+    assert log.rate.steps == 1 and second == {"step": 2, "loss": 2.0, "tokens_per_s": 30 / log.rate.seconds}

@@ -349,48 +349,55 @@ def evaluation_state(state):
 
 class _StepLog:
     """The metrics log and the progress bar. Each step's metrics are read back one step late
-    (``push``), so logging never makes the host wait for the device."""
+    (``push``), so logging never makes the host wait for the device. The logged tokens/s counts
+    only the steps during which nothing compiled (``StepRate.step_done``), as the bar's rate does:
+    a compilation's seconds say nothing of the steps that follow it."""
 
-    def __init__(self, run, steps, start, log_every, progress, write=True):
+    def __init__(self, run, steps, start, log_every, progress, write=True, clock=time.perf_counter):
         self.run, self.log_every, self.steps, self.write = run, log_every, steps, write
-        self.rate = StepRate()  # the bar's rate and ETA, the steps that compiled left out
-        if progress:
+        self.rate = StepRate(clock)  # the bar's rate and ETA and the logged tokens/s, compilations left out
+        if progress or write:
             self.rate.watch_compilations()
         self.bar = progress_bar(self.rate, total=steps, initial=start, desc="train", unit="step",
                                 disable=not progress, dynamic_ncols=True)
-        self.pending = None  # (step, metrics, tokens/s or None) not yet read back
-        self.tokens, self.t0 = 0, time.perf_counter()
+        self.pending = None  # (step, metrics, tokens/s, logged) not yet read back
+        self.tokens, self.seconds = 0, 0.0  # of the steps since the last line that compiled nothing
         self.events = None  # TensorBoard writer, opened at the first logged line (tensorboardX loads then)
 
     def push(self, step, metrics, tokens):
-        self.tokens += tokens
         self.flush()
-        rate = None
+        seconds = self.rate.step_done()
+        if seconds is not None:
+            self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
         # Every log_every steps and at the run's last step, so a run shorter than log_every (or
         # not a multiple of it) still logs its final loss. An interrupted run logs no extra line,
         # so resumed its log equals an uninterrupted run's; a run continued to a larger --steps
         # keeps the line of the end it had reached.
-        if step % self.log_every == 0 or step == self.steps:  # target tokens/s since the last line
-            now = time.perf_counter()
-            rate, self.tokens, self.t0 = self.tokens / max(now - self.t0, 1e-9), 0, now
-        self.pending = (step, metrics, rate)
-        self.rate.step_done()
+        logged = step % self.log_every == 0 or step == self.steps
+        rate = None
+        if logged:
+            # A window whose every step compiled has no rate to log: its line leaves tokens_per_s out.
+            rate = self.tokens / self.seconds if self.seconds > 0 else None
+            self.tokens, self.seconds = 0, 0.0
+        self.pending = (step, metrics, rate, logged)
         self.bar.update(1)
 
     def flush(self):
         if self.pending is None:
             return
-        step, metrics, rate = self.pending
+        step, metrics, rate, logged = self.pending
         self.pending = None
         metrics = jax.device_get(metrics)
         loss = float(metrics["loss"])
         if not math.isfinite(loss):
             raise NonFiniteLossError(f"loss is {loss} at step {step}")
-        if rate is not None and self.write:
+        if logged and self.write:
             record = {k: float(v) for k, v in metrics.items()}
-            self.run.dir.log({"step": step, **record, "tokens_per_s": rate})
-            self._scalars(step, {f"train/{k}": v for k, v in {**record, "tokens_per_s": rate}.items()})
-            self.bar.set_postfix(loss=f"{loss:.4g}", tok_s=f"{rate:,.0f}")
+            if rate is not None:
+                record["tokens_per_s"] = rate
+            self.run.dir.log({"step": step, **record})
+            self._scalars(step, {f"train/{k}": v for k, v in record.items()})
+            self.bar.set_postfix(loss=f"{loss:.4g}", **({} if rate is None else {"tok_s": f"{rate:,.0f}"}))
 
     def eval(self, step, result):
         if self.write:

@@ -19,9 +19,10 @@ class StepRate:
     time, the first evaluation's programs). Steps that compiled nothing count whole, evaluations
     included, since those recur until the run ends.
 
-    ``step_done()`` after each step; ``compiled`` is the ``jax.monitoring`` listener that marks
-    the current step (``watch_compilations`` registers it); ``rate()`` is steps a second, or 0.0
-    (which tqdm shows as '?') until a step that compiled nothing has been timed."""
+    ``step_done()`` after each step: the step's seconds, or None when it compiled; ``compiled`` is
+    the ``jax.monitoring`` listener that marks the current step (``watch_compilations`` registers
+    it); ``rate()`` is steps a second, or 0.0 (which tqdm shows as '?') until a step that compiled
+    nothing has been timed."""
 
     def __init__(self, clock=time.perf_counter):
         self.clock = clock
@@ -34,9 +35,11 @@ class StepRate:
 
     def step_done(self):
         t = self.clock()
-        if not self.compiling:
-            self.steps, self.seconds = self.steps + 1, self.seconds + (t - self.last)
+        seconds = None if self.compiling else t - self.last
+        if seconds is not None:
+            self.steps, self.seconds = self.steps + 1, self.seconds + seconds
         self.last, self.compiling = t, False
+        return seconds
 
     def rate(self):
         return self.steps / self.seconds if self.steps and self.seconds > 0 else 0.0
