@@ -7,12 +7,17 @@ import sys
 import tempfile
 
 import benchmarks
-from benchmarks import one_at_a_time
-from benchmarks.presets import PRESETS, get_bench_preset
-from benchmarks.runner import DEFAULT_OPS, OPS, VARIANTS
-from benchmarks.stopping import exit_interrupted, stop_on_signals
-from flaxformer_mini.model.attention import ATTENTION_IMPLS
-from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
+from benchmarks.stopping import exit_interrupted, stop_on_signals, stopping_while_importing
+
+NOTHING_FINISHED = "no operation had finished: nothing written"
+
+# The presets' import of JAX and flax takes seconds: a Ctrl-C then is one line too.
+with stopping_while_importing(__name__, f"interrupted: {NOTHING_FINISHED}"):
+    from benchmarks import one_at_a_time
+    from benchmarks.presets import PRESETS, get_bench_preset
+    from benchmarks.runner import DEFAULT_OPS, OPS, VARIANTS
+    from flaxformer_mini.model.attention import ATTENTION_IMPLS
+    from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
 
 def parse_args(argv=None):
@@ -154,7 +159,7 @@ def main(argv=None):
         rep = _run(args, finished)
     except KeyboardInterrupt:
         if not finished:
-            kept = "no operation had finished: nothing written"
+            kept = NOTHING_FINISHED
         elif args.json:
             kept = f"{args.json} holds the operations finished before it"
         else:

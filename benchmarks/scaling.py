@@ -32,13 +32,18 @@ import os
 import sys
 import textwrap
 
-from benchmarks import code_version, machine, one_at_a_time
-from benchmarks.__main__ import output_problem, write_json
-from benchmarks.inputs import make_batch
-from benchmarks.measure import log, measure
-from benchmarks.presets import get_bench_preset
-from benchmarks.stopping import exit_interrupted, stop_on_signals
-from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
+from benchmarks.stopping import exit_interrupted, stop_on_signals, stopping_while_importing
+
+NOTHING_MEASURED = "no point had been measured: nothing written"
+
+# The presets' import of JAX and flax takes seconds: a Ctrl-C then is one line too.
+with stopping_while_importing(__name__, f"interrupted: {NOTHING_MEASURED}"):
+    from benchmarks import code_version, machine, one_at_a_time
+    from benchmarks.__main__ import output_problem, write_json
+    from benchmarks.inputs import make_batch
+    from benchmarks.measure import log, measure
+    from benchmarks.presets import get_bench_preset
+    from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 
 SWEEPS = {
     "length": dict(axis="seq_len", values=(64, 128, 256, 512, 1024), fixed=dict(batch=4, num_layers=6)),
@@ -236,7 +241,7 @@ def plot(rep, path):
     fig.savefig(path, dpi=90)
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweeps", nargs="+", choices=sorted(SWEEPS), default=list(SWEEPS))
     parser.add_argument("--paths", nargs="+", choices=VARIANTS, default=list(DEFAULT_PATHS),
@@ -267,11 +272,14 @@ def main(argv=None):
             parser.error(problem)  # before the sweep, not after it
     if args.plot and (problem := plot_problem(args.plot)):
         parser.error(problem)
-    if argv is None:  # as python -m benchmarks: restart once under glibc's malloc tunables, one run at a time
-        restart_keeping_freed_memory()
-        one_at_a_time.hold_the_machine_or_exit(parser.prog)
-        stop_on_signals()
-    measured = []
+    return args
+
+
+def main(argv=None):
+    command = argv is None
+    if command:
+        stop_on_signals()  # before the options' checks: --plot's check imports matplotlib
+    args, measured = None, []
 
     def progress(rep):
         if args.json:  # after each point, as python -m benchmarks after each operation
@@ -279,16 +287,20 @@ def main(argv=None):
         measured.append(rep)
 
     try:
+        args = parse_args(argv)
+        if command:  # as python -m benchmarks: restart once under glibc's malloc tunables, one run at a time
+            restart_keeping_freed_memory()
+            one_at_a_time.hold_the_machine_or_exit("python -m benchmarks.scaling")
         rep = run(args.sweeps, quick=args.quick, width=args.width, variants=args.paths, reps=args.reps or 3,
                   values=args.values, progress=progress)
     except KeyboardInterrupt:
         if not measured:
-            kept = "no point had been measured: nothing written"
+            kept = NOTHING_MEASURED
         elif args.json:
             kept = f"{args.json} holds the {len(measured)} point(s) measured before it (\"complete\": false)"
         else:
             kept = f"{len(measured)} point(s) had been measured; no --json given, nothing written"
-        return exit_interrupted(f"interrupted: {kept}", command=argv is None)
+        return exit_interrupted(f"interrupted: {kept}", command=command)
     print(f"{machine.one_line(rep['machine'])}; {rep['date_utc']}")
     print(f"code: {code_version.describe(rep['code'])}")
     if rep["quick"]:

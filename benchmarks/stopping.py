@@ -2,6 +2,7 @@
 what had finished. Light (no JAX, no torch), so that a command installs it before its first
 slow import."""
 
+import contextlib
 import os
 import signal
 import sys
@@ -32,3 +33,19 @@ def exit_interrupted(line, command):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(130)
+
+
+@contextlib.contextmanager
+def stopping_while_importing(module_name, line):
+    """The module-level imports of a command's module (JAX, flax, torch: seconds) under
+    ``stop_on_signals``: Ctrl-C or SIGTERM among them ends the command with ``line`` and 130, not
+    a traceback. Only where ``module_name`` is "__main__" (``python -m ...``): a module imported
+    as a library leaves the process's signal handlers alone."""
+    if module_name != "__main__":
+        yield
+        return
+    stop_on_signals()
+    try:
+        yield
+    except KeyboardInterrupt:
+        exit_interrupted(line, command=True)

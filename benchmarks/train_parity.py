@@ -849,12 +849,16 @@ def plot(rep, path):
 
 
 def main(argv=None):
-    args = parse_args(argv)
     command = argv is None
     from benchmarks.stopping import exit_interrupted, stop_on_signals
-    if command and not args.merge:  # a command: one timing run per host (the suite's workers call main() side by side)
-        one_at_a_time.hold_the_machine_or_exit("python -m benchmarks.train_parity")
-        stop_on_signals()
+    if command:
+        stop_on_signals()  # before parse_args: its checks import JAX and flax (seconds)
+    try:
+        args = parse_args(argv)
+        if command and not args.merge:  # a command: one timing run per host (the suite's workers call main() side by side)
+            one_at_a_time.hold_the_machine_or_exit("python -m benchmarks.train_parity")
+    except KeyboardInterrupt:
+        return exit_interrupted(f"interrupted: {NO_SEED_FINISHED}", command)
     if args.merge:
         try:
             rep = merge([_read_report(path) for path in args.merge], args.merge)
@@ -881,11 +885,14 @@ def main(argv=None):
     return 0
 
 
+NO_SEED_FINISHED = "no seed had finished: nothing written"
+
+
 def keep_finished(finished, out):
     """Write the last of ``finished`` (the report of the seeds finished so far) to ``out``'s JSON
     (no plot: the run was asked to stop); what was kept, in words."""
     if not finished:
-        return "no seed had finished: nothing written"
+        return NO_SEED_FINISHED
     from benchmarks.__main__ import write_json
 
     rep = finished[-1]

@@ -4,7 +4,8 @@ Every refusal here comes before a model is built or timed: the commands' ``main`
 ``parse_args`` is called in this process and its SystemExit caught; the runs that Ctrl-C stops
 are stand-ins that report progress and then raise KeyboardInterrupt. Ctrl-C during the options'
 import of torch._dynamo is one line too, and a second Ctrl-C while the first's line is made
-(the finished seeds written) is ignored. Nothing is compiled.
+(the finished seeds written) is ignored. A signal while a command imports JAX is sent from inside
+that import in a process of its own (``python -m``). Nothing is compiled.
 """
 
 import copy
@@ -310,3 +311,50 @@ def test_a_second_ctrl_c_while_the_finished_seeds_are_written_is_ignored(monkeyp
     assert capsys.readouterr().err.strip().splitlines() == [
         f"interrupted: {path} holds seed(s) 0, finished before it (no plot drawn)"]
     assert written == [path] and json.loads(path.read_text()) == finished
+
+
+# ------------------------------------------------------------- Ctrl-C while a command imports JAX
+
+# Loaded at the interpreter's start (sitecustomize): the first `import jax` sends this process
+# SIGINT (or SIGTERM) from inside the import, as a Ctrl-C pressed while JAX loads, and says so
+# in a file; the command goes on from there.
+SIGNAL_DURING_JAX_IMPORT = '''
+import os, signal, sys
+
+
+class SignalDuringJaxImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "jax":
+            sys.meta_path.remove(self)
+            with open(os.environ["SIGNALLED_AT"], "w") as f:
+                f.write(name)
+            os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL_DURING_JAX_IMPORT"]))
+        return None
+
+
+sys.meta_path.insert(0, SignalDuringJaxImport())
+'''
+
+
+@pytest.mark.parametrize("command, nothing, signal_name", [
+    (["benchmarks", "--preset", "tiny", "--json", "{out}/bench.json"], "no operation had finished", "SIGINT"),
+    (["benchmarks.scaling", "--quick", "--json", "{out}/scaling.json"], "no point had been measured", "SIGINT"),
+    (["benchmarks.train_parity", *TRAIN, "--out", "{out}"], "no seed had finished", "SIGINT"),
+    (["benchmarks", "--preset", "tiny", "--json", "{out}/bench.json"], "no operation had finished", "SIGTERM"),
+])
+def test_ctrl_c_while_a_command_imports_jax_is_one_line_and_writes_nothing(tmp_path, command, nothing, signal_name):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    hook, out, signalled = tmp_path / "hook", tmp_path / "out", tmp_path / "signalled"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGNAL_DURING_JAX_IMPORT)
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hook), str(repo)]), SIGNALLED_AT=str(signalled),
+               SIGNAL_DURING_JAX_IMPORT=signal_name)
+    proc = subprocess.run([sys.executable, "-m", *(a.format(out=out) for a in command)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert signalled.read_text() == "jax"  # the signal came while JAX was being imported
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, f"interrupted: {nothing}: nothing written\n", "")
+    assert not out.exists()
