@@ -203,6 +203,8 @@ def main(argv=None):
         parser.error(f"--batch must be in [1, 1024], got {args.batch}")
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.force and not args.json:  # without --json it replaces nothing: most likely --json was forgotten
+        parser.error("--force goes with --json: it replaces an existing --json file, and none was given")
     if args.json:
         from flaxformer_mini.files import check_writable, refuse_existing
 

@@ -12,7 +12,8 @@ Properties checked:
   gradient row per parameter in torch's order, all within tolerance;
 - a planted numerical fault in the Flax twin is named as the first divergence;
 - unusable input exits 2 with a message naming the key, file or option, and no traceback;
-  ``python -m parity.bfloat16 --json`` replaces an existing file only with --force;
+  ``python -m parity.bfloat16 --json`` replaces an existing file only with --force, and
+  --force without --json is refused;
 - a model whose parameters and gradients alone exceed the memory free is refused before the
   twins are built; a --batch whose records of both twins' outputs exceed it, before the
   comparison; each naming both figures and what to do;
@@ -725,3 +726,15 @@ def test_exporting_a_bfloat16_run_notes_that_float32_torch_may_decode_otherwise(
     assert f"note: {run} computes in bfloat16; the exported parameters are float32" in capsys.readouterr().out
     assert main(["convert", str(training_run[0]), str(tmp_path / "f32.safetensors")]) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_the_bfloat16_check_refuses_force_without_json_before_any_work(monkeypatch, capsys):
+    from parity import bfloat16
+
+    monkeypatch.setattr("parity.twins.transformer_pair", lambda *a, **k: pytest.fail("the twins were built"))
+    with pytest.raises(SystemExit) as stop:
+        bfloat16.main(["--presets", "tiny", "--force"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "python -m parity.bfloat16: error: --force goes with --json: it replaces an existing --json file, "
+        "and none was given")
