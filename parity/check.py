@@ -27,9 +27,10 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAUL
 
     Rows: every submodule output in torch's execution order; with ``grads``, then the loss and
     every parameter's gradient in torch's parameter order. ``float64_reference``: each output
-    is also measured against the torch twin in float64, and one beyond ``atol`` agrees when
-    Flax's error there is as torch's own (parity/float64_reference.py: FLOAT64_FACTOR times its
-    root mean square, FLOAT64_LARGEST_FACTOR times its largest).
+    (and with ``grads`` the loss and each gradient) is also measured against the torch twin in
+    float64, and one beyond ``atol`` agrees when Flax's error there is as torch's own
+    (parity/float64_reference.py: FLOAT64_FACTOR times its root mean square,
+    FLOAT64_LARGEST_FACTOR times its largest).
     """
     check_tolerance(atol, "check_twins")
     source, target = sample_batch(config, batch=batch, seed=seed)
@@ -41,7 +42,8 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAUL
 
         judge_against_float64(report, torch_model, named, torch_inputs)
     if grads:
-        report.rows.extend(gradient_rows(torch_model, flax_model, source, target, atol))
+        report.rows.extend(gradient_rows(torch_model, flax_model, source, target, atol,
+                                         float64_reference=float64_reference))
     return report
 
 

@@ -1,5 +1,6 @@
-"""The memory ``parity check`` holds at once: every submodule output of both twins for the
-whole batch, which the comparison keeps until it has compared them all, estimated before it runs.
+"""The memory ``parity check`` holds at once, estimated before it runs: both twins' parameters
+(``model_bytes``), and every submodule output of both twins for the whole batch, which the
+comparison keeps until it has compared them all (``check_bytes``).
 
 Each output is recorded as a float32 copy per twin; ``--float64-reference`` adds the torch
 twin's float64 copy, and ``--grads`` the activations each twin's backward pass keeps. Every
@@ -15,6 +16,17 @@ from parity.twins import as_inputs, sample_batch
 FLOAT32_RECORDS = 4 + 4  # bytes per output element: each twin's float32 copy
 FLOAT64_RECORD = 8  # --float64-reference: the torch twin's float64 copy
 GRADIENT_ACTIVATIONS = 4 + 4  # --grads: the activations each twin's backward keeps
+FLOAT32_PARAMETERS = 4 + 4  # bytes per parameter: each twin's float32 copy
+FLOAT64_PARAMETERS = 8  # --float64-reference: the torch twin's float64 copy
+
+
+def model_bytes(config, *, float64_reference=False, grads=False):
+    """The bytes of both twins' parameters, the torch twin's float64 copy with
+    ``float64_reference``, and with ``grads`` a gradient of each of them."""
+    from flaxformer_mini.model import memory
+
+    per_parameter = (FLOAT32_PARAMETERS + FLOAT64_PARAMETERS * float64_reference) * (1 + grads)
+    return per_parameter * memory.param_count(config)
 
 
 def bytes_per_element(float64_reference=False, grads=False):

@@ -238,12 +238,12 @@ def _check(args):
         preset = args.preset or "seed"
         config = get_preset(preset)
         what = f"preset {preset}"
-        _refuse_a_model_beyond_memory(config, what)
+        _refuse_a_model_beyond_memory(config, args, what)
         torch_model, flax_model = transformer_pair(config, seed=args.seed)
         heads, pad = f"{config.heads} heads", ""
     else:
         state_dict, config, sources, what = _load_checkpoint(args)
-        _refuse_a_model_beyond_memory(config, what)
+        _refuse_a_model_beyond_memory(config, args, what)
         torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=args.seed)
         # The weights do not record H, and the twins agree for any H dividing D: say where it came from.
         heads = f"{config.heads} heads ({sources['heads']}; not in the weights)"
@@ -273,10 +273,12 @@ def _check(args):
           + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
     print(report.format_table(show_all=args.all, all_hint="--all"))
     first = report.first_divergence
-    if first is not None and not first.note and not args.float64_reference and first.kind == "intermediate":
-        # A trained model's float32 rounding alone can pass 1e-5 (parity/float64_reference.py).
-        print(f"hint: a trained model's large activations can take float32 rounding past {args.atol:g} in torch "
-              f"as much as in Flax; --float64-reference measures both against the torch twin in float64")
+    if first is not None and not first.note and not args.float64_reference:
+        # A trained model's float32 rounding alone can pass 1e-5, and a gradient's grows with the
+        # batch it sums over (parity/float64_reference.py).
+        print(f"hint: a trained model's large activations, or a gradient summed over a large batch, can take float32 "
+              f"rounding past {args.atol:g} in torch as much as in Flax; --float64-reference measures both against "
+              f"the torch twin in float64")
     if decoded is not None:
         print(decoded.format())
     outputs = []  # drawn and serialised first, then written together: all of them or none
@@ -302,16 +304,19 @@ def _check(args):
     return EXIT_OK if passed else EXIT_DIVERGED
 
 
-def _refuse_a_model_beyond_memory(config, what):
-    """UsageError, before the twins are built, when the parameters of ``config`` with their
-    gradients alone need more memory than is free (``flaxformer_mini.model.memory``, the
-    estimate `flaxformer-mini train` refuses by): no --batch helps."""
+def _refuse_a_model_beyond_memory(config, args, what):
+    """UsageError, before the twins are built, when the parameters of ``config`` in both twins
+    (with --grads their gradients, with --float64-reference the torch twin's float64 copy;
+    parity/check_memory.py) alone need more memory than is free: no --batch helps."""
     from flaxformer_mini.model import memory
+    from parity.check_memory import model_bytes
 
-    model = memory.training_bytes(config, 1, config.max_len, max(config.max_len - 1, 1))["model"]
+    model = model_bytes(config, float64_reference=args.float64_reference, grads=args.grads)
     short = memory.shortfall(model)
     if short is not None:
-        raise UsageError(f"{what}: its {memory.param_count(config):,} parameters with their gradients take at least "
+        held = " and the torch twin's float64 copy" if args.float64_reference else ""
+        held += ", with their gradients" if args.grads else ""
+        raise UsageError(f"{what}: its {memory.param_count(config):,} parameters in both twins{held} take at least "
                          f"{memory.gib(model)}, more than the {short} free: check it on a machine with more memory")
 
 
@@ -517,7 +522,9 @@ def build_parser():
                        help="also run the torch twin in float64 and measure both float32 twins against it: an output "
                             f"beyond --atol agrees when Flax's error there is at most {FLOAT64_FACTOR}x torch's own "
                             f"in root mean square and {FLOAT64_LARGEST_FACTOR}x at its largest (for a trained model, "
-                            "whose float32 rounding alone can pass 1e-5); gradients are judged by --atol alone")
+                            "whose float32 rounding alone can pass 1e-5), or when each of its elements is within one "
+                            "float32 rounding step of float64's; with --grads the loss and every gradient too, against "
+                            "the float64 twin's")
     check.add_argument("--decode", type=int, metavar="N",
                        help="also decode N new tokens greedily with KV caches on both twins (the same source batch), "
                             "1 to the model's max_len, and compare the token ids; a row that differs fails the check "

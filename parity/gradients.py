@@ -72,11 +72,15 @@ def _flax_loss_and_grads(model, source, target, labels, pad_id):
     return float(loss), {name: tensor_to_numpy(g) for name, g in flax_to_torch(holder).items()}
 
 
-def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD):
+def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD, float64_reference=False):
     """Rows comparing the loss and every parameter's gradient, in torch's parameter order.
 
     ``source`` (B, S) and ``target`` (B, T) are int numpy arrays; both models should be in
-    eval mode (dropout off), as for the forward comparison.
+    eval mode (dropout off), as for the forward comparison. ``float64_reference``: each row is
+    also measured against the loss and gradients of the torch twin in float64, and one beyond
+    ``atol`` agrees when Flax's errors are as torch's (``float64_reference.judge_row``): a
+    gradient sums over every position of the batch, so its float32 rounding grows with the
+    batch in torch as in Flax.
     """
     labels = next_token_labels(target, pad_id)
     torch_loss, torch_grads = _torch_loss_and_grads(torch_model, source, target, labels, pad_id)
@@ -84,6 +88,15 @@ def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD):
 
     rows = [compared_row(LOSS_ROW, (), flax_loss, torch_loss, atol)]
     rows.extend(_grad_rows(torch_grads, flax_grads, atol))
+    if float64_reference:
+        from parity.float64_reference import in_float64, judge_row
+
+        exact_loss, exact_grads = _torch_loss_and_grads(in_float64(torch_model), source, target, labels, pad_id)
+        judge_row(rows[0], torch_loss, flax_loss, exact_loss)
+        for row in rows[1:]:
+            name = row.name[len(GRAD_PREFIX):]
+            if name in torch_grads and name in flax_grads:
+                judge_row(row, torch_grads[name], flax_grads[name], exact_grads[name])
     return rows
 
 

@@ -12,6 +12,8 @@ import re
 
 import numpy as np
 
+from parity.policy import FLOAT64_ULPS
+
 # Rows beyond the forward pass (``parity.gradients``): the loss, then one per parameter.
 GRAD_PREFIX = "grad:"
 LOSS_ROW = "loss"
@@ -153,7 +155,8 @@ class Report(RowVerdicts):
 
     def _float64_bounds(self):
         return (f"Flax's RMS error at most {self.float64_factor:g}x torch's, its largest at most "
-                f"{self.float64_largest_factor:g}x torch's")
+                f"{self.float64_largest_factor:g}x torch's, or every one of its elements within "
+                f"{FLOAT64_ULPS:g} float32 rounding step{'s' if FLOAT64_ULPS != 1 else ''} of float64's")
 
     def _float64_failure(self, row):
         """'; against the torch twin in float64, ...': which of the two bounds ``row`` exceeds."""

@@ -300,12 +300,31 @@ def test_a_model_beyond_the_free_memory_is_refused_before_the_twins_are_built(ch
     monkeypatch.setattr("parity.twins.twins_from_state_dict", built)
     monkeypatch.setattr(memory, "free_bytes", lambda device=None: (0, "this machine's available memory"))
     report = tmp_path / "report.json"
-    assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--pad-idx", "0",
-                 "--json", str(report)]) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"parity check: error: checkpoint {checkpoint}: its 33,229 parameters with their gradients take at least "
-        f"1 MiB, more than the 0 MiB (this machine's available memory) free: check it on a machine with more memory")
-    assert not report.exists()
+    # 33,229 parameters: 8 bytes each in the two float32 twins, 16 with the float64 copy, twice
+    # that with the gradients of each.
+    for options, held, size in [([], "", "0 MiB"),
+                                (["--float64-reference", "--grads"],
+                                 " and the torch twin's float64 copy, with their gradients", "1 MiB")]:
+        assert main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--pad-idx", "0",
+                     *options, "--json", str(report)]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"parity check: error: checkpoint {checkpoint}: its 33,229 parameters in both twins{held} take at least "
+            f"{size}, more than the 0 MiB (this machine's available memory) free: check it on a machine with more "
+            f"memory")
+        assert not report.exists()
+
+
+def test_the_model_estimate_counts_each_copy_the_check_holds():
+    from parity.check_memory import model_bytes
+    from parity.twins import transformer_pair
+
+    config = ModelConfig(src_pad_idx=0, source_vocab_size=11, target_vocab_size=13, max_len=7, embed_size=8, heads=2,
+                         num_layers=2, dropout=0.0)
+    n = sum(p.numel() for p in transformer_pair(config)[0].parameters())  # counted on the torch twin itself
+    assert model_bytes(config) == 8 * n
+    assert model_bytes(config, grads=True) == 16 * n
+    assert model_bytes(config, float64_reference=True) == 16 * n
+    assert model_bytes(config, float64_reference=True, grads=True) == 32 * n
 
 
 class Compared(Exception):

@@ -18,9 +18,10 @@ import torch
 import flaxformer_mini as fm
 from parity import check_twins, torch_to_flax
 from parity.cli import main
+from parity import gradients
 from parity.float64_reference import float64_errors
-from parity.policy import DEFAULT_ATOL, FLOAT64_FACTOR, FLOAT64_LARGEST_FACTOR
-from parity.report import Report, Row
+from parity.policy import DEFAULT_ATOL, FLOAT64_FACTOR, FLOAT64_LARGEST_FACTOR, FLOAT64_ULPS
+from parity.report import GRAD_PREFIX, LOSS_ROW, Report, Row
 from parity.twins import as_inputs, sample_batch, transformer_pair
 
 pytestmark = pytest.mark.parity
@@ -176,3 +177,101 @@ def test_a_row_failed_by_a_nan_error_says_so():
     report = Report([row], atol=DEFAULT_ATOL, float64_factor=FLOAT64_FACTOR, float64_largest_factor=FLOAT64_LARGEST_FACTOR)
     assert report.format_table().splitlines()[-1].endswith(
         "against the torch twin in float64, an error is not a finite number (torch's largest nan, Flax's 5.000e-05))")
+
+
+# ------------------------------------------------------------------ one float32 rounding step
+
+
+def neighbours(exact):
+    """float32 values of ``exact`` (float64): the nearest, the other side's neighbour (within
+    one rounding step), and one two steps away."""
+    nearest = np.float32(exact)
+    other = np.nextafter(nearest, np.float32(np.inf) if nearest < exact else np.float32(-np.inf))
+    return nearest, other, np.nextafter(other, np.float32(np.inf) if other > nearest else np.float32(-np.inf))
+
+
+def test_a_value_within_one_float32_step_of_float64_agrees_whatever_torchs_error():
+    # A loss of some hundreds: one step is 3.1e-5, so 1e-5 is no tolerance for it at all, and
+    # the ratio of two single roundings says nothing of either twin's exactness.
+    exact = 300.0 + 0.85 * float(np.spacing(np.float32(300.0)))  # 0.15 of a step from the step above
+    nearest, other, far = neighbours(exact)
+    errors = float64_errors(nearest, other, exact)
+    assert errors.flax_rms > FLOAT64_FACTOR * errors.torch_rms  # both ratios fail it: 0.85 / 0.15
+    assert errors.flax_largest > FLOAT64_LARGEST_FACTOR * errors.torch_largest
+    assert errors.flax_ulps <= FLOAT64_ULPS and errors.as_exact_as_torch()
+    beyond = float64_errors(nearest, far, exact)
+    assert FLOAT64_ULPS < beyond.flax_ulps < 2 and not beyond.as_exact_as_torch()
+
+
+def test_an_output_is_within_one_step_only_when_every_element_is():
+    exact = EXACT.copy()
+    torch32 = exact.astype(np.float32)
+    flax32 = np.array([neighbours(v)[1] for v in exact.ravel()], np.float32).reshape(exact.shape)
+    assert float64_errors(torch32, flax32, exact).as_exact_as_torch()
+    flax32.flat[5] = neighbours(exact.flat[5])[2]
+    errors = float64_errors(torch32, flax32, exact)
+    assert errors.flax_ulps > FLOAT64_ULPS and not errors.as_exact_as_torch()
+
+
+# ------------------------------------------------------------------------------ gradients
+# A gradient sums over every position of the batch, so its float32 rounding grows with the
+# batch: the seed preset's gradients at --batch 1024 pass 1e-5 in torch itself (docs/porting.md).
+# The tiny twins' rounding is far below it, so one side's float32 gradient gets a planted error.
+BUMP = 3e-5
+BUMPED = "decoder.decoder_layers.0.transformer_block.fc.0.weight"
+
+
+@pytest.fixture(scope="module")
+def tiny_twins():
+    return transformer_pair(CONFIG, seed=0)
+
+
+def bump(grads):
+    grads = dict(grads)
+    grads[BUMPED] = grads[BUMPED].copy()
+    grads[BUMPED].flat[3] += BUMP
+    return grads
+
+
+def test_every_gradient_is_measured_against_the_float64_twins(tiny_twins):
+    report = check_twins(*tiny_twins, CONFIG, grads=True, float64_reference=True)
+    rows = [r for r in report.rows if r.kind != "intermediate"]
+    assert report.ok and rows[0].name == LOSS_ROW and len(rows) == 1 + len(list(tiny_twins[0].parameters()))
+    assert all(r.torch_f64 is not None and r.flax_f64_rms is not None for r in rows)
+    assert all(0 < r.torch_f64 < DEFAULT_ATOL and 0 < r.flax_f64 < DEFAULT_ATOL for r in rows[1:])
+
+
+def test_a_gradient_torch_rounds_past_the_tolerance_agrees_against_float64(tiny_twins, monkeypatch):
+    real = gradients._torch_loss_and_grads
+
+    def torch_rounds_badly(model, *args):  # torch's float32 gradient alone, not its float64 one
+        loss, grads = real(model, *args)
+        return loss, bump(grads) if next(model.parameters()).dtype == torch.float32 else grads
+
+    monkeypatch.setattr(gradients, "_torch_loss_and_grads", torch_rounds_badly)
+    plain = check_twins(*tiny_twins, CONFIG, grads=True)
+    assert not plain.ok and plain.first_divergence.name == GRAD_PREFIX + BUMPED
+    judged = check_twins(*tiny_twins, CONFIG, grads=True, float64_reference=True)
+    row = next(r for r in judged.rows if r.name == GRAD_PREFIX + BUMPED)
+    assert judged.ok and row.max_abs > DEFAULT_ATOL and row.torch_f64 == pytest.approx(BUMP, rel=0.01)
+    assert "1 beyond 1e-05" in judged.format_table()
+
+
+def test_a_gradient_flax_gets_wrong_fails_against_float64_naming_the_bound(tiny_twins, monkeypatch):
+    real = gradients._flax_loss_and_grads
+    monkeypatch.setattr(gradients, "_flax_loss_and_grads", lambda *args: (lambda lg: (lg[0], bump(lg[1])))(real(*args)))
+    report = check_twins(*tiny_twins, CONFIG, grads=True, float64_reference=True)
+    first = report.first_divergence
+    assert first.name == GRAD_PREFIX + BUMPED and first.flax_f64 == pytest.approx(BUMP, rel=0.01)
+    assert first.flax_f64 > FLOAT64_LARGEST_FACTOR * first.torch_f64
+    assert f"Flax's largest error {first.flax_f64:.3e} > {FLOAT64_LARGEST_FACTOR}x torch's" in report.format_table()
+
+
+def test_the_cli_writes_each_gradients_float64_errors(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    assert main(["check", "--preset", "tiny", "--grads", "--float64-reference", "--json", str(report)]) == 0
+    assert "the loss and" in capsys.readouterr().out
+    rows = [r for r in json.loads(report.read_text())["rows"] if r["kind"] != "intermediate"]
+    assert rows[0]["kind"] == "loss" and all(r["kind"] == "gradient" for r in rows[1:])
+    assert all(np.isfinite([r["torch_f64"], r["flax_f64"], r["torch_f64_rms"], r["flax_f64_rms"]]).all()
+               and r["by_float64"] is False for r in rows)
