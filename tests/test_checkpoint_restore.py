@@ -2,10 +2,13 @@
 
 Properties checked: a checkpoint of another model size is refused naming both shapes; the
 stored shapes are read once per saved checkpoint, not once per restore, and a step saved
-again (by another model) is read again, not answered from what the first save held.
+again (by another model) is read again, not answered from what the first save held; the
+module checks a TrainState without importing the train step (its loss, moving average, token checks).
 """
 
 import shutil
+import subprocess
+import sys
 
 import chex
 import pytest
@@ -62,3 +65,12 @@ def test_a_learners_mistakes_are_named_and_a_relative_directory_saves(tmp_path, 
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match=r"a checkpoint directory must be a directory, not a file: '.*file'"):
         checkpoint.open_manager("file")
+
+
+def test_the_checkpoint_module_checks_a_train_state_without_importing_the_train_step():
+    # In a fresh interpreter: this one has imported the steps already (Trainer).
+    probe = ("import sys, flaxformer_mini.train.checkpoint; "
+             "print(sorted(m for m in ('flaxformer_mini.train.step', 'flaxformer_mini.train.loss', "
+             "'flaxformer_mini.train.ema', 'flaxformer_mini.model.token_checks') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout == "[]\n"

@@ -24,8 +24,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from flaxformer_mini.model.paths import path_name
-from flaxformer_mini.train.state import TrainState, default_device, fresh_streams, on_default_device
-from flaxformer_mini.train.step import check_state
+from flaxformer_mini.train.state import TrainState, check_state, default_device, fresh_streams, on_default_device
 
 # orbax logs every save at INFO through absl; the progress bar already says what happens.
 logging.getLogger("absl").setLevel(logging.WARNING)

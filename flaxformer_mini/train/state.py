@@ -92,6 +92,15 @@ def check_model_and_config(model, config, who):
         raise TypeError(f"{who}'s config must be a TrainConfig, got {type(config).__name__}")
 
 
+def check_state(state, name, made_by="Trainer.init_state() or TrainState.create(model, TrainConfig())"):
+    """A TrainState, or a TypeError naming the argument (``name``, as "train_step's state"),
+    where one comes from (``made_by``) and what came instead (a model, a Trainer): the steps
+    and the checkpoints read its fields, and neither an AttributeError from inside a trace
+    nor orbax's errors name any of this."""
+    if not isinstance(state, TrainState):
+        raise TypeError(f"{name} must be a TrainState ({made_by}), got {type(state).__name__}")
+
+
 def default_device():
     """Where ``jnp`` puts a new array: ``jax_default_device`` (a device, or a platform's name)
     or else this process's first device."""

@@ -19,7 +19,7 @@ from flaxformer_mini.model.token_checks import check_same_batch, check_tokens
 from flaxformer_mini.train import ema
 from flaxformer_mini.train.loss import correct_tokens, token_cross_entropy
 from flaxformer_mini.train.optimizer import learning_rate_schedule
-from flaxformer_mini.train.state import TrainState
+from flaxformer_mini.train.state import TrainState, check_state
 
 
 def _loss(model, batch, label_smoothing):
@@ -33,15 +33,6 @@ def reseed_dropout(model, key):
     gives it (the unscanned model's draws are unchanged); a stacked one (scanned layers, one
     key per layer) gets ``key`` split to its shape, so layers keep distinct masks."""
     nnx.reseed(model, policy="match_shape", default=key, dropout=key)
-
-
-def check_state(state, name, made_by="Trainer.init_state() or TrainState.create(model, TrainConfig())"):
-    """A TrainState, or a TypeError naming the argument (``name``, as "train_step's state"),
-    where one comes from (``made_by``) and what came instead (a model, a Trainer): the steps
-    read its fields, and neither an AttributeError from inside a trace nor orbax's errors
-    name any of this."""
-    if not isinstance(state, TrainState):
-        raise TypeError(f"{name} must be a TrainState ({made_by}), got {type(state).__name__}")
 
 
 def train_step(state: TrainState, batch):
