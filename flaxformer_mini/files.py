@@ -1,9 +1,12 @@
 """Writing run files so that a kill, a crash or a full disk never leaves half of one."""
 
+import contextlib
 import errno
 import hashlib
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -18,6 +21,12 @@ def write_atomic(path, data, replace=True):
     With ``replace=False`` an existing ``path`` is never replaced, even one created after the
     caller checked (``refuse_existing``) and before this write: the temporary file is linked
     to ``path``, which fails if anything is there (FileExistsError naming ``path``).
+
+    Ctrl-C or SIGTERM cuts the write of the bytes short, but not the rename (or link) and the
+    removal of the temporary file (``signals_held``): one arriving there comes once the file
+    is in place and the temporary gone, so its KeyboardInterrupt may come with the new file
+    written. A caller that must know whether it was (files written all or none) holds signals
+    around the call.
     """
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
@@ -28,13 +37,58 @@ def write_atomic(path, data, replace=True):
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        if replace:
-            os.replace(tmp, path)
-        else:
-            _link_new(tmp, path)
+        with signals_held():  # a link and its temporary's removal: cut between them, the temporary stays
+            if replace:
+                os.replace(tmp, path)
+            else:
+                _link_new(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with signals_held():  # a second Ctrl-C here would leave the temporary file
+            Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def signals_held(on_repeat=None):
+    """Hold Ctrl-C (SIGINT) and SIGTERM until the block is done, then hand each to the handler
+    it would have reached (Python's default raises KeyboardInterrupt there): around steps that
+    must all happen once begun, as a rename and the removal of what it leaves behind.
+
+    ``on_repeat(signum)`` is called for each further signal while one is held (a long block
+    lets a user who insists end it); without it every signal is held. Blocks nest: an inner
+    one hands what it held to the outer one. Outside the main thread, where Python allows no
+    handler, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+
+    def hold(signum, frame):
+        if held and on_repeat is not None:
+            on_repeat(signum)
+        held.append(signum)
+
+    previous = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            # A signal the process ignores (SIGINT in a shell script's background job) stays
+            # ignored: held, a second one would reach ``on_repeat``, which may end the process
+            # that was started not to be stopped by it. A handler Python did not install (None:
+            # C code's) could not be put back.
+            if signal.getsignal(signum) not in (signal.SIG_IGN, None):
+                previous[signum] = signal.signal(signum, hold)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(held):
+            handler = previous[signum]
+            # Called, not raised again: a handler that watches signal's wakeup descriptor
+            # (train.stop) would see one signal twice.
+            if callable(handler):
+                handler(signum, None)
+            else:
+                signal.raise_signal(signum)  # SIG_DFL: the default action, which ends the process
 
 
 def _link_new(tmp, path):

@@ -12,13 +12,12 @@ place once orbax has finished; with ``overwrite``, the old directory is moved as
 removed only after the new one is in place.
 """
 
-import contextlib
+import functools
 import os
 import shutil
 import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 
@@ -106,37 +105,18 @@ def _replaceable_directory(path):
     return {p.name for p in path.iterdir()} <= ORBAX_ENTRIES
 
 
-@contextlib.contextmanager
 def _signals_deferred(staging=None):
-    """Hold Ctrl-C and SIGTERM until the block is done, then deliver them to the handlers they
-    would have reached. Around orbax's write into ``staging``: orbax writes from threads of its
-    own (TensorStore's): interrupted in the middle, they go on writing into the staging
-    directory after it is removed, and an interrupt raised inside its C++ wait can abort the
-    process, so the staging directory is left behind either way. There a second signal while
-    one is held is the user insisting: the process ends at once (``_stop_at_once``). Without
-    ``staging`` (a few renames that must all happen, or a file is left under a hidden name),
-    every signal is held. Outside the main thread Python allows no handler: nothing held."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = []
+    """``flaxformer_mini.files.signals_held``: Ctrl-C and SIGTERM held until the block is done,
+    then delivered to the handlers they would have reached. Around orbax's write into
+    ``staging``: orbax writes from threads of its own (TensorStore's): interrupted in the
+    middle, they go on writing into the staging directory after it is removed, and an
+    interrupt raised inside its C++ wait can abort the process, so the staging directory is
+    left behind either way. There a second signal while one is held is the user insisting: the
+    process ends at once (``_stop_at_once``). Without ``staging`` (a few renames that must all
+    happen, or a file is left under a hidden name), every signal is held."""
+    from flaxformer_mini.files import signals_held
 
-    def hold(signum, frame):
-        if held and staging is not None:
-            _stop_at_once(signum, staging)
-        held.append(signum)
-
-    # A signal the process ignores (SIGINT in a shell script's background job) stays ignored:
-    # held, a second one would end the process that was started not to be stopped by it.
-    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)
-                if signal.getsignal(signum) is not signal.SIG_IGN}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for signum in dict.fromkeys(held):
-            signal.raise_signal(signum)  # the handler runs here: Ctrl-C raises KeyboardInterrupt
+    return signals_held(None if staging is None else functools.partial(_stop_at_once, staging=staging))
 
 
 def _stop_at_once(signum, staging):

@@ -7,6 +7,7 @@ name (a hard link, a symlink, a path through `..`)."""
 import json
 import os
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -256,6 +257,48 @@ def test_write_atomic_without_replace_refuses_a_file_that_appeared_after_the_che
     assert path.read_text() == "new\n" and [p.name for p in tmp_path.iterdir()] == ["hyp.txt"]
     write_atomic(path, "other\n")  # --force
     assert path.read_text() == "other\n"
+
+
+@pytest.mark.parametrize("replace", [True, False])
+def test_write_atomic_a_ctrl_c_as_the_file_goes_into_place_comes_once_it_is_there_and_the_temporary_gone(
+        tmp_path, monkeypatch, replace):
+    # Ctrl-C just after the rename (replace) or link (not replace) into place, and again as the
+    # temporary file is removed: cut between the link and that removal, the temporary stays.
+    from flaxformer_mini.files import write_atomic
+
+    path = tmp_path / "hyp.txt"
+    real_replace, real_link, real_unlink, signalled = os.replace, os.link, os.unlink, []
+
+    def signal_once(at):
+        if at not in signalled:
+            signalled.append(at)
+            signal.raise_signal(signal.SIGINT)
+
+    def replace_then_signal(source, destination):
+        real_replace(source, destination)
+        signal_once("in place")
+
+    def link_then_signal(source, destination):
+        real_link(source, destination)
+        signal_once("in place")
+
+    def unlink(target, *args, **kwargs):
+        if str(target).endswith(".tmp"):
+            signal_once("removing the temporary")
+        real_unlink(target, *args, **kwargs)
+
+    monkeypatch.setattr("flaxformer_mini.files.os.replace", replace_then_signal)
+    monkeypatch.setattr("flaxformer_mini.files.os.link", link_then_signal)
+    monkeypatch.setattr("flaxformer_mini.files.os.unlink", unlink)
+    # pytest-xdist's workers ignore SIGINT: Python's default handler, which a shell gives, here.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_atomic(path, "new\n", replace=replace)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert signalled == ["in place", "removing the temporary"]
+    assert [p.name for p in tmp_path.iterdir()] == ["hyp.txt"] and path.read_text() == "new\n"
 
 
 def test_evaluate_beam_search_takes_the_length_penalty_and_decodes_as_generate(char_run, test_file, tmp_path,
