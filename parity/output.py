@@ -12,6 +12,7 @@ place once orbax has finished; with ``overwrite``, the old directory is moved as
 removed only after the new one is in place.
 """
 
+import contextlib
 import functools
 import os
 import shutil
@@ -43,30 +44,35 @@ def write_files_atomic(outputs, replace=False):
     before it are removed, and a file that ``replace`` put aside goes back, so one command's
     outputs are never half there.
 
-    The renames around the writes (putting a file aside, putting it back, removing it once all
-    are written) run with Ctrl-C and SIGTERM held (``_signals_deferred``): a signal inside them
-    (a second Ctrl-C while the first one's clean-up runs) would otherwise cut them short,
-    leaving the user's file under its hidden name. One held there is delivered once they are
-    done."""
+    Each output (putting the file at its path aside, writing it, counting it written) and the
+    end (removing the files aside) are one step for Ctrl-C and SIGTERM
+    (``_signals_deferred``): a signal held in one is delivered once it is done. Cut short, a
+    step would leave the user's file under its hidden name, or a new file in place but not
+    counted, which the clean-up would keep while it removes the others. A signal held while an
+    output is written takes them all back, as any failure does; one held at the end comes once
+    they are all in place. The outputs are small (a report, an image): a signal waits for the
+    write of one."""
     aside = []  # (path, the file it replaced, moved aside beside it, or None); the last perhaps not written
     written = 0  # how many of them were
-    try:
-        for path, data in outputs:
-            path = Path(path)
-            # Held: between the rename and the append, an interrupt would lose the file aside.
+    with contextlib.ExitStack() as end:
+        try:
+            for path, data in outputs:
+                path = Path(path)
+                with _signals_deferred():
+                    aside.append((path, _set_aside(path) if replace else None))
+                    write_atomic(path, data, replace=replace)
+                    written += 1
+            # Held from inside the try: a signal after the last output and before the hold
+            # takes them back, as any failure does, instead of leaving the files aside.
+            end.enter_context(_signals_deferred())
+        except BaseException:
             with _signals_deferred():
-                aside.append((path, _set_aside(path) if replace else None))
-            write_atomic(path, data, replace=replace)
-            written += 1
-    except BaseException:
-        with _signals_deferred():
-            for i, (path, old) in reversed(list(enumerate(aside))):
-                if old is not None:
-                    os.replace(old, path)
-                elif i < written:  # one not written may be another process's file (replace=False)
-                    path.unlink(missing_ok=True)
-        raise
-    with _signals_deferred():  # all written: a Ctrl-C here comes once no file is left aside
+                for i, (path, old) in reversed(list(enumerate(aside))):
+                    if old is not None:
+                        os.replace(old, path)
+                    elif i < written:  # one not written may be another process's file (replace=False)
+                        path.unlink(missing_ok=True)
+            raise
         for _, old in aside:
             if old is not None:
                 os.unlink(old)

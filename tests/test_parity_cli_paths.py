@@ -19,7 +19,8 @@ Properties checked:
   it replaced back; a Ctrl-C that comes while --force's renames put a file aside,
   put the files back after a first one, or remove those aside once all are written, is held
   until they are done: no file is left under its hidden .old name, and the outputs are the
-  old ones or the new ones, whole;
+  old ones or the new ones, whole; a Ctrl-C just as an output is renamed or linked into place
+  leaves neither (or the earlier ones);
 - --json and --plot never replace a file of the training run being checked (its config.json,
   anything under checkpoints/, a text run's training and --valid files), even with --force,
   under any name (a hard link, a symlink, a path through ``..``); a new file beside them is
@@ -354,6 +355,51 @@ def test_a_signal_while_force_moves_files_is_held_until_the_outputs_are_whole(tm
         assert (report.read_bytes(), image.read_bytes()) == (b"a new report", b"a new plot")
     else:
         assert (report.read_bytes(), image.read_bytes()) == (b"an earlier report", b"an earlier plot")
+
+
+@pytest.mark.parametrize("signalled_at", ["report.json", "report.png"])
+@pytest.mark.parametrize("replace, earlier", [(False, False), (True, False), (True, True)],
+                         ids=["new files", "force, new files", "force over earlier files"])
+def test_a_signal_just_as_an_output_goes_into_place_leaves_neither_or_the_earlier_ones(tmp_path, monkeypatch,
+                                                                                       signalled_at, replace,
+                                                                                       earlier):
+    # Ctrl-C just after write_atomic's rename (--force) or link into place: the file is there,
+    # and counted as written, so taken away again with the others.
+    import parity.output
+
+    report, image = tmp_path / "report.json", tmp_path / "report.png"
+    if earlier:
+        report.write_bytes(b"an earlier report")
+        image.write_bytes(b"an earlier plot")
+    real_replace, real_link, signalled = os.replace, os.link, []
+
+    def signal_once(destination):
+        if Path(destination).name == signalled_at and not signalled:
+            signalled.append(signalled_at)
+            signal.raise_signal(signal.SIGINT)
+
+    def replace_then_signal(source, destination):
+        real_replace(source, destination)
+        signal_once(destination)
+
+    def link_then_signal(source, destination):
+        real_link(source, destination)
+        signal_once(destination)
+
+    monkeypatch.setattr("parity.output.os.replace", replace_then_signal)
+    monkeypatch.setattr("parity.output.os.link", link_then_signal)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it (see above)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parity.output.write_files_atomic([(report, "a new report"), (image, b"a new plot")], replace=replace)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert signalled == [signalled_at]
+    if earlier:  # no .old file, no temporary one
+        assert listing(tmp_path) == ["report.json", "report.png"]
+        assert (report.read_bytes(), image.read_bytes()) == (b"an earlier report", b"an earlier plot")
+    else:
+        assert listing(tmp_path) == []
 
 
 # ----------------------------------------------------------------------------- the run's own files
