@@ -297,10 +297,12 @@ def _check(args):
     if outputs:
         from parity.output import write_files_atomic
 
+        def say_written():  # before a Ctrl-C that came while they were written stops the command
+            for path, _, kind in outputs:
+                print(f"{kind} written to {path}")
+
         # replace: each was refused before the work unless --force; a file that appeared since is kept.
-        write_files_atomic([(path, data) for path, data, _ in outputs], replace=args.force)
-        for path, _, kind in outputs:
-            print(f"{kind} written to {path}")
+        write_files_atomic([(path, data) for path, data, _ in outputs], replace=args.force, on_written=say_written)
     return EXIT_OK if passed else EXIT_DIVERGED
 
 

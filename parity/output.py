@@ -38,14 +38,16 @@ def write_atomic(path, data, replace=True):
     write(path, data, replace=replace)
 
 
-def write_files_atomic(outputs, replace=False):
+def write_files_atomic(outputs, replace=False, on_written=None):
     """Write each ``(path, data)`` of ``outputs`` with ``write_atomic``, all of them or none: when
     one fails (a full disk, a file that appeared without ``replace``, Ctrl-C), those written
     before it are removed, and a file that ``replace`` put aside goes back, so one command's
-    outputs are never half there.
+    outputs are never half there. ``on_written()``, if given, is called once they are all in
+    place and nothing is left aside, before a signal held meanwhile is delivered: a caller says
+    what it wrote even when Ctrl-C then stops it.
 
     Each output (putting the file at its path aside, writing it, counting it written) and the
-    end (removing the files aside) are one step for Ctrl-C and SIGTERM
+    end (removing the files aside, ``on_written``) are one step for Ctrl-C and SIGTERM
     (``_signals_deferred``): a signal held in one is delivered once it is done. Cut short, a
     step would leave the user's file under its hidden name, or a new file in place but not
     counted, which the clean-up would keep while it removes the others. A signal held while an
@@ -76,6 +78,8 @@ def write_files_atomic(outputs, replace=False):
         for _, old in aside:
             if old is not None:
                 os.unlink(old)
+        if on_written is not None:
+            on_written()
 
 
 def _set_aside(path):

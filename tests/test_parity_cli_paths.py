@@ -20,7 +20,8 @@ Properties checked:
   put the files back after a first one, or remove those aside once all are written, is held
   until they are done: no file is left under its hidden .old name, and the outputs are the
   old ones or the new ones, whole; a Ctrl-C just as an output is renamed or linked into place
-  leaves neither (or the earlier ones);
+  leaves neither (or the earlier ones), and one while the replaced files are removed exits 130
+  after saying both outputs were written, as they are;
 - --json and --plot never replace a file of the training run being checked (its config.json,
   anything under checkpoints/, a text run's training and --valid files), even with --force,
   under any name (a hard link, a symlink, a path through ``..``); a new file beside them is
@@ -400,6 +401,64 @@ def test_a_signal_just_as_an_output_goes_into_place_leaves_neither_or_the_earlie
         assert (report.read_bytes(), image.read_bytes()) == (b"an earlier report", b"an earlier plot")
     else:
         assert listing(tmp_path) == []
+
+
+def test_a_ctrl_c_while_the_replaced_outputs_are_removed_says_the_outputs_were_written(pt, tmp_path, monkeypatch,
+                                                                                       capsys):
+    # Both new outputs are complete when Ctrl-C comes (the files they replaced are being
+    # removed): exit 130, but they are said to be written, as they are.
+    import parity.check
+
+    report, image = tmp_path / "report.json", tmp_path / "report.png"
+    report.write_text("an earlier report")
+    image.write_text("an earlier plot")
+    real_unlink, signalled = os.unlink, []
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(".old") and not signalled:
+            signalled.append(Path(path).name)
+            signal.raise_signal(signal.SIGINT)
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr("parity.output.os.unlink", unlink)
+    real, checked = parity.check.check_twins, []
+    monkeypatch.setattr(parity.check, "check_twins", lambda *a, **k: checked.append(real(*a, **k)) or checked[0])
+    arguments = ["check", "--torch-checkpoint", str(pt), "--heads", "5", "--batch", "1", "--json", str(report),
+                 "--plot", str(image), "--force"]
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it (see above)
+    try:
+        assert main(arguments) == 130
+        assert len(signalled) == 1 and signalled[0].startswith(".report.json.")
+        out, err = capsys.readouterr()
+        assert out.splitlines()[-2:] == [f"report written to {report}", f"plot written to {image}"], out
+        assert err.strip().splitlines()[-1] == "parity check: stopped by Ctrl-C; no output was left half-written", err
+        assert "Traceback" not in err
+        assert listing(tmp_path) == ["model.pt", "report.json", "report.png"]
+        assert '"passed": true' in report.read_text() and image.read_bytes().startswith(b"\x89PNG")
+        # The same Ctrl-C just as the plot goes into place, before the outputs are all there:
+        # neither is left, and none is said to be written.
+        monkeypatch.setattr(parity.check, "check_twins", lambda *a, **k: checked[0])  # the same check again
+        real_replace = os.replace
+
+        def replace(source, destination):
+            real_replace(source, destination)
+            if Path(destination) == image and len(signalled) == 1:
+                signalled.append(image.name)
+                signal.raise_signal(signal.SIGINT)
+
+        monkeypatch.setattr("parity.output.os.replace", replace)
+        report.write_text("an earlier report")
+        image.write_text("an earlier plot")
+        assert main(arguments) == 130
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert signalled[1:] == ["report.png"]
+    out, err = capsys.readouterr()
+    assert "written to" not in out, out
+    assert err.strip().splitlines()[-1] == "parity check: stopped by Ctrl-C; no output was left half-written", err
+    assert "Traceback" not in err
+    assert listing(tmp_path) == ["model.pt", "report.json", "report.png"]
+    assert (report.read_text(), image.read_text()) == ("an earlier report", "an earlier plot")
 
 
 # ----------------------------------------------------------------------------- the run's own files
