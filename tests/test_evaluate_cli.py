@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -299,6 +300,39 @@ def test_write_atomic_a_ctrl_c_as_the_file_goes_into_place_comes_once_it_is_ther
         signal.signal(signal.SIGINT, before)
     assert signalled == ["in place", "removing the temporary"]
     assert [p.name for p in tmp_path.iterdir()] == ["hyp.txt"] and path.read_text() == "new\n"
+
+
+def test_write_atomic_hands_a_signal_held_as_the_file_goes_into_place_to_a_runs_stop_handler_once(
+        tmp_path, monkeypatch):
+    # A run writes its files with train.stop's handler installed, whose watcher reads each
+    # signal from signal's wakeup descriptor: a held Ctrl-C raised again would reach it twice, a
+    # second stop request, which ends the process (REPEAT_S 0: no two signals are one here).
+    from flaxformer_mini.files import write_atomic
+    from flaxformer_mini.train import stop
+
+    ended = []
+
+    def end(code):
+        ended.append(code)
+        raise SystemExit(code)  # ends the watcher's thread, not the test's process
+
+    monkeypatch.setattr(stop, "GRACE_S", 0.05)
+    monkeypatch.setattr(stop, "REPEAT_S", 0.0)
+    monkeypatch.setattr(stop, "exit_now", end)
+    real_replace = os.replace
+
+    def replace_then_signal(source, destination):
+        real_replace(source, destination)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr("flaxformer_mini.files.os.replace", replace_then_signal)
+    path = tmp_path / "metrics.jsonl"
+    with stop.StopRequests(force_exit=True) as requests:
+        write_atomic(path, "new\n")  # the stop handler sets a flag: nothing is raised
+        assert requests.requested
+        time.sleep(0.5)  # ten grace periods: a second request would have ended the process
+    assert ended == []
+    assert path.read_text() == "new\n" and [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
 
 
 def test_evaluate_beam_search_takes_the_length_penalty_and_decodes_as_generate(char_run, test_file, tmp_path,
