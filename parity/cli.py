@@ -580,6 +580,9 @@ def main(argv=None):
     decode = getattr(args, "decode", None)
     if problem is None and decode is not None and decode < 1:  # max_len is checked once the model is known
         problem = f"--decode must be >= 1 (new tokens to decode on both twins), got {decode}"
+    if problem is None and args.command == "check" and args.force and not (args.json or args.plot):
+        # It would replace nothing: most likely --json or --plot was forgotten, and the report with it.
+        problem = "--force goes with --json or --plot: it replaces an existing --json or --plot file, and none was given"
     if problem:  # before any work, and before numpy or JAX answer in their own words
         print(f"parity {args.command}: error: {problem}", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -441,6 +441,10 @@ CASES = [
      r"--output .*hyp\.txt: already exists \(a file\); nothing was written\. Give --force"),
     ("evaluate_output_is_the_data_file", evaluate_data("1 2\t2 1\n", output="test.tsv"), 2,
      r"--output .*test\.tsv: is the --data file being scored"),
+    # No run at the path: the message being --force's shows the refusal comes before the run is read.
+    ("evaluate_force_without_output", lambda d, f: ["evaluate", "--checkpoint", str(d / "nothing"), "--force"], 2,
+     r"flaxformer-mini evaluate: error: --force goes with --output: it replaces an existing --output file, and none "
+     r"was given"),
     ("evaluate_data_missing", evaluate_data_missing, 2, r"nope\.tsv: No such file"),
     ("evaluate_data_line_without_tab", evaluate_data("1 2\t2 1\n3 4\n"), 2, r"test\.tsv:2: expected one tab"),
     ("evaluate_data_empty_file", evaluate_data(""), 2, r"test\.tsv: no source<TAB>target pairs"),
@@ -789,6 +793,10 @@ PARITY_CASES = [
      r"--json no/such/dir/report\.json: the directory .* does not exist"),
     ("json_report_is_a_directory", parity_check(GOOD, "--json", "."), 2, r"--json \.: is a directory; give a file name"),
     ("plot_unknown_image_type", parity_check(GOOD, "--plot", "plot.gif"), 2, r"--plot plot\.gif: unknown image type '\.gif'"),
+    # No checkpoint at the path: the message being --force's shows the refusal comes before it is read.
+    ("check_force_without_json_or_plot", parity_check(missing("nope.pt"), "--force"), 2,
+     r"parity check: error: --force goes with --json or --plot: it replaces an existing --json or --plot file, and "
+     r"none was given"),
     ("unknown_preset", lambda d, w: ["check", "--preset", "huge"], 2, r"huge"),
 ]
 

@@ -198,10 +198,19 @@ def _data_problem(args):
     return None
 
 
+def _output_problem(args):
+    """--force without the output it replaces, named as typed."""
+    if getattr(args, "command", None) == "evaluate" and args.force and args.output is None:
+        # It would replace nothing: most likely --output was forgotten, and the hypotheses with it.
+        return "--force goes with --output: it replaces an existing --output file, and none was given"
+    return None
+
+
 def problem(args):
     """What is wrong with the parsed options that argparse cannot see, in one line naming the
     options as typed, or None: checked before anything is read, written or computed."""
-    return _data_problem(args) or check_ranges(args) or _decoding_problem(args) or _selection_problem(args)
+    return (_data_problem(args) or check_ranges(args) or _decoding_problem(args) or _selection_problem(args)
+            or _output_problem(args))
 
 
 def build_parser():
