@@ -126,6 +126,27 @@ def test_recipe_sweep_reports_a_failed_evaluate_with_its_stderr(failing_python, 
                             "error: --data x.tsv: no such file")
 
 
+def test_recipe_sweep_averages_every_logged_rate_the_first_window_too(tsv_dir, tmp_path, monkeypatch):
+    from tools import recipe_sweep
+
+    # A stand-in train writing the log a run writes: the rate of the steps that compiled nothing,
+    # a line without one (every step of its window compiled) and an evaluation's line.
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\n"
+                      "while [ \"$1\" != --out ]; do shift; done\n"
+                      "mkdir -p \"$2/checkpoints/30\"\n"
+                      "cat > \"$2/metrics.jsonl\" <<'END'\n"
+                      '{"step": 10, "loss": 3.0, "tokens_per_s": 100.0}\n'
+                      '{"step": 20, "loss": 2.5}\n'
+                      '{"step": 30, "loss": 2.0, "tokens_per_s": 400.0}\n'
+                      '{"step": 30, "eval_loss": 2.1}\n'
+                      "END\n")
+    script.chmod(0o755)
+    monkeypatch.setattr("sys.executable", str(script))
+    record = recipe_sweep.train("small", [], tsv_dir, tmp_path, 1, 10)
+    assert (record["steps"], record["exit_code"], record["tokens_per_s"]) == (30, 0, 250)  # (100 + 400) / 2
+
+
 def test_recipe_sweep_skips_a_configuration_with_a_result_and_trains_one_without_again(
         failing_python, tsv_dir, tmp_path, capsys):
     from tools import recipe_sweep

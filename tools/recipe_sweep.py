@@ -102,11 +102,13 @@ def train(name, options, data, out, minutes, eval_every):
         raise SystemExit(f"{name}: train wrote no metrics in {minutes:g} minutes: "
                          + _tail((out / f"{name}.train.log").read_text()))
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    logged = [m for m in metrics if "tokens_per_s" in m]
+    # Every line with a rate counts, the first too: the log's rate leaves out the steps during which
+    # XLA compiled, and a line whose every step compiled has no tokens_per_s.
+    rates = [m["tokens_per_s"] for m in metrics if "tokens_per_s" in m]
     # The step it stopped at is its newest checkpoint's (the log has every --log-every'th step).
     saved = [int(d.name) for d in (run / "checkpoints").iterdir() if d.name.isdigit()]
     return {"steps": max(saved, default=0), "train_wall_s": round(wall, 1), "exit_code": proc.returncode,
-            "tokens_per_s": round(sum(m["tokens_per_s"] for m in logged[1:]) / max(len(logged) - 1, 1)),
+            "tokens_per_s": round(sum(rates) / max(len(rates), 1)),
             "load_before": round(load_before, 2), "load_after": round(load(), 2), "command": cmd}
 
 
