@@ -12,6 +12,7 @@ zero in exact arithmetic; float32 gives ~1e-9 in each framework, far within an a
 tolerance.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -100,8 +101,8 @@ def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD, flo
     return rows
 
 
-def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inputs, flax_inputs, atol=DEFAULT_ATOL,
-                      rename=None, rules=None, channels_last=False, tied=None):
+def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inputs, flax_inputs, atol=None,
+                      rename=None, rules=None, channels_last=False, tied=None, float64=False):
     """A Report of the loss and every parameter's gradient, for any pair of models and a loss
     the user gives on each side: ``torch_loss(torch_model, *torch_inputs)`` (a scalar tensor)
     and ``flax_loss(flax_model, *flax_inputs)`` (a scalar); torch inputs are moved to the torch
@@ -112,38 +113,49 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     by computation): it is listed in ``Report.left_out`` instead. ``tied``: as ``torch_to_flax``
     takes it, for the call's symmetry; a tied copy is one torch parameter, with one gradient.
     A gradient of an ``nn.Embedding(padding_idx=P)`` weight that differs in row P alone is
-    said in a note: torch gives the padding row no gradient, ``nnx.Embed`` does."""
+    said in a note: torch gives the padding row no gradient, ``nnx.Embed`` does.
+
+    ``atol``: as in ``compare`` (None: the parity policy's 1e-5, or ``FLOAT64_ATOL``, 1e-10,
+    with ``float64``). ``float64``: as in ``compare``, both losses and their gradients are
+    computed on float64 copies of the models with the float inputs cast (the caller's models
+    stay as they are), where a slip smaller than float32's tolerance still fails. A loss that
+    comes back narrower than float64 was computed in that dtype (a cast in the loss, as
+    ``flaxformer_mini``'s ``token_cross_entropy`` makes, or in the model): a note says so."""
     from parity.compare import _check_inputs, _say, check_unwrapped, random_layer_notes
     from parity.report import Report
 
-    check_tolerance(atol, "compare_gradients")
+    if atol is not None:
+        check_tolerance(atol, "compare_gradients", float64=float64)
     check_unwrapped(torch_model, "compare_gradients")
     _check_inputs(torch_inputs, flax_inputs, channels_last, who="compare_gradients")
     notes = random_layer_notes(torch_model, flax_model)
     params = dict(torch_model.named_parameters())
-    for p in params.values():
-        p.grad = None
-    try:
-        loss = torch_loss(torch_model, *on_device_of(torch_model, torch_inputs))
-        loss.backward()
-        torch_grads = {k: tensor_to_numpy(p.grad if p.grad is not None else torch.zeros_like(p)).copy()
-                       for k, p in params.items()}
-    finally:
-        for p in params.values():
-            p.grad = None
-    flax_value, grads = nnx.value_and_grad(lambda m: flax_loss(m, *flax_inputs))(flax_model)
-    holder = nnx.clone(flax_model)
-    nnx.update(holder, grads)
     # Buffers (running statistics) have no gradient, and a tied copy's key is its table's one
     # parameter; any other key is a Flax parameter, matched to torch's or listed as unmatched.
     no_gradient = ({k for k, _ in torch_model.named_buffers(remove_duplicate=False)}
                    | {k for k, _ in torch_model.named_parameters(remove_duplicate=False)} - set(params))
-    flax_grads = {k: tensor_to_numpy(g) for k, g in flax_to_torch(holder, rename=rename, rules=rules, tied=tied).items()
-                  if k not in no_gradient}
+    convert = {"rename": rename, "rules": rules, "tied": tied}
+    if float64:
+        from parity import in_float64
+
+        atol = in_float64.FLOAT64_ATOL if atol is None else atol
+        torch_value, torch_grads = _user_torch_grads(*in_float64.torch_in_float64(torch_model, torch_inputs),
+                                                     torch_loss)
+        # Every JAX operation of the Flax side (the cast, the loss, its gradient, the conversion)
+        # runs under x64, outside which float64 arrays are made float32; standard promotion as
+        # in compare (Flax's LayerNorm promotes its statistics' dtype with float32).
+        with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+            flax_value, flax_grads = _user_flax_grads(*in_float64.flax_in_float64(flax_model, flax_inputs),
+                                                      flax_loss, no_gradient, convert)
+        notes += in_float64.narrower_loss_note({"torch": torch_value, "Flax": flax_value})
+    else:
+        torch_value, torch_grads = _user_torch_grads(torch_model, torch_inputs, torch_loss)
+        flax_value, flax_grads = _user_flax_grads(flax_model, flax_inputs, flax_loss, no_gradient, convert)
+    atol = DEFAULT_ATOL if atol is None else atol
     frozen = [k for k, p in params.items() if not p.requires_grad]
     for k in frozen:
         torch_grads.pop(k), flax_grads.pop(k, None)
-    report = Report([compared_row(LOSS_ROW, (), float(flax_value), float(loss.item()), atol),
+    report = Report([compared_row(LOSS_ROW, (), float(flax_value), float(torch_value), atol),
                      *_grad_rows(torch_grads, flax_grads, atol)], atol,
                     left_out=[(GRAD_PREFIX + k, "frozen in torch by requires_grad=False") for k in frozen])
     unmatched = [k for k in torch_grads if k not in flax_grads] + [k for k in flax_grads if k not in torch_grads]
@@ -152,6 +164,33 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
                       f"names, converted to torch's, do not meet torch's there; a port whose paths differ from "
                       f"torch's gives compare_gradients the rename map (and rules) it gives torch_to_flax", False))
     return _say(report, notes + _padding_row_notes(torch_model, report, torch_grads, flax_grads, atol))
+
+
+def _user_torch_grads(model, inputs, loss_fn):
+    """(the loss as a numpy scalar, {name: numpy gradient}) of ``loss_fn(model, *inputs)``;
+    every ``.grad`` of the model is None afterwards, as it was given."""
+    params = dict(model.named_parameters())
+    for p in params.values():
+        p.grad = None
+    try:
+        loss = loss_fn(model, *on_device_of(model, inputs))
+        loss.backward()
+        grads = {k: tensor_to_numpy(p.grad if p.grad is not None else torch.zeros_like(p)).copy()
+                 for k, p in params.items()}
+    finally:
+        for p in params.values():
+            p.grad = None
+    return tensor_to_numpy(loss), grads
+
+
+def _user_flax_grads(model, inputs, loss_fn, no_gradient, convert):
+    """(the loss, {torch name: numpy gradient}) of ``loss_fn(model, *inputs)``, the gradients
+    converted by ``flax_to_torch`` (``convert``: its rename, rules and tied) and those of
+    ``no_gradient``'s keys left out."""
+    value, grads = nnx.value_and_grad(lambda m: loss_fn(m, *inputs))(model)
+    holder = nnx.clone(model)
+    nnx.update(holder, grads)
+    return value, {k: tensor_to_numpy(g) for k, g in flax_to_torch(holder, **convert).items() if k not in no_gradient}
 
 
 def _padding_row_notes(torch_model, report, torch_grads, flax_grads, atol):

@@ -1,4 +1,4 @@
-"""Both twins in float64: ``parity.compare(..., float64=True)``.
+"""Both twins in float64: ``parity.compare(..., float64=True)`` and ``compare_gradients(..., float64=True)``.
 
 In float32 the two sides round differently (their summation orders differ), so the policy's
 tolerance (1e-5) must leave room for that rounding, and a porting slip smaller than it passes:
@@ -11,7 +11,7 @@ is a copy with its floating variables cast to float64 and each layer's compute `
 (``nnx.Embed``'s default is float32, where torch's layers have none) set to float64, run under
 ``jax.enable_x64(True)`` (JAX's context for it; the caller's models and JAX's global setting
 stay as they were). A cast in the port's own code still computes in its dtype: such rows are
-said in a note.
+said in a note, as is a loss ``compare_gradients(..., float64=True)`` gets back narrower.
 
 Shapes: whatever the models take and give; inputs are cast, integers (token ids) kept.
 """
@@ -70,12 +70,31 @@ def _is_narrow_float(dtype):
     return jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 8
 
 
+def _narrower(named):
+    """The names of ``named``'s values in a float dtype narrower than float64."""
+    return [name for name, value in named.items()  # jnp.issubdtype: bfloat16 is a float too
+            if jnp.issubdtype(value.dtype, jnp.floating) and value.dtype != np.float64]
+
+
 def narrower_rows_note(flax_named):
     """[(note, certain)]: the Flax rows a float64 run computed in a narrower float dtype."""
-    narrow = [name for name, value in flax_named.items()  # jnp.issubdtype: bfloat16 is a float too
-              if jnp.issubdtype(value.dtype, jnp.floating) and value.dtype != np.float64]
+    narrow = _narrower(flax_named)
     if not narrow:
         return []
     return [(f"float64=True, but the Flax model computed {len(narrow)} row(s) in a narrower dtype "
              f"({listed(narrow)}): a cast in its code (astype, or a dtype given to a jnp function); their "
              f"differences are that dtype's rounding, not necessarily the port's", True)]
+
+
+def narrower_loss_note(losses):
+    """[(note, certain)]: the sides of ``losses`` ({side: loss value}) whose loss a float64 run
+    got back in a narrower float dtype. Only the loss shows such a cast: each gradient has its
+    parameter's dtype, float64, whatever dtype the computation between them ran in."""
+    narrow = _narrower(losses)
+    if not narrow:
+        return []
+    got = " and ".join(f"{side}'s in {np.dtype(losses[side].dtype).name}" for side in narrow)
+    return [(f"float64=True, but the loss came back narrower ({got}): a cast in the loss or the model "
+             f"(logits.astype(jnp.float32), as flaxformer_mini's token_cross_entropy makes; .float() in torch) "
+             f"computes the loss in that dtype, so the loss and every gradient carry its rounding, not necessarily "
+             f"the port's differences; give float64=True a loss that computes in its input's dtype", True)]

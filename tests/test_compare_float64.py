@@ -1,18 +1,21 @@
-"""``parity.compare(..., float64=True)``: both twins in float64, where a slip smaller than
-float32's tolerance still fails (a LayerNorm epsilon of 1e-6 for torch's 1e-5).
+"""``parity.compare(..., float64=True)`` and ``compare_gradients(..., float64=True)``: both
+twins in float64, where a slip smaller than float32's tolerance still fails (a LayerNorm epsilon
+of 1e-6 for torch's 1e-5).
 
-Shapes: ids (N, L) token ids; x (N, L, D) after the embedding; logits (N, L, V).
+Shapes: ids and labels (N, L) token ids; x (N, L, D) after the embedding; logits (N, L, V).
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import torch
 from flax import nnx
 
 import parity
 from parity.in_float64 import FLOAT64_ATOL
+from parity.policy import FLOAT64_MAX_ATOL
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 
@@ -155,3 +158,89 @@ def test_the_projects_own_twins_agree_in_float64():
     src, trg = rng.integers(1, config.source_vocab_size, (2, 6)), rng.integers(1, config.target_vocab_size, (2, 5))
     report = parity.compare(t, f, (torch.as_tensor(src), torch.as_tensor(trg)), (src, trg), float64=True)
     assert report.ok and report.notes == [] and report.max_abs < 1e-13, report.format_table(show_all=True)
+
+
+LABELS = np.random.default_rng(1).integers(0, V, (N, L))
+
+
+def _torch_cross_entropy(model, ids, labels):
+    return torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), labels.flatten())
+
+
+def _flax_cross_entropy(model, ids, labels):  # in the logits' own dtype
+    return optax.softmax_cross_entropy_with_integer_labels(model(ids), labels).mean()
+
+
+def _compare_gradients(pair, torch_loss=_torch_cross_entropy, flax_loss=_flax_cross_entropy, **kw):
+    t, f, torch_inputs, flax_inputs = pair
+    return parity.compare_gradients(t, f, torch_loss, flax_loss, (*torch_inputs, torch.as_tensor(LABELS)),
+                                    (*flax_inputs, jnp.asarray(LABELS)), rename=RENAME, **kw)
+
+
+def test_a_wrong_layernorm_epsilon_that_float32_passes_fails_the_gradients_in_float64():
+    pair = _pair(ln1_epsilon=1e-6)  # Flax's default, not torch's
+    in_float32 = _compare_gradients(pair)
+    assert in_float32.ok and in_float32.atol == 1e-5, in_float32.format_table(show_all=True)
+    in_float64 = _compare_gradients(pair, float64=True)
+    assert in_float64.atol == FLOAT64_ATOL and in_float64.notes == [], in_float64.format_table(show_all=True)
+    # The slip moves the loss (about 2.5) by some 1e-9, below float32's rounding step there
+    # (2.4e-7), so the loss row is the first divergence; every gradient moves too, torch's first
+    # parameter's first among them and the slipped LayerNorm's own by some 5e-9.
+    rows = {row.name: row for row in in_float64.rows}
+    assert in_float64.first_divergence.name == "loss" and rows["loss"].max_abs > 2 * FLOAT64_ATOL
+    failed_gradients = [row.name for row in in_float64.rows if not row.ok and row.kind == "gradient"]
+    assert failed_gradients[0] == "grad:tok.weight" and len(failed_gradients) == 11
+    assert rows["grad:ln1.weight"].max_abs > 10 * FLOAT64_ATOL and rows["grad:ln1.weight"].at is not None
+
+
+def test_a_faithful_ports_gradients_agree_in_float64_and_the_callers_models_stay_float32():
+    t, f, _, fx = pair = _pair()
+    report = _compare_gradients(pair, float64=True)
+    assert report.ok and report.atol == FLOAT64_ATOL and report.notes == [], report.format_table(show_all=True)
+    assert [row.name for row in report.rows][:2] == ["loss", "grad:tok.weight"] and len(report.rows) == 12
+    # float64 rounding of gradients of order 1: about 1e-17, far under the tolerance
+    assert report.max_abs < 1e-14, report.format_table(show_all=True)
+    assert all(p.dtype == torch.float32 and p.grad is None for p in t.parameters())
+    assert {v.get_value().dtype for _, v in nnx.to_flat_state(nnx.state(f, nnx.Param))} == {jnp.dtype("float32")}
+    assert not jax.config.jax_enable_x64 and jnp.asarray(1.0).dtype == jnp.float32
+    assert f(fx[0]).dtype == jnp.float32
+
+
+def _never_called(*_):
+    raise AssertionError("the loss ran, but the call should have been refused before any work")
+
+
+def test_a_float32_sized_atol_with_float64_is_refused_naming_compare_gradients():
+    with pytest.raises(ValueError, match=r"^compare_gradients: atol=1e-05 with float64=True keeps a float32-sized "
+                                         r"tolerance.* give at most 1e-08$"):
+        _compare_gradients(_pair(), _never_called, _never_called, float64=True, atol=1e-5)
+    assert _compare_gradients(_pair(), float64=True, atol=FLOAT64_MAX_ATOL).atol == FLOAT64_MAX_ATOL
+
+
+def _project_torch_loss(model, ids, labels):
+    from torch_ref.training import token_cross_entropy
+
+    return token_cross_entropy(model(ids), labels)  # float64 logits stay float64
+
+
+def _project_flax_loss(model, ids, labels):
+    from flaxformer_mini.train.loss import token_cross_entropy
+
+    return token_cross_entropy(model(ids), labels)[0]  # logits.astype(jnp.float32) inside
+
+
+def _narrowing_torch_loss(model, ids, labels):
+    return torch.nn.functional.cross_entropy(model(ids).float().flatten(0, 1), labels.flatten())
+
+
+@pytest.mark.parametrize(("losses", "narrowed"), [((_project_torch_loss, _project_flax_loss), "Flax's"),
+                                                  ((_narrowing_torch_loss, _flax_cross_entropy), "torch's")],
+                         ids=["the-projects-own-losses", "torch-float"])
+def test_a_loss_that_narrows_to_float32_is_said_and_its_rounding_fails_the_loss(losses, narrowed):
+    with pytest.warns(UserWarning, match=rf"float64=True, but the loss came back narrower \({narrowed} in float32\): "
+                                         rf"a cast in the loss or the model"):
+        report = _compare_gradients(_pair(), *losses, float64=True)
+    assert len(report.notes) == 1 and report.notes[0].startswith("float64=True, but the loss came back narrower")
+    # The faithful port's loss differs by float32's rounding there, which the note explains.
+    assert not report.ok and report.first_divergence.name == "loss", report.format_table(show_all=True)
+    assert 1e-9 < report.rows[0].max_abs < 1e-5
