@@ -17,12 +17,12 @@ import numpy as np
 from parity.compare import compare_models, model_intermediates
 from parity.report import Report
 from parity.gradients import gradient_rows
-from parity.policy import DEFAULT_ATOL, check_tolerance
+from parity.policy import DEFAULT_ATOL, FLOAT64_ATOL, check_tolerance
 from parity.twins import as_inputs, sample_batch, twins_from_state_dict
 
 
-def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False,
-                float64_reference=False) -> Report:
+def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=None, grads=False,
+                float64_reference=False, float64=False) -> Report:
     """Compare two twins (both in eval mode) of ``config`` on ``sample_batch(config, batch, seed)``.
 
     Rows: every submodule output in torch's execution order; with ``grads``, then the loss and
@@ -30,11 +30,22 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAUL
     (and with ``grads`` the loss and each gradient) is also measured against the torch twin in
     float64, and one beyond ``atol`` agrees when Flax's error there is as torch's own
     (parity/float64_reference.py: FLOAT64_FACTOR times its root mean square,
-    FLOAT64_LARGEST_FACTOR times its largest).
+    FLOAT64_LARGEST_FACTOR times its largest). ``float64``: copies of both twins run in float64
+    instead (parity/in_float64.py), judged at ``FLOAT64_ATOL`` unless ``atol`` is given: neither
+    side's float32 rounding hides a slip, and no factor stands in for the port's exactness.
+    ``atol``: None is the parity policy's 1e-5 (``FLOAT64_ATOL`` with ``float64``).
     """
-    check_tolerance(atol, "check_twins")
+    if float64 and float64_reference:
+        raise ValueError("check_twins: float64 runs both twins in float64 and float64_reference judges the float32 "
+                         "twins against torch's float64 one: give one of them")
+    if atol is not None:
+        check_tolerance(atol, "check_twins", float64=float64)
     source, target = sample_batch(config, batch=batch, seed=seed)
     torch_inputs, flax_inputs = as_inputs(source, target)
+    if float64:
+        return _check_in_float64(torch_model, flax_model, source, target, torch_inputs, flax_inputs,
+                                 FLOAT64_ATOL if atol is None else atol, grads)
+    atol = DEFAULT_ATOL if atol is None else atol
     named = model_intermediates(torch_model, flax_model, torch_inputs, flax_inputs)
     report = compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=atol, named=named)
     if float64_reference:
@@ -45,6 +56,26 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=DEFAUL
         report.rows.extend(gradient_rows(torch_model, flax_model, source, target, atol,
                                          float64_reference=float64_reference))
     return report
+
+
+def _check_in_float64(torch_model, flax_model, source, target, torch_inputs, flax_inputs, atol, grads):
+    """``check_twins`` with float64 copies of both twins (the callers' stay float32)."""
+    import jax
+
+    from parity import in_float64
+    from parity.compare import _say
+
+    torch64, torch_inputs = in_float64.torch_in_float64(torch_model, torch_inputs)
+    # Standard promotion: Flax's LayerNorm promotes its statistics' dtype with float32, which a
+    # caller's strict promotion refuses for float64 (as in compare(..., float64=True)).
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        flax64, flax_inputs = in_float64.flax_in_float64(flax_model, flax_inputs)
+        named = model_intermediates(torch64, flax64, torch_inputs, flax_inputs)
+        report = compare_models(torch64, flax64, torch_inputs, flax_inputs, atol=atol, named=named)
+        if grads:
+            report.rows.extend(gradient_rows(torch64, flax64, source, target, atol))
+    report.float64 = True
+    return _say(report, in_float64.narrower_rows_note(named[1]))
 
 
 def refuse_unusable_weights(state_dict, config):
@@ -77,12 +108,13 @@ def refuse_unusable_weights(state_dict, config):
             "numbers only, so fix the checkpoint (or the run that wrote it) first", invalid=invalid)
 
 
-def check_checkpoint(state_dict, config, *, batch=4, seed=0, atol=DEFAULT_ATOL, grads=False,
-                     float64_reference=False) -> Report:
+def check_checkpoint(state_dict, config, *, batch=4, seed=0, atol=None, grads=False,
+                     float64_reference=False, float64=False) -> Report:
     """Load ``state_dict`` into both twins of ``config`` (strictly) and check them; weights
     that cannot be judged (``refuse_unusable_weights``) raise ConversionError first."""
-    check_tolerance(atol, "check_checkpoint")
+    if atol is not None:
+        check_tolerance(atol, "check_checkpoint", float64=float64)
     refuse_unusable_weights(state_dict, config)
     torch_model, flax_model = twins_from_state_dict(state_dict, config, seed=seed)
     return check_twins(torch_model, flax_model, config, batch=batch, seed=seed, atol=atol, grads=grads,
-                       float64_reference=float64_reference)
+                       float64_reference=float64_reference, float64=float64)

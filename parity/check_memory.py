@@ -20,17 +20,23 @@ FLOAT32_PARAMETERS = 4 + 4  # bytes per parameter: each twin's float32 copy
 FLOAT64_PARAMETERS = 8  # --float64-reference: the torch twin's float64 copy
 
 
-def model_bytes(config, *, float64_reference=False, grads=False):
+def model_bytes(config, *, float64_reference=False, grads=False, float64=False):
     """The bytes of both twins' parameters, the torch twin's float64 copy with
-    ``float64_reference``, and with ``grads`` a gradient of each of them."""
+    ``float64_reference``, and with ``grads`` a gradient of each of them. ``float64``: both
+    twins' float64 copies beside the float32 twins, the gradients of the copies alone."""
     from flaxformer_mini.model import memory
 
-    per_parameter = (FLOAT32_PARAMETERS + FLOAT64_PARAMETERS * float64_reference) * (1 + grads)
+    if float64:
+        per_parameter = FLOAT32_PARAMETERS + 2 * FLOAT64_PARAMETERS * (1 + grads)
+    else:
+        per_parameter = (FLOAT32_PARAMETERS + FLOAT64_PARAMETERS * float64_reference) * (1 + grads)
     return per_parameter * memory.param_count(config)
 
 
-def bytes_per_element(float64_reference=False, grads=False):
-    return FLOAT32_RECORDS + FLOAT64_RECORD * float64_reference + GRADIENT_ACTIVATIONS * grads
+def bytes_per_element(float64_reference=False, grads=False, float64=False):
+    """``float64``: both twins' records and activations in float64, twice float32's."""
+    return ((FLOAT32_RECORDS + GRADIENT_ACTIVATIONS * grads) * (1 + float64)
+            + FLOAT64_RECORD * float64_reference)
 
 
 def elements_per_row(torch_model, config):
@@ -51,7 +57,7 @@ def elements_per_row_bound(torch_model, config):
     return modules * c.max_len * width
 
 
-def check_bytes(torch_model, config, batch, *, float64_reference=False, grads=False, bound=False):
+def check_bytes(torch_model, config, batch, *, float64_reference=False, grads=False, float64=False, bound=False):
     """The bytes the check's records of ``batch`` rows take (``bound``: an upper bound without a forward)."""
     per_row = (elements_per_row_bound if bound else elements_per_row)(torch_model, config)
-    return batch * per_row * bytes_per_element(float64_reference, grads)
+    return batch * per_row * bytes_per_element(float64_reference, grads, float64)

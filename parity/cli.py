@@ -43,7 +43,8 @@ EXIT_BROKEN_PIPE = 141
 MAX_BATCH = 1024
 # --seed: JAX's PRNG keys take an int64 (torch's and numpy's take more), and none a negative.
 MAX_SEED = 2**63 - 1
-from parity.policy import DEFAULT_ATOL, FLOAT64_FACTOR, FLOAT64_LARGEST_FACTOR, NEAR_TIE_FACTOR
+from parity.policy import (DEFAULT_ATOL, FLOAT64_ATOL, FLOAT64_FACTOR, FLOAT64_LARGEST_FACTOR, FLOAT64_MAX_ATOL,
+                           NEAR_TIE_FACTOR)
 
 DEBUG_ENV = "PARITY_DEBUG"  # set (to anything) for full tracebacks, as --debug
 
@@ -255,7 +256,7 @@ def _check(args):
     _refuse_a_batch_beyond_memory(torch_model, config, args, what)
     torch_model.to(device)  # built on the CPU, so that a seed's weights are the same on any device
     report = check_twins(torch_model, flax_model, config, batch=args.batch, seed=args.seed, atol=args.atol,
-                         grads=args.grads, float64_reference=args.float64_reference)
+                         grads=args.grads, float64_reference=args.float64_reference, float64=args.float64)
     decoded = None
     if args.decode is not None:
         from parity.decode_check import check_decoding
@@ -268,12 +269,13 @@ def _check(args):
     print(f"{what}: vocab {c.source_vocab_size}/{c.target_vocab_size}, max_len {c.max_len}, "
           f"embed {c.embed_size}, ffn {c.feed_forward_width}, {heads}, {c.num_layers}+{c.num_layers} layers{pad}"
           f"{_tied(c)}; "
-          f"batch {args.batch} with padding, float32, highest matmul precision (TF32 off), seed {args.seed}; "
+          f"batch {args.batch} with padding, {'float64 copies of both twins' if args.float64 else 'float32'}, "
+          f"highest matmul precision (TF32 off), seed {args.seed}; "
           f"torch on {device}, JAX on {jax.devices()[0].platform}"
           + ("; gradients of the token cross-entropy (next-token labels, padding ignored)" if args.grads else ""))
     print(report.format_table(show_all=args.all, all_hint="--all"))
     first = report.first_divergence
-    if first is not None and not first.note and not args.float64_reference:
+    if first is not None and not first.note and not (args.float64_reference or args.float64):
         # A trained model's float32 rounding alone can pass 1e-5, and a gradient's grows with the
         # batch it sums over (parity/float64_reference.py).
         print(f"hint: a trained model's large activations, or a gradient summed over a large batch, can take float32 "
@@ -313,10 +315,11 @@ def _refuse_a_model_beyond_memory(config, args, what):
     from flaxformer_mini.model import memory
     from parity.check_memory import model_bytes
 
-    model = model_bytes(config, float64_reference=args.float64_reference, grads=args.grads)
+    model = model_bytes(config, float64_reference=args.float64_reference, grads=args.grads, float64=args.float64)
     short = memory.shortfall(model)
     if short is not None:
-        held = " and the torch twin's float64 copy" if args.float64_reference else ""
+        held = (" and their float64 copies" if args.float64 else
+                " and the torch twin's float64 copy" if args.float64_reference else "")
         held += ", with their gradients" if args.grads else ""
         raise UsageError(f"{what}: its {memory.param_count(config):,} parameters in both twins{held} take at least "
                          f"{memory.gib(model)}, more than the {short} free: check it on a machine with more memory")
@@ -329,7 +332,7 @@ def _refuse_a_batch_beyond_memory(torch_model, config, args, what):
     from flaxformer_mini.model import memory
     from parity.check_memory import check_bytes
 
-    options = dict(float64_reference=args.float64_reference, grads=args.grads)
+    options = dict(float64_reference=args.float64_reference, grads=args.grads, float64=args.float64)
     if _records_shortfall(check_bytes(torch_model, config, args.batch, bound=True, **options)) is None:
         return
     needed = check_bytes(torch_model, config, args.batch, **options)
@@ -355,6 +358,22 @@ def _records_shortfall(needed):
     if jax.local_devices()[0].platform != "cpu":
         devices.append(jax.local_devices()[0])
     return next((short for short in (memory.shortfall(needed, device) for device in devices) if short), None)
+
+
+def _float64_problem(args):
+    """What --float64 cannot go with, in words, or None."""
+    if not args.float64:
+        return None
+    if args.float64_reference:
+        return ("--float64 and --float64-reference answer one question two ways: --float64 runs both twins in "
+                "float64, --float64-reference judges the float32 twins against torch's in float64; give one")
+    if args.decode is not None:
+        return "--decode compares the float32 twins' greedy tokens; give it without --float64"
+    if args.atol is not None and args.atol > FLOAT64_MAX_ATOL:
+        return (f"--atol {args.atol:g} with --float64 keeps a float32-sized tolerance, which passes the slips "
+                f"float64 exists to catch; leave --atol out (--float64's {FLOAT64_ATOL:g}) or give at most "
+                f"{FLOAT64_MAX_ATOL:g}")
+    return None
 
 
 # ----------------------------------------------------------------------------- convert
@@ -512,7 +531,8 @@ def build_parser():
                              ".safetensors), or a training run's directory (its newest checkpoint and config; with --ema, "
                              "its moving average), or RUN/best (its best checkpoint, train --best-metric)")
     _config_options(check, "checkpoint")
-    check.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"max absolute difference allowed (default {DEFAULT_ATOL:g})")
+    check.add_argument("--atol", type=float, default=None,
+                       help=f"max absolute difference allowed (default {DEFAULT_ATOL:g}; {FLOAT64_ATOL:g} with --float64)")
     check.add_argument("--batch", type=int, default=4,
                        help=f"batch size of the seeded inputs, 1 to {MAX_BATCH} (default 4); refused when the check's records "
                             "of every submodule output of both twins at this batch need more memory than is free")
@@ -527,6 +547,10 @@ def build_parser():
                             "whose float32 rounding alone can pass 1e-5), or when each of its elements is within one "
                             "float32 rounding step of float64's; with --grads the loss and every gradient too, against "
                             "the float64 twin's")
+    check.add_argument("--float64", action="store_true",
+                       help="run copies of both twins in float64 instead, at --atol 1e-10 by default: no float32 "
+                            "rounding on either side, so a slip smaller than 1e-5 (a LayerNorm epsilon) fails and a "
+                            "correct port passes at any size and batch; the float32 code paths (casts) are not checked")
     check.add_argument("--decode", type=int, metavar="N",
                        help="also decode N new tokens greedily with KV caches on both twins (the same source batch), "
                             "1 to the model's max_len, and compare the token ids; a row that differs fails the check "
@@ -583,9 +607,13 @@ def main(argv=None):
     if problem is None and args.command == "check" and args.force and not (args.json or args.plot):
         # It would replace nothing: most likely --json or --plot was forgotten, and the report with it.
         problem = "--force goes with --json or --plot: it replaces an existing --json or --plot file, and none was given"
+    if problem is None and args.command == "check":
+        problem = _float64_problem(args)
     if problem:  # before any work, and before numpy or JAX answer in their own words
         print(f"parity {args.command}: error: {problem}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.command == "check" and args.atol is None:
+        args.atol = FLOAT64_ATOL if args.float64 else DEFAULT_ATOL
     atol = getattr(args, "atol", 0.0)
     if not (math.isfinite(atol) and atol >= 0):  # NaN would pass `< 0` and then fail every row
         print(f"parity {args.command}: error: --atol must be a finite number >= 0, got {atol}", file=sys.stderr)

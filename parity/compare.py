@@ -26,7 +26,7 @@ from flax import nnx
 
 from parity.convert import tensor_to_numpy
 from parity.flax_calls import record_flax_calls, within
-from parity.policy import DEFAULT_ATOL, check_tolerance
+from parity.policy import DEFAULT_ATOL, FLOAT64_ATOL, check_tolerance
 from parity.report import (  # noqa: F401 - names parity.compare has always given
     ALIASES,
     GRAD_PREFIX,
@@ -381,7 +381,7 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
     if float64:
         from parity import in_float64
 
-        atol = in_float64.FLOAT64_ATOL if atol is None else atol
+        atol = FLOAT64_ATOL if atol is None else atol
         model, inputs = in_float64.torch_in_float64(torch_model, torch_inputs)
         _, t = torch_intermediates(model, *inputs, sequential=True)
         # Standard promotion: Flax's LayerNorm promotes its statistics' dtype with float32

@@ -23,7 +23,7 @@ from flaxformer_mini.train.loss import token_cross_entropy as flax_token_cross_e
 from parity.compare import on_device_of
 from parity.report import GRAD_PREFIX, LOSS_ROW, Row, compared_row
 from parity.convert import flax_to_torch, tensor_to_numpy
-from parity.policy import DEFAULT_ATOL, check_tolerance
+from parity.policy import DEFAULT_ATOL, FLOAT64_ATOL, check_tolerance
 from parity.row_selection import listed
 from torch_ref.training import token_cross_entropy as torch_token_cross_entropy
 
@@ -138,7 +138,7 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     if float64:
         from parity import in_float64
 
-        atol = in_float64.FLOAT64_ATOL if atol is None else atol
+        atol = FLOAT64_ATOL if atol is None else atol
         torch_value, torch_grads = _user_torch_grads(*in_float64.torch_in_float64(torch_model, torch_inputs),
                                                      torch_loss)
         # Every JAX operation of the Flax side (the cast, the loss, its gradient, the conversion)

@@ -26,11 +26,6 @@ from flax import nnx
 
 from parity.row_selection import listed
 
-# The default tolerance of a float64 comparison: far above what the seed-size twins differ by
-# in float64 (about 1e-14) and far below what a LayerNorm epsilon slip gives (about 1e-6);
-# docs/design.md ("Parity policy") has the measured figures.
-FLOAT64_ATOL = 1e-10
-
 
 def _torch_float64(x):
     """A floating tensor in float64; anything else (token ids, a flag, None) as it is."""
@@ -95,6 +90,6 @@ def narrower_loss_note(losses):
         return []
     got = " and ".join(f"{side}'s in {np.dtype(losses[side].dtype).name}" for side in narrow)
     return [(f"float64=True, but the loss came back narrower ({got}): a cast in the loss or the model "
-             f"(logits.astype(jnp.float32), as flaxformer_mini's token_cross_entropy makes; .float() in torch) "
+             f"(logits.astype(jnp.float32) in JAX, .float() in torch) "
              f"computes the loss in that dtype, so the loss and every gradient carry its rounding, not necessarily "
              f"the port's differences; give float64=True a loss that computes in its input's dtype", True)]

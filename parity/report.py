@@ -97,6 +97,8 @@ class Report(RowVerdicts):
     # What the reader must know to trust the rows, said above the verdict: dropout drawing
     # masks on either side (``parity.compare``), which no port can reproduce.
     notes: list = dataclasses.field(default_factory=list)
+    # Both twins ran in float64 (``check_twins(..., float64=True)``), not float32.
+    float64: bool = False
 
     @property
     def max_abs(self):
@@ -178,6 +180,7 @@ class Report(RowVerdicts):
         first = self.first_divergence
         return {
             "atol": self.atol,
+            **({"float64": True} if self.float64 else {}),
             **({} if self.float64_factor is None else {"float64_factor": self.float64_factor,
                                                        "float64_largest_factor": self.float64_largest_factor}),
             "ok": self.ok,

@@ -14,7 +14,7 @@ import torch
 from flax import nnx
 
 import parity
-from parity.in_float64 import FLOAT64_ATOL
+from parity.policy import FLOAT64_ATOL
 from parity.policy import FLOAT64_MAX_ATOL
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
@@ -226,16 +226,25 @@ def _project_torch_loss(model, ids, labels):
 def _project_flax_loss(model, ids, labels):
     from flaxformer_mini.train.loss import token_cross_entropy
 
-    return token_cross_entropy(model(ids), labels)[0]  # logits.astype(jnp.float32) inside
+    return token_cross_entropy(model(ids), labels)[0]  # float64 logits stay float64
 
 
 def _narrowing_torch_loss(model, ids, labels):
     return torch.nn.functional.cross_entropy(model(ids).float().flatten(0, 1), labels.flatten())
 
 
-@pytest.mark.parametrize(("losses", "narrowed"), [((_project_torch_loss, _project_flax_loss), "Flax's"),
+def _narrowing_flax_loss(model, ids, labels):
+    return optax.softmax_cross_entropy_with_integer_labels(model(ids).astype(jnp.float32), labels).mean()
+
+
+def test_the_projects_own_losses_keep_float64_and_agree():
+    report = _compare_gradients(_pair(), _project_torch_loss, _project_flax_loss, float64=True)
+    assert report.ok and report.notes == [] and report.max_abs < 1e-14, report.format_table(show_all=True)
+
+
+@pytest.mark.parametrize(("losses", "narrowed"), [((_torch_cross_entropy, _narrowing_flax_loss), "Flax's"),
                                                   ((_narrowing_torch_loss, _flax_cross_entropy), "torch's")],
-                         ids=["the-projects-own-losses", "torch-float"])
+                         ids=["flax-astype", "torch-float"])
 def test_a_loss_that_narrows_to_float32_is_said_and_its_rounding_fails_the_loss(losses, narrowed):
     with pytest.warns(UserWarning, match=rf"float64=True, but the loss came back narrower \({narrowed} in float32\): "
                                          rf"a cast in the loss or the model"):

@@ -21,9 +21,11 @@ def token_cross_entropy(logits, labels, label_smoothing=0.0, pad_id=PAD):
 
     Equals ``F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=pad_id,
     label_smoothing=label_smoothing)``. Returns (mean loss, (summed loss, token count)).
+    The log-softmax runs in float32 at least: bfloat16 logits are widened, float64 ones (a twin
+    run in float64 as a reference, under ``jax.enable_x64``) stay float64, as in torch_ref's.
     """
-    logits = logits.astype(jnp.float32)  # log-softmax in float32 whatever the compute dtype
-    targets = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
+    logits = logits.astype(jnp.float64 if logits.dtype == jnp.float64 else jnp.float32)  # promote_types: strict mode refuses
+    targets = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
     if label_smoothing:
         targets = optax.smooth_labels(targets, label_smoothing)
     per_token = optax.softmax_cross_entropy(logits, targets)  # (B, T)
@@ -44,7 +46,7 @@ def fused_token_cross_entropy(logits, labels, label_smoothing=0.0, pad_id=PAD):
 
 
 def _masked_mean(per_token, labels, pad_id):
-    mask = (labels != pad_id).astype(jnp.float32)
+    mask = (labels != pad_id).astype(per_token.dtype)  # float32, or float64 for a float64 twin
     total = jnp.sum(per_token * mask)
     count = jnp.sum(mask)
     return total / jnp.maximum(count, 1.0), (total, count)
