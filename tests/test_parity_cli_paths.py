@@ -310,6 +310,19 @@ def test_json_and_plot_are_written_both_or_neither(pt, tmp_path, monkeypatch, ca
     assert report.read_text() == "an earlier report" and image.read_text() == "another process's file"
 
 
+def write_both_stopped_by_ctrl_c(report, image, replace):
+    """``write_files_atomic`` of a new report and plot under Python's Ctrl-C handler (as a shell
+    gives it: see above), which the test's patches make a Ctrl-C arrive in."""
+    import parity.output
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parity.output.write_files_atomic([(report, "a new report"), (image, b"a new plot")], replace=replace)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize("when", ["a file is put aside", "the files go back", "the files aside are removed"])
 def test_a_signal_while_force_moves_files_is_held_until_the_outputs_are_whole(tmp_path, monkeypatch, when):
     # A Ctrl-C raised inside one of write_files_atomic's renames (in "the files go back", the
@@ -344,12 +357,7 @@ def test_a_signal_while_force_moves_files_is_held_until_the_outputs_are_whole(tm
     monkeypatch.setattr(parity.output, "write_atomic", second_write_stopped)
     monkeypatch.setattr("parity.output.os.replace", replace)
     monkeypatch.setattr("parity.output.os.unlink", unlink)
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it (see above)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            parity.output.write_files_atomic([(report, "a new report"), (image, b"a new plot")], replace=True)
-    finally:
-        signal.signal(signal.SIGINT, before)
+    write_both_stopped_by_ctrl_c(report, image, replace=True)
     assert signalled == [when]  # the signal came where the test means it to
     assert listing(tmp_path) == ["report.json", "report.png"]  # no .old file, no temporary one
     if when == "the files aside are removed":  # all written before the signal: the new outputs, whole
@@ -366,8 +374,6 @@ def test_a_signal_just_as_an_output_goes_into_place_leaves_neither_or_the_earlie
                                                                                        earlier):
     # Ctrl-C just after write_atomic's rename (--force) or link into place: the file is there,
     # and counted as written, so taken away again with the others.
-    import parity.output
-
     report, image = tmp_path / "report.json", tmp_path / "report.png"
     if earlier:
         report.write_bytes(b"an earlier report")
@@ -389,12 +395,7 @@ def test_a_signal_just_as_an_output_goes_into_place_leaves_neither_or_the_earlie
 
     monkeypatch.setattr("parity.output.os.replace", replace_then_signal)
     monkeypatch.setattr("parity.output.os.link", link_then_signal)
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it (see above)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            parity.output.write_files_atomic([(report, "a new report"), (image, b"a new plot")], replace=replace)
-    finally:
-        signal.signal(signal.SIGINT, before)
+    write_both_stopped_by_ctrl_c(report, image, replace=replace)
     assert signalled == [signalled_at]
     if earlier:  # no .old file, no temporary one
         assert listing(tmp_path) == ["report.json", "report.png"]
