@@ -81,14 +81,22 @@ def signals_held(on_repeat=None):
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        raised = None
         for signum in dict.fromkeys(held):
             handler = previous[signum]
-            # Called, not raised again: a handler that watches signal's wakeup descriptor
-            # (train.stop) would see one signal twice.
-            if callable(handler):
-                handler(signum, None)
-            else:
-                signal.raise_signal(signum)  # SIG_DFL: the default action, which ends the process
+            # Each held signal reaches its handler, in the order they came, though an earlier
+            # one raised (KeyboardInterrupt); the first exception is the one that propagates.
+            try:
+                # Called, not raised again: a handler that watches signal's wakeup descriptor
+                # (train.stop) would see one signal twice.
+                if callable(handler):
+                    handler(signum, None)
+                else:
+                    signal.raise_signal(signum)  # SIG_DFL: the default action, which ends the process
+            except BaseException as e:
+                raised = raised or e
+        if raised is not None:
+            raise raised
 
 
 def _link_new(tmp, path):

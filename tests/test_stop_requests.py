@@ -260,3 +260,32 @@ def test_sigterm_during_a_long_accumulation_stops_within_seconds_and_keeps_the_l
     # The update's sums were dropped; the state saved is the complete one before it, and reads back.
     state = Run.open(out).latest_state()
     assert int(state.step) == 0
+
+
+def test_signals_held_together_each_reach_their_handler_and_the_first_exception_propagates():
+    from flaxformer_mini.files import signals_held
+
+    calls = []
+
+    def on_sigterm(signum, frame):
+        calls.append("SIGTERM")
+        raise RuntimeError("terminated")
+
+    def on_sigint(signum, frame):
+        calls.append("SIGINT")
+        raise KeyboardInterrupt
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with pytest.raises(RuntimeError, match="terminated"):
+            with signals_held():
+                signal.raise_signal(signal.SIGTERM)
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGTERM)  # one of a kind is one request
+                calls.append("the block ended")
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert calls == ["the block ended", "SIGTERM", "SIGINT"]
