@@ -146,6 +146,10 @@ def test_recipe_sweep_averages_every_logged_rate_the_first_window_too(tsv_dir, t
     record = recipe_sweep.train("small", [], tsv_dir, tmp_path, 1, 10)
     assert (record["steps"], record["exit_code"], record["tokens_per_s"]) == (30, 0, 250)  # (100 + 400) / 2
 
+    # A log whose every line lacks a rate (each window compiled) has none to report, not 0.
+    script.write_text(script.read_text().replace(', "tokens_per_s": 100.0', "").replace(', "tokens_per_s": 400.0', ""))
+    assert recipe_sweep.train("small", [], tsv_dir, tmp_path, 1, 10)["tokens_per_s"] is None
+
 
 def test_recipe_sweep_skips_a_configuration_with_a_result_and_trains_one_without_again(
         failing_python, tsv_dir, tmp_path, capsys):

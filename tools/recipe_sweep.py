@@ -108,7 +108,8 @@ def train(name, options, data, out, minutes, eval_every):
     # The step it stopped at is its newest checkpoint's (the log has every --log-every'th step).
     saved = [int(d.name) for d in (run / "checkpoints").iterdir() if d.name.isdigit()]
     return {"steps": max(saved, default=0), "train_wall_s": round(wall, 1), "exit_code": proc.returncode,
-            "tokens_per_s": round(sum(rates) / max(len(rates), 1)),
+            # None (JSON null) when no line had a rate: no step ran without compiling.
+            "tokens_per_s": round(sum(rates) / len(rates)) if rates else None,
             "load_before": round(load_before, 2), "load_after": round(load(), 2), "command": cmd}
 
 
