@@ -14,12 +14,12 @@ float64 while torch stays near it, and still fails.
 Shapes: whatever each compared output's shape is; errors are absolute differences.
 """
 
-import copy
 import dataclasses
 
 import numpy as np
 
 from parity.compare import _match_tuple_outputs, torch_intermediates
+from parity.in_float64 import torch_in_float64
 from parity.policy import FLOAT64_FACTOR, FLOAT64_LARGEST_FACTOR, FLOAT64_ULPS
 
 
@@ -75,18 +75,13 @@ def judge_against_float64(report, torch_model, named, torch_inputs, factor=FLOAT
     (``compare.model_intermediates``). ``report`` is changed in place and returned."""
     t32, f32 = named
     f32 = _match_tuple_outputs(t32, f32)
-    _, t64 = torch_intermediates(in_float64(torch_model), *torch_inputs, sequential=True)
+    model64, inputs = torch_in_float64(torch_model, torch_inputs)  # a copy: the caller's twin stays float32
+    _, t64 = torch_intermediates(model64, *inputs, sequential=True)
     for row in report.rows:
         if row.kind == "intermediate" and row.name in t64 and row.name in f32:
             judge_row(row, t32[row.name], f32[row.name], t64[row.name], factor, largest_factor)
     report.float64_factor, report.float64_largest_factor = factor, largest_factor
     return report
-
-
-def in_float64(torch_model):
-    """A float64 copy of ``torch_model``, so the caller's twin stays float32 (the inputs are
-    token ids, unchanged)."""
-    return copy.deepcopy(torch_model).double()
 
 
 def judge_row(row, torch32, flax32, exact, factor=FLOAT64_FACTOR, largest_factor=FLOAT64_LARGEST_FACTOR):

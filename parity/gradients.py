@@ -20,6 +20,7 @@ from flax import nnx
 
 from flaxformer_mini.data import PAD
 from flaxformer_mini.train.loss import token_cross_entropy as flax_token_cross_entropy
+from parity import in_float64
 from parity.compare import on_device_of
 from parity.report import GRAD_PREFIX, LOSS_ROW, Row, compared_row
 from parity.convert import flax_to_torch, tensor_to_numpy
@@ -90,9 +91,10 @@ def gradient_rows(torch_model, flax_model, source, target, atol, pad_id=PAD, flo
     rows = [compared_row(LOSS_ROW, (), flax_loss, torch_loss, atol)]
     rows.extend(_grad_rows(torch_grads, flax_grads, atol))
     if float64_reference:
-        from parity.float64_reference import in_float64, judge_row
+        from parity.float64_reference import judge_row
 
-        exact_loss, exact_grads = _torch_loss_and_grads(in_float64(torch_model), source, target, labels, pad_id)
+        exact_loss, exact_grads = _torch_loss_and_grads(in_float64.torch_in_float64(torch_model, ())[0], source, target,
+                                                         labels, pad_id)
         judge_row(rows[0], torch_loss, flax_loss, exact_loss)
         for row in rows[1:]:
             name = row.name[len(GRAD_PREFIX):]
@@ -136,8 +138,6 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
                    | {k for k, _ in torch_model.named_parameters(remove_duplicate=False)} - set(params))
     convert = {"rename": rename, "rules": rules, "tied": tied}
     if float64:
-        from parity import in_float64
-
         atol = FLOAT64_ATOL if atol is None else atol
         torch_value, torch_grads = _user_torch_grads(*in_float64.torch_in_float64(torch_model, torch_inputs),
                                                      torch_loss)
