@@ -60,15 +60,11 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=None, 
 
 def _check_in_float64(torch_model, flax_model, source, target, torch_inputs, flax_inputs, atol, grads):
     """``check_twins`` with float64 copies of both twins (the callers' stay float32)."""
-    import jax
-
     from parity import in_float64
     from parity.compare import _say
 
     torch64, torch_inputs = in_float64.torch_in_float64(torch_model, torch_inputs)
-    # Standard promotion: Flax's LayerNorm promotes its statistics' dtype with float32, which a
-    # caller's strict promotion refuses for float64 (as in compare(..., float64=True)).
-    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+    with in_float64.x64():
         flax64, flax_inputs = in_float64.flax_in_float64(flax_model, flax_inputs)
         named = model_intermediates(torch64, flax64, torch_inputs, flax_inputs)
         report = compare_models(torch64, flax64, torch_inputs, flax_inputs, atol=atol, named=named)

@@ -384,9 +384,7 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
         atol = FLOAT64_ATOL if atol is None else atol
         model, inputs = in_float64.torch_in_float64(torch_model, torch_inputs)
         _, t = torch_intermediates(model, *inputs, sequential=True)
-        # Standard promotion: Flax's LayerNorm promotes its statistics' dtype with float32
-        # (jnp.promote_types), which a caller's strict promotion refuses for float64.
-        with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        with in_float64.x64():
             model, inputs = in_float64.flax_in_float64(flax_model, flax_inputs)
             _, f, traced = _flax_calls(model, *inputs)
         notes += in_float64.narrower_rows_note(f)

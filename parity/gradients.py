@@ -12,7 +12,6 @@ zero in exact arithmetic; float32 gives ~1e-9 in each framework, far within an a
 tolerance.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -141,10 +140,7 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
         atol = FLOAT64_ATOL if atol is None else atol
         torch_value, torch_grads = _user_torch_grads(*in_float64.torch_in_float64(torch_model, torch_inputs),
                                                      torch_loss)
-        # Every JAX operation of the Flax side (the cast, the loss, its gradient, the conversion)
-        # runs under x64, outside which float64 arrays are made float32; standard promotion as
-        # in compare (Flax's LayerNorm promotes its statistics' dtype with float32).
-        with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        with in_float64.x64():  # the cast, the loss, its gradient and the conversion
             flax_value, flax_grads = _user_flax_grads(*in_float64.flax_in_float64(flax_model, flax_inputs),
                                                       flax_loss, no_gradient, convert)
         notes += in_float64.narrower_loss_note({"torch": torch_value, "Flax": flax_value})

@@ -16,6 +16,7 @@ said in a note, as is a loss ``compare_gradients(..., float64=True)`` gets back 
 Shapes: whatever the models take and give; inputs are cast, integers (token ids) kept.
 """
 
+import contextlib
 import copy
 
 import jax
@@ -44,8 +45,18 @@ def torch_in_float64(torch_model, torch_inputs):
     return copy.deepcopy(torch_model).double(), tuple(_torch_float64(x) for x in torch_inputs)
 
 
+@contextlib.contextmanager
+def x64():
+    """JAX's float64 for the block: ``jax.enable_x64(True)`` (outside it float64 arrays are made
+    float32), with standard dtype promotion, since Flax's LayerNorm promotes its statistics'
+    dtype with float32 (``jnp.promote_types``), which a caller's strict promotion refuses for
+    float64. Every JAX operation of a float64 run's Flax side goes inside it."""
+    with jax.enable_x64(True), jax.numpy_dtype_promotion("standard"):
+        yield
+
+
 def flax_in_float64(flax_model, flax_inputs):
-    """A float64 copy of the Flax model and its inputs; call under ``jax.enable_x64(True)``."""
+    """A float64 copy of the Flax model and its inputs; call under ``x64()``."""
     model = nnx.clone(flax_model)
     state = nnx.state(model)
     nnx.update(model, jax.tree.map(lambda v: v.astype(jnp.float64) if jnp.issubdtype(v.dtype, jnp.floating)
