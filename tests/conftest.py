@@ -22,6 +22,7 @@ several files are here. A test file never imports another.
 import gc
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -186,3 +187,13 @@ def flax_twin_of(torch_module, flax_cls, *args, **kwargs):
     torch_to_flax(torch_module.state_dict(), model)
     model.eval()
     return model
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's default SIGINT handler (KeyboardInterrupt) for the test, as a shell gives a
+    command: pytest-xdist's workers ignore SIGINT, and a held signal goes to the handler it
+    would have reached, ignored there too."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)

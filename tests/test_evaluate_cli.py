@@ -262,7 +262,7 @@ def test_write_atomic_without_replace_refuses_a_file_that_appeared_after_the_che
 
 @pytest.mark.parametrize("replace", [True, False])
 def test_write_atomic_a_ctrl_c_as_the_file_goes_into_place_comes_once_it_is_there_and_the_temporary_gone(
-        tmp_path, monkeypatch, replace):
+        tmp_path, monkeypatch, replace, ctrl_c_raises):
     # Ctrl-C just after the rename (replace) or link (not replace) into place, and again as the
     # temporary file is removed: cut between the link and that removal, the temporary stays.
     from flaxformer_mini.files import write_atomic
@@ -291,13 +291,8 @@ def test_write_atomic_a_ctrl_c_as_the_file_goes_into_place_comes_once_it_is_ther
     monkeypatch.setattr("flaxformer_mini.files.os.replace", replace_then_signal)
     monkeypatch.setattr("flaxformer_mini.files.os.link", link_then_signal)
     monkeypatch.setattr("flaxformer_mini.files.os.unlink", unlink)
-    # pytest-xdist's workers ignore SIGINT: Python's default handler, which a shell gives, here.
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            write_atomic(path, "new\n", replace=replace)
-    finally:
-        signal.signal(signal.SIGINT, before)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(path, "new\n", replace=replace)
     assert signalled == ["in place", "removing the temporary"]
     assert [p.name for p in tmp_path.iterdir()] == ["hyp.txt"] and path.read_text() == "new\n"
 

@@ -124,7 +124,8 @@ def test_sigterm_during_convert_exits_130_in_one_line_leaving_no_output_nor_temp
 
 @pytest.mark.parametrize("signum, by", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
 def test_a_signal_while_orbax_writes_is_held_until_it_is_done_then_stops_leaving_nothing(pt, tmp_path, signum, by,
-                                                                                          monkeypatch, capsys):
+                                                                                          monkeypatch, capsys,
+                                                                                          ctrl_c_raises):
     import parity.flax_io
 
     real_nest, finished = parity.flax_io._nest, []
@@ -136,13 +137,7 @@ def test_a_signal_while_orbax_writes_is_held_until_it_is_done_then_stops_leaving
         return tree
 
     monkeypatch.setattr(parity.flax_io, "_nest", nest_then_signal)
-    # pytest-xdist's workers ignore SIGINT, and a held signal goes to the handler it would have
-    # reached (ignored there too, as it should be): Python's default, which a shell gives, here.
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        assert main(["convert", str(pt), str(tmp_path / "model_orbax"), "--heads", "5"]) == 130
-    finally:
-        signal.signal(signal.SIGINT, before)
+    assert main(["convert", str(pt), str(tmp_path / "model_orbax"), "--heads", "5"]) == 130
     assert finished == [True]
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [f"parity convert: stopped by {by}; no output was left half-written"], err
@@ -154,7 +149,7 @@ class _Exited(BaseException):
 
 
 def test_a_second_signal_while_orbax_writes_ends_the_process_at_once_leaving_nothing(pt, tmp_path, monkeypatch,
-                                                                                      capsys):
+                                                                                      capsys, ctrl_c_raises):
     import parity.flax_io
 
     real_nest, finished, exits = parity.flax_io._nest, [], []
@@ -171,12 +166,8 @@ def test_a_second_signal_while_orbax_writes_ends_the_process_at_once_leaving_not
 
     monkeypatch.setattr(parity.flax_io, "_nest", nest_then_two_signals)
     monkeypatch.setattr("parity.output.os._exit", exit_now)
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it (see above)
-    try:
-        with pytest.raises((_Exited, KeyboardInterrupt)):  # what unwinds after the stand-in
-            main(["convert", str(pt), str(tmp_path / "model_orbax"), "--heads", "5", "--debug"])
-    finally:
-        signal.signal(signal.SIGINT, before)
+    with pytest.raises((_Exited, KeyboardInterrupt)):  # what unwinds after the stand-in
+        main(["convert", str(pt), str(tmp_path / "model_orbax"), "--heads", "5", "--debug"])
     assert finished == []
     (code, err, left), = exits
     assert code == 130 and left == ["model.pt"]  # the staging directory removed before the exit
@@ -311,20 +302,17 @@ def test_json_and_plot_are_written_both_or_neither(pt, tmp_path, monkeypatch, ca
 
 
 def write_both_stopped_by_ctrl_c(report, image, replace):
-    """``write_files_atomic`` of a new report and plot under Python's Ctrl-C handler (as a shell
-    gives it: see above), which the test's patches make a Ctrl-C arrive in."""
+    """``write_files_atomic`` of a new report and plot, which the test's patches make a Ctrl-C
+    arrive in (under the ``ctrl_c_raises`` fixture)."""
     import parity.output
 
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            parity.output.write_files_atomic([(report, "a new report"), (image, b"a new plot")], replace=replace)
-    finally:
-        signal.signal(signal.SIGINT, before)
+    with pytest.raises(KeyboardInterrupt):
+        parity.output.write_files_atomic([(report, "a new report"), (image, b"a new plot")], replace=replace)
 
 
 @pytest.mark.parametrize("when", ["a file is put aside", "the files go back", "the files aside are removed"])
-def test_a_signal_while_force_moves_files_is_held_until_the_outputs_are_whole(tmp_path, monkeypatch, when):
+def test_a_signal_while_force_moves_files_is_held_until_the_outputs_are_whole(tmp_path, monkeypatch, when,
+                                                                                 ctrl_c_raises):
     # A Ctrl-C raised inside one of write_files_atomic's renames (in "the files go back", the
     # second one: the first stopped the plot's write). Delivered there, it would cut the renames
     # short, leaving a file under its hidden .old name; held, it comes once they are done.
@@ -371,7 +359,7 @@ def test_a_signal_while_force_moves_files_is_held_until_the_outputs_are_whole(tm
                          ids=["new files", "force, new files", "force over earlier files"])
 def test_a_signal_just_as_an_output_goes_into_place_leaves_neither_or_the_earlier_ones(tmp_path, monkeypatch,
                                                                                        signalled_at, replace,
-                                                                                       earlier):
+                                                                                       earlier, ctrl_c_raises):
     # Ctrl-C just after write_atomic's rename (--force) or link into place: the file is there,
     # and counted as written, so taken away again with the others.
     report, image = tmp_path / "report.json", tmp_path / "report.png"
@@ -405,7 +393,7 @@ def test_a_signal_just_as_an_output_goes_into_place_leaves_neither_or_the_earlie
 
 
 def test_a_ctrl_c_while_the_replaced_outputs_are_removed_says_the_outputs_were_written(pt, tmp_path, monkeypatch,
-                                                                                       capsys):
+                                                                                       capsys, ctrl_c_raises):
     # Both new outputs are complete when Ctrl-C comes (the files they replaced are being
     # removed): exit 130, but they are said to be written, as they are.
     import parity.check
@@ -426,33 +414,29 @@ def test_a_ctrl_c_while_the_replaced_outputs_are_removed_says_the_outputs_were_w
     monkeypatch.setattr(parity.check, "check_twins", lambda *a, **k: checked.append(real(*a, **k)) or checked[0])
     arguments = ["check", "--torch-checkpoint", str(pt), "--heads", "5", "--batch", "1", "--json", str(report),
                  "--plot", str(image), "--force"]
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a shell gives it (see above)
-    try:
-        assert main(arguments) == 130
-        assert len(signalled) == 1 and signalled[0].startswith(".report.json.")
-        out, err = capsys.readouterr()
-        assert out.splitlines()[-2:] == [f"report written to {report}", f"plot written to {image}"], out
-        assert err.strip().splitlines()[-1] == "parity check: stopped by Ctrl-C; no output was left half-written", err
-        assert "Traceback" not in err
-        assert listing(tmp_path) == ["model.pt", "report.json", "report.png"]
-        assert '"passed": true' in report.read_text() and image.read_bytes().startswith(b"\x89PNG")
-        # The same Ctrl-C just as the plot goes into place, before the outputs are all there:
-        # neither is left, and none is said to be written.
-        monkeypatch.setattr(parity.check, "check_twins", lambda *a, **k: checked[0])  # the same check again
-        real_replace = os.replace
+    assert main(arguments) == 130
+    assert len(signalled) == 1 and signalled[0].startswith(".report.json.")
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-2:] == [f"report written to {report}", f"plot written to {image}"], out
+    assert err.strip().splitlines()[-1] == "parity check: stopped by Ctrl-C; no output was left half-written", err
+    assert "Traceback" not in err
+    assert listing(tmp_path) == ["model.pt", "report.json", "report.png"]
+    assert '"passed": true' in report.read_text() and image.read_bytes().startswith(b"\x89PNG")
+    # The same Ctrl-C just as the plot goes into place, before the outputs are all there:
+    # neither is left, and none is said to be written.
+    monkeypatch.setattr(parity.check, "check_twins", lambda *a, **k: checked[0])  # the same check again
+    real_replace = os.replace
 
-        def replace(source, destination):
-            real_replace(source, destination)
-            if Path(destination) == image and len(signalled) == 1:
-                signalled.append(image.name)
-                signal.raise_signal(signal.SIGINT)
+    def replace(source, destination):
+        real_replace(source, destination)
+        if Path(destination) == image and len(signalled) == 1:
+            signalled.append(image.name)
+            signal.raise_signal(signal.SIGINT)
 
-        monkeypatch.setattr("parity.output.os.replace", replace)
-        report.write_text("an earlier report")
-        image.write_text("an earlier plot")
-        assert main(arguments) == 130
-    finally:
-        signal.signal(signal.SIGINT, before)
+    monkeypatch.setattr("parity.output.os.replace", replace)
+    report.write_text("an earlier report")
+    image.write_text("an earlier plot")
+    assert main(arguments) == 130
     assert signalled[1:] == ["report.png"]
     out, err = capsys.readouterr()
     assert "written to" not in out, out
