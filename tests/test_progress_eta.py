@@ -66,6 +66,32 @@ def test_a_compilation_that_jax_reports_marks_the_step(monkeypatch):
     assert (rate.steps, rate.watching) == (1, False)
 
 
+def test_a_program_read_from_the_persistent_compilation_cache_marks_the_step_too():
+    # conftest.py gives every test process JAX's persistent cache, which caches any compile.
+    assert jax.config.jax_compilation_cache_dir and jax.config.jax_persistent_cache_min_compile_time_secs == 0
+    hits = []
+
+    def count_hits(event, **_):
+        hits.append(event == "/jax/compilation_cache/cache_hits")
+
+    def program():
+        def times_5_minus_2(x):
+            return x * 5 - 2  # a program no other test compiles
+        return times_5_minus_2
+
+    jax.jit(program())(jnp.arange(4))  # compiled, and written to the cache
+    rate = StepRate(clock=FakeClock(itertools.count()))
+    rate.watch_compilations()
+    jax.monitoring.register_event_listener(count_hits)
+    try:
+        jax.jit(program())(jnp.arange(4))  # a new function: JAX's in-memory caches miss, the file is read
+    finally:
+        jax.monitoring.unregister_event_listener(count_hits)
+        rate.stop_watching()
+    # JAX reports the cache read as the backend compile's duration, and the step is left out.
+    assert any(hits) and rate.compiling
+
+
 @pytest.mark.parametrize("event", ["/jax/compilation_cache/cache_retrieval_time_sec", "/jax/core/compile/jaxpr_trace_duration"])
 def test_other_events_leave_the_step_counted(event):
     rate = StepRate(clock=FakeClock([0.0, 2.0]))

@@ -16,8 +16,9 @@ class StepRate:
     follow it. tqdm's own rate is an average since the bar began, so counting the first step's
     compilation makes the ETA far too long for many steps. Left out: each step during which XLA
     compiled anything (the first step, each shape of length-bucketed batches met for the first
-    time, the first evaluation's programs). Steps that compiled nothing count whole, evaluations
-    included, since those recur until the run ends.
+    time, the first evaluation's programs), and each step that read a program from JAX's
+    persistent compilation cache, which JAX reports as a compilation too. Steps that compiled
+    nothing count whole, evaluations included, since those recur until the run ends.
 
     ``step_done()`` after each step: the step's seconds, or None when it compiled; ``compiled`` is
     the ``jax.monitoring`` listener that marks the current step (``watch_compilations`` registers
