@@ -18,6 +18,7 @@ Shapes: whatever the models take and give; inputs are cast, integers (token ids)
 
 import contextlib
 import copy
+import math
 
 import jax
 import jax.numpy as jnp
@@ -94,13 +95,34 @@ def narrower_rows_note(flax_named):
 
 def narrower_loss_note(losses):
     """[(note, certain)]: the sides of ``losses`` ({side: loss value}) whose loss a float64 run
-    got back in a narrower float dtype. Only the loss shows such a cast: each gradient has its
-    parameter's dtype, float64, whatever dtype the computation between them ran in."""
+    got back in a narrower float dtype, or in float64 holding a float32 value (cast to float32
+    and back). Only the loss shows such a cast: each gradient has its parameter's dtype,
+    float64, whatever dtype the computation between them ran in."""
     narrow = _narrower(losses)
-    if not narrow:
+    widened = [side for side, value in losses.items() if side not in narrow and _widened_float32(value)]
+    if not narrow and not widened:
         return []
-    got = " and ".join(f"{side}'s in {np.dtype(losses[side].dtype).name}" for side in narrow)
-    return [(f"float64=True, but the loss came back narrower ({got}): a cast in the loss or the model "
+    got = [f"{side}'s in {np.dtype(losses[side].dtype).name}" for side in narrow]
+    got += [f"{side}'s in float64 holding a float32 value, cast there and back" for side in widened]
+    return [(f"float64=True, but the loss came back narrower ({' and '.join(got)}): a cast in the loss or the model "
              f"(logits.astype(jnp.float32) in JAX, .float() in torch) "
              f"computes the loss in that dtype, so the loss and every gradient carry its rounding, not necessarily "
              f"the port's differences; give float64=True a loss that computes in its input's dtype", True)]
+
+
+# A float32 value has at most 24 significant bits. A loss computed in float64 is one with odds
+# of 2**-29; one of 12 bits or fewer (0.5, 3.25) may be exact in either dtype.
+_SHORT_BITS = 12
+
+
+def _widened_float32(value):
+    """Whether a float64 scalar is exactly a float32 value of more than ``_SHORT_BITS``
+    significant bits: a value computed in float32 and cast back to float64."""
+    if np.ndim(value) != 0 or np.dtype(value.dtype) != np.float64:
+        return False
+    v = float(value)
+    if not np.isfinite(v) or v == 0.0 or abs(v) > float(np.finfo(np.float32).max) or float(np.float32(v)) != v:
+        return False
+    mantissa = int(abs(math.frexp(v)[0]) * 2 ** 53)  # the 53-bit significand as an integer
+    mantissa >>= (mantissa & -mantissa).bit_length() - 1  # its trailing zero bits dropped
+    return mantissa.bit_length() > _SHORT_BITS

@@ -237,6 +237,14 @@ def _narrowing_flax_loss(model, ids, labels):
     return optax.softmax_cross_entropy_with_integer_labels(model(ids).astype(jnp.float32), labels).mean()
 
 
+def _round_trip_torch_loss(model, ids, labels):
+    return _narrowing_torch_loss(model, ids, labels).double()
+
+
+def _round_trip_flax_loss(model, ids, labels):
+    return _narrowing_flax_loss(model, ids, labels).astype(jnp.float64)
+
+
 def test_the_projects_own_losses_keep_float64_and_agree():
     report = _compare_gradients(_pair(), _project_torch_loss, _project_flax_loss, float64=True)
     assert report.ok and report.notes == [] and report.max_abs < 1e-14, report.format_table(show_all=True)
@@ -253,3 +261,25 @@ def test_a_loss_that_narrows_to_float32_is_said_and_its_rounding_fails_the_loss(
     # The faithful port's loss differs by float32's rounding there, which the note explains.
     assert not report.ok and report.first_divergence.name == "loss", report.format_table(show_all=True)
     assert 1e-9 < report.rows[0].max_abs < 1e-5
+
+
+@pytest.mark.parametrize(("losses", "side"), [((_torch_cross_entropy, _round_trip_flax_loss), "Flax's"),
+                                              ((_round_trip_torch_loss, _flax_cross_entropy), "torch's")],
+                         ids=["flax-astype-and-back", "torch-float-and-back"])
+def test_a_loss_cast_to_float32_and_back_is_said_as_a_narrower_one(losses, side):
+    with pytest.warns(UserWarning, match=rf"float64=True, but the loss came back narrower \({side} in float64 "
+                                         rf"holding a float32 value, cast there and back\): a cast in the loss"):
+        report = _compare_gradients(_pair(), *losses, float64=True)
+    assert len(report.notes) == 1
+    assert not report.ok and report.first_divergence.name == "loss", report.format_table(show_all=True)
+    assert 1e-9 < report.rows[0].max_abs < 1e-5
+
+
+def test_a_float64_loss_is_not_taken_for_a_float32_one_unless_it_is_one():
+    from parity.in_float64 import _widened_float32
+
+    third = np.float64(1) / 3
+    assert not _widened_float32(third) and _widened_float32(np.float64(np.float32(third)))
+    # Values of few bits are exact in both dtypes, and a float32 scalar is another note's case.
+    assert not any(_widened_float32(v) for v in (np.float64(0.0), np.float64(0.5), np.float64(3.25),
+                                                 np.float64(1e300), np.float64(np.inf), np.float32(third)))
