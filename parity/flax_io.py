@@ -243,20 +243,20 @@ def _restore(path, **items):
     closed-event-loop tracebacks of a failed read's abandoned threads silenced (the caller
     reports the failure in one line). The silencer goes in before the read, not after a
     failure: TensorStore's threads report while the error is still propagating."""
-    from flaxformer_mini.train.checkpoint import _quiet, _silence_orbax_aftermath
+    from flaxformer_mini.train.checkpoint import quiet_orbax_logs, silence_orbax_aftermath  # late: it imports JAX and orbax
 
     ocp = _orbax()
-    _silence_orbax_aftermath()
-    with _quiet(), ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+    silence_orbax_aftermath()
+    with quiet_orbax_logs(), ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
         return checkpointer.restore(path.absolute(), ocp.args.Composite(**items))
 
 
 def _failure(error):
     """``error``'s type and first line, at most 300 characters: TensorStore's messages embed a
     spec of several kB."""
-    from flaxformer_mini.train.checkpoint import _summary
+    from flaxformer_mini.train.checkpoint import error_summary  # late: it imports JAX and orbax
 
-    return f"{type(error).__name__}: {_summary(error)}"
+    return f"{type(error).__name__}: {error_summary(error)}"
 
 
 def _orbax_record(path):

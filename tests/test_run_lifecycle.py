@@ -552,7 +552,7 @@ def test_after_a_save_only_orbaxs_disk_full_aftermath_is_silenced(tmp_path, monk
     monkeypatch.setattr(threading, "excepthook", lambda args: threads.append(args.exc_value))
     monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
     del sys.unraisablehook._flaxformer_mini  # let the silencer install again over the recording hook
-    checkpoint._silence_orbax_aftermath()
+    checkpoint.silence_orbax_aftermath()
     for error in (gone, full, elsewhere):
         threading.excepthook(threading.ExceptHookArgs((type(error), error, None, None)))
     assert threads == [elsewhere]

@@ -226,10 +226,10 @@ def test_dropout_expectation_refuses_an_empty_batch_or_unknown_preset_before_tra
 
 @pytest.mark.parametrize("value", [0, -2])
 def test_a_positive_count_is_refused_naming_the_bound_that_holds_for_zero_and_negatives(value):
-    from flaxformer_mini.data.batches import _positive_int
+    from flaxformer_mini.data.batches import positive_int
 
     with pytest.raises(ValueError) as e:
-        _positive_int("batch_size", value)
+        positive_int("batch_size", value)
     assert str(e.value) == f"batch_size must be >= 1, got {value}"
 
 

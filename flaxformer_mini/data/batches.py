@@ -40,7 +40,7 @@ class Batch(NamedTuple):
         return (self.target_out != PAD).sum()
 
 
-def _non_negative_int(name, value):
+def non_negative_int(name, value):
     try:
         value = operator.index(value)
     except TypeError:
@@ -50,7 +50,7 @@ def _non_negative_int(name, value):
     return value
 
 
-def _positive_int(name, value):
+def positive_int(name, value):
     try:
         value = operator.index(value)
     except TypeError:
@@ -122,7 +122,7 @@ def pad_rows(batch, rows):
     return Batch(*(np.pad(np.asarray(a), ((0, missing), (0, 0)), constant_values=PAD) for a in batch))
 
 
-def _strip_specials(ids):
+def strip_specials(ids):
     """The ids of a model output up to the first EOS, without PAD and BOS."""
     out = []
     for i in np.asarray(ids).reshape(-1).tolist():

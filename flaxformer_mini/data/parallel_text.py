@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .batches import UNK, DataError, _non_negative_int, _positive_int, make_batch, pad_rows
+from .batches import UNK, DataError, non_negative_int, positive_int, make_batch, pad_rows
 
 # Bucketing sorts by length within pools of this many batches, not over the whole data set:
 # batches still hold similar lengths, but which examples share a batch changes every epoch.
@@ -219,10 +219,10 @@ class TextPairs:
     """
 
     def __init__(self, pairs, source_vocab, target_vocab, max_len, length_multiple=LENGTH_MULTIPLE, line_numbers=None):
-        self.max_len = _non_negative_int("max_len", max_len)
+        self.max_len = non_negative_int("max_len", max_len)
         if self.max_len < 2:
             raise ValueError(f"max_len must be >= 2 (a word and its EOS), got {max_len}")
-        self.length_multiple = _positive_int("length_multiple", length_multiple)
+        self.length_multiple = positive_int("length_multiple", length_multiple)
         self.source_vocab, self.target_vocab = source_vocab, target_vocab
         parts = {"s": [], "sl": [], "t": [], "tl": [], "kept": []}
         self.dropped = 0
@@ -276,7 +276,7 @@ class TextPairs:
                                       self._source_lengths, self._target_lengths))
 
     def steps_per_epoch(self, batch_size):
-        return math.ceil(len(self) / _positive_int("batch_size", batch_size))
+        return math.ceil(len(self) / positive_int("batch_size", batch_size))
 
     def batch(self, seed, step, batch_size):
         """Training batch ``step`` (a function of seed and step alone), of exactly
@@ -286,7 +286,7 @@ class TextPairs:
         epoch's last batch is usually short: it is filled up with rows of PAD only, which
         carry no labels (``num_tokens`` ignores them), so the batch shape stays fixed.
         """
-        seed, step = _non_negative_int("seed", seed), _non_negative_int("step", step)
+        seed, step = non_negative_int("seed", seed), non_negative_int("step", step)
         epoch, index = divmod(step, self.steps_per_epoch(batch_size))
         rows = self._epoch_plan(seed, epoch, batch_size)[index]
         return pad_rows(self._batch_of(rows), batch_size)
@@ -294,7 +294,7 @@ class TextPairs:
     def iter_eval_batches(self, batch_size, indices=None):
         """Every example once (or those of ``indices``), in order; the last batch may be
         smaller."""
-        batch_size = _positive_int("batch_size", batch_size)
+        batch_size = positive_int("batch_size", batch_size)
         indices = np.arange(len(self)) if indices is None else np.asarray(indices)
         for start in range(0, len(indices), batch_size):
             yield self._batch_of(indices[start : start + batch_size])

@@ -6,7 +6,7 @@ resumed from a checkpoint at step k sees exactly the batches it would have seen.
 
 import numpy as np
 
-from .batches import NUM_SPECIAL, SPECIAL_TOKENS, UNK, _non_negative_int, _positive_int, _strip_specials, make_batch
+from .batches import NUM_SPECIAL, SPECIAL_TOKENS, UNK, non_negative_int, positive_int, strip_specials, make_batch
 
 TASKS = ("copy", "reverse", "sort")
 
@@ -27,9 +27,9 @@ class SyntheticTask:
     def __init__(self, name, vocab_size, min_len, max_len):
         if name not in TASKS:
             raise ValueError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)}")
-        vocab_size = _non_negative_int("vocab_size", vocab_size)
-        min_len = _non_negative_int("min_len", min_len)
-        max_len = _non_negative_int("max_len", max_len)
+        vocab_size = non_negative_int("vocab_size", vocab_size)
+        min_len = non_negative_int("min_len", min_len)
+        max_len = non_negative_int("max_len", max_len)
         # With a single content token every task is the same trivial constant map.
         if vocab_size <= NUM_SPECIAL + 1:
             raise ValueError(
@@ -66,7 +66,7 @@ class SyntheticTask:
 
     def batch(self, seed, step, batch_size):
         """Training batch ``step`` of the stream ``seed``: a function of (seed, step) alone."""
-        seed, step = _non_negative_int("seed", seed), _non_negative_int("step", step)
+        seed, step = non_negative_int("seed", seed), non_negative_int("step", step)
         return self._draw(np.random.default_rng([seed, step, _TRAIN_STREAM]), batch_size)
 
     def eval_batches(self, seed, num_batches, batch_size):
@@ -75,17 +75,17 @@ class SyntheticTask:
         With a small vocabulary and short sequences a held-out sequence can still equal one
         seen in training by chance; it is never a copy of a training batch.
         """
-        seed = _non_negative_int("seed", seed)
-        num_batches = _non_negative_int("num_batches", num_batches)
+        seed = non_negative_int("seed", seed)
+        num_batches = non_negative_int("num_batches", num_batches)
         return [self._draw(np.random.default_rng([seed, i, _EVAL_STREAM]), batch_size) for i in range(num_batches)]
 
     def held_out(self, seed, num_sequences):
         """``num_sequences`` held-out sequences as one ``Batch``, from the evaluation stream:
         the same sequences whatever batch size an evaluation later splits them into."""
-        return self._draw(np.random.default_rng([_non_negative_int("seed", seed), 0, _EVAL_STREAM]), num_sequences)
+        return self._draw(np.random.default_rng([non_negative_int("seed", seed), 0, _EVAL_STREAM]), num_sequences)
 
     def _draw(self, rng, batch_size):
-        batch_size = _positive_int("batch_size", batch_size)
+        batch_size = positive_int("batch_size", batch_size)
         lengths = rng.integers(self.min_len, self.max_len + 1, size=batch_size)
         content = rng.integers(NUM_SPECIAL, self.vocab_size, size=(batch_size, self.max_len))
         sources = [row[:n] for row, n in zip(content, lengths)]
@@ -112,7 +112,7 @@ class SyntheticTask:
     def decode_ids(self, ids):
         """Space-separated content values of a model output, up to the first EOS."""
         words = []
-        for i in _strip_specials(ids):
+        for i in strip_specials(ids):
             if i == UNK:
                 words.append(SPECIAL_TOKENS[UNK])
             elif NUM_SPECIAL <= i < self.vocab_size:

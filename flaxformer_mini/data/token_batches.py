@@ -29,7 +29,7 @@ iterator state in the checkpoint.
 
 import numpy as np
 
-from .batches import _non_negative_int, _positive_int
+from .batches import non_negative_int, positive_int
 
 
 def _as_lengths(name, lengths):
@@ -43,7 +43,7 @@ def _as_lengths(name, lengths):
 
 def padded(lengths, length_multiple):
     """``lengths`` rounded up to a multiple of ``length_multiple``."""
-    m = _positive_int("length_multiple", length_multiple)
+    m = positive_int("length_multiple", length_multiple)
     return -(-np.asarray(lengths, np.int64) // m) * m
 
 
@@ -60,9 +60,9 @@ def token_batches(source_lengths, target_lengths, max_tokens, seed, epoch, lengt
         raise ValueError(f"{src.size} source lengths but {tgt.size} target lengths")
     if src.size == 0:
         raise ValueError("no examples to batch")
-    max_tokens = _positive_int("max_tokens", max_tokens)
-    seed, epoch = _non_negative_int("seed", seed), _non_negative_int("epoch", epoch)
-    cap = _positive_int("max_sentences", max_sentences) if max_sentences is not None else src.size
+    max_tokens = positive_int("max_tokens", max_tokens)
+    seed, epoch = non_negative_int("seed", seed), non_negative_int("epoch", epoch)
+    cap = positive_int("max_sentences", max_sentences) if max_sentences is not None else src.size
     cost = np.maximum(padded(src, length_multiple), padded(tgt, length_multiple))
     worst = int(np.argmax(cost))
     if cost[worst] > max_tokens:
@@ -101,8 +101,8 @@ def _greedy_bounds(src, tgt, max_tokens, cap):
 
 def step_to_epoch(step, steps_per_epoch):
     """``(epoch, index in epoch)`` of global training step ``step``."""
-    step = _non_negative_int("step", step)
-    return divmod(step, _positive_int("steps_per_epoch", steps_per_epoch))
+    step = non_negative_int("step", step)
+    return divmod(step, positive_int("steps_per_epoch", steps_per_epoch))
 
 
 class TokenBatcher:

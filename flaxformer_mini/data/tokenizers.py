@@ -31,7 +31,7 @@ from pathlib import Path
 
 from flaxformer_mini import files
 
-from .batches import BOS, EOS, NUM_SPECIAL, PAD, SPECIAL_TOKENS, UNK, DataError, _positive_int, _strip_specials
+from .batches import BOS, EOS, NUM_SPECIAL, PAD, SPECIAL_TOKENS, UNK, DataError, positive_int, strip_specials
 from .vocab import Vocab
 
 KINDS = ("word", "char", "bpe", "unigram")
@@ -172,7 +172,7 @@ class HFTokenizer(Tokenizer):
         return [self._fix(e.ids) for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids):
-        ids = _strip_specials(ids)
+        ids = strip_specials(ids)
         for i in ids:
             if not 0 <= i < len(self):
                 raise ValueError(f"token id {i} is outside the vocabulary [0, {len(self)})")
@@ -197,7 +197,8 @@ class HFTokenizer(Tokenizer):
 # ----------------------------------------------------------------------------- building
 
 
-def _normalizer():
+def normalizer():
+    """A new Hugging Face normalizer, the one ``normalize`` applies: build it once to normalise many texts."""
     from tokenizers import Regex, normalizers
 
     return normalizers.Sequence(
@@ -212,12 +213,12 @@ def _normalizer():
 
 def normalize(text):
     """The normalisation char, bpe and unigram apply (see the module docstring)."""
-    return _normalizer().normalize_str(text)
+    return normalizer().normalize_str(text)
 
 
 def _alphabet(kind, texts):
     """The distinct symbols a char/bpe/unigram vocabulary must hold (after normalisation)."""
-    norm = _normalizer()
+    norm = normalizer()
     chars = set()
     for text in texts:
         chars.update(norm.normalize_str(text))
@@ -243,7 +244,7 @@ def train(kind, texts, vocab_size=None):
         raise TypeError("texts must be a list of strings, not one string")
     texts = list(texts)
     if vocab_size is not None:
-        vocab_size = _positive_int("vocab_size", vocab_size)
+        vocab_size = positive_int("vocab_size", vocab_size)
     if kind == "word":
         tokenizer = WordTokenizer(Vocab.build(texts, max_size=vocab_size))
         tokenizer.requested_vocab_size = vocab_size
@@ -285,7 +286,7 @@ def train(kind, texts, vocab_size=None):
             trainer = trainers.UnigramTrainer(
                 vocab_size=vocab_size, special_tokens=special, unk_token=SPECIAL_TOKENS[UNK], show_progress=False
             )
-    hf.normalizer = _normalizer()
+    hf.normalizer = normalizer()
     hf.train_from_iterator(texts, trainer)
     tokenizer = HFTokenizer(kind, hf)
     tokenizer.requested_vocab_size = requested

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flaxformer_mini.files import write_atomic
 
-from .batches import NUM_SPECIAL, SPECIAL_TOKENS, UNK, DataError, _non_negative_int, _positive_int, _strip_specials
+from .batches import NUM_SPECIAL, SPECIAL_TOKENS, UNK, DataError, non_negative_int, positive_int, strip_specials
 
 _VOCAB_FORMAT = "flaxformer-mini-vocab"
 _VOCAB_VERSION = 1
@@ -40,8 +40,8 @@ class Vocab:
         the size of the whole vocabulary, special tokens included: the model's vocab size."""
         if isinstance(texts, str):
             raise TypeError("texts must be an iterable of strings, not one string")
-        min_freq = _positive_int("min_freq", min_freq)
-        if max_size is not None and _non_negative_int("max_size", max_size) < NUM_SPECIAL:
+        min_freq = positive_int("min_freq", min_freq)
+        if max_size is not None and non_negative_int("max_size", max_size) < NUM_SPECIAL:
             raise ValueError(f"max_size must be >= {NUM_SPECIAL} (the special tokens), got {max_size}")
         counts = Counter(word for text in texts for word in text.split() if word not in SPECIAL_TOKENS)
         words = sorted((w for w, c in counts.items() if c >= min_freq), key=lambda w: (-counts[w], w))
@@ -72,7 +72,7 @@ class Vocab:
     def decode(self, ids):
         """The text of a model output: up to the first EOS, without PAD and BOS."""
         words = []
-        for i in _strip_specials(ids):
+        for i in strip_specials(ids):
             if not 0 <= i < len(self.tokens):
                 raise ValueError(f"token id {i} is outside the vocabulary [0, {len(self.tokens)})")
             words.append(self.tokens[i])

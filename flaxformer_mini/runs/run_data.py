@@ -150,7 +150,7 @@ def build_tokenizers(config: DataConfig, pairs):
     pieces are only known after training)."""
     kind = config.tokenizer
     if kind == "char":
-        normalize = tokenizers._normalizer().normalize_str  # built once: tokenizers.normalize builds it per call
+        normalize = tokenizers.normalizer().normalize_str  # built once: tokenizers.normalize builds it per call
         size = lambda text: len(normalize(text))  # noqa: E731
     else:
         size = lambda text: len(text.split())  # noqa: E731

@@ -73,9 +73,9 @@ def save(manager, state: TrainState):
     step = int(jax.device_get(state.step))
     # Before the save, not after its failure: orbax's threads report a full disk while the
     # save is still failing, before the error reaches this function, and after it.
-    _silence_orbax_aftermath()
+    silence_orbax_aftermath()
     try:
-        with _quiet():
+        with quiet_orbax_logs():
             manager.save(step, args=ocp.args.StandardSave(_saved(state)), force=True)
             manager.wait_until_finished()
     except Exception as e:
@@ -242,7 +242,7 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet_orbax_logs():
     """orbax and its event loop log every failed read with a traceback (dozens for one bad
     file); the caller reports one line per checkpoint instead."""
     loggers = [logging.getLogger(name) for name in ("absl", "orbax", "asyncio", "tensorstore")]
@@ -256,7 +256,7 @@ def _quiet():
             logger.setLevel(level)
 
 
-def _summary(error):
+def error_summary(error):
     """One line for a failed restore: the innermost cause's first line (orbax wraps the
     informative TensorStore error in generic ones)."""
     while error.__cause__ is not None:
@@ -265,7 +265,7 @@ def _summary(error):
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _silence_orbax_aftermath():
+def silence_orbax_aftermath():
     """After a failed read, or a save that hit a full disk, orbax's writer threads and
     abandoned futures go on failing for a while and report it again through four channels,
     each with a traceback: the "absl" logger (its signalling threads), the "asyncio" logger
@@ -337,14 +337,14 @@ def _is_closed_loop(error):
 def restore_readable(manager, template: TrainState, step):
     """``restore`` of checkpoint ``step``; one that cannot be read is a ``CheckpointError`` naming
     it and why (a checkpoint of another model still raises ``CheckpointMismatchError``)."""
-    _silence_orbax_aftermath()  # before the read: restore_latest_intact says why
+    silence_orbax_aftermath()  # before the read: restore_latest_intact says why
     try:
-        with _quiet():
+        with quiet_orbax_logs():
             return restore(manager, template, step)
     except CheckpointMismatchError:
         raise
     except Exception as e:  # noqa: BLE001 - any read failure means this step is damaged
-        raise CheckpointError(f"checkpoint {step} in {manager.directory} cannot be read ({_summary(e)})") from None
+        raise CheckpointError(f"checkpoint {step} in {manager.directory} cannot be read ({error_summary(e)})") from None
 
 
 def restore_latest_intact(manager, template: TrainState):
@@ -355,15 +355,15 @@ def restore_latest_intact(manager, template: TrainState):
     # Before the first read, not after its failure: TensorStore's threads report a damaged
     # file's failed reads into orbax's closed event loop while the error is still on its way up
     # (under load, dozens of them landed before an `except` here could install the silencer).
-    _silence_orbax_aftermath()
+    silence_orbax_aftermath()
     skipped = []
     for step in sorted(manager.all_steps(), reverse=True):
         try:
-            with _quiet():
+            with quiet_orbax_logs():
                 return restore(manager, template, step), skipped
         except CheckpointMismatchError:
             raise
         except Exception as e:  # noqa: BLE001 - any read failure means this step is damaged
-            skipped.append((step, _summary(e)))
+            skipped.append((step, error_summary(e)))
     details = "; ".join(f"step {step}: {why}" for step, why in skipped)
     raise CheckpointError(f"no checkpoint in {manager.directory} can be read ({details})")
