@@ -14,7 +14,8 @@ Call ``parity_numerics()`` first (the command line does): parity needs exact flo
 
 import numpy as np
 
-from parity.compare import compare_models, model_intermediates
+from parity import in_float64
+from parity.compare import compare_models, model_intermediates, say_notes
 from parity.report import Report
 from parity.gradients import gradient_rows
 from parity.policy import DEFAULT_ATOL, FLOAT64_ATOL, check_tolerance
@@ -60,9 +61,6 @@ def check_twins(torch_model, flax_model, config, *, batch=4, seed=0, atol=None, 
 
 def _check_in_float64(torch_model, flax_model, source, target, torch_inputs, flax_inputs, atol, grads):
     """``check_twins`` with float64 copies of both twins (the callers' stay float32)."""
-    from parity import in_float64
-    from parity.compare import _say
-
     torch64, torch_inputs = in_float64.torch_in_float64(torch_model, torch_inputs)
     with in_float64.x64():
         flax64, flax_inputs = in_float64.flax_in_float64(flax_model, flax_inputs)
@@ -71,7 +69,7 @@ def _check_in_float64(torch_model, flax_model, source, target, torch_inputs, fla
         if grads:
             report.rows.extend(gradient_rows(torch64, flax64, source, target, atol))
     report.float64 = True
-    return _say(report, in_float64.narrower_rows_note(named[1]))
+    return say_notes(report, in_float64.narrower_rows_note(named[1]))
 
 
 def refuse_unusable_weights(state_dict, config):

@@ -125,7 +125,7 @@ def flax_intermediates(model, *inputs):
     return output, named
 
 
-def _match_tuple_outputs(torch_named, flax_named):
+def match_tuple_outputs(torch_named, flax_named):
     """``flax_named`` with a module's single output renamed ``NAME[0]`` where torch's module of
     that name returned a tuple and Flax's one array: nn.MultiheadAttention returns (output,
     weights or None), nnx.MultiHeadAttention the output alone. Torch's ``NAME[1]`` (the weights,
@@ -140,7 +140,7 @@ def _match_tuple_outputs(torch_named, flax_named):
 def compare_intermediates(torch_named, flax_named, atol):
     """Match both sides' intermediates by name, in torch's order, into a Report."""
     rows = []
-    flax_named = _match_tuple_outputs(torch_named, flax_named)
+    flax_named = match_tuple_outputs(torch_named, flax_named)
     for name, t in torch_named.items():
         if name not in flax_named:
             rows.append(Row(name, tuple(t.shape), float("inf"), float("inf"), False, "missing on the Flax side"))
@@ -189,7 +189,7 @@ def compare_models(torch_model, flax_model, torch_inputs, flax_inputs, atol=DEFA
     return report
 
 
-def _check_inputs(torch_inputs, flax_inputs, channels_last=False, who="compare"):
+def check_inputs(torch_inputs, flax_inputs, channels_last=False, who="compare"):
     """Both sides must get the same inputs: same count, shapes and dtype kinds (``channels_last``
     True: Flax's rank >= 3 inputs are torch's with the channel axis moved last; a selection of
     rows: each rank >= 3 input may be in either layout, since a model mixing both may take
@@ -301,7 +301,7 @@ def random_layer_notes(torch_model, flax_model):
     return notes
 
 
-def _say(report, notes):
+def say_notes(report, notes):
     """``notes`` ([(note, certain)]) in ``report`` (its table and JSON), and the certain ones
     as a warning too, for a caller who only reads ``report.ok`` or ``first_divergence`` (a
     hedged one would warn every deliberate train-mode comparison)."""
@@ -374,7 +374,7 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
         from parity.rules import check_table
 
         check_table(rules)
-    _check_inputs(torch_inputs, flax_inputs, channels_last)
+    check_inputs(torch_inputs, flax_inputs, channels_last)
     if rename is not None:
         _check_rename(rename, torch_model, flax_model, rules)
     notes = random_layer_notes(torch_model, flax_model)
@@ -403,7 +403,7 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
         t = {_rename_row(table, name): v for name, v in t.items()}
         sequential = {table.module_path(name) for name in sequential}
     t = _drop_unmatched_sequential(t, f, sequential)
-    f = _match_tuple_outputs(t, f)
+    f = match_tuple_outputs(t, f)
     left_out = []
     one_call = _one_call_layers(flax_model, rules)
     for name in [k for k in f if k not in t]:
@@ -471,7 +471,7 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
         if own is not None and row.note.startswith("shape differs") and own == row.shape:
             row.note = (f"shape differs only as channels_last moved it: the port's own is torch's {own}; "
                         f"channels_last=[module-path prefixes] moves the channels-last layers' rows alone")
-    return _say(report, notes)
+    return say_notes(report, notes)
 
 
 def _check_rename(rename, torch_model, flax_model, rules):
@@ -479,14 +479,13 @@ def _check_rename(rename, torch_model, flax_model, rules):
     ``torch_to_flax`` requires (``Rename`` raises a ConversionError naming each pattern or
     target that matches no key). A Flax model without a rule for every variable has no plan
     and compares all the same: its targets go unchecked."""
-    from parity.convert import _plan
-    from parity.engine import ConversionError
+    from parity.engine import ConversionError, plan
     from parity.rename import Rename
 
     table = Rename(rename)
     table.forward(dict.fromkeys(torch_model.state_dict()), split=lambda value, n: [value] * n)
     try:
-        plan_keys = dict.fromkeys(_plan(flax_model, rules))
+        plan_keys = dict.fromkeys(plan(flax_model, rules))
     except ConversionError:
         return
     table.backward(plan_keys, concat=lambda chunks: None)

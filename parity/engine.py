@@ -253,7 +253,7 @@ def _absent_hint(absent):
     for layer_type, (rule, name, module) in absent.items():
         names = [str(path[-1]) for path, _ in nnx.to_flat_state(nnx.state(module, STATE))]
         lines.append(f"{layer_type.__name__}'s Rule({rule.torch_name!r}, {rule.flax_name!r}) names {name!r}, which "
-                     f"it does not have{_closest(name, names)}")
+                     f"it does not have{did_you_mean(name, names)}")
     return "; " + "; ".join(lines) if lines else ""
 
 
@@ -392,7 +392,7 @@ def _depth_hints(expected, got):
     ]
 
 
-def _closest(key, candidates, shape=None, shapes=None):
+def did_you_mean(key, candidates, shape=None, shapes=None):
     """A "did you mean" among ``candidates`` whose shape (``shapes``: {candidate: shape}) is
     ``key``'s ``shape``, where both are known: a name alone pairs an LSTM's weight_hh with a
     kernel of another size as readily as with the right one."""
@@ -518,13 +518,14 @@ def check_torch(the_plan, arrays, what, read=np.asarray, invalid=None, user_name
         for key in missing:
             if key in said:
                 continue
-            lines.append(f"  missing key {key!r}{_closest(key, unexpected, wanted_shapes[key], given_shapes)}")
+            lines.append(f"  missing key {key!r}{did_you_mean(key, unexpected, wanted_shapes[key], given_shapes)}")
         for key in unexpected:
             if key in said:
                 continue
             # Suggest only keys that are missing: a key the checkpoint already supplies is never
             # what an extra key was meant to be (an extra layer would "mean" the layer before it).
-            hint = _closest(key, missing, given_shapes[key], wanted_shapes) or _tie_hint(key, arrays, read, out, user_name or str)
+            hint = (did_you_mean(key, missing, given_shapes[key], wanted_shapes)
+                    or _tie_hint(key, arrays, read, out, user_name or str))
             lines.append(f"  unexpected key {key!r}{hint}")
         for key, (got, want) in mismatched.items():
             lines.append(f"  shape mismatch for {key!r}: checkpoint {got}, model expects {want}"

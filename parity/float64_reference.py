@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from parity.compare import _match_tuple_outputs, torch_intermediates
+from parity.compare import match_tuple_outputs, torch_intermediates
 from parity.in_float64 import torch_in_float64
 from parity.policy import FLOAT64_FACTOR, FLOAT64_LARGEST_FACTOR, FLOAT64_ULPS
 
@@ -74,7 +74,7 @@ def judge_against_float64(report, torch_model, named, torch_inputs, factor=FLOAT
     ``parity.gradients.gradient_rows``, which has their values. ``named``: the float32 twins' intermediates the report compared
     (``compare.model_intermediates``). ``report`` is changed in place and returned."""
     t32, f32 = named
-    f32 = _match_tuple_outputs(t32, f32)
+    f32 = match_tuple_outputs(t32, f32)
     model64, inputs = torch_in_float64(torch_model, torch_inputs)  # a copy: the caller's twin stays float32
     _, t64 = torch_intermediates(model64, *inputs, sequential=True)
     for row in report.rows:

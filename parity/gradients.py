@@ -20,8 +20,8 @@ from flax import nnx
 from flaxformer_mini.data import PAD
 from flaxformer_mini.train.loss import token_cross_entropy as flax_token_cross_entropy
 from parity import in_float64
-from parity.compare import on_device_of
-from parity.report import GRAD_PREFIX, LOSS_ROW, Row, compared_row
+from parity.compare import check_inputs, check_unwrapped, on_device_of, random_layer_notes, say_notes
+from parity.report import GRAD_PREFIX, LOSS_ROW, Report, Row, compared_row
 from parity.convert import flax_to_torch, tensor_to_numpy
 from parity.policy import DEFAULT_ATOL, FLOAT64_ATOL, check_tolerance
 from parity.row_selection import listed
@@ -122,13 +122,10 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     stay as they are), where a slip smaller than float32's tolerance still fails. A loss that
     comes back narrower than float64 was computed in that dtype (a cast in the loss, as
     ``flaxformer_mini``'s ``token_cross_entropy`` makes, or in the model): a note says so."""
-    from parity.compare import _check_inputs, _say, check_unwrapped, random_layer_notes
-    from parity.report import Report
-
     if atol is not None:
         check_tolerance(atol, "compare_gradients", float64=float64)
     check_unwrapped(torch_model, "compare_gradients")
-    _check_inputs(torch_inputs, flax_inputs, channels_last, who="compare_gradients")
+    check_inputs(torch_inputs, flax_inputs, channels_last, who="compare_gradients")
     notes = random_layer_notes(torch_model, flax_model)
     params = dict(torch_model.named_parameters())
     # Buffers (running statistics) have no gradient, and a tied copy's key is its table's one
@@ -159,7 +156,7 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
         notes.append((f"{len(unmatched)} gradient(s) only one side has ({listed(unmatched)}): the Flax parameters' "
                       f"names, converted to torch's, do not meet torch's there; a port whose paths differ from "
                       f"torch's gives compare_gradients the rename map (and rules) it gives torch_to_flax", False))
-    return _say(report, notes + _padding_row_notes(torch_model, report, torch_grads, flax_grads, atol))
+    return say_notes(report, notes + _padding_row_notes(torch_model, report, torch_grads, flax_grads, atol))
 
 
 def _user_torch_grads(model, inputs, loss_fn):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from flaxformer_mini.model.config import PRESETS, ModelConfig
 from parity.convert import ConversionError, layer_depths
-from parity.engine import _closest
+from parity.engine import did_you_mean
 
 SOURCE_EMBEDDING = "encoder.embedding_layer.weight"
 TARGET_EMBEDDING = "decoder.embedding_layer.weight"
@@ -55,7 +55,7 @@ def _shape(state_dict, key, ndim=2):
         # A near key helps only in this project's Transformer with a key renamed or dropped (its
         # layer lists are there); in another model any "encoder.*" key is near and means nothing.
         ours = any(str(k).startswith(_OUR_LAYER_LISTS) for k in state_dict)
-        hint = _closest(key, [str(k) for k in state_dict]) if ours else ""
+        hint = did_you_mean(key, [str(k) for k in state_dict]) if ours else ""
         # Most likely a porter's own model, which the command line cannot build; the library can.
         own = "" if ours else (" `parity check` and `parity convert` build that architecture only; a model of your own "
                                "converts and compares through the library (parity.torch_to_flax, parity.compare: "
@@ -122,7 +122,7 @@ def infer_config(state_dict, heads=None, src_pad_idx=None, overrides=None) -> Mo
     overrides = dict(overrides or {})
     unknown = [k for k in overrides if k not in CONFIG_KEYS]
     if unknown:
-        hints = [f"{k!r}{_closest(str(k), CONFIG_KEYS)}" for k in unknown]
+        hints = [f"{k!r}{did_you_mean(str(k), CONFIG_KEYS)}" for k in unknown]
         raise ConversionError(f"unknown config key {', '.join(hints)}; the keys are those of ModelConfig: "
                               f"{', '.join(CONFIG_KEYS)}")
 

@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from parity.engine import ConversionError, _closest
+from parity.engine import ConversionError, did_you_mean
 from parity.wrapper_prefix import WRAPPERS, strip_advice
 
 
@@ -175,7 +175,7 @@ def _closest_pattern(pattern, keys):
         return ""
     shapes = {".".join("{}" if s == "{}" else k for s, k in zip(segments, parts))
               for parts in (str(key).split(".") for key in keys) if len(parts) == len(segments)}
-    return _closest(pattern, sorted(shapes - {pattern}))
+    return did_you_mean(pattern, sorted(shapes - {pattern}))
 
 
 def _prefix_pairs(src, tgt):

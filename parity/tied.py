@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from parity import rules as _rules
-from parity.engine import ConversionError, _closest
+from parity.engine import ConversionError, did_you_mean
 
 
 def model_ties(model, ties=None):
@@ -87,7 +87,8 @@ class Tied:
         lines = []
         for copy, source in self.table.items():
             if source not in model_keys:
-                lines.append(f"  {copy!r} is tied to {source!r}, which is not a key of {what}{_closest(source, model_keys)}")
+                lines.append(f"  {copy!r} is tied to {source!r}, which is not a key of {what}"
+                             f"{did_you_mean(source, model_keys)}")
             if copy in model_keys:
                 lines.append(f"  {copy!r} is a key of {what} (it has a Flax variable of its own), not a tied copy")
         if lines:
