@@ -14,11 +14,14 @@ Call ``parity_numerics()`` first (the command line does): parity needs exact flo
 
 import numpy as np
 
-from parity import in_float64
+from parity import engine, in_float64
 from parity.compare import compare_models, model_intermediates, say_notes
+from parity.convert import tensor_to_numpy
+from parity.flax_io import abstract_model
 from parity.report import Report
 from parity.gradients import gradient_rows
 from parity.policy import DEFAULT_ATOL, FLOAT64_ATOL, check_tolerance
+from parity.tied import own_ties
 from parity.twins import as_inputs, sample_batch, twins_from_state_dict
 
 
@@ -80,11 +83,6 @@ def refuse_unusable_weights(state_dict, config):
     then non-finite values, by key: NaN is never within any tolerance (NaN != NaN), so a NaN
     weight would be reported as a divergence of the port when the checkpoint is at fault.
     """
-    from parity import engine
-    from parity.convert import tensor_to_numpy
-    from parity.flax_io import abstract_model
-    from parity.tied import own_ties
-
     model = abstract_model(config)
     tie, untied = own_ties(model), {}
     if tie is not None:  # a tied model's copies: each its table bit for bit, then left out

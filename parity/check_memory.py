@@ -10,6 +10,7 @@ scale to the whole batch.
 
 import torch
 
+from flaxformer_mini.model import memory
 from parity.compare import torch_intermediates
 from parity.twins import as_inputs, sample_batch
 
@@ -24,8 +25,6 @@ def model_bytes(config, *, float64_reference=False, grads=False, float64=False):
     """The bytes of both twins' parameters, the torch twin's float64 copy with
     ``float64_reference``, and with ``grads`` a gradient of each of them. ``float64``: both
     twins' float64 copies beside the float32 twins, the gradients of the copies alone."""
-    from flaxformer_mini.model import memory
-
     if float64:
         per_parameter = FLOAT32_PARAMETERS + 2 * FLOAT64_PARAMETERS * (1 + grads)
     else:

@@ -24,9 +24,12 @@ import numpy as np
 import torch
 from flax import nnx
 
+from parity import in_float64
 from parity.convert import tensor_to_numpy
+from parity.engine import ConversionError, plan
 from parity.flax_calls import record_flax_calls, within
 from parity.policy import DEFAULT_ATOL, FLOAT64_ATOL, check_tolerance
+from parity.rename import Rename
 from parity.report import (  # noqa: F401 - names parity.compare has always given
     ALIASES,
     GRAD_PREFIX,
@@ -38,6 +41,7 @@ from parity.report import (  # noqa: F401 - names parity.compare has always give
     nonfinite_note,
 )
 from parity.row_selection import channels_last_rows, listed, missing_rows_left_out, row_base
+from parity.rules import RULES, check_table
 
 
 def _leaves(name, value):
@@ -262,8 +266,6 @@ def _one_call_layers(flax_model, rules):
     sublayers (``nnx.MultiHeadAttention``: ``query/kernel`` ...): torch computes such a layer in
     one call (``nn.MultiheadAttention``'s fused projections), so its sublayers' outputs have no
     torch counterpart."""
-    from parity.rules import RULES
-
     rules = RULES if rules is None else rules
     return {".".join(map(str, path)): type(module).__name__ for path, module in nnx.iter_modules(flax_model)
             if any(r.flax_name and "/" in r.flax_name for r in rules.get(type(module), ()))}
@@ -365,22 +367,16 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
     cell) has traced outputs, not values: it is listed in ``Report.left_out`` with torch's rows
     at or inside it, while the modules around it and the model's output are compared as usual.
     """
-    from parity.rename import Rename
-
     if atol is not None:
         check_tolerance(atol, "compare", float64=float64)
     check_unwrapped(torch_model)
     if rules is not None:
-        from parity.rules import check_table
-
         check_table(rules)
     check_inputs(torch_inputs, flax_inputs, channels_last)
     if rename is not None:
         _check_rename(rename, torch_model, flax_model, rules)
     notes = random_layer_notes(torch_model, flax_model)
     if float64:
-        from parity import in_float64
-
         atol = FLOAT64_ATOL if atol is None else atol
         model, inputs = in_float64.torch_in_float64(torch_model, torch_inputs)
         _, t = torch_intermediates(model, *inputs, sequential=True)
@@ -479,9 +475,6 @@ def _check_rename(rename, torch_model, flax_model, rules):
     ``torch_to_flax`` requires (``Rename`` raises a ConversionError naming each pattern or
     target that matches no key). A Flax model without a rule for every variable has no plan
     and compares all the same: its targets go unchecked."""
-    from parity.engine import ConversionError, plan
-    from parity.rename import Rename
-
     table = Rename(rename)
     table.forward(dict.fromkeys(torch_model.state_dict()), split=lambda value, n: [value] * n)
     try:

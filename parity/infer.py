@@ -28,6 +28,9 @@ import json
 from pathlib import Path
 
 from flaxformer_mini.model.config import PRESETS, ModelConfig
+from flaxformer_mini.runs.config import FORMAT as RUN_FORMAT
+from flaxformer_mini.runs.config import RunConfig
+from flaxformer_mini.runs.directory import RunDir, check_config_sha256
 from parity.convert import ConversionError, layer_depths
 from parity.engine import did_you_mean
 
@@ -242,12 +245,8 @@ def describe_assumed(config, names, options=True):
 def read_config_file(path):
     """The ModelConfig fields (any subset) in a JSON config file: an object of them, or a
     flaxformer-mini run's config.json (its ``"model"``), or a run directory (its config.json)."""
-    from flaxformer_mini.runs.config import FORMAT as RUN_FORMAT
-
     path = Path(path)
     if path.is_dir():
-        from flaxformer_mini.runs.directory import RunDir
-
         if not RunDir(path).exists():
             raise ConversionError(f"config {path}: is a directory without a config.json; give a JSON file of "
                                   f"ModelConfig fields, or a flaxformer-mini run (its directory or config.json)")
@@ -261,9 +260,6 @@ def read_config_file(path):
     if not isinstance(data, dict):
         raise ConversionError(f"config file {path}: expected a JSON object of ModelConfig fields, got {type(data).__name__}")
     if data.get("format") == RUN_FORMAT:  # a training run's config.json: its model, as the run built it
-        from flaxformer_mini.runs.config import RunConfig
-        from flaxformer_mini.runs.directory import check_config_sha256
-
         try:
             model = RunConfig.from_dict(data, source=str(path)).model.to_dict()
             check_config_sha256(data, path)  # a heads edited by hand would check another model
