@@ -23,7 +23,9 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from parity import engine
+import torch_ref
+from flaxformer_mini.runs.directory import RunDir, best_of, sha256
+from parity import engine, flax_io
 from parity.engine import ConversionError, layer_depths  # noqa: F401 - public names
 from parity.rename import Rename
 from parity.rules import RULES, Rule, register_rule  # noqa: F401 - public names
@@ -195,16 +197,12 @@ def flax_to_torch(model, rename=None, rules=None, tied=None):
 def flax_params_from_state_dict(state_dict, config):
     """{Flax path: numpy array, Flax layout} from a seed Transformer's torch state dict
     (``parity.flax_io``'s, reading tensors of any dtype, bfloat16 included)."""
-    from parity import flax_io
-
     return flax_io.flax_params_from_state_dict(state_dict, config, read=tensor_to_numpy)
 
 
 def _in_torch_order(arrays, config):
     """{torch key: tensor} of ``arrays`` ({torch key: numpy array}) in the torch twin's own key order, as the seed would
     have saved it."""
-    import torch_ref
-
     with torch.device("meta"):  # the keys without storage
         torch_order = list(torch_ref.Transformer(**config.to_dict()).state_dict())
     assert set(torch_order) == set(arrays), "torch_ref and the conversion plan disagree on the keys"
@@ -214,24 +212,19 @@ def _in_torch_order(arrays, config):
 def state_dict_from_flax_params(params, config):
     """The torch state dict (torch keys, torch layout, tensors) of Flax parameters {Flax path:
     array}, in the torch twin's own order, as the seed would have saved it."""
-    from parity import flax_io
-
     return _in_torch_order(flax_io.torch_arrays_from_flax_params(params, config), config)
 
 
 def is_training_run(path):
     """A directory written by ``flaxformer-mini train --out PATH`` (it holds the run's config.json),
     or ``PATH/best``: its best checkpoint (``train --best-metric``)."""
-    from flaxformer_mini.runs.directory import RunDir, best_of
-
     return Path(path).is_dir() and RunDir(path).exists() or best_of(path) is not None
 
 
 def run_tokenizer_checksums(path):
     """{file name: sha256} of a text run's tokenizer files (each checked against what the run
     recorded), for the metadata of its exported weights; None for a synthetic run."""
-    from flaxformer_mini.runs.run import Run
-    from flaxformer_mini.runs.directory import sha256
+    from flaxformer_mini.runs.run import Run  # late: it loads orbax and the trainer; torch_to_flax needs neither
 
     run = Run.open(path)
     if run.config.data.kind != "tsv":
@@ -250,7 +243,7 @@ def state_dict_from_run(path):
     compute dtype is the run's business, the parameters are float32 either way. A tied run's
     (``--tie-embeddings``) holds every key of its torch twin's state dict, each tied copy a
     tensor of its own equal to the table it is tied to, as ``flax_to_torch`` writes it."""
-    from flaxformer_mini.runs.run import Run
+    from flaxformer_mini.runs.run import Run  # late: orbax and the trainer, as in run_tokenizer_checksums
 
     run = Run.open(path)
     state = run.latest_state()  # FileNotFoundError naming the run when it has no checkpoint
