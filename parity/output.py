@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from flaxformer_mini import files
+
 
 # What parity's orbax directories hold (flax_io's two items and orbax's own records): a
 # directory holding only these (or nothing) is a parity output that --force may replace;
@@ -29,13 +31,10 @@ ORBAX_ENTRIES = frozenset({"params", "config", "_CHECKPOINT_METADATA", "commit_s
 
 
 def write_atomic(path, data, replace=True):
-    """``flaxformer_mini.files.write_atomic``: the project's one atomic writer of files. Imported
-    on first use, since importing flaxformer_mini loads JAX, which the torch-side readers and
-    writers (parity.checkpoint_io) otherwise never need. ``replace=False``: a file that appeared
-    at ``path`` since the caller's ``refuse_existing`` is kept (FileExistsError naming it)."""
-    from flaxformer_mini.files import write_atomic as write
-
-    write(path, data, replace=replace)
+    """``flaxformer_mini.files.write_atomic``: the project's one atomic writer of files.
+    ``replace=False``: a file that appeared at ``path`` since the caller's ``refuse_existing`` is
+    kept (FileExistsError naming it)."""
+    files.write_atomic(path, data, replace=replace)
 
 
 def write_files_atomic(outputs, replace=False, on_written=None):
@@ -103,10 +102,8 @@ class OutputExistsError(ValueError):
 def refuse_existing(path, what="OUT"):
     """Raise OutputExistsError naming ``path`` if anything (a file, a directory, a link) is
     there: ``flaxformer_mini.files.refuse_existing``'s check and words, as parity's error."""
-    from flaxformer_mini.files import refuse_existing as refuse
-
     try:
-        refuse(path, what)
+        files.refuse_existing(path, what)
     except ValueError as e:
         raise OutputExistsError(str(e)) from None
 
@@ -124,9 +121,7 @@ def _signals_deferred(staging=None):
     left behind either way. There a second signal while one is held is the user insisting: the
     process ends at once (``_stop_at_once``). Without ``staging`` (a few renames that must all
     happen, or a file is left under a hidden name), every signal is held."""
-    from flaxformer_mini.files import signals_held
-
-    return signals_held(None if staging is None else functools.partial(_stop_at_once, staging=staging))
+    return files.signals_held(None if staging is None else functools.partial(_stop_at_once, staging=staging))
 
 
 def _stop_at_once(signum, staging):
