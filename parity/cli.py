@@ -20,16 +20,27 @@ whole or not at all; a second signal while orbax writes ends the process at once
 written (``parity check | head -1``), quietly, as a process ended by SIGPIPE. A user's mistake prints one line; ``--debug`` (or
 PARITY_DEBUG=1) shows the traceback. Outputs are written all at once or not at all, and an
 existing OUT is replaced only with ``--force`` (``parity.output``).
+
+torch, JAX and numpy, and the modules of this project that load them, are imported inside the
+functions that need them, so that ``--help`` and a refused option answer before any of them
+starts (tests/test_import_isolation.py); only modules that load none of them are imported above.
 """
 
 import argparse
 import errno
+import json
 import math
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
+
+from flaxformer_mini.cli.errors import describe_missing_dependency
+from flaxformer_mini.files import check_parent_writable, check_writable, describe_os_error, same_file
+from flaxformer_mini.model.config import get_preset
+from parity.output import refuse_existing, write_files_atomic
+from parity.plot import PLOT_SUFFIXES, render_report
 
 EXIT_OK, EXIT_DIVERGED, EXIT_UNUSABLE = 0, 1, 2
 # Ctrl-C or SIGTERM: the shell's code for a process ended by SIGINT (128 + 2), as
@@ -59,8 +70,6 @@ class UsageError(ValueError):
 def _same_path(a, b):
     """Whether paths ``a`` and ``b`` name one file or directory: spelt alike once resolved
     (``d/../x``, a symlink) or one file under two names (a hard link)."""
-    from flaxformer_mini.files import same_file
-
     return Path(a).resolve() == Path(b).resolve() or same_file(a, b)
 
 
@@ -76,10 +85,7 @@ def _check_output_paths(args):
     """Before the work: each output can be written, replaces nothing unasked (``--force``), and
     is neither an input (the checkpoint, a file of the run being checked, the --config file or
     run) nor the other output."""
-    from flaxformer_mini.files import check_writable
     from flaxformer_mini.runs.directory import RunDir
-    from parity.output import refuse_existing
-    from parity.plot import PLOT_SUFFIXES
 
     outputs = [(option, path) for option, path in (("--json", args.json), ("--plot", args.plot)) if path]
     if len(outputs) == 2 and _same_path(args.json, args.plot):
@@ -222,10 +228,8 @@ def _load_checkpoint(args):
 
 
 def _check(args):
-    # Imported here so that `parity --help` answers without loading torch and JAX.
     import jax
 
-    from flaxformer_mini.model.config import get_preset
     from parity.check import check_twins
     from parity.twins import parity_numerics, torch_device, transformer_pair, twins_from_state_dict
 
@@ -285,20 +289,14 @@ def _check(args):
         print(decoded.format())
     outputs = []  # drawn and serialised first, then written together: all of them or none
     if args.json:
-        import json
-
         # "decode" is added beside the report's own keys, which keep their meaning ("ok" is
         # the tensors' verdict); null when --decode was not given. "passed": the exit code's
         # verdict, tensors and decoding together, for a script that reads one key.
         data = dict(report.to_dict(), decode=decoded.to_dict() if decoded is not None else None, passed=passed)
         outputs.append((args.json, json.dumps(data, allow_nan=False, indent=2) + "\n", "report"))
     if args.plot:
-        from parity.plot import render_report
-
         outputs.append((args.plot, render_report(report, args.plot, title=f"torch vs Flax, {what}"), "plot"))
     if outputs:
-        from parity.output import write_files_atomic
-
         def say_written():  # before a Ctrl-C that came while they were written stops the command
             for path, _, kind in outputs:
                 print(f"{kind} written to {path}")
@@ -380,13 +378,11 @@ def _float64_problem(args):
 
 
 def _convert(args):
-    from flaxformer_mini.files import check_parent_writable
     from flaxformer_mini.runs.directory import run_holding
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
     from parity.convert import flax_params_from_state_dict, is_training_run, state_dict_from_flax_params
     from parity.flax_io import checkpoint_kind, is_orbax_path, read_flax_params, recorded_tokenizers, save_flax_params
     from parity.infer import describe_assumed
-    from parity.output import refuse_existing
 
     source, out = args.input, args.output
     if _same_path(source, out):  # another spelling or a link too: --force would replace IN with its conversion
@@ -675,8 +671,6 @@ def explain(error, args):
     user's mistake, but its fix is theirs, and nothing was written: exit 2 as well (parity's 1
     means "the twins differ").
     """
-    from flaxformer_mini.cli.errors import describe_missing_dependency  # light: no JAX, no numpy
-
     missing = describe_missing_dependency(error)
     if missing is not None:
         return missing
@@ -686,9 +680,7 @@ def explain(error, args):
                 + (f" ({out} is as it was)" if out and os.path.lexists(out) else "")
                 + ": free some space and run the command again")
     if isinstance(error, OSError) and error.filename is not None:
-        from flaxformer_mini.files import describe_os_error  # "FILE: reason (hint)", the wording both CLIs use
-
-        return describe_os_error(error)
+        return describe_os_error(error)  # "FILE: reason (hint)", the wording both CLIs use
     if isinstance(error, (ValueError, OSError)):
         return str(error)
     return None
