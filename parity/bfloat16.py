@@ -21,7 +21,10 @@ the float32 check's to find.
 ``python -m parity.bfloat16 [--presets tiny seed] [--torch-device cuda] [--json OUT [--force]] [--all]``
 prints each preset's rows (landmarks and any beyond tolerance; ``--all``: every row); exit 1
 if a row is beyond its tolerance, 2 for unusable options. Call ``parity_numerics()`` first
-(the command does): the torch twin must be exact float32, TF32 off.
+(the command does): the torch twin must be exact float32, TF32 off. torch and JAX, and the
+parity modules that load them, are imported inside the functions that build and run the
+twins, so that importing this module (for the rule: ``depth_of``, ``tolerance``), the
+command's ``--help`` and its checks of ``--batch``, ``--seed`` and ``--json`` start neither.
 
 Shapes: as the seed Transformer's intermediates (B, S, D), (B, T, D), (B, T, V).
 """
@@ -35,8 +38,10 @@ import sys
 
 import numpy as np
 
+import flaxformer_mini
+from flaxformer_mini.files import check_writable, describe_os_error, refuse_existing, write_atomic
 from parity.policy import BFLOAT16_FACTOR, BFLOAT16_STEP
-from parity.report import RowVerdicts
+from parity.report import Row, RowVerdicts
 
 _ENCODER_LAYER = re.compile(r"^encoder\.transformer_layers\.(\d+)(?:\.|$)")
 _DECODER_LAYER = re.compile(r"^decoder\.decoder_layers\.(\d+)(?:\.|$)")
@@ -93,8 +98,6 @@ class Bfloat16Report(RowVerdicts):
         return max(self.rows, key=lambda r: r.share, default=None)
 
     def format_table(self, show_all=False):
-        from parity.report import Row
-
         def landmark(r):
             return Row(r.name, r.shape, r.max_abs, 0.0, r.ok).landmark
 
@@ -187,8 +190,6 @@ def _devices(torch_model):
 
 
 def main(argv=None):
-    import flaxformer_mini
-
     parser = argparse.ArgumentParser(prog="python -m parity.bfloat16", description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="+", default=["tiny", "seed"], choices=sorted(flaxformer_mini.PRESETS),
                         help="model presets to check (default: tiny seed)")
@@ -206,8 +207,6 @@ def main(argv=None):
     if args.force and not args.json:  # without --json it replaces nothing: most likely --json was forgotten
         parser.error("--force goes with --json: it replaces an existing --json file, and none was given")
     if args.json:
-        from flaxformer_mini.files import check_writable, refuse_existing
-
         try:
             check_writable(args.json, "--json")  # before the work, not after it
             if not args.force:
@@ -234,8 +233,6 @@ def main(argv=None):
             print(report.format_table(show_all=args.all) + "\n")
             reports.append(report)
     if args.json:
-        from flaxformer_mini.files import describe_os_error, write_atomic
-
         text = json.dumps({"reports": [r.to_dict() for r in reports]}, indent=1, allow_nan=False)
         try:
             write_atomic(args.json, text + "\n", replace=args.force)
