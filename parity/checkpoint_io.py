@@ -9,6 +9,8 @@ A ``.safetensors`` file written here from a known config (``parity convert`` of 
 or of Flax parameters) carries that config in its metadata (``parity.file_kinds``:
 ``format`` TORCH_FORMAT, ``model_config``), which torch's loaders ignore; a ``.pt`` file holds
 the state dict alone, so that ``load_state_dict(torch.load(...), strict=True)`` keeps working.
+safetensors (in the optional ``[torch]`` extra, beside torch) is imported where a
+``.safetensors`` file is read or written, so ``.pt`` files need torch alone.
 """
 
 import io

@@ -87,7 +87,7 @@ def unreadable(path, expected, error):
 
 def safetensors_header(path):
     """({metadata key: str}, [tensor keys]) of a ``.safetensors`` file, without reading its tensors."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError, safe_open  # late: optional (the [torch] extra), for .safetensors alone
 
     try:
         with safe_open(path, framework="numpy") as f:

@@ -18,6 +18,10 @@ Arrays move between layouts by ``parity.engine`` (the plan of ``parity.RULES``) 
 arrays, never through JAX, so every dtype survives bit for bit (JAX would narrow float64
 without x64). Reading and writing files is kept apart from conversion, and needs no torch:
 ``state_dict_from_flax_params`` returns numpy arrays; ``parity.convert`` makes them tensors.
+safetensors (in the optional ``[torch]`` extra) and orbax (TensorStore with it, a few tenths
+of a second) are imported inside the functions that read or write their format: an orbax
+directory reads where safetensors is not installed, and a ``.safetensors`` file without
+loading orbax.
 """
 
 import json
@@ -25,6 +29,7 @@ import logging
 import os
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 
 import flaxformer_mini
@@ -293,8 +298,6 @@ def params_into_model(params, model):
     """Load {Flax path: array} into the Flax twin ``model``, in place, strictly: every
     parameter with its shape, or ConversionError naming each offender and nothing changed.
     Values are cast to the model's parameter dtype. Returns ``model``."""
-    import jax.numpy as jnp
-
     _check_flax_params(params, engine.plan(model), f"{type(model).__name__}")
     variables = engine.flax_variables(model)
     values = {path: jnp.array(params[path], dtype=var.get_value().dtype, copy=True) for path, var in variables.items()}

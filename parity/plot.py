@@ -87,6 +87,7 @@ def plot_report(report, path, title=None, replace=True):
 def render_report(report, path, title=None):
     """The bytes of ``plot_report``'s image for ``path`` (its suffix picks the format), drawn in
     memory: a caller writing several outputs together draws first and writes once all are ready."""
+    # Imported here: matplotlib takes most of a second to load, and only a plot needs it.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
