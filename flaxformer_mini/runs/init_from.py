@@ -20,6 +20,10 @@ import os
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
 from flaxformer_mini.runs.config import InitFrom, RunConfig, RunConfigError
 from flaxformer_mini.runs.directory import data_file_sha256
 from flaxformer_mini.train.state import fresh_streams, is_abstract
@@ -123,10 +127,6 @@ def load_into_state(state, params):
     """``state`` (a fresh TrainState, or its shapes: ``Trainer.state_template()``) at step 0
     with ``params`` (``read_params``) as its parameters, a fresh optimizer state for them, and
     dropout streams (``state.fresh_streams``: made where ``state`` has shapes for them)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
     model = state.model(train=True)
     reader = weight_reader()
     reader.params_into_model(params, model)

@@ -27,6 +27,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from flaxformer_mini.files import file_sha256
 from flaxformer_mini.model.paths import path_name
@@ -307,8 +310,6 @@ file_digest = file_sha256
 def allgather_bytes(payload: bytes):
     """Every process's ``payload``, in process order. Two ``process_allgather`` calls (the
     lengths, then the bytes padded to the longest): the public multihost API, no side channel."""
-    from jax.experimental import multihost_utils
-
     lengths = np.asarray(multihost_utils.process_allgather(np.array([len(payload)], np.int32))).reshape(-1)
     padded = np.zeros(int(lengths.max()), np.uint8)
     padded[: len(payload)] = np.frombuffer(payload, np.uint8)
@@ -373,8 +374,6 @@ def agree_on_values(tree, what):
 def barrier(name: str):
     """Every process waits here until all have arrived (no-op in one process)."""
     if is_multiprocess():
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -395,9 +394,6 @@ def _vote_program(devices):
     collectives on them beside the train step's on the others; XLA:CPU's gloo collectives then
     receive one program's data for another's and abort ("collective mismatch"): the votes run
     on the run's devices and no other."""
-    from jax.sharding import Mesh, NamedSharding
-    from jax.sharding import PartitionSpec as P
-
     ordered = sorted(jax.devices() if devices is None else devices, key=lambda d: (d.process_index, d.id))
     mesh = Mesh(np.array(ordered, dtype=object).reshape(jax.process_count(), -1), ("processes", "local"))
     return NamedSharding(mesh, P("processes")), jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))
