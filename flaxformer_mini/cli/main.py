@@ -71,7 +71,7 @@ def _interrupted(e):
     elif not isinstance(e, Stopped):  # a Ctrl-C before the stop handler was in
         print("\nstopped", file=sys.stderr)
     else:  # fit raises it, so jax is up; process 0 said it already (train's echo), the others say it too
-        from flaxformer_mini.scale import distributed  # loaded already: fit ran
+        from flaxformer_mini.scale import distributed  # late: it imports JAX, which --help must not; here fit has loaded it
 
         if not distributed.is_main():
             print(e, file=sys.stderr)

@@ -37,7 +37,7 @@ def _clip_norm(text):
 
 def _columns(text):
     """'S,T': two different 1-based column numbers (argparse names the option on an error)."""
-    from flaxformer_mini.data import DataError, check_columns
+    from flaxformer_mini.data import DataError, check_columns  # late: it imports NumPy, which --help must not
 
     try:
         return check_columns(text.split(","))

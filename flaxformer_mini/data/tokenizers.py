@@ -25,6 +25,10 @@ its files ``vocab_source.json`` / ``vocab_target.json``.
 
 As in ``data.Vocab``, special-token strings in the text are ordinary text, never control
 tokens: a literal ``<eos>`` never encodes to EOS (it is spelled out in pieces, or UNK).
+
+Hugging Face ``tokenizers`` is imported inside the functions that build or read its
+tokenizers, so a ``word`` tokenizer, and a module importing this one for its names
+(``runs.directory``), never load it.
 """
 
 from pathlib import Path

@@ -356,7 +356,7 @@ def comparable_tokenizer_bytes(vocab):
     vocabularies of 25 to 600 pieces), so both sides are compared after one reading."""
     if isinstance(vocab, Vocab):
         return tokenizer_bytes(vocab)
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # late: Hugging Face's, loaded only for a char or subword tokenizer (data/tokenizers.py)
 
     return Tokenizer.from_str(vocab.hf.to_str()).to_str(pretty=True).encode("utf-8")
 

@@ -10,6 +10,7 @@ def plot_metrics(run_dir: RunDir):
     """Draw the training and evaluation curves of ``run_dir`` into its ``loss.png``."""
     # A Figure of its own, not pyplot's: no GUI backend to choose, no global figure registry to
     # close, and none of pyplot's import (matplotlib's advice for writing files from a program).
+    # Imported here: matplotlib takes most of a second to load, and only drawing needs it.
     from matplotlib.figure import Figure
 
     records = run_dir.read_metrics()
