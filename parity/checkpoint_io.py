@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from parity import output
+from flaxformer_mini import files
 from parity.file_kinds import (  # noqa: F401 - public names
     SAFETENSORS_SUFFIX, TORCH_FORMAT, TORCH_SUFFIXES, CheckpointError, as_model_config, config_metadata,
     misnamed, read_recorded_config, readable_file, recorded_config, safetensors_header, unreadable)
@@ -103,7 +103,7 @@ def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None, 
     state dict does (safetensors' ``save_model`` would keep one name instead).
 
     ``replace=False``: never replace a file at ``path``, even one created while this wrote
-    (``parity.output.write_atomic``)."""
+    (``flaxformer_mini.files.write_atomic``)."""
     config = None if config is None else as_model_config(config)
     path = Path(path)
     suffix = path.suffix.lower()
@@ -124,7 +124,7 @@ def save_state_dict(state_dict, path, config=None, assumed=(), tokenizers=None, 
         data = buffer.getvalue()
     else:
         raise CheckpointError(f"{path}: unknown checkpoint type {suffix!r}; use .safetensors or .pt")
-    output.write_atomic(path, data, replace=replace)
+    files.write_atomic(path, data, replace=replace)
     return path
 
 

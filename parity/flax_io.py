@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import flaxformer_mini
+from flaxformer_mini import files
 from flaxformer_mini.model.config import ModelConfig
 from parity import engine, output
 from parity.engine import ConversionError  # noqa: F401 - raised by the functions below
@@ -145,7 +146,7 @@ def save_flax_params(params, config: ModelConfig, path, *, overwrite=False, assu
     from safetensors.numpy import save
 
     metadata = config_metadata(FLAX_FORMAT, config, assumed, tokenizers)
-    output.write_atomic(path, save(params, metadata=metadata), replace=replace_file)
+    files.write_atomic(path, save(params, metadata=metadata), replace=replace_file)
     return path
 
 

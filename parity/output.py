@@ -30,15 +30,9 @@ from flaxformer_mini import files
 ORBAX_ENTRIES = frozenset({"params", "config", "_CHECKPOINT_METADATA", "commit_success.txt"})
 
 
-def write_atomic(path, data, replace=True):
-    """``flaxformer_mini.files.write_atomic``: the project's one atomic writer of files.
-    ``replace=False``: a file that appeared at ``path`` since the caller's ``refuse_existing`` is
-    kept (FileExistsError naming it)."""
-    files.write_atomic(path, data, replace=replace)
-
-
 def write_files_atomic(outputs, replace=False, on_written=None):
-    """Write each ``(path, data)`` of ``outputs`` with ``write_atomic``, all of them or none: when
+    """Write each ``(path, data)`` of ``outputs`` with ``flaxformer_mini.files.write_atomic`` (the
+    project's one atomic writer of files), all of them or none: when
     one fails (a full disk, a file that appeared without ``replace``, Ctrl-C), those written
     before it are removed, and a file that ``replace`` put aside goes back, so one command's
     outputs are never half there. ``on_written()``, if given, is called once they are all in
@@ -61,7 +55,7 @@ def write_files_atomic(outputs, replace=False, on_written=None):
                 path = Path(path)
                 with _signals_deferred():
                     aside.append((path, _set_aside(path) if replace else None))
-                    write_atomic(path, data, replace=replace)
+                    files.write_atomic(path, data, replace=replace)
                     written += 1
             # Held from inside the try: a signal after the last output and before the hold
             # takes them back, as any failure does, instead of leaving the files aside.

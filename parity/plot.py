@@ -9,7 +9,7 @@ import io
 import math
 from pathlib import Path
 
-from parity.output import write_atomic
+from flaxformer_mini.files import write_atomic
 
 # Exact agreement (a difference of 0.0) has no place on a log axis: drawn at this floor.
 ZERO_FLOOR = 1e-12

@@ -43,6 +43,7 @@ import pytest
 import torch
 
 import torch_ref
+from flaxformer_mini import files
 from parity.cli import main
 from parity.checkpoint_io import save_state_dict
 
@@ -316,12 +317,10 @@ def test_a_signal_while_force_moves_files_is_held_until_the_outputs_are_whole(tm
     # A Ctrl-C raised inside one of write_files_atomic's renames (in "the files go back", the
     # second one: the first stopped the plot's write). Delivered there, it would cut the renames
     # short, leaving a file under its hidden .old name; held, it comes once they are done.
-    import parity.output
-
     report, image = tmp_path / "report.json", tmp_path / "report.png"
     report.write_bytes(b"an earlier report")
     image.write_bytes(b"an earlier plot")
-    real_write, real_replace, real_unlink, signalled = parity.output.write_atomic, os.replace, os.unlink, []
+    real_write, real_replace, real_unlink, signalled = files.write_atomic, os.replace, os.unlink, []
 
     def second_write_stopped(path, data, replace=True):
         if Path(path) == image and when == "the files go back":
@@ -342,7 +341,7 @@ def test_a_signal_while_force_moves_files_is_held_until_the_outputs_are_whole(tm
         signal_once(when == "the files aside are removed" and str(path).endswith(".old"))
         real_unlink(path, *args, **kwargs)
 
-    monkeypatch.setattr(parity.output, "write_atomic", second_write_stopped)
+    monkeypatch.setattr(files, "write_atomic", second_write_stopped)
     monkeypatch.setattr("parity.output.os.replace", replace)
     monkeypatch.setattr("parity.output.os.unlink", unlink)
     write_both_stopped_by_ctrl_c(report, image, replace=True)
