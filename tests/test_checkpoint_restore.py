@@ -1,12 +1,11 @@
-"""``flaxformer_mini.train.checkpoint.restore``: the stored shapes it checks a model against.
+"""``flaxformer_mini.train.checkpoint.restore``: the shapes it checks a model against.
 
-Properties checked: a checkpoint of another model size is refused naming both shapes; the
-stored shapes are read once per saved checkpoint, not once per restore, and a step saved
-again (by another model) is read again, not answered from what the first save held; the
-module checks a TrainState without importing the train step (its loss, moving average, token checks).
+Properties checked: a checkpoint of another width is refused naming both shapes, read from
+the arrays themselves, and one of another depth naming the layers it lacks, read from the
+stored metadata, which a restore that fits never reads; the module checks a TrainState
+without importing the train step (its loss, moving average, token checks).
 """
 
-import shutil
 import subprocess
 import sys
 
@@ -25,23 +24,25 @@ def trainer(embed_size):
     return Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)), TrainConfig())
 
 
-def test_stored_shapes_are_read_once_per_saved_checkpoint_and_again_when_a_step_is_saved_again(tmp_path, monkeypatch):
+def test_the_stored_metadata_is_read_only_to_name_what_a_failed_restore_differs_in(tmp_path, monkeypatch):
     reads = []
     read = checkpoint._read_stored_shapes
-    monkeypatch.setattr(checkpoint, "_read_stored_shapes", lambda directory: reads.append(directory) or read(directory))
+    monkeypatch.setattr(checkpoint, "_read_stored_shapes", lambda *args: reads.append(args[1]) or read(*args))
     narrow, wide = trainer(30), trainer(35)
-    directory = tmp_path / "checkpoints"
-    checkpoint.save(checkpoint.open_manager(directory), wide.init_state())
+    manager = checkpoint.open_manager(tmp_path / "checkpoints")
+    checkpoint.save(manager, wide.init_state())
+    restored = checkpoint.restore(manager, wide.state_template())
+    chex.assert_trees_all_equal(restored.params, wide.init_state().params)
+    assert reads == []  # a restore that fits reads the arrays alone
+    # Another width: the arrays read name the shapes, still no metadata read.
     with pytest.raises(checkpoint.CheckpointMismatchError, match=r"W_k/kernel: checkpoint \(35, 35\), model \(30, 30\)"):
-        checkpoint.restore(checkpoint.open_manager(directory), narrow.state_template())
-    assert len(reads) == 1
-
-    shutil.rmtree(directory / "0")  # step 0 saved again, by the narrow model: its files are read anew
-    manager = checkpoint.open_manager(directory)
-    checkpoint.save(manager, narrow.init_state())
-    first, second = (checkpoint.restore(manager, narrow.state_template()) for _ in range(2))
-    assert len(reads) == 2  # the second restore of the step saved again reads nothing
-    chex.assert_trees_all_equal(first.params, second.params, narrow.init_state().params)
+        checkpoint.restore(manager, narrow.state_template())
+    assert reads == []
+    # Another depth: orbax refuses the tree, and the stored metadata names the layers it lacks.
+    deeper = Trainer(fm.Transformer.from_config(fm.ModelConfig(0, 11, 11, 6, 35, 5, 2, 0.0), rngs=nnx.Rngs(0)), TrainConfig())
+    with pytest.raises(checkpoint.CheckpointMismatchError, match=r"decoder_layers/1/attention/W_k/bias: not in the checkpoint"):
+        checkpoint.restore(manager, deeper.state_template())
+    assert reads == [0]
 
 
 def test_a_learners_mistakes_are_named_and_a_relative_directory_saves(tmp_path, monkeypatch):

@@ -11,7 +11,6 @@ half-written one that a restore could pick up.
 
 import contextlib
 import errno
-import functools
 import logging
 import re
 import shutil
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from flaxformer_mini.model.paths import path_name
@@ -127,35 +127,14 @@ def _shapes(tree):
     }
 
 
-_TREE_METADATA = "_METADATA"  # orbax's tree metadata file in a checkpoint item's directory
-
-
-def _stored_shapes(manager, step):
+def _read_stored_shapes(manager, step):
     """``_shapes`` of checkpoint ``step``'s stored parameters, or None where its metadata
-    cannot be read (the restore itself then says what is wrong).
-
-    orbax's metadata read opens every stored array, about half of a small model's restore; a
-    process restoring one checkpoint again (``evaluate``, then ``generate``, or
-    ``Run.open`` in a notebook) reads it once. A saved checkpoint never changes in place: a
-    step saved again is a new directory, with a new metadata file."""
-    directory = Path(manager.directory) / str(step) / "default"
+    cannot be read (the restore's own error then says what is wrong). orbax's metadata read
+    opens every stored array, as long as a small model's restore: read only to explain a
+    restore that failed."""
     try:
-        stat = (directory / _TREE_METADATA).stat()
-    except OSError:  # not orbax's layout (or gone): read it without remembering it
-        return _read_stored_shapes(directory)
-    return _remembered_stored_shapes(directory, (stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size))
-
-
-@functools.lru_cache(maxsize=64)
-def _remembered_stored_shapes(directory, file_identity):
-    # file_identity (device, inode, mtime, size) is only the key: a checkpoint saved again is read again.
-    return _read_stored_shapes(directory)
-
-
-def _read_stored_shapes(directory):
-    try:
-        meta = ocp.StandardCheckpointHandler().metadata(directory)
-    except Exception:  # noqa: BLE001 - no readable metadata: the restore itself will complain
+        meta = ocp.StandardCheckpointHandler().metadata(Path(manager.directory) / str(step) / "default")
+    except Exception:  # noqa: BLE001 - no readable metadata: the restore's own error stands
         return None
     tree = getattr(meta, "tree", meta)
     try:
@@ -195,6 +174,40 @@ def _unplaced(tree):
     return all(getattr(x, "sharding", None) is None for x in jax.tree.leaves(tree))
 
 
+def _read(manager, step, target, wanted):
+    """Checkpoint ``step`` read into ``target``'s shapes, dtypes and shardings. Where this
+    process holds every device of every sharding, orbax reads host arrays and one
+    ``jax.device_put`` lays the tree out: half the time of orbax placing each array itself
+    (docs/benchmarks.md, "A checkpoint's restore"). orbax returns a host array in its stored
+    shape, not the target's: compared here with ``wanted``'s. Arrays spanning processes are
+    read by orbax, each process its own shards (it refuses another shape itself)."""
+    shardings = jax.tree.map(lambda t: t.sharding, target)
+    if not all(s.is_fully_addressable for s in jax.tree.leaves(shardings)):
+        return manager.restore(step, args=ocp.args.StandardRestore(target))
+    on_host = manager.restore(step, args=ocp.args.StandardRestore(jax.tree.map(lambda t: np.empty(t.shape, t.dtype), target)))
+    mismatch = _mismatch(manager, step, _shapes(on_host["params"]), wanted)
+    if mismatch is not None:
+        raise CheckpointMismatchError(mismatch)
+    return jax.device_put(on_host, shardings)
+
+
+def _mismatch(manager, step, have, wanted):
+    """What differs between the stored parameter shapes ``have`` and ``wanted``'s (None when
+    nothing does, or ``have`` is unknown)."""
+    if have is None:
+        return None
+    want = _shapes(wanted["params"])
+    bad = sorted(k for k in want if k in have and have[k] != want[k])
+    missing = sorted(set(want) - set(have))
+    if not (bad or missing):
+        return None
+    details = [f"{k}: checkpoint {have[k]}, model {want[k]}" for k in bad[:10]]
+    details += [f"{k}: not in the checkpoint" for k in missing[:10]]
+    more = len(bad) + len(missing) - len(details)
+    return (f"checkpoint {step} in {manager.directory} is from a different model: " + _layout_hint(have, want)
+            + "; ".join(details) + (f"; and {more} more" if more > 0 else ""))
+
+
 def restore(manager, template: TrainState, step=None) -> TrainState:
     """Restore checkpoint ``step`` (default: the latest) into the structure of ``template``:
     a state, or its shapes alone (``Trainer.state_template()``), laid out as its arrays are
@@ -215,21 +228,18 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
         raise FileNotFoundError(f"no checkpoint {step} in {manager.directory} (its steps: "
                                 f"{', '.join(map(str, steps)) or 'none'})")
     wanted = _saved(template)
-    have = _stored_shapes(manager, step)
-    if have is not None:
-        want = _shapes(wanted["params"])
-        bad = sorted(k for k in want if k in have and have[k] != want[k])
-        missing = sorted(set(want) - set(have))
-        if bad or missing:
-            details = [f"{k}: checkpoint {have[k]}, model {want[k]}" for k in bad[:10]]
-            details += [f"{k}: not in the checkpoint" for k in missing[:10]]
-            more = len(bad) + len(missing) - len(details)
-            raise CheckpointMismatchError(
-                f"checkpoint {step} in {manager.directory} is from a different model: "
-                + _layout_hint(have, want) + "; ".join(details) + (f"; and {more} more" if more > 0 else "")
-            )
     target = jax.tree.map(_target, wanted)
-    restored = manager.restore(step, args=ocp.args.StandardRestore(target))
+    try:
+        restored = _read(manager, step, target, wanted)
+    except CheckpointMismatchError:
+        raise
+    except Exception:
+        # orbax refuses another tree (another depth, scanned layers) and, reading arrays that
+        # span processes, another shape: the stored shapes say which parameters differ.
+        mismatch = _mismatch(manager, step, _read_stored_shapes(manager, step), wanted)
+        if mismatch is None:
+            raise
+        raise CheckpointMismatchError(mismatch) from None
     # A template of shapes (Trainer.state_template()) has shapes for dropout streams too: not
     # saved, their values carry nothing (the module's docstring), made here; for shapes with no
     # sharding, committed to the default device as the rest is (_target): laid out as a fresh
