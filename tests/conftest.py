@@ -28,8 +28,10 @@ from pathlib import Path
 
 # XLA:CPU's LLVM optimisation level 0, for this process and (inherited) every subprocess the
 # tests start: it cuts each compilation by about a third, and the suite is mostly compilation.
-# LLVM keeps float semantics at any level (XLA:CPU leaves fast-math off), and both sides of every
-# comparison here are compiled the same way. Set before JAX starts.
+# Level 0 forms no fused multiply-adds, which the default level does, so a value computed here
+# may differ from a user's in its last bits (jax.random.uniform's scaling: half its values, by
+# one rounding; docs/testing.md). Both sides of every comparison here are compiled at the same
+# level, and every tolerance is far above a rounding. Set before JAX starts.
 #
 # One thread for XLA:CPU's Eigen kernels (here, in every process) and for torch (below, in
 # each pytest worker): the suite runs as `-n 2` on 2 cores, so each worker has a core of its
