@@ -30,8 +30,8 @@ from pathlib import Path
 # tests start: it cuts each compilation by about a third, and the suite is mostly compilation.
 # Level 0 forms no fused multiply-adds, which the default level does, so a value computed here
 # may differ from a user's in its last bits (jax.random.uniform's scaling: half its values, by
-# one rounding; docs/testing.md). Both sides of every comparison here are compiled at the same
-# level, and every tolerance is far above a rounding. Set before JAX starts.
+# one rounding; docs/testing.md), and a trained run by more as such roundings add up. Both
+# sides of every comparison here are compiled at the same level. Set before JAX starts.
 #
 # One thread for XLA:CPU's Eigen kernels (here, in every process) and for torch (below, in
 # each pytest worker): the suite runs as `-n 2` on 2 cores, so each worker has a core of its
