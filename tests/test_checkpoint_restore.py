@@ -2,14 +2,17 @@
 
 Properties checked: a checkpoint of another width is refused naming both shapes, read from
 the arrays themselves, and one of another depth naming the layers it lacks, read from the
-stored metadata, which a restore that fits never reads; the module checks a TrainState
-without importing the train step (its loss, moving average, token checks).
+stored metadata, which a restore that fits never reads; a state large beside the memory free
+is placed by orbax array by array, with the same values and layout as through host arrays; the
+module checks a TrainState without importing the train step (its loss, moving average, token
+checks).
 """
 
 import subprocess
 import sys
 
 import chex
+import jax
 import pytest
 from flax import nnx
 
@@ -42,6 +45,27 @@ def test_the_stored_metadata_is_read_only_to_name_what_a_failed_restore_differs_
     deeper = Trainer(fm.Transformer.from_config(fm.ModelConfig(0, 11, 11, 6, 35, 5, 2, 0.0), rngs=nnx.Rngs(0)), TrainConfig())
     with pytest.raises(checkpoint.CheckpointMismatchError, match=r"decoder_layers/1/attention/W_k/bias: not in the checkpoint"):
         checkpoint.restore(manager, deeper.state_template())
+    assert reads == [0]
+
+
+def test_a_state_large_beside_the_memory_free_is_placed_by_orbax_with_the_same_values_and_layout(tmp_path, monkeypatch):
+    reads = []
+    read = checkpoint._read_stored_shapes
+    monkeypatch.setattr(checkpoint, "_read_stored_shapes", lambda *args: reads.append(args[1]) or read(*args))
+    wide = trainer(35)
+    manager = checkpoint.open_manager(tmp_path / "checkpoints")
+    checkpoint.save(manager, wide.init_state())
+    by_host = checkpoint.restore(manager, wide.state_template())
+    monkeypatch.setattr(checkpoint.memory, "host_available", lambda: 0)  # every state is large beside it
+    by_orbax = checkpoint.restore(manager, wide.state_template())
+    for restored in (by_host, by_orbax):
+        chex.assert_trees_all_equal((restored.step, restored.params, restored.opt_state),
+                                    (by_host.step, by_host.params, by_host.opt_state))
+        for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(by_host.params)):
+            assert a.sharding == b.sharding and a.committed and b.committed
+    # orbax refuses another width itself; the stored metadata then names the shapes.
+    with pytest.raises(checkpoint.CheckpointMismatchError, match=r"W_k/kernel: checkpoint \(35, 35\), model \(30, 30\)"):
+        checkpoint.restore(manager, trainer(30).state_template())
     assert reads == [0]
 
 

@@ -63,10 +63,11 @@ def free_bytes(device=None):
     stats = device.memory_stats() if device.platform != "cpu" else None
     if stats and "bytes_limit" in stats:
         return stats["bytes_limit"] - stats.get("bytes_in_use", 0), f"{device.device_kind}'s memory"
-    return _host_available(), "this machine's available memory"
+    return host_available(), "this machine's available memory"
 
 
-def _host_available():
+def host_available():
+    """The host's available memory in bytes (Linux's MemAvailable), or None where it cannot be read."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from flaxformer_mini.model import memory
 from flaxformer_mini.model.paths import path_name
 from flaxformer_mini.train.state import TrainState, check_state, default_device, fresh_streams, on_default_device
 
@@ -174,15 +175,25 @@ def _unplaced(tree):
     return all(getattr(x, "sharding", None) is None for x in jax.tree.leaves(tree))
 
 
+# Read through host arrays, a restore's memory peaks at about 2.2 times the state's bytes, against
+# 1.5 times for orbax placing each array (docs/benchmarks.md, "A checkpoint's restore"): host
+# arrays only for a state at most this fraction of the memory free, so that the difference stays
+# within a tenth of it.
+HOST_READ_MAX_SHARE = 1 / 8
+
+
 def _read(manager, step, target, wanted):
     """Checkpoint ``step`` read into ``target``'s shapes, dtypes and shardings. Where this
-    process holds every device of every sharding, orbax reads host arrays and one
-    ``jax.device_put`` lays the tree out: half the time of orbax placing each array itself
-    (docs/benchmarks.md, "A checkpoint's restore"). orbax returns a host array in its stored
-    shape, not the target's: compared here with ``wanted``'s. Arrays spanning processes are
-    read by orbax, each process its own shards (it refuses another shape itself)."""
+    process holds every device of every sharding and the state is small beside the memory free
+    (HOST_READ_MAX_SHARE), orbax reads host arrays and ``jax.device_put`` places them: half the
+    time of orbax placing each array itself. orbax returns a host array in its stored shape,
+    not the target's: compared here with ``wanted``'s. Otherwise orbax places each array, each
+    process its own shards (it refuses another shape itself)."""
     shardings = jax.tree.map(lambda t: t.sharding, target)
-    if not all(s.is_fully_addressable for s in jax.tree.leaves(shardings)):
+    state_bytes = sum(t.size * t.dtype.itemsize for t in jax.tree.leaves(target))
+    available = memory.host_available()
+    if (not all(s.is_fully_addressable for s in jax.tree.leaves(shardings)) or available is None
+            or state_bytes > HOST_READ_MAX_SHARE * available):
         return manager.restore(step, args=ocp.args.StandardRestore(target))
     on_host = manager.restore(step, args=ocp.args.StandardRestore(jax.tree.map(lambda t: np.empty(t.shape, t.dtype), target)))
     mismatch = _mismatch(manager, step, _shapes(on_host["params"]), wanted)
