@@ -175,18 +175,18 @@ def _unplaced(tree):
     return all(getattr(x, "sharding", None) is None for x in jax.tree.leaves(tree))
 
 
-# Read through host arrays, a restore's memory peaks at about 2.2 times the state's bytes, against
-# 1.5 times for orbax placing each array (docs/benchmarks.md, "A checkpoint's restore"): host
-# arrays only for a state at most this fraction of the memory free, so that the difference stays
-# within a tenth of it.
+# A restore through host arrays peaks at about 2.2 times the state's bytes of memory, against 1.5
+# times for orbax placing each array (docs/benchmarks.md, "A checkpoint's restore"): host arrays
+# only for a state at most this fraction of the memory free, so that the difference stays within
+# a tenth of it.
 HOST_READ_MAX_SHARE = 1 / 8
 
 
 def _read(manager, step, target, wanted):
     """Checkpoint ``step`` read into ``target``'s shapes, dtypes and shardings. Where this
     process holds every device of every sharding and the state is small beside the memory free
-    (HOST_READ_MAX_SHARE), orbax reads host arrays and ``jax.device_put`` places them: half the
-    time of orbax placing each array itself. orbax returns a host array in its stored shape,
+    (HOST_READ_MAX_SHARE), orbax reads host arrays and ``jax.device_put`` places them: about half
+    the time of orbax placing each array itself. orbax returns a host array in its stored shape,
     not the target's: compared here with ``wanted``'s. Otherwise orbax places each array, each
     process its own shards (it refuses another shape itself)."""
     shardings = jax.tree.map(lambda t: t.sharding, target)
@@ -245,8 +245,8 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
     except CheckpointMismatchError:
         raise
     except Exception:
-        # orbax refuses another tree (another depth, scanned layers) and, reading arrays that
-        # span processes, another shape: the stored shapes say which parameters differ.
+        # orbax refuses another tree (another depth, scanned layers) and, placing each array
+        # itself, another shape: the stored shapes say which parameters differ.
         mismatch = _mismatch(manager, step, _read_stored_shapes(manager, step), wanted)
         if mismatch is None:
             raise
