@@ -27,10 +27,17 @@ def trainer(embed_size):
     return Trainer(fm.Transformer.from_config(config, rngs=nnx.Rngs(0)), TrainConfig())
 
 
-def test_the_stored_metadata_is_read_only_to_name_what_a_failed_restore_differs_in(tmp_path, monkeypatch):
+@pytest.fixture
+def metadata_reads(monkeypatch):
+    """The steps whose stored metadata ``checkpoint.restore`` reads, in order."""
     reads = []
     read = checkpoint._read_stored_shapes
-    monkeypatch.setattr(checkpoint, "_read_stored_shapes", lambda *args: reads.append(args[1]) or read(*args))
+    monkeypatch.setattr(checkpoint, "_read_stored_shapes", lambda manager, step: reads.append(step) or read(manager, step))
+    return reads
+
+
+def test_the_stored_metadata_is_read_only_to_name_what_a_failed_restore_differs_in(tmp_path, metadata_reads):
+    reads = metadata_reads
     narrow, wide = trainer(30), trainer(35)
     manager = checkpoint.open_manager(tmp_path / "checkpoints")
     checkpoint.save(manager, wide.init_state())
@@ -48,21 +55,19 @@ def test_the_stored_metadata_is_read_only_to_name_what_a_failed_restore_differs_
     assert reads == [0]
 
 
-def test_a_state_large_beside_the_memory_free_is_placed_by_orbax_with_the_same_values_and_layout(tmp_path, monkeypatch):
-    reads = []
-    read = checkpoint._read_stored_shapes
-    monkeypatch.setattr(checkpoint, "_read_stored_shapes", lambda *args: reads.append(args[1]) or read(*args))
+def test_a_state_large_beside_the_memory_free_is_placed_by_orbax_with_the_same_values_and_layout(tmp_path, monkeypatch,
+                                                                                                 metadata_reads):
+    reads = metadata_reads
     wide = trainer(35)
     manager = checkpoint.open_manager(tmp_path / "checkpoints")
     checkpoint.save(manager, wide.init_state())
     by_host = checkpoint.restore(manager, wide.state_template())
     monkeypatch.setattr(checkpoint.memory, "host_available", lambda: 0)  # every state is large beside it
     by_orbax = checkpoint.restore(manager, wide.state_template())
-    for restored in (by_host, by_orbax):
-        chex.assert_trees_all_equal((restored.step, restored.params, restored.opt_state),
-                                    (by_host.step, by_host.params, by_host.opt_state))
-        for a, b in zip(jax.tree.leaves(restored.params), jax.tree.leaves(by_host.params)):
-            assert a.sharding == b.sharding and a.committed and b.committed
+    chex.assert_trees_all_equal((by_orbax.step, by_orbax.params, by_orbax.opt_state),
+                                (by_host.step, by_host.params, by_host.opt_state))
+    for a, b in zip(jax.tree.leaves(by_orbax.params), jax.tree.leaves(by_host.params)):
+        assert a.sharding == b.sharding and a.committed and b.committed
     # orbax refuses another width itself; the stored metadata then names the shapes.
     with pytest.raises(checkpoint.CheckpointMismatchError, match=r"W_k/kernel: checkpoint \(35, 35\), model \(30, 30\)"):
         checkpoint.restore(manager, trainer(30).state_template())
