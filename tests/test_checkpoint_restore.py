@@ -2,8 +2,9 @@
 
 Properties checked: a checkpoint of another width is refused naming both shapes, read from
 the arrays themselves, and one of another depth naming the layers it lacks, read from the
-stored metadata, which a restore that fits never reads; a state large beside the memory free
-is placed by orbax array by array, with the same values and layout as through host arrays; the
+stored metadata, which a restore through host arrays that fits never reads; a state large
+beside the memory free is placed by orbax array by array, its stored shapes checked first, with
+the same values and layout as through host arrays; the
 module checks a TrainState without importing the train step (its loss, moving average, token
 checks).
 """
@@ -68,10 +69,10 @@ def test_a_state_large_beside_the_memory_free_is_placed_by_orbax_with_the_same_v
                                 (by_host.step, by_host.params, by_host.opt_state))
     for a, b in zip(jax.tree.leaves(by_orbax.params), jax.tree.leaves(by_host.params)):
         assert a.sharding == b.sharding and a.committed and b.committed
-    # orbax refuses another width itself; the stored metadata then names the shapes.
+    assert reads == [0]  # checked before orbax reads: refusing a shape itself, it leaves failing reads behind
     with pytest.raises(checkpoint.CheckpointMismatchError, match=r"W_k/kernel: checkpoint \(35, 35\), model \(30, 30\)"):
         checkpoint.restore(manager, trainer(30).state_template())
-    assert reads == [0]
+    assert reads == [0, 0]
 
 
 def test_a_learners_mistakes_are_named_and_a_relative_directory_saves(tmp_path, monkeypatch):

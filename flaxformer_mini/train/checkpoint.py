@@ -131,8 +131,7 @@ def _shapes(tree):
 def _read_stored_shapes(manager, step):
     """``_shapes`` of checkpoint ``step``'s stored parameters, or None where its metadata
     cannot be read (the restore's own error then says what is wrong). orbax's metadata read
-    opens every stored array, as long as a small model's restore: read only to explain a
-    restore that failed."""
+    opens every stored array, as long as a small model's restore: ``_read`` says when."""
     try:
         meta = ocp.StandardCheckpointHandler().metadata(Path(manager.directory) / str(step) / "default")
     except Exception:  # noqa: BLE001 - no readable metadata: the restore's own error stands
@@ -183,40 +182,51 @@ HOST_READ_MAX_SHARE = 1 / 8
 
 
 def _read(manager, step, target, wanted):
-    """Checkpoint ``step`` read into ``target``'s shapes, dtypes and shardings. Where this
-    process holds every device of every sharding and the state is small beside the memory free
-    (HOST_READ_MAX_SHARE), orbax reads host arrays and ``jax.device_put`` places them: about half
-    the time of orbax placing each array itself. orbax returns a host array in its stored shape,
-    not the target's: compared here with ``wanted``'s. Otherwise orbax places each array, each
-    process its own shards (it refuses another shape itself)."""
+    """Checkpoint ``step`` read into ``target``'s shapes, dtypes and shardings, or a
+    ``CheckpointMismatchError`` naming the parameters whose shapes differ from ``wanted``'s.
+
+    Where this process holds every device of every sharding and the state is small beside the
+    memory free (HOST_READ_MAX_SHARE), orbax reads host arrays and ``jax.device_put`` places
+    them: about half the time of orbax placing each array itself, and orbax's metadata (which
+    opens every stored array) is read only when orbax refuses the tree. orbax returns a host
+    array in its stored shape, not the target's: compared here with ``wanted``'s. Otherwise
+    orbax places each array, each process its own shards, once the stored shapes are checked:
+    refusing another shape itself, it leaves reads that report errors of their own as they are
+    collected."""
     shardings = jax.tree.map(lambda t: t.sharding, target)
     state_bytes = sum(t.size * t.dtype.itemsize for t in jax.tree.leaves(target))
     available = memory.host_available()
     if (not all(s.is_fully_addressable for s in jax.tree.leaves(shardings)) or available is None
             or state_bytes > HOST_READ_MAX_SHARE * available):
+        _refuse_another_model(manager, step, _read_stored_shapes(manager, step), wanted)
         return manager.restore(step, args=ocp.args.StandardRestore(target))
-    on_host = manager.restore(step, args=ocp.args.StandardRestore(jax.tree.map(lambda t: np.empty(t.shape, t.dtype), target)))
-    mismatch = _mismatch(manager, step, _shapes(on_host["params"]), wanted)
-    if mismatch is not None:
-        raise CheckpointMismatchError(mismatch)
+    try:
+        on_host = manager.restore(step, args=ocp.args.StandardRestore(jax.tree.map(lambda t: np.empty(t.shape, t.dtype), target)))
+    except Exception:
+        # orbax refuses another tree (another depth, scanned layers) before reading an array.
+        _refuse_another_model(manager, step, _read_stored_shapes(manager, step), wanted)
+        raise
+    _refuse_another_model(manager, step, _shapes(on_host["params"]), wanted)
     return jax.device_put(on_host, shardings)
 
 
-def _mismatch(manager, step, have, wanted):
-    """What differs between the stored parameter shapes ``have`` and ``wanted``'s (None when
-    nothing does, or ``have`` is unknown)."""
+def _refuse_another_model(manager, step, have, wanted):
+    """A ``CheckpointMismatchError`` naming what differs between the stored parameter shapes
+    ``have`` and ``wanted``'s; nothing when nothing does, or ``have`` is unknown."""
     if have is None:
-        return None
+        return
     want = _shapes(wanted["params"])
     bad = sorted(k for k in want if k in have and have[k] != want[k])
     missing = sorted(set(want) - set(have))
     if not (bad or missing):
-        return None
+        return
     details = [f"{k}: checkpoint {have[k]}, model {want[k]}" for k in bad[:10]]
     details += [f"{k}: not in the checkpoint" for k in missing[:10]]
     more = len(bad) + len(missing) - len(details)
-    return (f"checkpoint {step} in {manager.directory} is from a different model: " + _layout_hint(have, want)
-            + "; ".join(details) + (f"; and {more} more" if more > 0 else ""))
+    raise CheckpointMismatchError(
+        f"checkpoint {step} in {manager.directory} is from a different model: " + _layout_hint(have, want)
+        + "; ".join(details) + (f"; and {more} more" if more > 0 else "")
+    ) from None
 
 
 def restore(manager, template: TrainState, step=None) -> TrainState:
@@ -240,17 +250,7 @@ def restore(manager, template: TrainState, step=None) -> TrainState:
                                 f"{', '.join(map(str, steps)) or 'none'})")
     wanted = _saved(template)
     target = jax.tree.map(_target, wanted)
-    try:
-        restored = _read(manager, step, target, wanted)
-    except CheckpointMismatchError:
-        raise
-    except Exception:
-        # orbax refuses another tree (another depth, scanned layers) and, placing each array
-        # itself, another shape: the stored shapes say which parameters differ.
-        mismatch = _mismatch(manager, step, _read_stored_shapes(manager, step), wanted)
-        if mismatch is None:
-            raise
-        raise CheckpointMismatchError(mismatch) from None
+    restored = _read(manager, step, target, wanted)
     # A template of shapes (Trainer.state_template()) has shapes for dropout streams too: not
     # saved, their values carry nothing (the module's docstring), made here; for shapes with no
     # sharding, committed to the default device as the rest is (_target): laid out as a fresh
