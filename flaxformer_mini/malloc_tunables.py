@@ -1,7 +1,7 @@
 """Restart the process with glibc's malloc tunables set so freed host memory is kept.
 
-XLA:CPU allocates a compiled call's temporaries afresh on every execution (about 650 MB for
-the base benchmark's train step). glibc serves blocks that large with ``mmap`` and returns
+XLA:CPU allocates a compiled call's temporaries afresh on every execution (hundreds of MB for
+the base benchmark's train step: docs/benchmarks.md). glibc serves blocks that large with ``mmap`` and returns
 them with ``munmap``, so every step page-faults them in again. glibc's documented tunables
 (glibc manual, "Memory Allocation Tunables") turn that off:
 
@@ -11,9 +11,10 @@ them with ``munmap``, so every step page-faults them in again. glibc's documente
 
 Tunables are read once, when the process starts, so ``restart_keeping_freed_memory()``
 re-executes the current command line with ``GLIBC_TUNABLES`` set (once: an environment
-marker stops a second restart). It is opt-in (``flaxformer-mini train --keep-freed-memory``,
-``python -m benchmarks``): one arena for every thread costs small models more than the page
-faults it saves (figures in docs/benchmarks.md). Or start Python with the variable set
+marker stops a second restart). ``flaxformer-mini train`` takes it with ``--keep-freed-memory``
+(one arena for every thread costs small models more than the page faults it saves: figures in
+docs/benchmarks.md); ``python -m benchmarks`` and ``python -m benchmarks.scaling`` take it unless
+``FLAXFORMER_MINI_KEEP_FREED_MEMORY=0``. Or start Python with the variable set
 yourself: ``GLIBC_TUNABLES=$(python -c "from flaxformer_mini.malloc_tunables import
 KEEP_FREED_MEMORY; print(KEEP_FREED_MEMORY)") python ...``.
 """

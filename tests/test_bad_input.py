@@ -303,6 +303,15 @@ def test_positional_encoding_accepts_length_equal_to_max_len_in_both_twins():
     assert fm.LearnedPositionalEncoding(d_model, max_len=max_len, rngs=nnx.Rngs(0))(jnp.asarray(x)).shape == x.shape
 
 
+@pytest.mark.parametrize("name", ["MultiHeadAttention", "MultiHeadSelfAttention"])
+def test_a_width_the_heads_do_not_divide_is_refused_with_both_numbers_in_both_twins(name):
+    message = r"d_model=10 is not divisible by num_heads=4"
+    with pytest.raises(ValueError, match=message):
+        getattr(fm, name)(10, 4, rngs=nnx.Rngs(0))
+    with pytest.raises(AssertionError, match=message):  # the seeds' assert, naming both numbers
+        getattr(torch_ref, name)(10, 4)
+
+
 # --- ModelConfig ---------------------------------------------------------------------------
 
 

@@ -79,3 +79,12 @@ def test_cli_refuses_an_outdir_that_is_a_file_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert info.value.code == 2 and f"{mine}: is a file; OUTDIR is the directory" in err and "Traceback" not in err
     assert mine.read_text() == "mine"
+
+
+def test_cli_refuses_a_negative_seed_by_name_before_making_the_outdir(tmp_path, capsys):
+    out = tmp_path / "g2p"
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(out), "--seed", "-1"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--seed must be >= 0, got -1" in err and "Traceback" not in err
+    assert not out.exists()

@@ -247,7 +247,7 @@ def test_max_new_tokens_that_cut_outputs_are_counted_in_one_warning(run):
 @pytest.mark.parametrize("args, message", [
     (["--nbest", "2", "1"], "--nbest must be >= 1 and at most the beam size (--beam-size 1), got 2"),
     (["--beam-size", "2", "--nbest", "3", "1"], "--nbest must be >= 1 and at most the beam size (--beam-size 2), got 3"),
-    (["--length-penalty", "1", "1"], "--length-penalty goes with --beam-size K > 1 or --scores"),
+    (["--length-penalty", "1", "1"], "--length-penalty goes with --beam-size K > 1 or --nbest or --scores"),
     (["--scores", "--temperature", "1", "1"], "--nbest and --scores go with greedy decoding or --beam-size, not with"),
     (["--beam-size", "2", "--alpha", "-1", "1"], "--length-penalty must be a finite number >= 0"),
     (["--top-k", "99", "1"], "--top-k must be in [1, 11] (the target vocabulary), got 99"),

@@ -79,7 +79,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model, num_heads):
         super().__init__()
-        assert d_model % num_heads == 0
+        assert d_model % num_heads == 0, f"d_model={d_model} is not divisible by num_heads={num_heads}"
         self.d_k = d_model // num_heads
         self.num_heads = num_heads
 
@@ -143,7 +143,7 @@ class MultiHeadSelfAttention(nn.Module):
 
     def __init__(self, d_model=4, num_heads=2):
         super().__init__()
-        assert d_model % num_heads == 0, "d_model must be divisible by num_heads"
+        assert d_model % num_heads == 0, f"d_model={d_model} is not divisible by num_heads={num_heads}"
         self.d_model = d_model
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads

@@ -1,5 +1,5 @@
 """The ``flaxformer-mini`` command line: ``main.py`` parses (``parser.py``) and dispatches to one
-module per command (``train.py``, ``evaluate.py``, ``generate.py``); ``errors.py`` maps what they
+module per command (``train.py``, ``evaluate.py``, ``generate.py``, ``average.py``); ``errors.py`` maps what they
 raise to exit codes and one-line messages; ``arriving_lines.py`` reads ``generate``'s standard
 input as it arrives.
 

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done, 1 the run failed on the way (a NaN loss, a full disk, a lost process; the
 last checkpoint is kept), 2 unusable options, files or run directories (nothing written or
-lost), 130 interrupted by Ctrl-C or SIGTERM (the run was saved and can be resumed). Errors are
+lost), 130 interrupted by Ctrl-C or SIGTERM (the run was saved and can be resumed, but for a second
+signal, which ends the process at once without saving). Errors are
 told apart by type; an error of no type named here is a bug and keeps its traceback. Every
 import here is light: errors are told apart without starting JAX.
 """

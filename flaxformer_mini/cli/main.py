@@ -10,7 +10,7 @@
 
 Running the same ``train`` command again with the same ``--out`` resumes the run. ``main``
 parses (``parser.py``), dispatches to the command's module (``train.py``, ``evaluate.py``,
-``generate.py``) and turns what it raises into an exit code and one line (``errors.py``;
+``generate.py``, ``average.py``) and turns what it raises into an exit code and one line (``errors.py``;
 ``--debug`` or FLAXFORMER_MINI_DEBUG=1 shows the traceback).
 """
 

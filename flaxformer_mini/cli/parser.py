@@ -151,7 +151,7 @@ def _decoding_problem(args):
         return None
     ranked = args.beam_size > 1 or getattr(args, "nbest", None) or getattr(args, "scores", False)
     if args.length_penalty is not None and not ranked:
-        return ("--length-penalty goes with --beam-size K > 1" + (" or --scores" if args.command == "generate" else "")
+        return ("--length-penalty goes with --beam-size K > 1" + (" or --nbest or --scores" if args.command == "generate" else "")
                 + ": greedy decoding ranks no hypotheses")
     if args.command == "generate" and (args.nbest or args.scores) and (args.temperature is not None
                                                                       or args.top_k is not None):
@@ -357,11 +357,12 @@ def build_parser():
 
     e = sub.add_parser("evaluate", help="loss, token accuracy, exact match, BLEU, chrF, WER and CER of a run's "
                                         "latest checkpoint on its held-out data (or --data)",
-                       parents=[common],
+                       parents=[common], formatter_class=_DefaultsHelp,
                        description="Score a run's latest checkpoint on its held-out data, or on the pairs of --data. "
                                    "Hypotheses are decoded as generate decodes them (up to the model's max_len, "
                                    "each stopping at its EOS), so the scores do not depend on --batch-size.")
-    e.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
+    e.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="a run directory made by train or average, or RUN/best: the run's best checkpoint (train --best-metric)")
     e.add_argument("--data", metavar="FILE.tsv",
                    help="score these pairs (one 'source<TAB>target' per line, read as training data, encoded with "
                         "the run's saved tokenizers) instead of the run's held-out data")
@@ -393,6 +394,7 @@ def build_parser():
     a.add_argument("--out", required=True, metavar="DIR", help="the averaged run's directory (new, or empty)")
 
     g = sub.add_parser("generate", help="decode inputs with a run's latest checkpoint", parents=[common],
+                       formatter_class=_DefaultsHelp,
                        description="Decode TEXT (the words given), or one input per line of standard input "
                                    "(UTF-8): one output line per input line, in order (--nbest N: N lines). Greedy by "
                                    "default; --beam-size K for beam search (--length-penalty, --nbest, --scores); "
@@ -402,7 +404,8 @@ def build_parser():
                               "its length and the limit; the other lines are decoded and the exit code stays 0. "
                               "Exit code 2: unusable options, run directory or input (no text at all, a token "
                               "outside a synthetic run's values, invalid UTF-8).")
-    g.add_argument("--checkpoint", required=True, metavar="DIR", help="a run directory made by train")
+    g.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="a run directory made by train or average, or RUN/best: the run's best checkpoint (train --best-metric)")
     g.add_argument("--beam-size", type=int, default=1, metavar="K", help="beam search over K hypotheses (1: greedy)")
     length_penalty_option(g)
     g.add_argument("--nbest", type=int, default=None, metavar="N",

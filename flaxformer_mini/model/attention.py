@@ -99,7 +99,7 @@ class SelfAttention(nnx.Module):
         if self.attention_impl == "einsum":
             # Every operand head-first, as the keys and values are: the products and their
             # gradients are then batched over (B, H) in one layout. With the queries in the
-            # seed's (B, T, H, K), XLA:CPU computed them in transposed layouts, slower
+            # seed's (B, T, H, K), XLA:CPU computes them in transposed layouts, slower
             # (docs/benchmarks.md, "The attention's layout on the CPU").
             q = q.transpose(0, 2, 1, 3)  # (B, H, T, K)
             scores = jnp.einsum("BHTK,BHSK->BHTS", q, k, preferred_element_type=_scores_dtype(q, k))
@@ -252,7 +252,7 @@ class MultiHeadSelfAttention(nnx.Module):
 
     def __init__(self, d_model=4, num_heads=2, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
         if d_model % num_heads:
-            raise ValueError("d_model must be divisible by num_heads")
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         self.d_model = d_model
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads

@@ -96,8 +96,8 @@ PRESETS = {
         embed_size=64, heads=4, num_layers=2, dropout=0.0,
     ),
     # Real tasks. Vocabularies and max_len are placeholders, replaced from the data by the run
-    # (as for "small"). "medium" has F = 4D as in the paper and runs on a 2-core CPU, slowly:
-    # the CMUdict example (docs/data.md) ran 52.5 min there and was still improving when stopped.
+    # (as for "small"). "medium" has F = 4D as in the paper and runs on a 2-core CPU, slowly
+    # (its CMUdict run: docs/data.md).
     "medium": ModelConfig(
         src_pad_idx=0, source_vocab_size=16, target_vocab_size=16, max_len=11,
         embed_size=256, heads=4, num_layers=3, dropout=0.1, ffn_dim=1024,

@@ -127,7 +127,7 @@ class SharedEmbedding(nnx.Module):
 
     def __call__(self, ids):
         if not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise ValueError("Input type must be an integer or unsigned integer.")  # nnx.Embed's words
+            raise ValueError(f"Input type must be an integer or unsigned integer, got {ids.dtype}.")  # nnx.Embed's words
         (table,) = promote_dtype((self.embed.embedding[...],), dtype=self.embed.dtype, inexact=False)
         return jnp.take(table, ids, axis=0)
 

@@ -228,7 +228,7 @@ class RunConfig:
             raise RunConfigError(f"{source}: malformed run config: {e}") from None
 
 
-# Each schedule's settings that the other one ignores: config.json leaves them out where they
+# The settings each schedule ignores: config.json leaves them out where they
 # hold their defaults (what a CLI run always has), so an rsqrt run does not show a
 # learning_rate it never used. from_dict fills them back in with the same defaults.
 _UNUSED_BY = {"rsqrt": ("learning_rate", "decay_steps"), "constant": ("lr_factor", "warmup_steps", "decay_steps"),

@@ -216,8 +216,8 @@ class RunDir:
         A file at the run's own path whose contents changed since the run started is refused:
         without --valid the held-out pairs are drawn from the training file's lines, and every
         step's batch from its examples, so a resumed run would train on pairs it once held out
-        and score on others, silently. Runs written before the checksums were recorded keep
-        the old rule (the same path)."""
+        and score on others, silently. A run that recorded no checksums is checked by path
+        alone."""
         recorded, new, moves = self.recorded_checksums(), dict(new), []
         for key in DATA_FILES:
             was, now, digest = old.get(key), new.get(key), recorded.get(f"data.{key}")

@@ -155,8 +155,8 @@ def _fit(run, steps, log_every, eval_every, save_every, max_to_keep, progress, m
             # queues an all-reduce of the stop flag and reads the previous boundary's, which the
             # devices have finished by now (the host waits only where logging already waited):
             # a signal stops the run one step after the boundary that saw it. The flag is read,
-            # never written back: a signal handled after it was read would be erased (issue #12's
-            # lost SIGTERM); it counts at the next boundary.
+            # never written back: a signal handled after it was read would be erased (a SIGTERM
+            # lost); it counts at the next boundary.
             stopping = vote is not None and vote()
             vote = distributed.any_process_later(stop.requested, run_devices)
             if done % save_every == 0 or done == steps or stopping or stopped_early:

@@ -32,7 +32,7 @@ def _check_held_out_file(config: DataConfig, run_dir: RunDir):
     pairs drawn from its training file's lines. That file gone, or changed since the run
     started, would be an error about a path the user never typed, or other pairs (some of
     them trained on) scored under the run's name, silently: refused, naming the file, as a
-    resume refuses it. A run that recorded no checksum keeps the old rule (the same path)."""
+    resume refuses it. A run that recorded no checksum is checked by path alone."""
     key = "valid_path" if config.valid_path else "train_path"
     path = getattr(config, key)
     what = "--valid file" if key == "valid_path" else "training file (the pairs it evaluates on come from its lines)"

@@ -428,7 +428,7 @@ def agree_on_shared_directory(path):
 
     orbax writes a checkpoint from every process into one directory and waits (10 minutes,
     beyond --distributed-timeout) for all of them: with a directory per host the first save
-    hung, then aborted every process, and the steps before it were lost. Process 0 writes a
+    hangs, then aborts every process, and the steps before it are lost. Process 0 writes a
     random token there; every process reads it back; all refuse together, naming the
     processes that did not see it."""
     if not is_multiprocess():

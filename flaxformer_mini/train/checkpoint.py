@@ -174,10 +174,10 @@ def _unplaced(tree):
     return all(getattr(x, "sharding", None) is None for x in jax.tree.leaves(tree))
 
 
-# A restore through host arrays peaks at about 2.2 times the state's bytes of memory, against 1.5
-# times for orbax placing each array (docs/benchmarks.md, "A checkpoint's restore"): host arrays
-# only for a state at most this fraction of the memory free, so that the difference stays within
-# a tenth of it.
+# A restore through host arrays holds a state's bytes on the host and on the devices at once, so
+# its memory peak is higher than orbax placing each array (docs/benchmarks.md, "A checkpoint's
+# restore"): host arrays only for a state at most this fraction of the memory free, so that the
+# difference stays within a tenth of it.
 HOST_READ_MAX_SHARE = 1 / 8
 
 
@@ -187,8 +187,8 @@ def _read(manager, step, target, wanted):
 
     Where this process holds every device of every sharding and the state is small beside the
     memory free (HOST_READ_MAX_SHARE), orbax reads host arrays and ``jax.device_put`` places
-    them: about half the time of orbax placing each array itself, and orbax's metadata (which
-    opens every stored array) is read only when orbax refuses the tree. orbax returns a host
+    them: faster than orbax placing each array itself (docs/benchmarks.md), and orbax's metadata
+    (which opens every stored array) is read only when orbax refuses the tree. orbax returns a host
     array in its stored shape, not the target's: compared here with ``wanted``'s. Otherwise
     orbax places each array, each process its own shards, once the stored shapes are checked:
     refusing another shape itself, it leaves reads that report errors of their own as they are
