@@ -119,13 +119,19 @@ def live(tokens):
     return np.arange(np.shape(tokens)[-1]) < lengths(tokens)[..., None]
 
 
+def gnmt_penalty(length, alpha):
+    """GNMT's length penalty written out here (Wu et al. 2016), so the references below do not
+    divide by the function they check."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
 def recomputed_score(model, source, tokens, alpha):
     """Sum of log-softmax of the full forward pass along ``tokens`` (B, N), up to and
     including EOS, over length_penalty(length, alpha); and the number of summed terms."""
     logp = log_softmax(teacher_forced_logits(model, source, tokens))
     picked = np.take_along_axis(logp, np.asarray(tokens)[..., None], -1)[..., 0]  # (B, N)
     n = lengths(tokens)
-    return np.where(live(tokens), picked, 0.0).sum(-1) / decoding.length_penalty(n, alpha), n
+    return np.where(live(tokens), picked, 0.0).sum(-1) / gnmt_penalty(n, alpha), n
 
 
 def greedy_margin(model, source, tokens):
@@ -329,12 +335,12 @@ def reference_beam_search(model, source, max_new_tokens, beam_size, alpha):
                 ((lp + logp[b * W + i, v], seq + (v,)) for i, (seq, lp) in enumerate(alive[b]) for v in range(V)),
                 key=lambda c: -c[0],
             )[: 2 * W]
-            new = [(lp / decoding.length_penalty(t + 1, alpha), seq) for lp, seq in candidates[:W] if seq[-1] == EOS]
+            new = [(lp / gnmt_penalty(t + 1, alpha), seq) for lp, seq in candidates[:W] if seq[-1] == EOS]
             finished[b] = sorted(finished[b] + new, key=lambda c: -c[0])[:W]
             alive[b] = [(seq, lp) for lp, seq in candidates if seq[-1] != EOS][:W]
     for b in range(B):
         if len(finished[b]) < W:
-            at_end = [(lp / decoding.length_penalty(max_new_tokens, alpha), seq) for seq, lp in alive[b]]
+            at_end = [(lp / gnmt_penalty(max_new_tokens, alpha), seq) for seq, lp in alive[b]]
             finished[b] = sorted(finished[b] + at_end, key=lambda c: -c[0])[:W]
     return finished
 

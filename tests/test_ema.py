@@ -18,7 +18,7 @@ from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train.trainer import Trainer
 from helpers import TINY_RUN, assert_same_training_state, cli, command_precision, latest_state
 
-DECAY = 0.6  # reached from the third update on: (1 + n) / (10 + n) is 0.1, 0.18, 0.25, ... then DECAY
+DECAY = 0.2  # reached from the third update on: (1 + n) / (10 + n) is 0.1, 0.18, then 0.25 > DECAY
 
 
 def host(tree):

@@ -85,13 +85,14 @@ def test_real_task_presets_have_their_documented_sizes(name, D, H, L, F_, dropou
 
 
 def test_medium_preset_parameter_count_is_what_its_sizes_give():
-    # Counted independently from the sizes: per encoder block attention 4 D^2 (+ D, the output
-    # projection's bias), FFN 2 D F + F + D, two LayerNorms 4 D; a decoder block adds a second
-    # attention and a LayerNorm; embeddings (V + max_len) D on each side; logits D V + V.
+    # Counted independently from the sizes: per encoder block attention 4 D^2 + 4 D (W_q, W_k,
+    # W_v and the output projection, each with its bias), FFN 2 D F + F + D, two LayerNorms 4 D;
+    # a decoder block adds a second attention and a LayerNorm; embeddings (V + max_len) D on each
+    # side; logits D V + V.
     c = fm.get_preset("medium")
     D, F_, L, Vs, Vt, M = c.embed_size, c.ffn_dim, c.num_layers, c.source_vocab_size, c.target_vocab_size, c.max_len
     torch_model = torch_ref.Transformer(**c.to_dict())
-    attention = sum(p.numel() for p in torch_model.encoder.transformer_layers[0].attention.parameters())
+    attention = 4 * D * D + 4 * D
     ffn = 2 * D * F_ + F_ + D
     encoder_block = attention + ffn + 4 * D
     decoder_block = 2 * attention + ffn + 6 * D

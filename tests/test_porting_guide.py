@@ -59,6 +59,9 @@ def _same(printed, shown):
 def test_porting_guide_runs_and_prints_what_it_shows():
     results = run_guide(GUIDE.read_text())
     assert len(results) >= 6
+    # Most blocks show what they print (14 when written): a guide whose output blocks were lost
+    # would otherwise pass with nothing compared.
+    assert sum(shown is not None for *_, shown in results) >= 10
     for source, printed, shown in results:
         if shown is not None:
             assert _same(printed, shown), f"block:\n{source}\nprinted:\n{printed}\nshown:\n{shown}"

@@ -318,7 +318,10 @@ def test_a_torn_metrics_line_is_dropped_with_a_warning_on_resume(tmp_path):
     resumed = cli(*args, "--steps", "6")
     assert resumed.returncode == 0, resumed.stderr
     assert "metrics.jsonl" in resumed.stderr and "unreadable line dropped" in resumed.stderr
-    assert all(isinstance(r, dict) for r in RunDir(out).read_metrics())
+    text = (out / "metrics.jsonl").read_text()
+    assert '"lo\n' not in text and '{"step": 4, "lo{' not in text  # the fragment is gone, not glued to a record
+    assert all(isinstance(json.loads(line), dict) for line in text.splitlines())
+    assert [r["step"] for r in RunDir(out).read_metrics() if "loss" in r][-1] == 6  # logging went on to the end
 
 
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):

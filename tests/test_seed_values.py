@@ -111,7 +111,8 @@ def test_seed_class_state_dict_loads_strictly_and_computes_the_same(name):
     assert list(ours.state_dict()) == list(seed_module.state_dict())  # same keys, same order
     inputs = seed_inputs(kind)
     with torch.no_grad():
-        for a, b in zip(torch.utils._pytree.tree_leaves(ours(*inputs)), torch.utils._pytree.tree_leaves(seed_module(*inputs))):
+        for a, b in zip(torch.utils._pytree.tree_leaves(ours(*inputs)), torch.utils._pytree.tree_leaves(seed_module(*inputs)),
+                        strict=True):  # an output one side leaves out is a difference
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 

@@ -173,7 +173,7 @@ def _worker(tmp):
         if saved is None:  # the first layout's checkpoint, continued below on other meshes
             manager = checkpoint.open_manager(Path(tmp) / "checkpoints")
             checkpoint.save(manager, state)
-            saved = (name, mesh, strategy)
+            saved, saved_params = (name, mesh, strategy), state.params
 
     # Checkpoints across meshes: the tensor-parallel checkpoint continued where it was saved,
     # replicated over 8 devices, and on one device.
@@ -187,13 +187,15 @@ def _worker(tmp):
         state = checkpoint.restore(manager, template)
         assert int(state.step) == STEPS
         layout = "unsharded" if mesh is None else str(_spec(_flat(state.params)[f"{ATTENTION}/W_q/kernel"]))
+        restored_diff = _max_diff(state.params, saved_params)  # the saved values, not the template's
         state, losses = _steps(trainer, state, then, mesh)
-        continued[where] = {"losses": losses, "W_q_layout": layout, "params": state.params}
+        continued[where] = {"losses": losses, "W_q_layout": layout, "params": state.params, "restored_diff": restored_diff}
     own = continued["own mesh"]
     out["continued"] = {
         where: {"losses": c["losses"], "W_q_layout": c["W_q_layout"],
                 "loss_diff": float(np.abs(np.subtract(c["losses"], own["losses"])).max()),
-                "exact": c["losses"] == own["losses"], "param_diff": _max_diff(c["params"], own["params"])}
+                "exact": c["losses"] == own["losses"], "param_diff": _max_diff(c["params"], own["params"]),
+                "restored_diff": c["restored_diff"]}
         for where, c in continued.items()
     }
 
@@ -252,6 +254,7 @@ def test_tensor_parallel_losses_equal_one_device(runs, mesh):
 @pytest.mark.parametrize("where", ["replicated, 8 devices", "1 device"])
 def test_a_tensor_parallel_checkpoint_continues_on_another_mesh_as_on_its_own(runs, where):
     c = runs["continued"]
+    assert c["own mesh"]["restored_diff"] == c[where]["restored_diff"] == 0.0  # the checkpoint's values, read back
     assert c["own mesh"]["W_q_layout"] == "[None, 'model']"  # it really was restored tensor parallel
     assert c[where]["W_q_layout"] != c["own mesh"]["W_q_layout"]
     assert len(c[where]["losses"]) == STEPS

@@ -254,9 +254,29 @@ def test_generate_with_empty_input_is_refused(straight_run):
 
 
 def test_evaluate_with_beam_size_reports_the_best_beams_exact_match(straight_run):
+    import numpy as np
+
+    from flaxformer_mini.data import EOS
+    from flaxformer_mini.decode import search
+    from flaxformer_mini.runs.run import Run
+
     proc = cli("evaluate", "--checkpoint", str(straight_run[0]), "--beam-size", BEAM_SIZE, "--json")
     assert proc.returncode == 0, proc.stderr
-    assert 0.0 <= json.loads(proc.stdout)["exact_match"] <= 1.0
+    # Recounted here: each held-out row's best beam, up to its EOS, against the row's target.
+    run = Run.open(straight_run[0])
+    model = run.trainer.model(run.latest_state().for_inference())
+
+    def upto_eos(row):
+        row = [int(t) for t in row]
+        return row[: row.index(EOS) + 1] if EOS in row else row
+
+    hits = []
+    for batch in run.eval_batches():
+        tokens, _ = search.beam_search(model, batch.source, run.config.model.max_len, beam_size=int(BEAM_SIZE))
+        hits += [upto_eos(h) == upto_eos(t) for h, t in zip(np.asarray(tokens[:, 0]), np.asarray(batch.target_out),
+                                                            strict=True)]
+    assert len(hits) == run.config.data.eval_sequences
+    assert json.loads(proc.stdout)["exact_match"] == sum(hits) / len(hits)
 
 
 # --- a run's weights for PyTorch: `parity convert RUN OUT.pt` ---------------------------------
@@ -284,15 +304,27 @@ def test_parity_convert_of_a_run_refuses_one_without_a_checkpoint_and_a_flax_for
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh"]  # nothing written
 
 
-@pytest.mark.parametrize("inside", ["checkpoints/10", "checkpoints"])
+@pytest.mark.parametrize("inside", ["one checkpoint", "the checkpoints directory"])
 def test_parity_convert_of_a_runs_checkpoint_directory_names_the_run_directory_to_give(straight_run, tmp_path, capsys,
                                                                                      inside):
     from parity.cli import main as parity_main
 
     run = straight_run[0]
-    assert parity_main(["convert", str(run / inside), str(tmp_path / "model.pt")]) == 2
+    given = next((run / "checkpoints").iterdir()) if inside == "one checkpoint" else run / "checkpoints"
+    assert given.is_dir()
+    assert parity_main(["convert", str(given), str(tmp_path / "model.pt")]) == 2
     err = capsys.readouterr().err
-    what = "one checkpoint" if "/" in inside else "the checkpoints directory"
-    assert err.strip() == (f"parity convert: error: {run / inside}: this is {what} of a training run; "
+    assert err.strip() == (f"parity convert: error: {given}: this is {inside} of a training run; "
                            f"give the run directory ({run}) to export its newest checkpoint")
     assert not (tmp_path / "model.pt").exists()
+
+
+def test_a_checkpoint_step_that_does_not_exist_is_named_missing_not_called_a_checkpoint(straight_run, tmp_path,
+                                                                                       capsys):
+    from parity.cli import main as parity_main
+
+    missing = straight_run[0] / "checkpoints" / "999"
+    assert parity_main(["convert", str(missing), str(tmp_path / "model.pt")]) == 2
+    assert capsys.readouterr().err.strip() == f"parity convert: error: {missing}: no such file or directory"
+    proc = cli("generate", "--checkpoint", str(missing), "1")
+    assert proc.returncode == 2 and f"{missing}: no such directory" in proc.stderr, proc.stderr

@@ -579,9 +579,12 @@ def _setting(line):
 def run_holding(path):
     """The training run whose checkpoints ``path`` is (runs/r for runs/r/checkpoints/3, for
     runs/r/checkpoints itself, or for an item of a checkpoint, runs/r/checkpoints/3/default),
-    as the user wrote it; None for any other path. For the errors that tell a user who gave a
-    checkpoint to give its run (generate, evaluate, parity)."""
+    as the user wrote it; None for any other path, and for one that does not exist (a mistyped
+    step is no checkpoint). For the errors that tell a user who gave a checkpoint to give its run
+    (generate, evaluate, parity)."""
     path = Path(path)
+    if not path.exists():
+        return None
     for run in (path.parent, path.parent.parent, path.parent.parent.parent):
         if RunDir(run).exists():
             checkpoints = RunDir(run).checkpoints.absolute()
