@@ -75,6 +75,9 @@ def test_a_fully_masked_row_is_uniform_in_both_paths():
     x = jax.random.normal(jax.random.key(0), (2, 3, 8))
     mask = jnp.array([[1, 1, 0], [0, 0, 0]])[:, None, None, :]  # row 1: every key masked
     ref = attn(x, x, x, mask)
+    # Uniform weights over the three keys: every query of row 1 reads the mean of their values.
+    uniform = np.broadcast_to(np.asarray(attn.fc(attn.W_v(x[1]).mean(axis=0))), (3, 8))
+    np.testing.assert_allclose(ref[1], uniform, atol=ATOL, rtol=0)
     set_attention_impl(attn, "xla")
     out = attn(x, x, x, mask)
     assert np.isfinite(np.asarray(out)).all()
@@ -137,5 +140,5 @@ def test_bfloat16_attention_keeps_its_scores_in_float32(impl):
     out = attn.attend(query, k, v, None)
     assert out.dtype == jnp.bfloat16
     expected = 1 / (1 + np.exp(-1 / np.sqrt(2)))
-    # The output is bfloat16: within half a step (2**-9) of 0.670, and far from 0.5.
+    # The output is bfloat16: within one of its steps at 0.67 (2**-8) of 0.670, and far from 0.5.
     np.testing.assert_allclose(np.asarray(out, np.float32), np.full((1, 1, 2), expected), atol=2**-8, rtol=0)

@@ -386,7 +386,16 @@ CASES = [
     ("width_not_divisible_by_heads", train_option("--embed-size", "31"), 2,
      r"the width 31 \(--embed-size or --preset tiny\) is not divisible by the 5 heads"),
     ("more_devices_than_exist", train_option("--devices", "3"), 2, r"asked for 3 devices"),
-    ("clip_norm_not_a_number", train_option("--clip-norm", "lots"), 2, r"--clip-norm"),
+    ("valid_size_with_a_synthetic_task", train_option("--valid-size", "5"), 2,
+     r"--valid-size goes with --data \(synthetic tasks"),
+    ("min_len_with_a_text_run", tsv_with(GOOD_TSV, "--min-len", "2"), 2,
+     r"--min-len goes with --task \(a text run's lengths and held-out pairs come from its files\)"),
+    ("eval_sequences_with_a_text_run", tsv_with(GOOD_TSV, "--eval-sequences", "8"), 2, r"--eval-sequences goes with --task"),
+    ("tsv_vocab_size_too_small", tsv_with(GOOD_TSV, "--vocab-size", "4"), 2, r"--vocab-size must be >= 5"),
+    ("synthetic_vocab_size_of_one_value", train_option("--vocab-size", "5"), 2,
+     r"--vocab-size 5 leaves a synthetic task one value: it takes >= 6"),
+    ("clip_norm_not_a_number", train_option("--clip-norm", "lots"), 2,
+     r"argument --clip-norm: 'lots' is not a number, nor 'none' for no clipping"),
     ("tie_embeddings_unknown", train_option("--tie-embeddings", "encoder"), 2,
      r"argument --tie-embeddings: invalid choice: 'encoder' \(choose from '?decoder'?, '?all'?\)"),
     ("tie_all_without_shared_vocab", tsv_with(GOOD_TSV, "--tie-embeddings", "all"), 2,
@@ -599,16 +608,12 @@ def test_bad_input_is_named_with_its_exit_code_and_nothing_is_lost(name, setup, 
     assert re.search(message, output), output
     assert "Traceback" not in output
     after = snapshot(tmp_path)
-    if code == 0:
+    if code == 0 and args[0] == "train":  # a run trained or resumed to its end writes its files
         return
     changed = sorted(str(p) for p in before if after.get(p) != before[p])
     assert not changed, f"changed or removed: {changed}"
     if args[0] == "train":
         assert set(after) == set(before), f"written: {sorted(map(str, set(after) - set(before)))}"
-
-
-def test_the_matrix_covers_at_least_forty_kinds():
-    assert len(CASES) >= 40
 
 
 # ============================================================================= parity

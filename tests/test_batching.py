@@ -77,6 +77,17 @@ def test_length_multiple_counts_the_padding():
     assert [len(r) for r in batches] == [2, 2]
 
 
+def test_padding_stops_at_max_len_as_the_batches_do():
+    # Length 49 rounds up to 56 with multiple 8, but a batch is padded to max_len 50 at most:
+    # a budget of 100 holds 2 rows of it, and a budget of 50 is not refused for 56.
+    batches = batching.token_batches(np.full(4, 49), np.full(4, 3), 100, 0, 0, length_multiple=8, max_len=50)
+    assert [len(r) for r in batches] == [2, 2]
+    assert [len(r) for r in batching.token_batches(np.full(2, 49), np.full(2, 3), 50, 0, 0, length_multiple=8,
+                                                   max_len=50)] == [1, 1]
+    with pytest.raises(ValueError, match=r"56 padded"):  # without the cap, the rounding alone
+        batching.token_batches(np.full(2, 49), np.full(2, 3), 50, 0, 0, length_multiple=8)
+
+
 def test_max_sentences_caps_the_rows():
     batches = batching.token_batches(np.full(10, 2), np.full(10, 2), 1000, 0, 0, max_sentences=4)
     assert sorted(len(r) for r in batches) == [2, 4, 4]

@@ -145,7 +145,7 @@ def test_parity_check_exits_1_when_tolerance_is_impossible(capsys):
     assert "first divergence:" in proc.stdout
 
 
-@pytest.mark.parametrize("args, message", [(["--preset", "huge"], "unknown preset"), (["--batch", "0"], "--batch")])
+@pytest.mark.parametrize("args, message", [(["--preset", "huge"], "unknown preset"), (["--batch", "0"], "--batch must be >= 1, got 0")])
 def test_parity_check_exits_2_on_unusable_options(args, message, capsys):
     proc = run_cli(capsys, "check", *args)
     assert proc.returncode == 2

@@ -141,7 +141,7 @@ def test_eval_batches_are_deterministic_and_differ_from_training_batches(reverse
     held_out = reverse_task.eval_batches(seed=0, num_batches=3, batch_size=16)
     assert len(held_out) == 3
     again = reverse_task.eval_batches(seed=0, num_batches=3, batch_size=16)
-    for x, y in zip(held_out, again):
+    for x, y in zip(held_out, again, strict=True):
         np.testing.assert_array_equal(x.source, y.source)
         for step in range(10):
             assert not np.array_equal(x.source, reverse_task.batch(0, step, 16).source)
@@ -171,7 +171,8 @@ def test_task_text_round_trips_and_reverse_prints_user_values(reverse_task):
     assert reverse_task.decode_ids([BOS, 9, PAD, 7, EOS, 12, 6]) == "5 3"
 
 
-@pytest.mark.parametrize("text, bad", [("5 a 3", "'a'"), ("5 9", "'9'"), ("-1", "'-1'")])
+@pytest.mark.parametrize("text, bad", [("5 a 3", "'a'"), ("5 9", "'9'"), ("-1", "'-1'"), ("1_0", "'1_0' is not an integer"),
+                                       ("\u0663", "'\u0663' is not an integer"), ("--5", "'--5' is not an integer")])
 def test_task_text_rejects_bad_tokens_by_name(reverse_task, text, bad):
     with pytest.raises(ValueError, match=bad):
         reverse_task.encode_text(text)

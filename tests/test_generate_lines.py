@@ -6,6 +6,7 @@ is read as the training files are: a UTF-8 BOM skipped, \\r\\n and a lone \\r en
 """
 
 import io
+import json
 import os
 import subprocess
 import threading
@@ -43,6 +44,17 @@ def alone(run):
         outputs[text] = proc.stdout.removesuffix("\n")
     assert all(outputs.values()), outputs  # so an empty output line can only be a skipped one
     return outputs
+
+
+def test_evaluate_data_on_a_synthetic_run_scores_the_files_pairs_as_generate_decodes_them(run, alone, tmp_path):
+    # Targets: each input's own greedy output, then one that is not: exact match 3 of 4.
+    pairs = [(text, alone[text]) for text in FITTING[:3]] + [(FITTING[3], "1 1")]
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{s}\t{t}\n" for s, t in pairs))
+    proc = cli("evaluate", "--checkpoint", str(run), "--data", str(data), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert alone[FITTING[3]] != "1 1"
+    assert json.loads(proc.stdout)["exact_match"] == 3 / 4
 
 
 def mixed_lines():

@@ -175,6 +175,25 @@ def test_a_resume_is_held_to_the_file_it_started_from(weights, started, tmp_path
     assert f"--init-from {changed} is gone; the run resumes from its checkpoints" in resumed.stderr
 
 
+def test_a_run_resumed_before_its_first_checkpoint_reads_the_file_where_it_moved(weights, started, tmp_path):
+    _, path = weights
+    run = tmp_path / "run"  # killed before its first save: the config written, no checkpoint
+    shutil.copytree(started, run)
+    shutil.rmtree(run / "checkpoints")
+    # The run records a file that is gone; its contents are at `moved`.
+    config = json.loads((run / "config.json").read_text())
+    record = config["init_from"]
+    config["init_from"] = {**record, "path": str(tmp_path / "gone.safetensors")}
+    config["checksums"].pop("config", None)
+    (run / "config.json").write_text(json.dumps(config))
+    moved = tmp_path / "moved.safetensors"
+    shutil.copy(path, moved)
+    resumed = cli("train", *RUN, "--steps", "1", "--init-from", str(moved), "--out", str(run))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"starting from the weights of {moved}" in resumed.stderr
+    assert json.loads((run / "config.json").read_text())["init_from"]["sha256"] == record["sha256"]
+
+
 def test_the_weight_reader_is_parity_s_found_through_its_entry_point():
     # flaxformer_mini never imports parity (DESIGN.md): it finds the reader by the packaging
     # entry point that pyproject.toml declares, which `pip install -e .` registers.

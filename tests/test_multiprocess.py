@@ -397,7 +397,9 @@ def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_end
     (code, _, err), _ = finish(procs, timeout=HEARTBEAT_S * 6 + 60)
     assert code == 1, err[-3000:]
     assert "lost contact with another process" in err, err[-3000:]
-    assert time.time() - t0 < HEARTBEAT_S * 6 + 60
+    # Noticed within --distributed-timeout (HEARTBEAT_S) of the kill, then ended at once; the
+    # rest is room for a loaded machine, below finish's own timeout.
+    assert time.time() - t0 < HEARTBEAT_S * 3
     # Process 0 ended at once (os._exit, no atexit handler) and still removed its process-id
     # lock; the killed process could not remove its own, which is left to this test.
     from flaxformer_mini.scale.host_guards import _slot_path

@@ -76,7 +76,7 @@ def test_the_command_prints_and_writes_each_row_and_refuses_bad_options(tmp_path
     assert {"name", "depth", "dtype", "max_abs", "scale", "tolerance", "share", "ok"} <= set(report["rows"][0])
     for argv, message in ((["--batch", "0"], "--batch must be in [1, 1024], got 0"),
                           (["--json", str(tmp_path / "no" / "r.json")], "does not exist"),
-                          (["--torch-device", "nonsense"], "--torch-device")):
+                          (["--torch-device", "nonsense"], "--torch-device: torch device 'nonsense'")):
         with pytest.raises(SystemExit) as stop:
             main(argv)
         assert stop.value.code == 2 and message in capsys.readouterr().err, argv

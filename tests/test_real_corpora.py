@@ -101,8 +101,10 @@ def test_max_tokens_batches_respect_the_budget_and_are_a_function_of_the_step(bp
         real = batch.target_out[:, 0] != 0  # rows of PAD only carry no labels
         rows = int(real.sum())
         assert rows * max(batch.source.shape[1], batch.target_in.shape[1]) <= 96
+        # Padding included, the rows of PAD too: the budget is the batch's whole shape.
+        assert batch.source.shape[0] * max(batch.source.shape[1], batch.target_in.shape[1]) <= 96
         (again,) = Run.open(bpe_run[0]).train_batches(step)
-        for a, b in zip(batch, again):
+        for a, b in zip(batch, again, strict=True):
             np.testing.assert_array_equal(a, b)
 
 

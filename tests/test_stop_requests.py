@@ -204,6 +204,7 @@ def test_stop_requests_outside_the_main_thread_are_refused_and_leave_no_descript
     thread.start()
     thread.join()
     assert len(errors) == 1 and len(os.listdir("/proc/self/fd")) == before
+    assert "main thread" in str(errors[0])
 
 
 def test_a_second_sigterm_ends_the_process_at_once_as_a_second_ctrl_c_does():

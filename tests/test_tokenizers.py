@@ -84,7 +84,7 @@ def test_decode_stops_at_eos_and_strips_pad_bos():
     assert tok.decode([data.BOS, *ids, data.EOS, *tok.encode("dog"), data.PAD]) == "cat"
 
 
-def test_word_kind_writes_todays_vocab_file_byte_for_byte(tmp_path):
+def test_word_kind_writes_the_vocab_file_byte_for_byte(tmp_path):
     tok = tk.train("word", TEXTS, vocab_size=12)
     path = tok.save(tmp_path, "source")
     assert path.name == "vocab_source.json"

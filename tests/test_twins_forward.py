@@ -184,6 +184,9 @@ def test_ffn_dim_equal_to_embed_size_is_the_seed_model(tiny_config):
     a, b = default.state_dict(), explicit.state_dict()
     assert list(a) == list(b)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    (ts, tt), _ = as_inputs(*sample_batch(tiny_config, batch=2, seed=0))
+    with torch.no_grad():
+        assert torch.equal(default.eval()(ts, tt), explicit.eval()(ts, tt))
 
 
 def test_tiny_transformer_matches_torch(tiny_config):

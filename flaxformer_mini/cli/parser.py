@@ -14,6 +14,9 @@ DEBUG_ENV = "FLAXFORMER_MINI_DEBUG"  # set (to anything) for full tracebacks, as
 DEFAULTS = dict(preset="small", steps=3000, batch_size=64, warmup=200, lr=3e-3, seed=0)
 TEXT_MAX_LEN, SYNTHETIC_MAX_LEN = 64, 10  # --max-len's defaults: the model's, and the content's
 SYNTHETIC_VOCAB_SIZE = 16  # --vocab-size's default for --task (text: None, every word/character)
+# Defaults of options that go with one kind of data only: None in the parser, so that one given
+# with the other kind is refused by name rather than ignored.
+SYNTHETIC_MIN_LEN, SYNTHETIC_EVAL_SEQUENCES, VALID_SIZE = 1, 512, 512
 # train.optimizer.SCHEDULES and data.parallel_text.LENGTH_MULTIPLE, written here because
 # importing those modules imports JAX or NumPy.
 SCHEDULES = ("rsqrt", "constant", "cosine")
@@ -31,8 +34,14 @@ def split_sizes(args):
 
 
 def _clip_norm(text):
-    """A positive float, or 'none'/'off' for no clipping."""
-    return None if text.lower() in ("none", "off") else float(text)
+    """A positive float, or 'none'/'off' for no clipping (argparse names the option on an error;
+    its own message would name this function)."""
+    if text.lower() in ("none", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number, nor 'none' for no clipping") from None
 
 
 def _columns(text):
@@ -106,6 +115,8 @@ def check_ranges(args):
             return f"--{dest.replace('_', '-')} must be {requirement}, got {value}"
     if getattr(args, "command", None) != "train":
         return None
+    if args.task and args.vocab_size == 5:  # with one value every task is the same constant map
+        return "--vocab-size 5 leaves a synthetic task one value: it takes >= 6 (4 special tokens and two values)"
     sizes = split_sizes(args)
     if sizes["embed"] % sizes["heads"]:
         return (f"the width {sizes['embed']} (--embed-size or --preset {args.preset}) is not divisible by the "
@@ -113,7 +124,7 @@ def check_ranges(args):
     if args.schedule == "cosine" and args.warmup >= args.steps:
         return (f"--schedule cosine warms up for --warmup {args.warmup} steps and reaches 0 at --steps {args.steps}: "
                 f"--warmup must be below --steps")
-    if args.task and args.min_len > (args.max_len or SYNTHETIC_MAX_LEN):
+    if args.task and (args.min_len or SYNTHETIC_MIN_LEN) > (args.max_len or SYNTHETIC_MAX_LEN):
         return f"--min-len {args.min_len} is greater than --max-len {args.max_len or SYNTHETIC_MAX_LEN}"
     return None
 
@@ -178,9 +189,15 @@ def _data_problem(args):
     if getattr(args, "task", None):
         for option, value, default in (("--tokenizer", args.tokenizer, None), ("--shared-vocab", args.shared_vocab, False),
                                        ("--tokenizer-from", args.tokenizer_from, None), ("--max-tokens", args.max_tokens, None),
-                                       ("--length-multiple", args.length_multiple, None)):
+                                       ("--length-multiple", args.length_multiple, None),
+                                       ("--valid-size", args.valid_size, None)):
             if value != default:
                 return f"{option} goes with --data (synthetic tasks have integer tokens and fixed-size batches)"
+    if getattr(args, "data", None):
+        for option, value in (("--min-len", getattr(args, "min_len", None)),  # train's; evaluate takes --data too
+                              ("--eval-sequences", getattr(args, "eval_sequences", None))):
+            if value is not None:
+                return f"{option} goes with --task (a text run's lengths and held-out pairs come from its files)"
     if getattr(args, "tokenizer_from", None) is not None:
         given = [option for option, value in (("--tokenizer", args.tokenizer), ("--vocab-size", args.vocab_size),
                                               ("--shared-vocab", args.shared_vocab or None)) if value is not None]
@@ -311,14 +328,16 @@ def build_parser():
                         "them. Its tokenizer kind, size and sharing come with it")
     t.add_argument("--eval-decode-lines", type=int, default=256, metavar="N",
                    help="evaluation during training scores BLEU, chrF, WER and CER on this many held-out lines")
-    t.add_argument("--min-len", type=int, default=1, help="synthetic: shortest sequence")
+    t.add_argument("--min-len", type=int, default=None,
+                   help=f"synthetic: shortest sequence (default {SYNTHETIC_MIN_LEN})")
     t.add_argument("--max-len", type=int, default=None,
                    help=f"synthetic: longest sequence (default {SYNTHETIC_MAX_LEN}); "
                         f"text: the model's max_len (default {TEXT_MAX_LEN})")
-    t.add_argument("--eval-sequences", type=int, default=512, help="synthetic: held-out sequences")
-    t.add_argument("--valid-size", type=int, default=512,
-                   help="text: evaluation during training reads this many held-out pairs; without --valid, this many "
-                        "training pairs (at most a tenth) are held out for it")
+    t.add_argument("--eval-sequences", type=int, default=None,
+                   help=f"synthetic: held-out sequences (default {SYNTHETIC_EVAL_SEQUENCES})")
+    t.add_argument("--valid-size", type=int, default=None,
+                   help=f"text: evaluation during training reads this many held-out pairs; without --valid, this many "
+                        f"training pairs (at most a tenth) are held out for it (default {VALID_SIZE})")
     t.add_argument("--log-every", type=int, default=50, help="steps between metrics.jsonl lines (default 50; the "
                    "last step is always logged)")
     t.add_argument("--eval-every", type=int, default=500, help="steps between evaluations (default 500; and at the "

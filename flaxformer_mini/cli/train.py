@@ -10,8 +10,9 @@ import json
 import os
 import sys
 
-from flaxformer_mini.cli.parser import (DEFAULTS, LENGTH_MULTIPLE, LENGTH_PENALTY, SYNTHETIC_MAX_LEN,
-                                        SYNTHETIC_VOCAB_SIZE, TEXT_MAX_LEN, split_sizes)
+from flaxformer_mini.cli.parser import (DEFAULTS, LENGTH_MULTIPLE, LENGTH_PENALTY, SYNTHETIC_EVAL_SEQUENCES,
+                                        SYNTHETIC_MAX_LEN, SYNTHETIC_MIN_LEN, SYNTHETIC_VOCAB_SIZE, TEXT_MAX_LEN, VALID_SIZE,
+                                        split_sizes)
 from flaxformer_mini.files import same_file
 from flaxformer_mini.runs import init_from, tokenizer_from
 from flaxformer_mini.runs.config import DataConfig, TrainOptions
@@ -76,15 +77,16 @@ def _data_config(args, echo):
     """The run's DataConfig from the options: a synthetic task's, or a text run's."""
     if args.task:
         return DataConfig(kind="synthetic", task=args.task, vocab_size=args.vocab_size or SYNTHETIC_VOCAB_SIZE,
-                          min_len=args.min_len, max_len=args.max_len or SYNTHETIC_MAX_LEN,
-                          eval_sequences=args.eval_sequences, eval_decode_lines=args.eval_decode_lines)
+                          min_len=args.min_len or SYNTHETIC_MIN_LEN, max_len=args.max_len or SYNTHETIC_MAX_LEN,
+                          eval_sequences=args.eval_sequences or SYNTHETIC_EVAL_SEQUENCES,
+                          eval_decode_lines=args.eval_decode_lines)
     if args.valid is not None and same_file(args.valid, args.data):  # allowed: a check that it can fit at all
         echo(f"warning: --valid {args.valid} is the --data file: the held-out scores are on pairs it trains on")
     # --max-len is the model's max_len for text: the longest side, with its EOS. Absolute paths
     # in the run's config: evaluate and resume may run from another directory.
     return DataConfig(kind="tsv", max_len=(args.max_len or TEXT_MAX_LEN) - 1, train_path=os.path.abspath(args.data),
-                      valid_path=args.valid and os.path.abspath(args.valid), eval_pairs=args.valid_size,
-                      holdout=0 if args.valid else args.valid_size,
+                      valid_path=args.valid and os.path.abspath(args.valid), eval_pairs=args.valid_size or VALID_SIZE,
+                      holdout=0 if args.valid else args.valid_size or VALID_SIZE,
                       eval_decode_lines=args.eval_decode_lines, columns=args.columns,
                       length_multiple=args.length_multiple or LENGTH_MULTIPLE, **_tokenizer_settings(args, echo))
 

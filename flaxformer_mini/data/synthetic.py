@@ -4,6 +4,8 @@ Training batches are functions of ``(seed, step)`` alone, never of an iterator's
 resumed from a checkpoint at step k sees exactly the batches it would have seen.
 """
 
+import re
+
 import numpy as np
 
 from .batches import NUM_SPECIAL, SPECIAL_TOKENS, UNK, non_negative_int, positive_int, strip_specials, make_batch
@@ -14,6 +16,8 @@ TASKS = ("copy", "reverse", "sort")
 # different streams, so held-out data is never a replay of some training batch.
 _TRAIN_STREAM = 0
 _EVAL_STREAM = 1
+
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only: int() also reads "1_0" and other scripts' digits
 
 
 class SyntheticTask:
@@ -100,10 +104,9 @@ class SyntheticTask:
         """
         ids = []
         for token in text.split():
-            try:
-                value = int(token)
-            except ValueError:
-                raise ValueError(f"token {token!r} is not an integer; the {self.name} task reads integers 0..{self.num_values - 1}") from None
+            if not _INTEGER.fullmatch(token):
+                raise ValueError(f"token {token!r} is not an integer; the {self.name} task reads integers 0..{self.num_values - 1}")
+            value = int(token)
             if not 0 <= value < self.num_values:
                 raise ValueError(f"token {token!r} is out of range: values are 0..{self.num_values - 1}")
             ids.append(value + NUM_SPECIAL)

@@ -41,18 +41,22 @@ def _as_lengths(name, lengths):
     return lengths.astype(np.int64)
 
 
-def padded(lengths, length_multiple):
-    """``lengths`` rounded up to a multiple of ``length_multiple``."""
+def padded(lengths, length_multiple, max_len=None):
+    """``lengths`` rounded up to a multiple of ``length_multiple``, and at most ``max_len``: a
+    batch is padded no longer than the model's max_len (``TextPairs``), whatever the multiple."""
     m = positive_int("length_multiple", length_multiple)
-    return -(-np.asarray(lengths, np.int64) // m) * m
+    rounded = -(-np.asarray(lengths, np.int64) // m) * m
+    return rounded if max_len is None else np.minimum(rounded, positive_int("max_len", max_len))
 
 
-def token_batches(source_lengths, target_lengths, max_tokens, seed, epoch, length_multiple=1, max_sentences=None, names=None):
+def token_batches(source_lengths, target_lengths, max_tokens, seed, epoch, length_multiple=1, max_sentences=None, names=None,
+                  max_len=None):
     """The epoch's batches: a list of int64 index arrays, each example in exactly one.
 
     ``max_sentences`` optionally caps the rows per batch. ``names`` (optional, one per
     example, e.g. ``"train.tsv:17"``) is used in the error for an example that alone exceeds
-    ``max_tokens``; by default the error names the example's index.
+    ``max_tokens``; by default the error names the example's index. ``max_len`` (optional)
+    caps each padded length, as a batch is never padded past the model's max_len.
     """
     src = _as_lengths("source_lengths", source_lengths)
     tgt = _as_lengths("target_lengths", target_lengths)
@@ -63,7 +67,7 @@ def token_batches(source_lengths, target_lengths, max_tokens, seed, epoch, lengt
     max_tokens = positive_int("max_tokens", max_tokens)
     seed, epoch = non_negative_int("seed", seed), non_negative_int("epoch", epoch)
     cap = positive_int("max_sentences", max_sentences) if max_sentences is not None else src.size
-    cost = np.maximum(padded(src, length_multiple), padded(tgt, length_multiple))
+    cost = np.maximum(padded(src, length_multiple, max_len), padded(tgt, length_multiple, max_len))
     worst = int(np.argmax(cost))
     if cost[worst] > max_tokens:
         where = names[worst] if names is not None else f"example {worst}"
@@ -75,7 +79,8 @@ def token_batches(source_lengths, target_lengths, max_tokens, seed, epoch, lengt
     order = rng.permutation(src.size)
     # np.lexsort is stable and sorts by its last key first: equal lengths keep the random order.
     order = order[np.lexsort((tgt[order], src[order]))]
-    bounds = _greedy_bounds(padded(src[order], length_multiple), padded(tgt[order], length_multiple), max_tokens, cap)
+    bounds = _greedy_bounds(padded(src[order], length_multiple, max_len), padded(tgt[order], length_multiple, max_len),
+                            max_tokens, cap)
     batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     return [batches[i] for i in rng.permutation(len(batches))]
 
@@ -112,9 +117,10 @@ class TokenBatcher:
     share an epoch, so the plan is computed once per epoch.
     """
 
-    def __init__(self, source_lengths, target_lengths, max_tokens, length_multiple=1, max_sentences=None, names=None):
+    def __init__(self, source_lengths, target_lengths, max_tokens, length_multiple=1, max_sentences=None, names=None,
+                 max_len=None):
         self._args = (source_lengths, target_lengths, max_tokens)
-        self._kwargs = dict(length_multiple=length_multiple, max_sentences=max_sentences, names=names)
+        self._kwargs = dict(length_multiple=length_multiple, max_sentences=max_sentences, names=names, max_len=max_len)
         self._key, self._plan = None, None
         # The number of batches does not depend on the seed or epoch (see the module docstring).
         self.steps_per_epoch = len(self.plan(0, 0))

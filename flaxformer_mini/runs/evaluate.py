@@ -58,10 +58,13 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
 
 
 class _Values:
-    """A synthetic task's values as ``TextPairs`` reads a vocabulary: ``encode(text)``."""
+    """A synthetic task's values as ``TextPairs`` reads a vocabulary: ``encode_batch(texts)``."""
 
     def __init__(self, task):
         self.encode = task.encode_text
+
+    def encode_batch(self, texts):
+        return [self.encode(text) for text in texts]
 
 
 def read_pairs(run, path, columns=None):

@@ -100,6 +100,7 @@ class Run:
         self.best = best  # opened as RUN/best: latest_state reads the best checkpoint (train --best-metric)
         self._lock = None  # held from create() to close(): one training process per directory
         self._init_params = None  # a new --init-from run: the file's parameters, read by start()
+        self._init_path = None  # a resumed one: where the file is now, when it moved with its contents
 
     def close(self):
         """Release the run directory for another ``train``."""
@@ -130,11 +131,14 @@ class Run:
         config = resolve_config(options, data_config, *data.vocab_sizes)
         budget.check_training(config, data.train)  # before anything is written
         budget.check_evaluation(config)
-        params = None
+        params, init_path = None, None
         if options.init_from is not None:  # recorded (path, sha256): a resume checks both
             if run_dir.exists():  # a resume: the checkpoints hold the run; the file may have moved or gone
                 recorded = init_from.for_resume(run_dir.load_config().init_from, options.init_from, echo)
                 config = dataclasses.replace(config, init_from=recorded)
+                given = os.path.abspath(options.init_from)
+                if recorded is not None and os.path.exists(given) and init_from.digest(given) == recorded.sha256:
+                    init_path = given  # moved with its contents: a run with no checkpoint yet reads it here
             else:  # a new run: the file must fit its model before anything is written
                 config = dataclasses.replace(config, init_from=init_from.record(options.init_from))
                 params, notes = init_from.read_params(config.init_from.path, config, preset=options.preset)
@@ -145,7 +149,7 @@ class Run:
                                                run_dir.vocabulary_checksums(data.vocabs, data_config),
                                                data_config.tokenizer_from, data_config.train_path, echo)
         run = cls.create(out, config, data, echo=echo)
-        run._init_params = params
+        run._init_params, run._init_path = params, init_path
         return run
 
     @classmethod
@@ -436,9 +440,10 @@ class Run:
         if self.config.init_from is None:  # the seed's random init
             return TrainState.create(self._new_model(), self.config.train)
         params, self._init_params = self._init_params, None  # host memory back once loaded
+        path = self._init_path or self.config.init_from.path
         if params is None:
-            params, _ = init_from.read_params(self.config.init_from.path, self.config)
-        echo(f"starting from the weights of {self.config.init_from.path}")
+            params, _ = init_from.read_params(path, self.config)
+        echo(f"starting from the weights of {path}")
         # Laid out as a fresh or restored state (state.on_default_device says why).
         return on_default_device(init_from.load_into_state(self.trainer.state_template(), params))
 
@@ -510,7 +515,8 @@ class Run:
         that alone exceeds the budget is an error naming it."""
         train = self.data.train
         return TokenBatcher(train.source_lengths, train.target_lengths, self.config.max_tokens,
-                            length_multiple=train.length_multiple, names=_PairNames(train, self.config.data.train_path))
+                            length_multiple=train.length_multiple, names=_PairNames(train, self.config.data.train_path),
+                            max_len=train.max_len)
 
     # --- held-out data
 
