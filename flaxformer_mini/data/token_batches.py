@@ -43,7 +43,7 @@ def _as_lengths(name, lengths):
 
 def padded(lengths, length_multiple, max_len=None):
     """``lengths`` rounded up to a multiple of ``length_multiple``, and at most ``max_len``: a
-    batch is padded no longer than the model's max_len (``TextPairs``), whatever the multiple."""
+    batch is padded to the model's max_len at most (``TextPairs``), whatever the multiple."""
     m = positive_int("length_multiple", length_multiple)
     rounded = -(-np.asarray(lengths, np.int64) // m) * m
     return rounded if max_len is None else np.minimum(rounded, positive_int("max_len", max_len))

@@ -100,7 +100,7 @@ class Run:
         self.best = best  # opened as RUN/best: latest_state reads the best checkpoint (train --best-metric)
         self._lock = None  # held from create() to close(): one training process per directory
         self._init_params = None  # a new --init-from run: the file's parameters, read by start()
-        self._init_path = None  # a resumed one: where the file is now, when it moved with its contents
+        self._init_path = None  # a resumed one: where the file is, when it moved with its contents
 
     def close(self):
         """Release the run directory for another ``train``."""
