@@ -27,9 +27,8 @@ from parity import transformer_pair
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 
 PROPERTY_SETTINGS = settings(
-    # 12 (20 until 2026-11-26): each example of a new shape compiles both twins (about 1.7 s on
-    # 2 cores), and the whole suite must stay under 10 minutes there; derandomized, so every run
-    # checks the same 12.
+    # 12: each example of a new shape compiles both twins (seconds on 2 cores: docs/testing.md),
+    # and the whole suite has a time budget; derandomized, so every run checks the same 12.
     max_examples=12,
     deadline=None,  # the first example of each shape compiles
     derandomize=True,
