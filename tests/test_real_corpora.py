@@ -68,6 +68,26 @@ def test_evaluate_json_scores_the_hypotheses_it_writes_with_corpus_metrics(bpe_r
         assert result[key] == pytest.approx(expected[key], abs=1e-9)
 
 
+def test_evaluate_of_a_valid_run_reads_no_training_file_and_its_batches_read_it_when_asked(bpe_run, tmp_path):
+    import shutil
+
+    from flaxformer_mini.data import DataError
+
+    out = tmp_path / "run"
+    shutil.copytree(bpe_run[0], out)
+    broken = tmp_path / "train.tsv"
+    broken.write_text("no tab on this line\n")  # the training file, changed since into no TSV at all
+    config = json.loads((out / "config.json").read_text())
+    config["data"]["train_path"] = str(broken)
+    config["checksums"].pop("config", None)
+    (out / "config.json").write_text(json.dumps(config))
+    scores = [cli("evaluate", "--checkpoint", str(run), "--json") for run in (bpe_run[0], out)]
+    assert [p.returncode for p in scores] == [0, 0], scores[1].stderr
+    assert json.loads(scores[1].stdout) == json.loads(scores[0].stdout)
+    with pytest.raises(DataError, match=f"{broken}:1"):  # read when its batches are asked for, and named
+        next(Run.open(out).train_batches(0))
+
+
 def corpus_lines(args):
     return open(args[args.index("--valid") + 1]).read().splitlines()
 

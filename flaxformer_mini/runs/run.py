@@ -501,19 +501,26 @@ class Run:
         k = self.config.accumulate
         return (self._batch(step * k + j) for j in range(k))
 
-    def _batch(self, index):
+    def _training_pairs(self):
+        """The training examples. An opened run with --valid reads its training file only here,
+        when its batches are asked for (evaluate and generate never read it)."""
+        if self.data.train is None and os.path.isfile(self.config.data.train_path):
+            self._data = load_data(self.config.data, self.dir, rebuild=False, with_train=True)
         if self.data.train is None:  # an opened run whose training file moved (load_data)
             raise FileNotFoundError(f"{self.config.data.train_path}: the run's training file is not there")
-        seed = self.config.train.seed
+        return self.data.train
+
+    def _batch(self, index):
+        train, seed = self._training_pairs(), self.config.train.seed
         if self.config.max_tokens is None:
-            return self.data.train.batch(seed, index, self.config.batch_size)
-        return self.data.train.batch_of_rows(self.token_batcher.rows(seed, index), max_tokens=self.config.max_tokens)
+            return train.batch(seed, index, self.config.batch_size)
+        return train.batch_of_rows(self.token_batcher.rows(seed, index), max_tokens=self.config.max_tokens)
 
     @functools.cached_property
     def token_batcher(self):
         """--max-tokens batches over the training pairs (token_batches.TokenBatcher); an example
         that alone exceeds the budget is an error naming it."""
-        train = self.data.train
+        train = self._training_pairs()
         return TokenBatcher(train.source_lengths, train.target_lengths, self.config.max_tokens,
                             length_multiple=train.length_multiple, names=_PairNames(train, self.config.data.train_path),
                             max_len=train.max_len)

@@ -47,18 +47,20 @@ def _check_held_out_file(config: DataConfig, run_dir: RunDir):
                              f"the run's: {instead}")
 
 
-def load_data(config: DataConfig, run_dir: RunDir, rebuild=True) -> RunData:
+def load_data(config: DataConfig, run_dir: RunDir, rebuild=True, with_train=False) -> RunData:
     """The run's examples. A text run keeps its saved vocabularies when it has them (a resumed
     run keeps its ids even if the training file changed); a new one builds them from the
-    training pairs that fit ``max_len``, so a dropped pair adds no words."""
+    training pairs that fit ``max_len``, so a dropped pair adds no words. An opened run
+    (``rebuild`` False) with a --valid file leaves its training file unread (``train`` None)
+    unless ``with_train``: evaluating needs only the tokenizers and that file."""
     if config.kind == "synthetic":
         task = SyntheticTask(config.task, config.vocab_size, config.min_len, config.max_len)
         return RunData(task, task, None)
     if not rebuild:
         _check_held_out_file(config, run_dir)
-    if not rebuild and config.valid_path and not os.path.isfile(config.train_path):
-        # An opened run (evaluate, generate) whose training file moved since: its saved
-        # vocabularies and its --valid file are all that evaluating needs.
+    if not rebuild and config.valid_path and not (with_train and os.path.isfile(config.train_path)):
+        # An opened run (evaluate, generate): its saved vocabularies and its --valid file are all
+        # that evaluating needs; the training file, maybe large, maybe moved, is left unread.
         vocabs = run_dir.load_vocabularies(config)
         valid = read_tsv(config.valid_path, config.columns)
         return RunData(None, _text_pairs(config.valid_path, valid, vocabs, config), vocabs)
