@@ -133,8 +133,8 @@ def test_every_process_trains_on_the_tokenizers_process_0_saved(tmp_path, monkey
 def test_an_error_adopting_process_0s_files_stops_every_process_at_once(tmp_path, monkeypatch):
     # follow_main runs after the last start-up collective, and a process other than 0 reads
     # process 0's tokenizer files there. An error in it goes through all_started, as the
-    # earlier start-up errors do: before, that process alone stopped while process 0 waited in
-    # fit's first collective until --distributed-timeout, then both aborted (exit 134).
+    # earlier start-up errors do: otherwise that process alone stops while process 0 waits in
+    # fit's first collective until --distributed-timeout, then both abort (exit 134).
     from flaxformer_mini.scale import distributed
     from flaxformer_mini.runs.run import Run
     
@@ -194,7 +194,7 @@ def no_cluster(monkeypatch):
 
 @pytest.mark.parametrize("port", [0, 70000])
 def test_a_coordinator_port_outside_1_to_65535_is_refused_before_any_wait(no_cluster, port):
-    # Before: port 0 waited the whole timeout, then blamed the other processes; 70000 trained on
+    # Unchecked, port 0 waits the whole timeout, then blames the other processes; 70000 trains on
     # port 4464, where getaddrinfo and jax wrap it.
     with pytest.raises(no_cluster.DistributedError, match=rf"^--coordinator '127\.0\.0\.1:{port}': port {port} is not "
                        r"in 1\.\.65535$"):
@@ -207,7 +207,7 @@ def test_an_empty_coordinator_is_refused_as_not_host_port(no_cluster):
 
 
 def test_a_process_count_or_id_without_a_coordinator_names_the_coordinator_it_needs(no_cluster, monkeypatch):
-    # Before: jax's "coordinator_address should be defined."
+    # Unchecked: jax's "coordinator_address should be defined."
     with pytest.raises(no_cluster.DistributedError, match=r"^--num-processes 2 and --process-id 1 start a multi-process "
                        r"run, which also needs --coordinator HOST:PORT \(or JAX_COORDINATOR_ADDRESS\) on every process$"):
         no_cluster.start_runtime(None, 2, 1)
@@ -218,7 +218,7 @@ def test_a_process_count_or_id_without_a_coordinator_names_the_coordinator_it_ne
 
 
 def test_a_process_count_or_id_from_the_environment_is_named_as_the_variable(no_cluster, monkeypatch):
-    # Before: "--process-id 5 is out of range for --num-processes 2", neither option given.
+    # Unchecked: "--process-id 5 is out of range for --num-processes 2", neither option given.
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1")
     monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
     monkeypatch.setenv("JAX_PROCESS_ID", "5")
@@ -234,8 +234,8 @@ def test_a_process_count_or_id_from_the_environment_is_named_as_the_variable(no_
 
 def test_an_out_directory_not_shared_by_the_processes_is_refused_before_training(tmp_path):
     # Each process in a directory of its own with a relative --out: two run directories, as on
-    # hosts without a shared file system. Before, both trained to the first save, where orbax
-    # waited 10 minutes for the other process's files, then every process aborted.
+    # hosts without a shared file system. Unchecked, both train to the first save, where orbax
+    # waits 10 minutes for the other process's files, then every process aborts.
     homes = [tmp_path / f"host{i}" for i in range(2)]
     for home in homes:
         home.mkdir()
@@ -254,9 +254,9 @@ def test_an_out_directory_not_shared_by_the_processes_is_refused_before_training
 
 @pytest.mark.parametrize("missing", ["--data", "--tokenizer-from"])
 def test_a_data_file_missing_on_one_host_stops_every_process_at_once(tmp_path, missing, monkeypatch):
-    # The same relative --data (or --tokenizer-from run) on two hosts, only on the first. Before,
-    # process 1 ended with its error while process 0 waited for it in the options check until the
-    # timeout, and both then aborted (exit -6).
+    # The same relative --data (or --tokenizer-from run) on two hosts, only on the first. Unchecked,
+    # process 1 ends with its error while process 0 waits for it in the options check until the
+    # timeout, and both then abort (exit -6).
     homes = [tmp_path / f"host{i}" for i in range(2)]
     for home in homes[: 2 if missing == "--tokenizer-from" else 1]:
         home.mkdir(exist_ok=True)
@@ -375,7 +375,7 @@ def test_an_unreachable_coordinator_is_an_error_naming_it_within_the_timeout(tmp
 
 
 def test_processes_whose_peers_never_connect_stop_with_a_message_naming_the_coordinator_not_an_abort(tmp_path):
-    # Two of three processes come; the third never does. Before, jax's C++ client ended both
+    # Two of three processes come; the third never does. Left to jax, its C++ client ends both
     # after its initialization timeout with SIGABRT (returncode -6) and a C++ stack trace, no message.
     port, out = free_port(), tmp_path / "run"
     t0 = time.time()
@@ -407,8 +407,8 @@ def test_a_process_id_out_of_range_is_refused():
 def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(tmp_path):
     # jax's coordinator binds with SO_REUSEPORT: a second run on a port in use bound it too, and
     # its other processes then joined the first run's service, which aborted the first run
-    # (SIGABRT, steps lost). Here a plain program holds the port; before, process 0 blamed a
-    # timeout ("within 300s") after 2 s and did not say the port was taken.
+    # (SIGABRT, steps lost). Here a plain program holds the port; unchecked, process 0 blames a
+    # timeout ("within 300s") after 2 s and does not say the port is taken.
     out = tmp_path / "run"
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -450,8 +450,8 @@ def test_the_port_check_sees_a_port_shared_listener_and_lets_a_restarted_runs_ti
 
 
 def test_a_second_process_with_an_id_in_use_on_this_host_is_refused_naming_the_holder(tmp_path):
-    # Before, it registered with the run's coordinator as that task restarted, and jax's
-    # coordination service aborted every process of the run (exit 134, steps lost).
+    # Unchecked, it registers with the run's coordinator as that task restarted, and jax's
+    # coordination service aborts every process of the run (exit 134, steps lost).
     import fcntl
     import os
 
@@ -505,13 +505,13 @@ def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs
     monkeypatch.delenv("JAX_NUM_PROCESSES", raising=False)
     monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
     monkeypatch.setattr(distributed, "_batch_cluster_detected", lambda: False)
-    # Before: jax's own "Number of processes must be defined."
+    # Unchecked: jax's own "Number of processes must be defined."
     with pytest.raises(distributed.DistributedError, match=r"JAX_COORDINATOR_ADDRESS 127\.0\.0\.1:\d+ starts a "
                        r"multi-process run, which also needs --num-processes \(or JAX_NUM_PROCESSES\) and "
                        r"--process-id \(or JAX_PROCESS_ID\) on every process"):
         distributed.start_runtime()
-    # Before: not checked for reachability; "did not all connect ... Start every process with the
-    # same --coordinator" after the whole timeout.
+    # Unchecked for reachability: "did not all connect ... Start every process with the same
+    # --coordinator" after the whole timeout.
     monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
     monkeypatch.setenv("JAX_PROCESS_ID", "1")
     monkeypatch.setattr(host_guards, "hold_process_slot", lambda *a: None)  # no lock left in this process
@@ -537,7 +537,7 @@ def test_train_writes_only_its_result_on_stdout_even_what_native_code_prints_the
 
 
 def test_processes_with_different_device_counts_are_refused_naming_the_counts_before_anything_is_written(tmp_path):
-    # Before: the first start-up collective (jax's process_allgather) failed on every process
+    # Unchecked, the first start-up collective (jax's process_allgather) fails on every process
     # with "cannot reshape array of size 3 into shape (2,2)".
     out, argv = tmp_path / "run", train_cli(tmp_path / "run", 2)
     procs = [subprocess.Popen(argv(i), env=env_with(devices_per_process=2 - i), cwd=REPO, stdout=subprocess.PIPE,
