@@ -96,6 +96,11 @@ class SyntheticTask:
         # Always padded to model_max_len: one fixed shape, so the jitted step compiles once.
         return make_batch(sources, [self.solve(s) for s in sources], self.model_max_len, self.model_max_len)
 
+    def encode_batch(self, texts):
+        """``[encode_text(t) for t in texts]``: the vocabularies' interface, so that ``TextPairs``
+        reads a file of values as it reads text (``evaluate --data`` of a synthetic run)."""
+        return [self.encode_text(text) for text in texts]
+
     def encode_text(self, text):
         """Content ids for a line of space-separated values: ``"5 3 9"`` -> ``[9, 7, 13]``.
 

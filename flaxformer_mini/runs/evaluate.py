@@ -57,16 +57,6 @@ def evaluate_run(out, batch_size=None, with_exact_match=True, beam_size=1, outpu
     return {"step": int(state.step), **result}
 
 
-class _Values:
-    """A synthetic task's values as ``TextPairs`` reads a vocabulary: ``encode_batch(texts)``."""
-
-    def __init__(self, task):
-        self.encode = task.encode_text
-
-    def encode_batch(self, texts):
-        return [self.encode(text) for text in texts]
-
-
 def read_pairs(run, path, columns=None):
     """``TextPairs`` of the ``source<TAB>target`` file ``path``, read as training data is
     (``iter_tsv``'s rules and errors, the run's ``--columns`` unless ``columns`` is given)
@@ -89,7 +79,7 @@ def read_pairs(run, path, columns=None):
     pairs = [(source, target) for _, source, target in numbered]
     if d.kind == "synthetic":
         task = SyntheticTask(d.task, d.vocab_size, d.min_len, d.max_len)
-        vocabs = (_Values(task),) * 2
+        vocabs = (task, task)  # its values, read as TextPairs reads a vocabulary (encode_batch)
         for lineno, source, target in numbered:
             for side, text in (("source", source), ("target", target)):
                 try:
