@@ -254,11 +254,8 @@ def test_generate_with_empty_input_is_refused(straight_run):
 
 
 def test_evaluate_with_beam_size_reports_the_best_beams_exact_match(straight_run):
-    import numpy as np
-
     from flaxformer_mini.data import EOS
     from flaxformer_mini.decode import search
-    from flaxformer_mini.runs.run import Run
 
     proc = cli("evaluate", "--checkpoint", str(straight_run[0]), "--beam-size", BEAM_SIZE, "--json")
     assert proc.returncode == 0, proc.stderr
