@@ -67,7 +67,8 @@ def token_batches(source_lengths, target_lengths, max_tokens, seed, epoch, lengt
     max_tokens = positive_int("max_tokens", max_tokens)
     seed, epoch = non_negative_int("seed", seed), non_negative_int("epoch", epoch)
     cap = positive_int("max_sentences", max_sentences) if max_sentences is not None else src.size
-    cost = np.maximum(padded(src, length_multiple, max_len), padded(tgt, length_multiple, max_len))
+    src_padded, tgt_padded = padded(src, length_multiple, max_len), padded(tgt, length_multiple, max_len)
+    cost = np.maximum(src_padded, tgt_padded)
     worst = int(np.argmax(cost))
     if cost[worst] > max_tokens:
         where = names[worst] if names is not None else f"example {worst}"
@@ -79,8 +80,7 @@ def token_batches(source_lengths, target_lengths, max_tokens, seed, epoch, lengt
     order = rng.permutation(src.size)
     # np.lexsort is stable and sorts by its last key first: equal lengths keep the random order.
     order = order[np.lexsort((tgt[order], src[order]))]
-    bounds = _greedy_bounds(padded(src[order], length_multiple, max_len), padded(tgt[order], length_multiple, max_len),
-                            max_tokens, cap)
+    bounds = _greedy_bounds(src_padded[order], tgt_padded[order], max_tokens, cap)
     batches = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     return [batches[i] for i in rng.permutation(len(batches))]
 
