@@ -1,5 +1,5 @@
-"""Test-wide settings, and why. How to run the suite, where its time goes and what was cut
-to keep it short: docs/testing.md.
+"""Test-wide settings, and why. How to run the suite, where its time goes and what is left
+out to keep it short: docs/testing.md.
 
 - Numerics: parity runs use exact float32 matmuls on both sides (DESIGN.md). As in Equinox's
   tests, implicit rank promotion is an error, so a missing axis is caught, and implicit dtype
@@ -35,7 +35,7 @@ from pathlib import Path
 #
 # One thread for XLA:CPU's Eigen kernels (here, in every process) and for torch (below, in
 # each pytest worker): the suite runs as `-n 2` on 2 cores, so each worker has a core of its
-# own already, and a second thread in each only made the workers (and their subprocesses) take
+# own already, and a second thread in each only makes the workers (and their subprocesses) take
 # turns on the cores (Eigen's and OpenMP's waiting threads spin before they sleep).
 # The measurements behind both: docs/testing.md, "Where the time goes".
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
@@ -60,9 +60,9 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 torch.set_num_threads(1)  # one thread per worker: see TEST_XLA_FLAGS above
 # Python's cyclic garbage collector, less often, at the thresholds a command runs under
 # (flaxformer_mini/collector.py): tracing and lowering allocate objects by the million, and with
-# the default thresholds (700, 10, 10) a worker ran a full collection, which walks every object
+# the default thresholds (700, 10, 10) a worker runs a full collection, which walks every object
 # the worker holds (every module, every compiled program), every few seconds. Garbage without
-# cycles is freed at once either way; memory stayed within a few percent. Measured:
+# cycles is freed at once either way; memory stays within a few percent. Measured:
 # docs/testing.md, "Where the time goes".
 gc.set_threshold(*THRESHOLDS)
 

@@ -1,14 +1,14 @@
 """``python tests/every_process_caches.py ARGS...``: the CLI, as ``python -m flaxformer_mini
 ARGS...``, with the processes of a multi-process run sharing their compiled programs.
 
-Two of JAX's rules made process 1 of every test launch compile every program itself:
+Two of JAX's rules make process 1 of every test launch compile every program itself:
 
 - JAX writes the persistent compilation cache from process 0 only (sparing shared filesystems
-  concurrent writes), so what process 1 compiled alone was never read back;
+  concurrent writes), so what process 1 compiles alone is never read back;
 - on the CPU each process keys its programs apart from the others' (XLA:CPU's topology
   fingerprint differs per process), so neither the cache nor JAX's binary sharing
   (``jax_share_binary_between_hosts``: process 0 compiles a program that spans the processes
-  and hands it to the others through the coordination service) found process 0's program.
+  and hands it to the others through the coordination service) finds process 0's program.
 
 Here every process writes the cache, every process keys a program by the devices it runs on
 (their ids and processes, alike in every process), and binary sharing is on. Process 1 then

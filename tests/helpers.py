@@ -238,7 +238,7 @@ SHARED_RUNS = {
     "copy_60_steps": lambda d: ["train", *TINY_RUN, "--steps", "60", "--lr", "1e-2", "--save-every", "60",
                                 "--out", str(d / "run")],
     # A briefly trained character-level run of the 60-pair corpus: its hypotheses run long (few EOS
-    # learnt yet), which truncation at the references' length used to hide (tests/test_evaluate_cli.py).
+    # learnt yet), which truncation at the references' length would hide (tests/test_evaluate_cli.py).
     "char_4_steps": lambda d: [*text_args((write_corpus(d / "train.tsv", 60), write_corpus(d / "valid.tsv", 7)),
                                           d / "run", "--tokenizer", "char"), "--steps", "4"],
 }

@@ -30,12 +30,12 @@ TIMINGS = ("torch_eager_ms", "torch_compile_ms", "flax_jit_ms")
 def earlier_objects_out_of_the_collectors_reach():
     """The harness collects garbage before each path it times (benchmarks/measure.py), as it
     should in a process of its own. In a pytest worker the heap also holds everything earlier
-    tests imported and compiled, and each ``gc.collect()`` walked it: 60 collections took 19 s
-    of these tests' 75 s (AMD EPYC family 25, cProfile). ``gc.freeze()`` moves what exists now
-    to the permanent generation; what the harness allocates is collected as usual. The file
-    alone, same machine: 59 s -> 42 s. Only the tests that run the harness take it: the
-    fixture's own ``gc.collect()`` took 0.4-1.1 s in a worker even after an earlier freeze
-    (AMD EPYC family 25 model 17, 2026-11-27), spent on tests that time nothing."""
+    tests imported and compiled, and each ``gc.collect()`` walks it: 60 collections take 19 s
+    of these tests' 75 s (AMD EPYC family 25, cProfile). ``gc.freeze()`` moves what exists at
+    that point to the permanent generation; what the harness allocates is collected as usual.
+    The file alone, same machine: 42 s with the freeze, 59 s without. Only the tests that run
+    the harness take it: the fixture's own ``gc.collect()`` takes 0.4-1.1 s in a worker even
+    after an earlier freeze (AMD EPYC family 25 model 17), spent on tests that time nothing."""
     import gc
 
     gc.collect()
@@ -182,7 +182,7 @@ print(json.dumps(after))
 
 
 def test_jax_leaves_a_gpu_presets_torch_paths_their_memory():
-    """On the H100 (80 GB) JAX's preallocation of 75% left the `large` preset's torch eager
+    """On the H100 (80 GB) JAX's preallocation of 75% leaves the `large` preset's torch eager
     train step out of memory (docs/benchmarks.md, "GPU"). The setting only counts before
     JAX's backend starts, so it is checked in a fresh process, as ``python -m benchmarks``
     starts (one process for all the cases: none of them starts the backend); nothing there
@@ -222,7 +222,7 @@ def test_flop_counts_follow_the_documented_formula():
 def test_forward_flops_equal_torchs_flop_counter_on_the_torch_twin(ffn_dim):
     """An independent count: torch's FlopCounterMode over torch_ref's forward (its matmuls,
     2 FLOPs a multiply-add, biases not counted, as in benchmarks/flops.py). With ffn_dim != D
-    the analytic count once used F = D and came out 13% low here."""
+    an analytic count that used F = D would come out 13% low here."""
     from torch.utils.flop_counter import FlopCounterMode
 
     import torch_ref
@@ -241,7 +241,7 @@ def test_forward_flops_equal_torchs_flop_counter_on_the_torch_twin(ffn_dim):
 def test_a_ratio_is_within_noise_when_the_paths_timed_rounds_overlap():
     from benchmarks.report import ranges_overlap
 
-    # The Zen 4's train step of 2026-11-25 (ms): Flax's rounds spread over torch eager's.
+    # A Zen 4 train step's rounds (ms, docs/benchmarks.md): Flax's spread over torch eager's.
     assert ranges_overlap([1643, 1130, 1404, 1224, 1357], [1186, 1237, 1375, 1210, 1290])
     assert ranges_overlap([1.0, 2.0], [2.0, 3.0])  # touching counts
     assert not ranges_overlap([880, 882, 889, 895], [1010, 1025, 1031])  # the Xeon's: a clear gap
@@ -362,7 +362,8 @@ def test_cpuinfo_names_family_and_the_gemm_isa_extensions():
 
 
 def test_a_gpu_run_names_its_accelerator_first_and_its_ratios_hold_for_that_device():
-    # The H100's report of 2026-11-27 named only its host's Xeon, and its ratios "this CPU only".
+    # A GPU run's report names its accelerator, not its host's Xeon alone, and its ratios hold
+    # for that device, not "this CPU only".
     from benchmarks import machine
 
     described = {"cpu": {"model_name": "Intel(R) Xeon(R) Processor", "family": 6, "model": 207, "isa": ["avx2"]},
@@ -435,9 +436,8 @@ def _git(repo, *args):
 
 
 def test_the_code_is_named_by_its_checkouts_commit_and_a_change_to_the_measured_code_is_marked(monkeypatch):
-    """A report says which code it measured: two runs of one machine differing by 14 points
-    of peak (docs/benchmarks.md, the Zen 4 on 2026-11-25 and 27) could not be told apart by
-    code without it."""
+    """A report says which code it measured: two runs of one machine that differ by 14 points
+    of peak (docs/benchmarks.md, the Zen 4's) could not be told apart by code without it."""
     import tempfile
     from importlib import metadata
 
@@ -547,7 +547,7 @@ def test_a_second_timing_run_on_the_host_is_refused_naming_the_first(tmp_path, m
 
 def test_a_sweep_point_that_repeats_earlier_shapes_is_marked_as_compiled_there():
     # The quick sweep's batch=2 point has the length sweep's shapes: its 0.1 s "first-call
-    # overhead" was no compile, which the column would otherwise seem to say.
+    # overhead" is no compile, which the column would otherwise seem to say.
     from benchmarks import scaling
 
     rep = {"sweeps": {"batch": {"axis": "batch", "fixed": {"seq_len": 4, "num_layers": 1}}},

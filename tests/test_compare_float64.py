@@ -144,7 +144,7 @@ def test_inputs_that_are_not_arrays_pass_through_as_they_do_in_float32():
 
 def test_the_projects_own_twins_agree_in_float64():
     # flaxformer_mini's attention keeps float64 scores (it widens bfloat16 to float32, and
-    # once narrowed float64 too); the seed-size twins agree to 5.8e-15 (in_float64.py).
+    # must not narrow float64); the seed-size twins agree to 5.8e-15 (in_float64.py).
     import flaxformer_mini as fm
     import torch_ref
     from flaxformer_mini.model.config import get_preset

@@ -117,8 +117,8 @@ def test_an_ignore_missing_prefix_that_matches_no_missing_row_is_an_error_naming
     ({"proj.weight": "out.weight", "projj.bias": "out.bias"}, "pattern 'projj.bias' matches no key"),
 ], ids=["target", "source"])
 def test_a_rename_map_that_does_not_fit_is_refused_as_conversion_refuses_it(pair, rename, named):
-    # Before: the misspelt pattern renamed no row, `proj` and `out` were each missing on one
-    # side, and ignore_missing=True left both out: a pass that compared no head at all.
+    # Unrefused, the misspelt pattern would rename no row, `proj` and `out` would each be missing
+    # on one side, and ignore_missing=True would leave both out: a pass that compares no head at all.
     t, f, tx, fx = pair
     with pytest.raises(ConversionError, match=named):
         parity.compare(t, f, tx, fx, rename=rename, ignore_missing=True)
@@ -172,8 +172,8 @@ class _FlaxMixerNet(nnx.Module):
 
 
 def test_a_module_the_rename_map_renames_only_through_its_childrens_keys_is_matched_by_its_new_name():
-    # The map names parameters alone; layers.0.attn (no parameter of its own) was left under its
-    # torch name, and a correct port failed it as missing on the Flax side, blocks.0.attention on torch's.
+    # The map names parameters alone; layers.0.attn (no parameter of its own), left under its
+    # torch name, would fail a correct port as missing on the Flax side, blocks.0.attention on torch's.
     rename = {"layers.{}.attn.wq.{}": "blocks.{}.attention.query.{}", "layers.{}.attn.wo.{}": "blocks.{}.attention.out.{}"}
     torch.manual_seed(0)
     t = _TorchMixerNet().eval()

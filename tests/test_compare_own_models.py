@@ -71,10 +71,10 @@ class _FlaxNetSubclass(_FlaxNet):  # the whole model's __call__, inherited
 
 @pytest.mark.parametrize("port", [_FlaxNet, _FlaxNetSubclass])
 def test_every_module_is_recorded_once_whether_its_call_is_inherited_or_calls_super(port):
-    # Before, nnx.capture wrapped only the __call__ a class defines itself: the subclass model
-    # lost its whole-model row ("output ... missing on the Flax side"; _Inherited's "a" was
+    # Were nnx.capture to wrap only the __call__ a class defines itself, the subclass model would
+    # lose its whole-model row ("output ... missing on the Flax side"; _Inherited's "a" would be
     # recorded only because an nnx.Linear in the tree got nnx.Linear's wrapped), and _Doubled,
-    # wrapped and then through super() in nnx.Linear's wrapper, recorded twice (c#0, c#1).
+    # wrapped and then through super() in nnx.Linear's wrapper, would be recorded twice (c#0, c#1).
     torch.manual_seed(0)
     t = _TorchNet().eval()
     f = port(nnx.Rngs(0))
@@ -132,8 +132,8 @@ def _lstm_pair():
 
 
 def test_a_model_with_nnx_rnn_compares_the_layers_around_the_scan_and_says_what_ran_inside_it():
-    # Before: JAX's "scan body function carry input and carry output must have the same pytree
-    # structure ... ['__captures__']", from nnx.capture recording inside nnx.RNN's scan.
+    # nnx.capture recording inside nnx.RNN's scan would fail with JAX's "scan body function carry
+    # input and carry output must have the same pytree structure ... ['__captures__']".
     t, f = _lstm_pair()
     x = _rand(N, L, D)
     inputs = ((torch.as_tensor(x),), (x,))
@@ -391,8 +391,8 @@ class _FlaxPlain(nnx.Module):  # the weight g * v / ||v|| as one kernel: the sam
 
 
 def test_a_weight_normed_layers_parametrization_modules_are_weights_not_rows():
-    # Before: "proj.parametrizations.weight.0 (missing on the Flax side)" was the first
-    # divergence, the output of torch's _WeightNorm module (the weight itself) read as an activation.
+    # Read as an activation, the output of torch's _WeightNorm module (the weight itself) would be
+    # the first divergence: "proj.parametrizations.weight.0 (missing on the Flax side)".
     torch.manual_seed(0)
     t, f = _TorchWeightNormed().eval(), _FlaxPlain(nnx.Rngs(0))
     assert any(".parametrizations." in name for name, _ in t.named_modules())
@@ -449,8 +449,8 @@ def test_a_row_in_torchs_own_layout_moved_by_channels_last_true_says_so_and_the_
 @pytest.mark.parametrize("wrap, attribute", [(torch.nn.DataParallel, "module"), (torch.compile, "_orig_mod")],
                          ids=["DataParallel", "torch.compile"])
 def test_a_torch_model_in_a_wrapper_is_refused_naming_the_attribute_that_holds_the_model(wrap, attribute):
-    # Every torch row of a wrapped model carries the wrapper's prefix ('module.fc'): the table
-    # failed every row as missing on both sides, without naming the wrapper.
+    # Every torch row of a wrapped model carries the wrapper's prefix ('module.fc'): unrefused, the
+    # table would fail every row as missing on both sides, without naming the wrapper.
     torch.manual_seed(0)
     t = torch.nn.Sequential()
     t.fc = torch.nn.Linear(D, OUT)

@@ -233,7 +233,7 @@ def test_read_tsv_errors_name_the_file_and_line(tmp_path, text, message):
 
 
 def test_read_tsv_names_every_bad_line_at_once_and_calls_a_trailing_tab_so(tmp_path):
-    # A messy export was once fixed one line per run: the error named the first bad line only.
+    # A messy export is fixed in one pass: the error names the bad lines, not the first alone.
     bad = [2, 4, 5] + list(range(7, 19))  # 15 bad lines; the first 1 + 10 are numbered
     lines = ["ok\tfine"] * 20
     lines[1] = "a\tb\t"  # a trailing tab

@@ -358,8 +358,8 @@ def test_beam_search_matches_a_plain_reference_beam_search(model, source, beams,
 # A beam wider than the live candidates: with 4 target ids (PAD, BOS, EOS and one word) and
 # W = 16, the first steps have fewer than W real extensions, so dead beams (log-probability
 # near _NEG) fill the top W; alpha = 10 puts the length penalty past 2 at step 2, where a
-# dead beam's EOS once scored above _NEG / 2 and counted as a finished hypothesis (seeds 0
-# and 2 returned 32 and 16 phantom hypotheses scored -2.1e8 before the fix).
+# dead beam's EOS can score above _NEG / 2 and must not count as a finished hypothesis
+# (counted, seeds 0 and 2 would return 32 and 16 phantom hypotheses scored -2.1e8).
 @pytest.mark.parametrize("seed", [0, 2])
 def test_a_beam_wider_than_the_vocabulary_finishes_only_real_hypotheses(seed):
     _, model, source = wide_beam_case(seed)

@@ -27,7 +27,7 @@ OVER_LONG = ("big sun " * 4, "x")  # 32 characters: over the run's --max-len 24
 @pytest.fixture(scope="module")
 def char_run(trained_run):
     """A briefly trained character-level run: its hypotheses run long (few EOS learnt yet),
-    which is what truncation at the references' length used to hide (helpers.SHARED_RUNS;
+    which is what truncation at the references' length would hide (helpers.SHARED_RUNS;
     tests/test_exported_run_in_torch.py exports the same run). Read only: copied where changed."""
     d = trained_run("char_4_steps")
     return d / "run", (d / "train.tsv", d / "valid.tsv")
@@ -216,7 +216,7 @@ def test_evaluate_refuses_its_valid_file_changed_or_gone_and_an_output_onto_it_e
 
 def test_a_run_without_valid_refuses_its_training_file_changed_since_and_an_output_onto_it(tmp_path, monkeypatch):
     # Its held-out pairs are drawn from the training file's lines: another file draws others,
-    # some of them trained on, which evaluate once scored silently (and --output overwrote it).
+    # some of them trained on, which evaluate would score silently (and --output overwrite it).
     # Both refusals come before evaluate reads a checkpoint: the run is started, not trained.
     monkeypatch.setattr("flaxformer_mini.cli.train.fit", lambda *a, **k: None)
     train = write_corpus(tmp_path / "train.tsv", 60)

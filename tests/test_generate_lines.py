@@ -111,8 +111,8 @@ def test_a_bad_token_is_named_by_its_real_line_number(run):
 
 
 def test_a_bom_and_crlf_line_ends_are_read_as_training_files_are(run, alone):
-    # As iter_tsv: the BOM is skipped, \r\n and a lone \r end a line. Before, the BOM stuck
-    # to the first token ("token '\ufeff5' is not an integer").
+    # As iter_tsv: the BOM is skipped, \r\n and a lone \r end a line. Unskipped, the BOM would
+    # stick to the first token ("token '\ufeff5' is not an integer").
     stdin = "\ufeff5 3 6 2\r\n1\r\n\r\n0 0 4\r2 2\n".encode()
     # --batch-size 2: the shape of mixed's batches, so their compiled decoder decodes these too.
     proc = cli("generate", "--checkpoint", str(run), "--batch-size", "2", stdin=stdin)

@@ -159,7 +159,7 @@ def test_a_resume_is_held_to_the_file_it_started_from(weights, started, tmp_path
     refused = cli("train", *RUN, "--steps", "2", "--init-from", str(changed), "--out", str(run2))
     assert refused.returncode == 2 and "the file changed since the run started from it" in refused.stderr
 
-    # The same file resumes from the checkpoint (the file's contents no longer matter).
+    # The same file resumes from the checkpoint (with a checkpoint, the file's contents do not matter).
     same = cli("train", *RUN, "--steps", "2", "--init-from", str(path), "--out", str(run))
     assert same.returncode == 0, same.stderr
     assert "resuming" in same.stderr and "starting from the weights" not in same.stderr

@@ -176,9 +176,9 @@ def equivalence_runs(tmp_path_factory):
     Two processes, not more: every property here shows with two, and each process more is a
     JAX start-up and every program's compilation more (docs/testing.md, "What was cut and why"). The 2-process
     layouts share one launch of processes with two devices each: the 2x1 layout uses one device
-    of each, as ``--devices 1`` does on such a host. That once aborted every process (the stop
-    votes ran on all of each host's devices, the train step on the mesh's: XLA:CPU's
-    collectives took one program's data for the other's); the 2x1 run here is its test, and
+    of each, as ``--devices 1`` does on such a host. That aborts every process if the stop votes
+    run on all of each host's devices and the train step on the mesh's (XLA:CPU's collectives
+    then take one program's data for the other's); the 2x1 run here is its test, and
     it continues the reference's checkpoint (a 2-process run of its own would start, restore
     and compile once more in each process)."""
     import shutil
@@ -349,7 +349,7 @@ def test_two_process_cli_run_writes_one_set_of_files_from_process_0(straight_two
     assert len(out0.splitlines()) == 1 and json.loads(out0)["step"] == CLI_STEPS, out0
     assert out1 == "", "only process 0 prints the result"
     assert "parameters" in err0 and "parameters" not in err1
-    # Process 1's own log says it joined (a host's log was empty but for jax's and gloo's lines).
+    # Process 1's own log says it joined (it holds more than jax's and gloo's lines).
     assert "process 1 of 2: 1 cpu device(s) of this host in the run, from step 0; process 0 writes" in err1, err1
     assert "process 0 of 2" not in err0
     assert (out / "config.json").exists() and (out / "loss.png").exists()
@@ -376,7 +376,7 @@ def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_end
     command = two_process_command(out, port)
 
     # 1. SIGTERM to process 0 only, at its first logged step (before the first checkpoint, where
-    #    issue #12's SIGTERM was once lost): both processes save the same step and exit like Ctrl-C.
+    #    issue #12's SIGTERM could be lost): both processes save the same step and exit like Ctrl-C.
     procs = start_processes(command, 2)
     metrics = out / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and metrics.read_text().strip(), procs, "a first logged step")
@@ -412,8 +412,8 @@ def test_sigterm_then_a_killed_process_then_a_damaged_checkpoint_then_resume_end
     # 3. The newest checkpoint is then found damaged (its array files cut short, as a copy
     #    interrupted by a full disk leaves them). The same command on every process resumes from
     #    the one before, moves the damaged one aside, saves that step again on every process
-    #    (each process's manager rereads the directory; before, process 1 raised
-    #    StepAlreadyExistsError there while process 0 waited) and ends bit-identical to the
+    #    (each process's manager rereads the directory; otherwise process 1 would raise
+    #    StepAlreadyExistsError there while process 0 waits) and ends bit-identical to the
     #    uninterrupted run.
     damage(out / "checkpoints" / str(kept))
     previous = checkpoint_steps(out)[-2]

@@ -381,7 +381,7 @@ def test_processes_whose_peers_never_connect_stop_with_a_message_naming_the_coor
     t0 = time.time()
     # Process 1 reaches the coordinator only once process 0, started beside it, has imported
     # its libraries and listens: 5 s leaves room for process 0 starting seconds later on a
-    # loaded machine (with 1 s process 1 sometimes gave up first, naming no coordinator).
+    # loaded machine (with 1 s process 1 sometimes gives up first, naming no coordinator).
     results = finish(start_processes(lambda i: train_cli(out, 3, port=port, timeout_s=5)(i) + ["--steps", "2"], 2),
                      timeout=120)
     for i, (code, _, err) in enumerate(results):
@@ -405,8 +405,8 @@ def test_a_process_id_out_of_range_is_refused():
 
 
 def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(tmp_path):
-    # jax's coordinator binds with SO_REUSEPORT: a second run on a port in use bound it too, and
-    # its other processes then joined the first run's service, which aborted the first run
+    # jax's coordinator binds with SO_REUSEPORT: a second run on a port in use binds it too, and
+    # its other processes then join the first run's service, which aborts the first run
     # (SIGABRT, steps lost). Here a plain program holds the port; unchecked, process 0 blames a
     # timeout ("within 300s") after 2 s and does not say the port is taken.
     out = tmp_path / "run"
@@ -521,7 +521,8 @@ def test_a_coordinator_from_the_environment_is_named_with_the_variables_it_needs
 
 
 def test_train_writes_only_its_result_on_stdout_even_what_native_code_prints_there():
-    # gloo (C++) prints "[Gloo] Rank 0 is connected ..." on file descriptor 1; `train | jq` broke.
+    # gloo (C++) prints "[Gloo] Rank 0 is connected ..." on file descriptor 1: there, it would
+    # break `train | jq`.
     code = ("import os, sys\n"
             "from flaxformer_mini.scale.distributed import stdout_for_results\n"
             "with stdout_for_results() as results:\n"
@@ -570,7 +571,7 @@ def handles_sigterm(pid):
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the signal mask from /proc (Linux)")
 def test_a_sigterm_before_the_first_step_stops_every_process_with_130_and_saves_nothing(tmp_path):
-    # Issue #12: a SIGTERM that came before `train`'s loop was once lost or took the run down.
+    # Issue #12: a SIGTERM before `train`'s loop is neither lost nor takes the run down.
     # Deterministic: process 1 starts alone and waits for the coordinator (process 0, not yet
     # started) with its handler installed; it gets the SIGTERM there. Then process 0 starts:
     # both agree before the first step, and stop, with nothing compiled or saved.
@@ -604,8 +605,8 @@ def vote_during_which_a_signal_arrives(stop, seen, at=2):
 
 
 def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary_later(tmp_path, monkeypatch):
-    # Issue #12's lost SIGTERM: the all-reduce's result was written back over the stop flag, so
-    # a signal handled while the all-reduce ran (where a multi-process run waited) was erased.
+    # Issue #12's lost SIGTERM: were the all-reduce's result written back over the stop flag, a
+    # signal handled while the all-reduce runs (where a multi-process run waits) would be erased.
     # Deterministic, in one process: the signal arrives during step 2's vote. Step 3's boundary
     # queues a vote that sees it; step 4's boundary reads that vote (votes are read one boundary
     # late, so the host never waits for the devices there), saves step 4 and stops.
@@ -624,8 +625,8 @@ def test_a_signal_handled_during_a_step_boundary_vote_stops_the_run_one_boundary
 
 
 def test_evaluation_during_training_gathers_the_parameters_not_the_optimizer_state(tmp_path, monkeypatch):
-    # fit gathered the whole TrainState for each evaluation: with FSDP, Adam's two moments made
-    # it three times the bytes evaluation reads (its parameters, through state.model()).
+    # The whole TrainState gathered for each evaluation would be, with FSDP, Adam's two moments
+    # included, three times the bytes evaluation reads (its parameters, through state.model()).
     import flaxformer_mini.runs.fit as fit_module
 
     gathered, evaluated = [], []
@@ -647,7 +648,7 @@ def _new_run(out):
 def test_a_second_ctrl_c_stops_now_and_the_process_exits_without_pythons_shutdown():
     # The first Ctrl-C asks for the coordinated stop; the second raises StopNow at once, and
     # the CLI then ends the process without Python's shutdown: in a multi-process run that
-    # shutdown runs jax's exit barrier, which waited for the peers (every process aborted after
+    # shutdown runs jax's exit barrier, which waits for the peers (every process aborts after
     # the timeout), and in any run it waits for an XLA compilation still going on.
     from flaxformer_mini.cli import errors
     from flaxformer_mini.train.stop import REPEAT_S, StopNow, Stopped, StopRequests

@@ -43,7 +43,7 @@ def test_the_bfloat16_twin_is_within_the_policy_at_every_layer(preset, seed):
 
 def test_a_layer_norm_epsilon_slip_fails_at_its_layer_in_bfloat16_too():
     # check.py's planted fault: epsilon 1e-1 for torch's 1e-5 in one LayerNorm. Measured on CPU
-    # (seed 0): it moves that row by 4.6% of its largest value, where bfloat16's rounding moved
+    # (seed 0): it moves that row by 4.6% of its largest value, where bfloat16's rounding moves
     # it by 0.72% and the tolerance at its depth (2) is 2.7%.
     config = fm.get_preset("tiny")
     torch_model, _ = transformer_pair(config)

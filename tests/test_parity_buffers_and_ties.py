@@ -207,8 +207,8 @@ def test_a_buffer_no_rule_covers_is_named_with_its_variable_type(torch_model):
 
 
 def test_an_array_a_port_holds_for_a_non_persistent_torch_buffer_is_refused_saying_to_compute_it():
-    # torch's register_buffer(..., persistent=False) (rotary inv_freq) is in no state dict; the
-    # port holding it as an array (NNX state, as any array attribute) was refused with no way out.
+    # torch's register_buffer(..., persistent=False) (rotary inv_freq) is in no state dict; a
+    # port holding it as an array (NNX state, as any array attribute) has nothing to load it from.
     class Port(nnx.Module):
         def __init__(self):
             self.fc = nnx.Linear(D, D, rngs=nnx.Rngs(0))
@@ -384,8 +384,8 @@ class _TorchLMHeadFirst(TorchLM):
 
 
 def test_a_tied_gradient_torch_lists_under_the_copys_name_is_compared_given_tied_as_the_guide_says():
-    # docs/porting.md once said tied gradients "need nothing more": true only when the source
-    # (tok) is registered first; here torch names the gradient lm_head.weight, met only with tied=.
+    # Tied gradients "need nothing more" only when the source (tok) is registered first; here
+    # torch names the gradient lm_head.weight, met only with tied=, as docs/porting.md says.
     torch.manual_seed(0)
     t = _TorchLMHeadFirst().eval()
     assert [name for name, _ in t.named_parameters()] == ["lm_head.weight", "norm.weight", "norm.bias"]

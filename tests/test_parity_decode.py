@@ -15,7 +15,7 @@ are compared row by row.
 - A bad N (0, negative, past max_len) exits 2 naming --decode; --json holds the result under
   ``decode``, beside the report's own keys.
 
-Perturbations were chosen (by trying a few) so that the decoded ids change on the tiny preset
+The perturbations are chosen (by trying a few) so that the decoded ids change on the tiny preset
 at seed 0; the expected rows, positions and tokens are computed here, never copied from a run.
 """
 
@@ -214,7 +214,7 @@ def test_json_holds_the_decode_result_beside_the_reports_own_keys(same_weights, 
 
 def test_an_atol_whose_near_tie_margin_overflows_still_writes_strict_json(tmp_path):
     # 10 x 1e308 is inf: the report says null there, as for a non-finite margin, and the check
-    # still passes (the twins agree), where json.dumps(allow_nan=False) refused it after the work.
+    # still passes (the twins agree), where json.dumps(allow_nan=False) would refuse it after the work.
     code, _, data = run_check(tmp_path, "--atol", "1e308")
     assert code == 0 and data["passed"] is True and data["atol"] == 1e308
     assert data["decode"]["near_tie_margin"] is None and data["decode"]["identical"] is True

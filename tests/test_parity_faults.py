@@ -190,8 +190,8 @@ for _ in range(5):
 
 def test_a_damaged_orbax_directory_is_one_short_line_without_stray_tracebacks(checkpoint, tmp_path, capsys):
     # orbax's threads go on calling into a closed event loop after a failed read, each call a
-    # "RuntimeError: Event loop is closed" traceback on stderr (every time, over 5 reads, before
-    # parity reused flaxformer-mini's silencer); the one-line error must be all there is.
+    # "RuntimeError: Event loop is closed" traceback on stderr (every time, over 5 reads, without
+    # flaxformer-mini's silencer, which parity uses); the one-line error must be all there is.
     import subprocess
     import sys
 
@@ -255,9 +255,9 @@ def test_check_of_overflowing_weights_writes_strict_json_saying_why_each_number_
     # Finite weights (refuse_unusable_weights lets them through) whose sum overflows float32 the
     # same way on every machine: the decoder's token and position embeddings are +-3e38 by feature,
     # so their sum is +-inf elementwise, and every matmul after it meets inf * w of both signs: NaN
-    # in any summation order. (Weights of 3e38 in a matmul overflowed on one CPU and stayed finite
+    # in any summation order. (Weights of 3e38 in a matmul overflow on one CPU and stay finite
     # on another, AMD EPYC family 25 model 1, through FMA accumulation and cancellation: no number
-    # was missing there and the test checked nothing.)
+    # would be missing there and the test would check nothing.)
     import json
 
     signs = torch.where(torch.arange(SIZES["embed_size"]) % 2 == 0, 1.0, -1.0)  # (D,)

@@ -118,7 +118,7 @@ def test_a_largest_error_past_twice_torchs_passes_when_flax_rounds_as_torch_does
     torch32, flax32 = rounded(1), rounded(2)
     flax32.flat[123] = EXACT.flat[123] + 3 * np.abs(torch32 - EXACT).max()  # one extreme, 3x torch's largest
     errors = float64_errors(torch32, flax32, EXACT)
-    assert errors.flax_largest > FLOAT64_FACTOR * errors.torch_largest  # the single-statistic rule failed this
+    assert errors.flax_largest > FLOAT64_FACTOR * errors.torch_largest  # a single-statistic rule would fail this
     assert errors.flax_rms == pytest.approx(errors.torch_rms, rel=0.01)
     assert errors.as_exact_as_torch()
 

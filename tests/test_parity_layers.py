@@ -183,8 +183,8 @@ def test_multihead_attention_in_proj_splits_into_query_key_value(bias):
 
 def test_multihead_attention_with_other_key_and_value_widths_converts_from_its_separate_projections():
     # kdim/vdim other than embed_dim: torch keeps q_proj_weight, k_proj_weight, v_proj_weight
-    # (and one in_proj_bias). The plan once expected one in_proj_weight of the query's shape
-    # (24, 8) for chunks of (8, 8), (8, 6), (8, 6), and refused torch's own state dict.
+    # (and one in_proj_bias). A plan expecting one in_proj_weight of the query's shape (24, 8)
+    # for chunks of (8, 8), (8, 6), (8, 6) would refuse torch's own state dict.
     torch.manual_seed(0)
     t = torch.nn.MultiheadAttention(12, 3, kdim=7, vdim=7, batch_first=True).eval()
     f = nnx.MultiHeadAttention(3, 12, in_kv_features=7, decode=False, rngs=nnx.Rngs(0))
@@ -340,8 +340,8 @@ def test_channels_last_prefix_matching_no_row_is_refused_naming_it():
     ({"Linear": (parity.Rule("weight", "kernel"),)}, r"these entries do not: 'Linear': \(Rule\("),
 ], ids=["a list", "one Rule, not a tuple", "a name, not a class"])
 def test_a_rules_argument_that_is_no_rule_table_is_refused_naming_the_problem(rules, problem):
-    # These failed deep inside the plan: "'list' object has no attribute 'get'", "'Rule' object
-    # is not iterable", "'str' object has no attribute '__name__'".
+    # Unchecked, these fail deep inside the plan: "'list' object has no attribute 'get'", "'Rule'
+    # object is not iterable", "'str' object has no attribute '__name__'".
     t, f = torch.nn.Linear(3, 2).eval(), nnx.Linear(3, 2, rngs=nnx.Rngs(0))
     x = _rand(2, 3)
     for call in (lambda: torch_to_flax(t.state_dict(), f, rules=rules), lambda: parity.torch_key_shapes(f, rules=rules),
@@ -352,8 +352,8 @@ def test_a_rules_argument_that_is_no_rule_table_is_refused_naming_the_problem(ru
 
 
 def test_a_rule_naming_a_variable_its_layer_lacks_is_named_with_the_nearest_one():
-    # A misspelt flax_name was skipped as a bias-free layer's bias is, and the refusal named only
-    # the variable left uncovered ("no conversion rule covers ... g"), under a rule the user had registered.
+    # Unchecked, a misspelt flax_name is skipped as a bias-free layer's bias is, and the refusal names
+    # only the variable left uncovered ("no conversion rule covers ... g"), under a rule the user registered.
     class Gain(nnx.Module):
         def __init__(self):
             self.g = nnx.Param(np.ones(4, np.float32))

@@ -75,7 +75,7 @@ def test_final_norms_norm_first_and_gelu_are_refused_by_name():
 
 
 def test_a_layer_norm_eps_or_bias_free_layers_unlike_the_seeds_are_refused_by_name():
-    # Not in the state dict, and passed check_module: at 1e-3 the logits differ by 6e-4 from the
+    # Not in the state dict, so check_module names it: at 1e-3 the logits differ by 6e-4 from the
     # twin's, at 1e-6 by less than the 1e-5 tolerance.
     for eps in (1e-3, 1e-6):
         kw = dict(d_model=8, nhead=2, dim_feedforward=8, batch_first=True, layer_norm_eps=eps)

@@ -113,8 +113,8 @@ def _ported_and_compared(torch_type):
 
 def test_the_sublayers_of_an_attention_torch_computes_in_one_call_are_left_out_and_said_so():
     # nn.MultiheadAttention runs its projections inside one call (no query/key/value modules);
-    # nnx.MultiHeadAttention calls four sublayers. Without ignore_missing, the report once
-    # failed on "attn.key ... missing on the torch side" for a correct port.
+    # nnx.MultiHeadAttention calls four sublayers. Compared, they would fail a correct port on
+    # "attn.key ... missing on the torch side" without ignore_missing.
     t, f, inputs, report = _ported_and_compared(_TorchAttention)
     assert [r.name for r in report.rows] == ["attn[0]", "out", ""]
     why = "inside attn, a MultiHeadAttention that torch computes in one call"
@@ -129,8 +129,8 @@ class _TorchAttentionDefaultCall(_TorchAttention):
 
 
 def test_the_attention_weights_of_a_default_multihead_attention_call_are_left_out_not_failed():
-    # A correct port of a default nn.MultiheadAttention call once failed on "attn[1] missing on
-    # the Flax side": torch's averaged attention weights, which nnx.MultiHeadAttention never returns.
+    # Compared, torch's averaged attention weights, which nnx.MultiHeadAttention never returns, would
+    # fail a correct port of a default nn.MultiheadAttention call on "attn[1] missing on the Flax side".
     t, f, inputs, report = _ported_and_compared(_TorchAttentionDefaultCall)
     assert [r.name for r in report.rows] == ["attn[0]", "out", ""]
     assert ("attn[1]", "the attention weights torch's attn returns (need_weights=True, its default), which the "
@@ -151,7 +151,8 @@ class _TorchSequenceFirstAttention(torch.nn.Module):
 
 
 def test_a_sequence_first_multihead_attention_is_compared_batch_first_and_said_so():
-    # A correct port failed at attn[0] with "shape differs: Flax (2, 4, D)": torch's (L, N, E) output.
+    # Compared as torch returns it, the (L, N, E) output would fail a correct port at attn[0]
+    # with "shape differs: Flax (2, 4, D)".
     t, f, inputs, report = _ported_and_compared(_TorchSequenceFirstAttention)
     assert [(r.name, r.shape) for r in report.rows] == [("attn[0]", (2, 4, D)), ("out", (2, 4, 3)), ("", (2, 4, 3))]
     assert any(note.startswith("torch's attn computes sequence-first (L, N, E)") for note in report.notes)
@@ -185,8 +186,8 @@ def test_ignore_missing_lists_every_row_it_left_out_and_a_rename_typo_is_refused
     table = report.format_table()
     assert "(1 left out, only torch has them, by ignore_missing: 1)" in table
     assert "(1 left out, only Flax has them, by ignore_missing: extra)" in table
-    # A typo in the map ("layer" for "layers") once renamed no row, and ignore_missing left the
-    # unmatched rows of both sides out: a pass that compared nothing but the output. Refused.
+    # A typo in the map ("layer" for "layers") renames no row, and ignore_missing would leave the
+    # unmatched rows of both sides out: a pass that compares nothing but the output. Refused.
     typo = {"0.{}": "layer.0.{}", "2.{}": "layer.1.{}"}
     with pytest.raises(parity.ConversionError, match=r"its target 'layer.0.\{\}' matches no key \(did you mean "
                                                      r"'layers.0.\{\}'\?\)"):
@@ -230,8 +231,8 @@ def test_the_table_says_how_to_show_every_row_in_the_callers_words():
 
 
 def test_the_summary_of_hidden_rows_speaks_only_of_them_not_of_a_failure_shown_above():
-    # Before: "(8 parameter gradients compared, all within tolerance, largest difference inf in
-    # grad:lstm.bias_ih_l0; ...)" while that gradient was the failure shown above the line.
+    # Not "(8 parameter gradients compared, all within tolerance, largest difference inf in
+    # grad:lstm.bias_ih_l0; ...)" when that gradient is the failure shown above the line.
     inf = float("inf")
     rows = [Row("", (2,), 1e-7, 1e-7, True), Row("enc.a", (2,), 2e-7, 1e-7, True),
             Row("enc.b", (2,), 0.5, 0.1, False), Row("loss", (), 0.0, 0.0, True),

@@ -59,7 +59,7 @@ def _same(printed, shown):
 def test_porting_guide_runs_and_prints_what_it_shows():
     results = run_guide(GUIDE.read_text())
     assert len(results) >= 6
-    # Most blocks show what they print (14 when written): a guide whose output blocks were lost
+    # Most blocks show what they print (14 of the 17): a guide whose output blocks were lost
     # would otherwise pass with nothing compared.
     assert sum(shown is not None for *_, shown in results) >= 10
     for source, printed, shown in results:
@@ -84,8 +84,8 @@ def test_only_rounding_noise_is_normalised_a_fault_is_compared_to_one_percent():
 
 
 def test_the_gelu_gap_the_guide_states_is_the_largest_on_the_real_line():
-    # The guide once said 4.4e-4, the largest gap on a grid of step 0.5 (idioms.md's check),
-    # which misses the peak near |x| = 2.7.
+    # A fine grid: one of step 0.5 (idioms.md's check) finds 4.4e-4 at most and misses the peak
+    # near |x| = 2.7.
     import jax
     import numpy as np
     import torch

@@ -224,8 +224,8 @@ def test_a_max_tokens_accumulate_run_stopped_at_a_checkpoint_resumes_bit_identic
     # steps, in the same order, with the same tokenizer: the end states are equal bit for bit.
     # Stopped after a checkpoint as an interrupted run is (tests/test_train_cli.py kills runs
     # with Ctrl-C, SIGTERM and SIGKILL and resumes them). In this process, which compiles each
-    # batch shape once for both runs. (A test of the same without --accumulate was folded in
-    # here: the token batches and their resume are the same code; the plain step's resume is
+    # batch shape once for both runs. (The same without --accumulate has no test of its own:
+    # the token batches and their resume are the same code; the plain step's resume is
     # test_train_cli's.)
     out = tmp_path / "stopped"
     assert cli(*budget_args(corpus, out, 2)).returncode == 0
@@ -405,12 +405,12 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
     proc = cli(*args, "--tokenizer-from", str(source), "--steps", "4")
     assert proc.returncode == 0 and f"--tokenizer-from {source} is gone; the run resumes with its own copies" in proc.stderr
 
-    # A run that trained its own tokenizers, written today (data.tokenizer_from: null) or before
-    # the option (no such key, which the config check passes over), is not resumed with RUN's.
+    # A run that trained its own tokenizers, written with the option (data.tokenizer_from: null) or
+    # before it (no such key, which the config check passes over), is not resumed with RUN's.
     older = tmp_path / "older"
     shutil.copytree(other, older)
     config = json.loads((older / "config.json").read_text())
-    del config["data"]["tokenizer_from"], config["checksums"]["config"]  # config.json's own checksum came later still
+    del config["data"]["tokenizer_from"], config["checksums"]["config"]  # a run from before config.json's checksum
     (older / "config.json").write_text(json.dumps(config))
     for run in (other, older):
         proc = cli(*text_args(new, run, "--max-tokens", "96", "--tokenizer-from", str(moved)))

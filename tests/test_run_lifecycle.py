@@ -165,7 +165,7 @@ def test_pairs_longer_than_max_len_are_reported_and_add_no_words(tmp_path):
 
 def test_a_run_written_by_version_1_resumes_evaluates_and_generates(tmp_path):
     # Version 1 stored a text run's max_len as the model's (tokens + EOS); version 2 stores the
-    # longest side in tokens. A run written before the change must go on as it was.
+    # longest side in tokens. A version-1 run must go on as it was.
     out, args = text_run(tmp_path)
     config = json.loads((out / "config.json").read_text())
     assert config["version"] == 2 and config["data"]["max_len"] == 7
@@ -179,7 +179,7 @@ def test_a_run_written_by_version_1_resumes_evaluates_and_generates(tmp_path):
     # their defaults, which a text run never used.
     assert not {"task", "vocab_size", "min_len", "eval_sequences"} & set(config["data"])
     config["data"].update(task=None, vocab_size=16, min_len=1, eval_sequences=512)
-    del config["checksums"]["config"]  # recorded since 2026-11-27, long after version 1
+    del config["checksums"]["config"]  # no version-1 file holds one
     (out / "config.json").write_text(json.dumps(config))
     resumed = cli(*args, "--steps", "6")
     assert resumed.returncode == 0, resumed.stderr
@@ -413,7 +413,7 @@ def test_a_run_that_recorded_relative_paths_resumes_from_its_directory(tmp_path,
 
 def test_a_training_file_changed_since_the_run_started_is_refused_on_resume(tmp_path):
     # Without --valid the held-out pairs come from the training file's lines: a shuffled or
-    # edited file once resumed silently, training on pairs it had held out.
+    # edited file would resume silently, training on pairs it had held out.
     out, args = text_run(tmp_path)
     recorded = json.loads((out / "config.json").read_text())["checksums"]["data.train_path"]
     train = tmp_path / "train.tsv"
@@ -439,7 +439,7 @@ def test_a_training_file_moved_with_the_same_contents_resumes_from_its_new_path(
             f"by sha256); the run reads it there from now on") in proc.stderr
     assert json.loads((out / "config.json").read_text())["data"]["train_path"] == str(moved)
     assert latest_state(out)[0] == 6
-    # A file of other contents at another path is another run's data, refused as before.
+    # A file of other contents at another path is another run's data: refused.
     moved.write_text(TEXT_PAIRS + "a\tx\n")
     other = tmp_path / "other.tsv"
     moved.rename(other)
@@ -565,7 +565,7 @@ def test_closed_loop_reports_while_a_damaged_checkpoints_error_propagates_are_si
     # TensorStore's threads report a damaged file's failed reads into orbax's closed event loop
     # (sys.unraisablehook) while the error is still on its way up, before any `except` runs:
     # the silencer must be in place before the first read. Installed only in the `except`, it
-    # let such reports through now and then under load (28 tracebacks after the one-line error).
+    # would let such reports through now and then under load (28 tracebacks after the one-line error).
     import sys
 
     from flaxformer_mini.train import checkpoint

@@ -60,7 +60,7 @@ def _tiny_config(dropout):
     # tiny's sizes (30 wide, vocabularies 23 and 19, max_len 17) have no dimension divisible
     # by 8, so FSDP would replicate everything. Width 40 gives the kernels, embeddings and
     # LayerNorm vectors an axis to split; the odd sizes stay odd. One layer on each side:
-    # placement is by parameter name, whatever the depth, and a second layer doubled each
+    # placement is by parameter name, whatever the depth, and a second layer doubles each
     # compilation (tests/helpers.py's TINY_RUN). 4 heads, the batch size, the optimizer and the
     # data of tests/test_tensor_parallel.py's runs: its unsharded and 8-device replicated train
     # steps are these runs' without dropout, so the worker that comes second reads them from
@@ -311,7 +311,8 @@ def hosts_with(monkeypatch, counts, me):
 
 @pytest.mark.parametrize("me", [0, 1])
 def test_hosts_with_different_device_counts_are_refused_naming_the_counts_on_every_process(monkeypatch, me):
-    # Before: each process built its mesh from its own count, and the mismatch surfaced as a reshape error.
+    # Unchecked, each process builds its mesh from its own count, and the mismatch surfaces as a
+    # reshape error.
     hosts_with(monkeypatch, [2, 1], me)
     for build in (make_mesh, lambda: training_mesh(None, "replicated", 8, mesh_shape={"data": 3, "model": 1})):
         with pytest.raises(ValueError, match=r"different numbers of devices \(process 0: 2, process 1: 1\).*"

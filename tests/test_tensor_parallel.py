@@ -84,7 +84,7 @@ EXPECTED_SPECS = {
 def _config(dropout=0.0):
     # tiny's odd sizes, with heads 4 (K = 10) and width 40, so that model=4 and model=2 split
     # whole heads, and data=4 divides the width; F = D = 40. One layer on each side: the layout
-    # is by parameter name, whatever the depth, and a second layer doubled each compilation
+    # is by parameter name, whatever the depth, and a second layer doubles each compilation
     # (tests/helpers.py's TINY_RUN).
     return fm.get_preset("tiny").replace(embed_size=40, heads=4, dropout=dropout, num_layers=1)
 
@@ -291,8 +291,7 @@ def test_every_transformer_parameter_names_its_axes():
 ], ids=["Transformer", "PerHeadSelfAttention", "MultiHeadSelfAttention", "FeedForward", "LearnedPositionalEncoding"])
 def test_axis_names_change_no_parameter_value(make, monkeypatch):
     # The same seed gives bit-identical parameters with and without the metadata: the names
-    # ride along, the initializers and their RNG draws are untouched. (Checked once against the
-    # code before the names existed too: the same digests; see the commit message.)
+    # ride along, the initializers and their RNG draws are untouched.
     annotated = nnx.to_flat_state(nnx.state(make(), nnx.Param))
     monkeypatch.setattr(primitives, "_partitioned", lambda axes: {})
     plain = nnx.to_flat_state(nnx.state(make(), nnx.Param))

@@ -161,7 +161,7 @@ def test_traced_check_is_opt_in_plain_jit_gets_no_effect_and_no_work():
 
 def test_train_eval_and_decoding_steps_carry_no_jaxpr_effects(flax_model, batch):
     # Each is only traced (no compile). An effect here would put every call of the step on
-    # JAX's Python dispatch path; with the traced check it was an ErrorEffect.
+    # JAX's Python dispatch path; with the traced check it would be an ErrorEffect.
     source, target = map(jnp.asarray, batch)
     data = Batch(source, target, target)
     trainer = Trainer(flax_model, TrainConfig())

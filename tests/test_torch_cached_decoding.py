@@ -105,7 +105,7 @@ def test_beam_search_equals_flax_beam_search(pair, source, alpha):
 
 @pytest.mark.parametrize("seed", [0, 2])
 def test_a_beam_wider_than_the_vocabulary_equals_flax_beam_search(seed):
-    # test_decoding's case where dead beams once finished phantom hypotheses; there the Flax
+    # test_decoding's case where dead beams could finish phantom hypotheses; there the Flax
     # beam search is checked against the plain reference, here torch's against Flax's.
     torch_model, flax_model, source = wide_beam_case(seed)
     options = dict(beam_size=WIDE_BEAM["beam_size"], alpha=WIDE_BEAM["alpha"])

@@ -124,7 +124,7 @@ def test_bfloat16_loss_tracks_float32():
     # And the compute really is bf16: the logits come out in bf16.
     model = bf16.model(s16)
     assert model(jnp.asarray(batch.source), jnp.asarray(batch.target_in)).dtype == jnp.bfloat16
-    # The run's start line says both, not "bfloat16" alone, which read as bfloat16 parameters.
+    # The run's start line says both, not "bfloat16" alone, which would read as bfloat16 parameters.
     from flaxformer_mini.runs.fit import describe_model
 
     n = sum(x.size for x in jax.tree.leaves(s16.params))
@@ -167,9 +167,10 @@ STEPS_OF_A_RUN = ("jit(train_step)", "jit(eval_step)", "jit(_token_by_token)")  
 
 def test_a_restored_state_is_laid_out_as_a_fresh_one_so_a_resume_compiles_no_step_again(tmp_path):
     # jit keys its compiled programs on each argument's sharding and on whether it is committed
-    # to a device; orbax's restore commits arrays and jnp does not, so every step once compiled
-    # twice in one process (a resume, evaluate after train). A dropout rate no other test
-    # trains with: programs another test compiled in this process would hide a second compile.
+    # to a device; orbax's restore commits arrays and jnp does not, so a restored state laid out
+    # unlike a fresh one would compile every step twice in one process (a resume, evaluate after
+    # train). A dropout rate no other test trains with: programs another test compiled in this process would hide a
+    # second compile.
     config = run_config(dropout=0.25)
     kw = dict(log_every=5, eval_every=100, save_every=3, progress=False, echo=lambda m: None)
     compiled = []

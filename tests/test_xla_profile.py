@@ -103,9 +103,9 @@ def test_a_gpu_trace_without_a_device_plane_is_said_to_give_the_hosts_times():
 
 
 def test_instructions_known_only_by_name_are_put_in_a_category_by_xlas_fusion_names():
-    # On the H100 (2026-11-27) the trace named the scanned loop's slicing fusions, 9.8 ms of the
-    # large train step's 69.6, which the compiled text read back did not hold: they were "other"
-    # and "?" then. XLA:GPU names a fusion <kind>_<root opcode>_fusion.
+    # On the H100 the trace names the scanned loop's slicing fusions, 9.8 ms of the large train
+    # step's 69.6, which the compiled text read back does not hold: without their names they
+    # would be "other" and "?". XLA:GPU names a fusion <kind>_<root opcode>_fusion.
     def by_name(name):
         return xla_profile.category("?", set(), False, name)
 
@@ -141,7 +141,7 @@ def test_the_profile_turns_command_buffers_off_unless_xla_flags_name_them():
 
 
 def test_kernels_hidden_in_cuda_graphs_are_said_to_be():
-    # What the H100's first profile showed: eight command_buffer_N rows and nothing else.
+    # An H100 profile with its kernels in CUDA graphs: eight command_buffer_N rows and nothing else.
     rows = [{"op": "command_buffer_310", "ms_per_step": 21.36}, {"op": "command_buffer_133", "ms_per_step": 14.8}]
     note = xla_profile.command_buffer_note(rows)
     assert "36.2 ms per call ran in 2 CUDA graphs" in note and "xla_gpu_enable_command_buffer" in note
@@ -150,8 +150,8 @@ def test_kernels_hidden_in_cuda_graphs_are_said_to_be():
 
 @pytest.mark.parametrize("tool", [xla_profile, ablations])
 def test_the_profile_tools_refuse_a_gpu_preset_before_building_it_without_a_gpu(tool, monkeypatch):
-    # Building the large preset's 207 M parameters on a CPU took a minute before the cuDNN
-    # attention refused; the check comes before that now. The tools' restart of the process
+    # Building the large preset's 207 M parameters on a CPU takes a minute before the cuDNN
+    # attention refuses; the check comes before that. The tools' restart of the process
     # with GLIBC_TUNABLES is turned off: it would replace this pytest process.
     monkeypatch.setenv("FLAXFORMER_MINI_KEEP_FREED_MEMORY", "0")
     monkeypatch.delenv("XLA_FLAGS", raising=False)  # restored after: the profile sets it
