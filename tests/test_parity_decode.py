@@ -109,6 +109,16 @@ def perturbed(tmp_path_factory):
     return run_check(tmp_path_factory.mktemp("perturbed"), perturb=bump_output_bias)
 
 
+@pytest.fixture(scope="module")
+def perturbed_decodes(source):
+    """The output-bias perturbation decoded here, not by the check: the torch twin by
+    torch_ref's cached decoder, the Flax twin by the library's greedy decoder, and the pair."""
+    torch_model, flax_model = torch_perturbed(transformer_pair(CONFIG, seed=SEED), bump_output_bias)
+    torch_tokens = CachedDecoder(torch_model).greedy(torch.as_tensor(source), N).cpu().numpy()
+    flax_tokens = np.array(decoding.greedy_decode(flax_model, source, N))  # writable, for torch.as_tensor
+    return torch_tokens, flax_tokens, torch_model, flax_model
+
+
 def test_twins_with_the_same_weights_decode_the_same_ids_and_exit_0(same_weights, source):
     code, stdout, data = same_weights
     assert code == 0
@@ -119,12 +129,10 @@ def test_twins_with_the_same_weights_decode_the_same_ids_and_exit_0(same_weights
     assert f"greedy decoding of {N} new tokens with KV caches, {BATCH} rows: the same token ids in every row" in stdout
 
 
-def test_a_perturbed_torch_weight_is_named_by_row_position_tokens_and_margins(source):
-    torch_model, flax_model = torch_perturbed(transformer_pair(CONFIG, seed=SEED), bump_output_bias)
+def test_a_perturbed_torch_weight_is_named_by_row_position_tokens_and_margins(source, perturbed_decodes):
+    torch_tokens, flax_tokens, torch_model, flax_model = perturbed_decodes
     decoded = check_decoding(torch_model, flax_model, CONFIG, N, batch=BATCH, seed=SEED)
 
-    torch_tokens = CachedDecoder(torch_model).greedy(torch.as_tensor(source), N).cpu().numpy()
-    flax_tokens = np.array(decoding.greedy_decode(flax_model, source, N))  # writable, for torch.as_tensor
     row, position = first_difference(torch_tokens, flax_tokens)
     assert (row, position) != (0, 0), "the first row's first token: a weak test"
     d = decoded.first_difference
@@ -142,12 +150,16 @@ def test_a_perturbed_torch_weight_is_named_by_row_position_tokens_and_margins(so
     assert [x.row for x in decoded.differences] == want_rows
 
 
-def test_check_names_the_first_difference_and_exits_1(perturbed, source):
+def test_check_names_the_first_difference_and_exits_1(perturbed, perturbed_decodes):
     code, stdout, data = perturbed
     assert code == 1
+    torch_tokens, flax_tokens, _, _ = perturbed_decodes
+    assert data["decode"]["torch_tokens"] == torch_tokens.tolist()
+    assert data["decode"]["flax_tokens"] == flax_tokens.tolist()
     d = data["decode"]["first_difference"]
-    row, position = first_difference(data["decode"]["torch_tokens"], data["decode"]["flax_tokens"])
+    row, position = first_difference(torch_tokens, flax_tokens)
     assert (d["row"], d["position"]) == (row, position)
+    assert (d["torch_token"], d["flax_token"]) == (torch_tokens[row, position], flax_tokens[row, position])
     assert (f"first difference: row {row}, position {position}: torch chose {d['torch_token']} "
             f"({d['torch_margin']:.3e} above {d['flax_token']} in torch's logits), Flax chose {d['flax_token']}") in stdout
     assert "decoding diverges" in stdout
