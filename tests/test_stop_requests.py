@@ -240,7 +240,7 @@ ENDLESS_UPDATE = ["--task", "copy", "--preset", "tiny", "--layers", "1", "--voca
                   "--batch-size", "8", "--accumulate", "1000000000", "--steps", "3", "--no-progress", "--no-plot"]
 
 
-def test_sigterm_during_a_long_accumulation_stops_within_seconds_and_keeps_the_last_complete_state(tmp_path):
+def test_sigterm_during_a_long_accumulation_stops_inside_the_update_and_keeps_the_last_complete_state(tmp_path):
     from flaxformer_mini.runs.run import Run
 
     out = tmp_path / "run"
@@ -248,16 +248,16 @@ def test_sigterm_during_a_long_accumulation_stops_within_seconds_and_keeps_the_l
     try:
         Lines(proc.stderr, proc).wait_for("model: ")  # restored or initialised: the update is under way
         time.sleep(3)  # into the micro-batches (their step compiles first)
-        sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
+        # The update never ends by itself: a process that ends at all stopped inside it, and one
+        # that waits for the update's end times out here. A tighter wall-clock bound would test
+        # the machine's load (the last micro-batch and the save), not the stop.
         out_text, err = proc.communicate(timeout=TIMEOUT_S)
-        took = time.monotonic() - sent
     finally:
         proc.kill()
     assert proc.returncode == 130, err
     assert "interrupted during update 1's micro-batches: saved step 0; run the same command to resume" in err
     assert "Traceback" not in err
-    assert took < 10, took  # a micro-batch or two after the signal, and one save (tiny preset)
     # The update's sums were dropped; the state saved is the complete one before it, and reads back.
     state = Run.open(out).latest_state()
     assert int(state.step) == 0
