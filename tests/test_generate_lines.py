@@ -19,7 +19,7 @@ from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.decode import generation
 from flaxformer_mini.runs.generate import generate
 from flaxformer_mini.runs.run import Run
-from helpers import CLI, Lines, cli, text_args, write_corpus
+from helpers import CLI, Lines, cli, command_precision, text_args, write_corpus
 
 # TINY_RUN's model: max_len 6, so at most 5 tokens and EOS; token values 0..6.
 LONGEST_FITTING = 5
@@ -141,6 +141,34 @@ def test_input_without_any_text_is_refused_before_any_output(run):
         for out in generate(run, [""] * 40, batch_size=1):
             produced.append(out)
     assert produced == []
+
+
+def test_a_closed_standard_input_is_refused_as_an_empty_input(run, monkeypatch, capsys):
+    # `generate <&-`: Python starts with sys.stdin None, no stream and no descriptor to read.
+    from flaxformer_mini.cli.main import main
+
+    monkeypatch.setattr("sys.stdin", None)
+    assert main(["generate", "--checkpoint", str(run)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == ("flaxformer-mini generate: error: empty input: give the texts as arguments or one per "
+                            "line on standard input\n")
+
+
+def test_a_reader_that_closes_its_end_early_stops_generate_quietly_with_141(run, monkeypatch, capsys):
+    # `generate ... | head -1`: the pipe's reader is gone, so writing an output fails (EPIPE).
+    from flaxformer_mini.cli.main import main
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as closed_pipe:
+        monkeypatch.setattr("sys.stdout", closed_pipe)
+        with command_precision():
+            code = main(["generate", "--checkpoint", str(run), FITTING[0]])
+        assert code == 141  # 128 + SIGPIPE, as a shell reports a tool stopped so
+        closed_pipe.write("x\n")
+        closed_pipe.flush()  # stdout now writes to devnull: the flush at exit fails no more
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("texts", ["5 3 9", b"5 3 9"])

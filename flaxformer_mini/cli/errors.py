@@ -3,9 +3,9 @@
 Exit codes: 0 done, 1 the run failed on the way (a NaN loss, a full disk, a lost process; the
 last checkpoint is kept), 2 unusable options, files or run directories (nothing written or
 lost), 130 interrupted by Ctrl-C or SIGTERM (the run was saved and can be resumed, but for a second
-signal, which ends the process at once without saving). Errors are
-told apart by type; an error of no type named here is a bug and keeps its traceback. Every
-import here is light: errors are told apart without starting JAX.
+signal, which ends the process at once without saving), 141 standard output closed early
+(`| head`). Errors are told apart by type; an error of no type named here is a bug and keeps its
+traceback. Every import here is light: errors are told apart without starting JAX.
 """
 
 import errno
@@ -17,6 +17,7 @@ from flaxformer_mini.train.errors import NonFiniteLossError
 from flaxformer_mini.train.stop import StopNow
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_BROKEN_PIPE = 141  # standard output closed early (`| head`): 128 + SIGPIPE, as a shell reports such a stop
 
 # The project's dependencies by the module a command imports, with the distribution pip installs
 # (pyproject.toml). A missing one is an environment to fix, not a bug: say which and how. torch

@@ -24,6 +24,8 @@ def run(args):
     ready = None
     if args.text:
         texts, where = [" ".join(args.text)], lambda i: "the input"
+    elif sys.stdin is None:  # a closed standard input (`<&-`): no lines, refused as an empty input is
+        texts, where = [], lambda i: f"line {i}"
     else:
         try:
             stdin = ArrivingLines(sys.stdin.fileno())

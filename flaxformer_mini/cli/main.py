@@ -44,7 +44,18 @@ def main(argv=None):
     try:
         with _signals(args.command) as stop, collecting_rarely():
             command = importlib.import_module(COMMANDS[args.command])
-            return (command.run(args) if stop is None else command.run(args, stop)) or errors.EXIT_OK
+            code = (command.run(args) if stop is None else command.run(args, stop)) or errors.EXIT_OK
+            if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
+                sys.stdout.flush()  # here, so that a reader gone away is handled below, not at exit
+            return code
+    except BrokenPipeError:
+        # The reader (`generate ... | head -1`) has what it wanted: stop quietly, as other tools do.
+        # As the Python docs advise (signal module, "Note on SIGPIPE"): stdout onto devnull, so
+        # that the flush at exit fails no more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return errors.EXIT_BROKEN_PIPE
     except KeyboardInterrupt as e:
         return _interrupted(e)
     except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
