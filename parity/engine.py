@@ -398,7 +398,9 @@ def did_you_mean(key, candidates, shape=None, shapes=None):
     kernel of another size as readily as with the right one."""
     if shape is not None and shapes is not None:
         candidates = [c for c in candidates if shapes.get(c) in (None, shape)]
-    match = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    # A pickle may hold int keys beside str ones; difflib compares strings only.
+    candidates = [c for c in candidates if isinstance(c, str)]
+    match = difflib.get_close_matches(str(key), candidates, n=1, cutoff=0.6)
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 

@@ -33,6 +33,7 @@ from flaxformer_mini.runs.config import RunConfig
 from flaxformer_mini.runs.directory import RunDir, check_config_sha256
 from parity.convert import ConversionError, layer_depths
 from parity.engine import did_you_mean
+from parity.wrapper_prefix import WRAPPERS, strip_advice
 
 SOURCE_EMBEDDING = "encoder.embedding_layer.weight"
 TARGET_EMBEDDING = "decoder.embedding_layer.weight"
@@ -55,6 +56,14 @@ _OUR_LAYER_LISTS = ("encoder.transformer_layers.", "decoder.decoder_layers.")
 
 def _shape(state_dict, key, ndim=2):
     if key not in state_dict:
+        prefixed = next((str(k) for k in state_dict if str(k).endswith("." + key)), None)
+        if prefixed is not None:  # a wrapped model's checkpoint (DDP's "module.", torch.compile's "_orig_mod.")
+            prefix = prefixed[: -len(key)]
+            whose = f" ({WRAPPERS[prefix]})" if prefix in WRAPPERS else ""
+            raise ConversionError(
+                f"cannot infer the model config: missing key {key!r}, which the state dict holds as {prefixed!r}: "
+                f"its keys have {prefix!r} before them{whose}; {strip_advice(prefix)}, and save the state dict "
+                f"again", missing=[key])
         # A near key helps only in this project's Transformer with a key renamed or dropped (its
         # layer lists are there); in another model any "encoder.*" key is near and means nothing.
         ours = any(str(k).startswith(_OUR_LAYER_LISTS) for k in state_dict)

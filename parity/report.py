@@ -254,8 +254,9 @@ def diff(a, b):
 
 def _differences(a, b):
     """(absolute, relative) differences elementwise, as ``diff`` defines them; (None, None) for empty arrays."""
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
+    dtype = _compared_dtype(a, b)
+    a = np.asarray(a, dtype)
+    b = np.asarray(b, dtype)
     if a.size == 0 or b.size == 0:
         return None, None
     with np.errstate(invalid="ignore"):  # inf - inf, masked out below where they are equal
@@ -264,6 +265,12 @@ def _differences(a, b):
     rel = np.divide(d, scale, out=np.zeros_like(d), where=(scale > 0) & np.isfinite(scale))
     rel = np.where(np.isfinite(d), rel, d)  # a non-finite difference is as large relatively
     return d, rel
+
+
+def _compared_dtype(a, b):
+    """complex128 where either side is complex (a cast to float64 would drop the imaginary
+    parts, and with them any difference there), else float64."""
+    return np.complex128 if np.iscomplexobj(a) or np.iscomplexobj(b) else np.float64
 
 
 def largest_at(d):
@@ -283,7 +290,8 @@ def largest_at(d):
 def nonfinite_note(flax, torch_):
     """Why ``diff(flax, torch_)`` is not a finite number (NaN on a side, an infinity the other
     side does not have), or '' when it is."""
-    f, t = np.asarray(flax, np.float64), np.asarray(torch_, np.float64)
+    dtype = _compared_dtype(flax, torch_)
+    f, t = np.asarray(flax, dtype), np.asarray(torch_, dtype)
     parts = []
     for side, x, other, other_side in (("torch", t, f, "Flax"), ("Flax", f, t, "torch")):
         nans = int(np.isnan(x).sum())

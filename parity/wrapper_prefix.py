@@ -18,6 +18,8 @@ def _commonest_prefix(keys, others):
     """The dotted prefix p that most often makes a key of ``keys`` p + a key of ``others``, or None."""
     counts = {}
     for key in keys:
+        if not isinstance(key, str):  # a pickle's int key has no dotted prefix
+            continue
         for i, char in enumerate(key):
             if char == "." and key[i + 1:] in others:
                 counts[key[: i + 1]] = counts.get(key[: i + 1], 0) + 1
@@ -34,7 +36,7 @@ def prefix_hint(missing, unexpected):
         prefix = _commonest_prefix(with_it, without)
         if prefix is None:
             continue
-        explained = [k for k in with_it if k.startswith(prefix) and k[len(prefix):] in without]
+        explained = [k for k in with_it if isinstance(k, str) and k.startswith(prefix) and k[len(prefix):] in without]
         if len(explained) < 2:
             continue
         said = set(explained) | {k[len(prefix):] for k in explained}

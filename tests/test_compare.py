@@ -75,6 +75,24 @@ def test_diff_counts_equal_values_equal_infinities_included_as_no_difference(a, 
     assert diff(np.array(a), np.array(b)) == want == diff(np.array(b), np.array(a))
 
 
+def test_diff_of_complex_values_counts_the_imaginary_parts():
+    # |(1 + 2j) - (1 + 0j)| = 2, relative to max(|1 + 2j|, 1) = sqrt(5); a cast to float64
+    # would keep the real parts alone, which are equal.
+    assert diff(np.array([1 + 2j, 3 + 0j]), np.array([1 + 0j, 3 + 0j])) == (2.0, 2.0 / np.sqrt(5.0))
+
+
+def test_complex_rows_that_differ_in_their_imaginary_parts_fail():
+    same = np.array([1 + 1j, 2 - 1j], np.complex64)
+    report = compare_intermediates({"same": same, "imaginary": same, "nan": np.array([1 + 0j])},
+                                   {"same": same.copy(), "imaginary": same + 1j, "nan": np.array([complex(1, NAN)])},
+                                   atol=1e-5)
+    rows = {r.name: r for r in report.rows}
+    assert (rows["same"].ok, rows["same"].max_abs) == (True, 0.0)
+    assert (rows["imaginary"].ok, rows["imaginary"].max_abs) == (False, 1.0)
+    assert not rows["nan"].ok and rows["nan"].note == "Flax has 1 NaN"
+    assert report.first_divergence.name == "imaginary"
+
+
 @pytest.mark.parametrize("a, b", [([NAN, 1.0], [NAN, 1.0]), ([NAN], [INF]), ([1.0], [NAN])])
 def test_diff_of_a_nan_is_nan_beyond_any_tolerance(a, b):
     max_abs, max_rel = diff(np.array(a), np.array(b))

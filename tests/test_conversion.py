@@ -388,6 +388,19 @@ def test_a_model_wrapping_the_checkpoints_model_is_said_in_one_line(tiny_config)
     torch_to_flax({"model." + k: v for k, v in state.items()}, wrapping)  # the line's own fix works
 
 
+def test_a_key_that_is_not_a_string_is_refused_as_unexpected_by_name(model_and_state):
+    # torch.save keeps a dict's int keys; a pickle may mix them with the str ones.
+    flax_model, before, state = model_and_state
+    state[7] = torch.zeros(3)
+    wrapped = {"module." + k: v for k, v in state.items() if isinstance(k, str)} | {8: torch.zeros(3)}
+    err = refused(state, flax_model, before)
+    assert err.unexpected == [7] and err.missing == [] and err.mismatched == {}
+    assert str(err).splitlines() == ["state dict does not fit Transformer:", "  unexpected key 7"]
+    err = refused(wrapped, flax_model, before)  # the wrapper's prefix is still said, the int key beside it
+    assert 8 in err.unexpected and "keys with 'module.' before them" in str(err)
+    assert "  unexpected key 8" in str(err).splitlines()
+
+
 def test_a_suggested_name_has_the_shape_the_key_needs(model_and_state):
     # A name alone would pair W_q.weight with the nearest-spelt key whatever its size; the
     # suggestion is taken among the keys of the expected shape.

@@ -169,6 +169,35 @@ def test_inference_errors_name_the_key(seed_state_dict, mutate, message):
 # ----------------------------------------------------------------------------- check: end to end
 
 
+@pytest.mark.parametrize(("prefix", "whose"), [("module.", "a DistributedDataParallel or DataParallel wrapper's"),
+                                              ("_orig_mod.", "torch.compile's wrapper's")])
+def test_a_checkpoint_of_a_wrapped_model_is_said_with_its_prefix_not_as_another_architecture(
+        seed_state_dict, tmp_path, capsys, prefix, whose):
+    path = tmp_path / "wrapped.pt"
+    torch.save({prefix + k: v for k, v in seed_state_dict.items()}, path)
+    for args in (["check", "--torch-checkpoint", str(path), "--heads", "5"],
+                 ["convert", str(path), str(tmp_path / "out.safetensors"), "--heads", "5"]):
+        assert main(args) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"parity {args[0]}: error: cannot infer the model config: missing key 'encoder.embedding_layer.weight', "
+            f"which the state dict holds as '{prefix}encoder.embedding_layer.weight': its keys have {prefix!r} before "
+            f"them ({whose}); strip it, {{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}, and save "
+            f"the state dict again"]
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_a_checkpoint_with_a_key_that_is_not_a_string_is_refused_in_one_line(seed_state_dict, tmp_path, capsys):
+    path = tmp_path / "int_key.pt"
+    torch.save({**seed_state_dict, 7: torch.zeros(3)}, path)  # torch.save keeps a dict's int keys
+    for args in (["check", "--torch-checkpoint", str(path), "--heads", "5"],
+                 ["convert", str(path), str(tmp_path / "out.safetensors"), "--heads", "5"]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.splitlines() == [f"parity {args[0]}: error: state dict does not fit Transformer:",
+                                    "  unexpected key 7"]
+    assert not (tmp_path / "out.safetensors").exists()
+
+
 def test_check_of_a_seed_checkpoint_exits_0_names_every_landmark_and_writes_json_and_plot(checkpoint, tmp_path):
     report, plot = tmp_path / "report.json", tmp_path / "report.png"
     # --batch 2: the shapes of the sigpipe test's check below (the tiny preset's model) and of the

@@ -120,3 +120,15 @@ def test_seed_002_attention_function_is_reproduced():
     rng = np.random.default_rng(1)
     Q, K, V = (torch.from_numpy(rng.standard_normal((2, 3, 5, 7)).astype(np.float32)) for _ in range(3))
     torch.testing.assert_close(torch_ref.scaled_dot_product_attention(Q, K, V), seed_classes.scaled_dot_product_attention(Q, K, V), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("heads", [4, 0, -1])
+def test_a_transformer_whose_heads_do_not_divide_its_width_is_refused_where_it_is_built(heads):
+    args = dict(src_pad_idx=0, source_vocab_size=10, target_vocab_size=10, max_len=8, embed_size=30, heads=heads,
+                num_layers=1, dropout=0.0)
+    ids = torch.ones(2, 3, dtype=torch.long)
+    if heads == 4:  # the seed's class builds it, and its forward fails in a reshape of 30 into 4 heads of 7
+        with pytest.raises(RuntimeError, match=r"shape '\[2, 3, 4, 7\]' is invalid"):
+            seed_classes.Transformer(*args.values())(ids, ids)
+    with pytest.raises(ValueError, match=f"^heads must be a positive divisor of embed_size, got heads={heads} and embed_size=30:"):
+        torch_ref.Transformer(**args)

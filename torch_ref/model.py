@@ -128,6 +128,11 @@ class Transformer(nn.Module):
         if tie_embeddings is not None and tie_embeddings not in TIE_EMBEDDINGS:
             raise ValueError(f"tie_embeddings must be None or one of {', '.join(map(repr, TIE_EMBEDDINGS))}, "
                              f"got {tie_embeddings!r}")
+        if heads < 1 or embed_size % heads:
+            # SelfAttention splits D into H heads of D // H: the seed builds such a model and its
+            # first forward fails in a reshape that names neither size.
+            raise ValueError(f"heads must be a positive divisor of embed_size, got heads={heads} and "
+                             f"embed_size={embed_size}: each head attends over embed_size // heads of the width")
         if tie_embeddings == "all" and source_vocab_size != target_vocab_size:
             raise ValueError(f"tie_embeddings='all' shares one table between the source and target vocabularies, "
                              f"which must then have one size, got {source_vocab_size} and {target_vocab_size}")
