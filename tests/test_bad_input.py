@@ -325,6 +325,12 @@ def test_a_width_the_heads_do_not_divide_is_refused_with_both_numbers_in_both_tw
         pytest.param(dict(src_pad_idx=-1), r"src_pad_idx=-1 is outside the source vocabulary", id="negative_pad_id"),
         pytest.param(dict(max_len=0), r"max_len must be >= 1, got 0", id="zero_max_len"),
         pytest.param(dict(dropout=1.0), r"dropout must be in \[0, 1\), got 1.0", id="dropout_one"),
+        # Values of another type, as a hand-written JSON gives them: named, not a failed comparison.
+        pytest.param(dict(dropout="x"), r"dropout must be a number in \[0, 1\), got 'x'", id="dropout_string"),
+        pytest.param(dict(heads="5"), r"heads must be an integer, got '5'", id="heads_string"),
+        pytest.param(dict(embed_size=30.0), r"embed_size must be an integer, got 30.0", id="embed_size_float"),
+        pytest.param(dict(num_layers=None), r"num_layers must be an integer, got None", id="num_layers_none"),
+        pytest.param(dict(max_len=True), r"max_len must be an integer, got True", id="max_len_bool"),
     ],
 )
 def test_model_config_rejects_invalid_fields_naming_them(changes, match):

@@ -230,6 +230,11 @@ def test_check_reads_heads_and_padding_from_a_config_file(seed_state_dict, tmp_p
     assert main(["check", "--torch-checkpoint", path, "--config", str(config_file), "--heads", "7"]) == 2
     err = capsys.readouterr().err
     assert "heads=7 does not divide the model width D=30" in err and "assumed" not in err
+    # A value of another type in the file: the field and the value named, in one line.
+    config_file.write_text(json.dumps({"heads": 5, "dropout": "x"}))
+    assert main(["check", "--torch-checkpoint", path, "--config", str(config_file), "--batch", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "dropout must be a number in [0, 1), got 'x'" in err and "Traceback" not in err
     # Nothing says the heads: the seed's 8 is assumed, and the refusal says so and names --heads.
     assert main(["check", "--torch-checkpoint", path]) == 2
     err = capsys.readouterr().err

@@ -8,6 +8,7 @@ two twins of the same model.
 """
 
 import dataclasses
+import numbers
 
 # A run's compute dtypes, by name (run_config.COMPUTE_DTYPES maps them to JAX's): here, where
 # the CLI's parser reads them without starting JAX.
@@ -19,6 +20,9 @@ DTYPES = ("float32", "bfloat16")
 # sides, so the source and target vocabularies must have one size). Here, where the CLI's
 # parser reads them without starting JAX.
 TIE_EMBEDDINGS = ("decoder", "all")
+
+_INTEGER_FIELDS = ("src_pad_idx", "source_vocab_size", "target_vocab_size", "max_len", "embed_size", "heads",
+                   "num_layers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +45,14 @@ class ModelConfig:
     tie_embeddings: str | None = None
 
     def __post_init__(self):
-        problems = []
+        # Types first: a value read from a hand-written JSON (`parity check --config`) may be a
+        # string, and a comparison with it would fail naming neither the field nor the value.
+        problems = [f"{name} must be an integer, got {getattr(self, name)!r}" for name in _INTEGER_FIELDS
+                    if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), numbers.Integral)]
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real):
+            problems.append(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        if problems:
+            raise ValueError("invalid ModelConfig: " + "; ".join(problems))
         for name in ("source_vocab_size", "target_vocab_size", "max_len", "embed_size", "heads", "num_layers"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
