@@ -21,8 +21,8 @@ DTYPES = ("float32", "bfloat16")
 # parser reads them without starting JAX.
 TIE_EMBEDDINGS = ("decoder", "all")
 
-_INTEGER_FIELDS = ("src_pad_idx", "source_vocab_size", "target_vocab_size", "max_len", "embed_size", "heads",
-                   "num_layers")
+_SIZE_FIELDS = ("source_vocab_size", "target_vocab_size", "max_len", "embed_size", "heads", "num_layers")
+_INTEGER_FIELDS = ("src_pad_idx", *_SIZE_FIELDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ class ModelConfig:
             problems.append(f"dropout must be a number in [0, 1), got {self.dropout!r}")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
-        for name in ("source_vocab_size", "target_vocab_size", "max_len", "embed_size", "heads", "num_layers"):
+        for name in _SIZE_FIELDS:
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.ffn_dim is not None and (isinstance(self.ffn_dim, bool) or not isinstance(self.ffn_dim, int)
