@@ -117,16 +117,18 @@ def warn(command, message):
 
 
 def _torch_config(args, path, state_dict):
-    """(ModelConfig, {setting: where it came from}, the settings assumed, warnings) of a torch
-    state dict read from ``path``: options, then --config, then the config the file records (a
+    """(state dict, ModelConfig, {setting: where it came from}, the settings assumed, warnings)
+    of a torch state dict read from ``path`` (the state dict with the tied keys it lacks
+    restored, ``parity.infer.with_tied_keys``): options, then --config, then the config the file records (a
     .safetensors written by `parity convert`), then the seed's defaults. The warnings name each
     default with the option that sets it, and each option overriding the file's record; the
     caller prints them once the work goes ahead (an error stays one line)."""
     from parity.checkpoint_io import read_recorded_config
-    from parity.infer import OPTIONS, describe_assumed, read_config_file, resolve_config
+    from parity.infer import OPTIONS, describe_assumed, read_config_file, resolve_config, with_tied_keys
 
     recorded, recorded_assumed = read_recorded_config(path)
     config_file = read_config_file(args.config) if args.config else {}
+    state_dict = with_tied_keys(state_dict, {**(recorded or {}), **config_file}.get("tie_embeddings"))
     config, sources, assumed = resolve_config(state_dict, heads=args.heads, src_pad_idx=args.pad_idx,
                                               config_file=config_file, recorded=recorded,
                                               recorded_assumed=recorded_assumed)
@@ -145,7 +147,7 @@ def _torch_config(args, path, state_dict):
                         f"{'it is' if len(unknown) == 1 else 'they are'} assumed (the seed's): "
                         f"{describe_assumed(config, unknown)}"
                         + ("; OUT's metadata marks them assumed" if args.command == "convert" else ""))
-    return config, sources, assumed, warnings
+    return state_dict, config, sources, assumed, warnings
 
 
 def _refuse_config_options(args, why):
@@ -199,8 +201,9 @@ def _load_checkpoint(args):
     from flaxformer_mini.runs.directory import run_holding
     from parity.check import refuse_unusable_weights
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, CheckpointError, load_state_dict
-    from parity.convert import is_training_run
+    from parity.convert import ConversionError, is_training_run
     from parity.flax_io import checkpoint_kind
+    from parity.infer import with_tie_hint
 
     path = args.torch_checkpoint
     if is_training_run(path):
@@ -220,8 +223,11 @@ def _load_checkpoint(args):
         raise CheckpointError(f"{path}: holds Flax parameters, not a torch state dict; "
                               f"`parity convert {path} OUT.pt` turns it back into one")
     state_dict = _seed_keys(load_state_dict(path), path)
-    config, sources, _, warnings = _torch_config(args, path, state_dict)
-    refuse_unusable_weights(state_dict, config)  # int64 or NaN weights are the file's fault, not the port's
+    state_dict, config, sources, _, warnings = _torch_config(args, path, state_dict)
+    try:
+        refuse_unusable_weights(state_dict, config)  # int64 or NaN weights are the file's fault, not the port's
+    except ConversionError as e:
+        raise with_tie_hint(e, config) from None
     for message in warnings:
         warn(args.command, message)
     return state_dict, config, sources, f"checkpoint {path}"
@@ -380,9 +386,10 @@ def _float64_problem(args):
 def _convert(args):
     from flaxformer_mini.runs.directory import run_holding
     from parity.checkpoint_io import SAFETENSORS_SUFFIX, TORCH_SUFFIXES, load_state_dict, save_state_dict
-    from parity.convert import flax_params_from_state_dict, is_training_run, state_dict_from_flax_params
+    from parity.convert import (ConversionError, flax_params_from_state_dict, is_training_run,
+                                state_dict_from_flax_params)
     from parity.flax_io import checkpoint_kind, is_orbax_path, read_flax_params, recorded_tokenizers, save_flax_params
-    from parity.infer import describe_assumed
+    from parity.infer import describe_assumed, with_tie_hint
 
     source, out = args.input, args.output
     if _same_path(source, out):  # another spelling or a link too: --force would replace IN with its conversion
@@ -407,8 +414,12 @@ def _convert(args):
                              f"{SAFETENSORS_SUFFIX} or an orbax directory (a path without a suffix, or ending "
                              f"in '/'), not {out_suffix!r}")
         state_dict = _seed_keys(load_state_dict(source), source)
-        config, sources, assumed, warnings = _torch_config(args, source, state_dict)
-        params = flax_params_from_state_dict(state_dict, config)
+        held = len(state_dict)  # the file's tensors, before the tied keys it lacks are restored
+        state_dict, config, sources, assumed, warnings = _torch_config(args, source, state_dict)
+        try:
+            params = flax_params_from_state_dict(state_dict, config)
+        except ConversionError as e:
+            raise with_tie_hint(e, config) from None
         # replace_file: OUT was refused above unless --force; one that appeared during the work is kept.
         written = save_flax_params(params, config, out, overwrite=args.force, assumed=assumed,
                                    tokenizers=recorded_tokenizers(source),  # carried on, as `assumed` is
@@ -416,7 +427,7 @@ def _convert(args):
         for message in warnings:
             warn(args.command, message)
         form = "an orbax directory" if out_suffix == "" else SAFETENSORS_SUFFIX
-        print(f"{source} (torch state dict, {len(state_dict)} tensors) -> {written} "
+        print(f"{source} (torch state dict, {held} tensors) -> {written} "
               f"(Flax parameters, {len(params)} arrays in Flax layout, {form}; the config in its metadata"
               + (f", {', '.join(assumed)} marked assumed" if assumed else "") + ")")
     else:

@@ -39,6 +39,7 @@ SOURCE_EMBEDDING = "encoder.embedding_layer.weight"
 TARGET_EMBEDDING = "decoder.embedding_layer.weight"
 SOURCE_POSITIONS = "encoder.positional_encoding.weight"
 TARGET_POSITIONS = "decoder.positional_embedding.weight"
+OUTPUT_PROJECTION = "decoder.fc.weight"
 ENCODER_LAYERS = "encoder.transformer_layers"
 DECODER_LAYERS = "decoder.decoder_layers"
 # The feed-forward's first Linear inside each block, (F, D) in torch's (out, in) layout.
@@ -49,6 +50,44 @@ DECODER_FFN = "transformer_block.fc.0.weight"
 _SEED = PRESETS["seed"]
 DEFAULTS = {"heads": _SEED.heads, "src_pad_idx": _SEED.src_pad_idx, "dropout": _SEED.dropout}
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+
+# The keys that hold one tensor in torch_ref.Transformer, per tie_embeddings value.
+TIED_GROUPS = {"decoder": (TARGET_EMBEDDING, OUTPUT_PROJECTION),
+               "all": (TARGET_EMBEDDING, OUTPUT_PROJECTION, SOURCE_EMBEDDING)}
+
+
+def _tie_hint(tie):
+    """What a file missing the keys a tie of ``tie`` drops most likely is, and the remedy."""
+    return ("a tied model (torch_ref.Transformer with tie_embeddings) saved by safetensors' save_model keeps one "
+            f"name of its tied tables: say the tie in --config, {json.dumps({'tie_embeddings': tie})}")
+
+
+def with_tie_hint(error, config):
+    """``error`` (a ConversionError of the strict check against ``config``'s model) with
+    the tie hint added when the one key wrong is the output projection that an untied model
+    holds and a tied model's save_model file lacks; ``error`` itself otherwise."""
+    if (config.tie_embeddings is not None or error.missing != [OUTPUT_PROJECTION] or error.unexpected
+            or error.mismatched or error.invalid):
+        return error
+    return ConversionError(f"{error}\n{_tie_hint('decoder')} (or \"all\" for a source table shared too)",
+                           missing=error.missing)
+
+
+def with_tied_keys(state_dict, tie_embeddings):
+    """``state_dict`` with each key of ``tie_embeddings``' group (``TIED_GROUPS``) that it lacks
+    filled with the group's tensor it holds; as it is for None or a value ModelConfig refuses.
+    safetensors' ``save_model`` keeps one name of tensors that share memory, and torch's strict
+    load wants every name. Keys present stay as they are: the conversion checks that tied
+    copies are equal bit for bit."""
+    group = TIED_GROUPS.get(tie_embeddings) if isinstance(tie_embeddings, str) else None
+    if group is None or not hasattr(state_dict, "keys"):
+        return state_dict
+    out = dict(state_dict)
+    held = next((key for key in group if key in out), None)
+    if held is not None:
+        for key in group:
+            out.setdefault(key, out[held])
+    return out
 
 
 _OUR_LAYER_LISTS = ("encoder.transformer_layers.", "decoder.decoder_layers.")
@@ -68,6 +107,10 @@ def _shape(state_dict, key, ndim=2):
         # layer lists are there); in another model any "encoder.*" key is near and means nothing.
         ours = any(str(k).startswith(_OUR_LAYER_LISTS) for k in state_dict)
         hint = did_you_mean(key, [str(k) for k in state_dict]) if ours else ""
+        if ours and key == SOURCE_EMBEDDING and TARGET_EMBEDDING in state_dict and OUTPUT_PROJECTION not in state_dict:
+            # The two keys a tie to the target embedding drops, and only those: most likely a tie.
+            raise ConversionError(f"cannot infer the model config: missing key {key!r}{hint}; {_tie_hint('all')}",
+                                  missing=[key])
         # Most likely a porter's own model, which the command line cannot build; the library can.
         own = "" if ours else (" `parity check` and `parity convert` build that architecture only; a model of your own "
                                "converts and compares through the library (parity.torch_to_flax, parity.compare: "

@@ -267,6 +267,37 @@ def test_an_untied_state_dict_is_refused_by_a_tied_model_naming_the_copy(tie):
     np.testing.assert_array_equal(model.decoder.embedding_layer.embedding.get_value(), tied[TABLE].cpu().numpy())
 
 
+@pytest.mark.parametrize("tie", TIES)
+def test_parity_reads_a_tied_save_model_file_once_told_the_tie_and_names_the_tie_when_not(tie, tmp_path, capsys):
+    from safetensors import safe_open
+    from safetensors.torch import save_model
+
+    from parity.cli import main as parity_main
+    from parity.convert import flax_params_from_state_dict
+    from parity.flax_io import read_flax_params
+
+    config = CONFIGS[tie]
+    model = torch_model(config)
+    path = tmp_path / "tied.safetensors"
+    save_model(model, str(path))  # one name of each group of tensors sharing memory
+    with safe_open(str(path), "pt") as f:
+        assert not set(COPIES[tie]) & set(f.keys())  # the file this test is about: the copies' names dropped
+    told = tmp_path / "tie.json"
+    told.write_text(json.dumps({"heads": config.heads, "tie_embeddings": tie}))
+    capsys.readouterr()
+    assert parity_main(["convert", str(path), str(tmp_path / "untold.safetensors"), "--heads", str(config.heads)]) == 2
+    assert f'say the tie in --config, {{"tie_embeddings": "{tie}"}}' in capsys.readouterr().err
+    assert not (tmp_path / "untold.safetensors").exists()
+    out = tmp_path / "flax.safetensors"
+    assert parity_main(["convert", str(path), str(out), "--config", str(told)]) == 0
+    params, read_config, _ = read_flax_params(out)
+    assert read_config.tie_embeddings == tie
+    want = flax_params_from_state_dict(model.state_dict(), config)  # the whole state dict, every name
+    assert sorted(params) == sorted(want) and all(np.array_equal(params[k], v) for k, v in want.items())
+    if tie == "all":  # the check builds both twins from the file: the key inference could not do without the tie
+        assert parity_main(["check", "--torch-checkpoint", str(path), "--config", str(told)]) == 0
+
+
 # ----------------------------------------------------------------------------- the command line
 
 # One vocabulary (--shared-vocab): source and target words overlap, as in a corpus of one
