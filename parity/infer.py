@@ -108,7 +108,7 @@ def _shape(state_dict, key, ndim=2):
         ours = any(str(k).startswith(_OUR_LAYER_LISTS) for k in state_dict)
         hint = did_you_mean(key, [str(k) for k in state_dict]) if ours else ""
         if ours and key == SOURCE_EMBEDDING and TARGET_EMBEDDING in state_dict and OUTPUT_PROJECTION not in state_dict:
-            # The two keys a tie to the target embedding drops, and only those: most likely a tie.
+            # Both keys that a tie to the target embedding drops are missing: most likely a tie.
             raise ConversionError(f"cannot infer the model config: missing key {key!r}{hint}; {_tie_hint('all')}",
                                   missing=[key])
         # Most likely a porter's own model, which the command line cannot build; the library can.
