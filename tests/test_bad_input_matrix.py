@@ -162,6 +162,13 @@ def valid_bad_line(d, finished):
             "--preset", "tiny", "--steps", "2"]
 
 
+def valid_side_empty_once_normalised(d, finished):
+    (d / "train.tsv").write_text(GOOD_TSV)
+    (d / "valid.tsv").write_text("a b\tc\n\u2581\tc\n")
+    return ["train", "--data", str(d / "train.tsv"), "--valid", str(d / "valid.tsv"), "--out", str(d / "out"),
+            "--preset", "tiny", "--steps", "2", "--tokenizer", "char"]
+
+
 def max_tokens_below_the_longest_example(d, finished):
     (d / "train.tsv").write_text(GOOD_TSV)  # the longest pair: 3 words + EOS, padded to 8 (the length multiple)
     return ["train", "--data", str(d / "train.tsv"), "--out", str(d / "out"), "--preset", "tiny", "--steps", "2",
@@ -305,6 +312,16 @@ CASES = [
      tsv_with("".join("a b c d e\tA B C D E\n" if i in (12, 16) else "a\tA\n" for i in range(20)), "--max-len", "3"), 2,
      r"train\.tsv: the 2 pairs held out of it for validation \(no --valid\): no pairs: all 2 are longer than "
      r"max_len=3 .*--valid FILE gives held-out pairs of their own"),
+    # U+2581 is the char, bpe and unigram tokenizers' word mark, read as a space: a side of it
+    # alone is as empty as a blank side, in the training pairs, the held-out ones (lines 13 and
+    # 17 of 20, the fixed split's) and a --valid file.
+    ("tsv_side_empty_once_normalised", tsv_with("a\tx\nb\t\u2581 \u2581\n", "--tokenizer", "char"), 2,
+     r"train\.tsv:2: empty target once the tokenizer normalises '\u2581 \u2581' \(it reads U\+2581"),
+    ("tsv_held_out_side_empty_once_normalised",
+     tsv_with("".join("\u2581\tA\n" if i == 12 else "a\tA\n" for i in range(20)), "--tokenizer", "char"), 2,
+     r"train\.tsv:13: empty source once the tokenizer normalises '\u2581'"),
+    ("valid_side_empty_once_normalised", valid_side_empty_once_normalised, 2,
+     r"valid\.tsv:2: empty source once the tokenizer normalises '\u2581'"),
     ("data_missing", data_missing, 2, r"nope\.tsv: No such file"),
     ("data_is_a_directory", data_is_a_directory, 2, r"data: Is a directory \(give a file"),
     ("valid_missing", valid_missing, 2, r"nope\.tsv: No such file"),

@@ -17,6 +17,7 @@ from flaxformer_mini.data import (
     UNK,
     Batch,
     DataError,
+    EmptySideError,
     SyntheticTask,
     TextPairs,
     Vocab,
@@ -359,6 +360,24 @@ def text_pairs():
 def example_ids(batch, vocab):
     """The id word of every non-fill row."""
     return [vocab.decode(row).split()[0] for row in batch.source if row.any()]
+
+
+def test_text_pairs_refuse_a_side_of_no_tokens_naming_its_line_or_pair():
+    from flaxformer_mini.data import tokenizers
+
+    pairs = [("a b", "x"), ("b", "\u2581"), ("\u2581 \u2581", "x"), ("a", "x")]
+    char = tokenizers.train("char", [text for pair in pairs for text in pair])
+    with pytest.raises(EmptySideError) as info:
+        TextPairs(pairs, char, char, max_len=8, line_numbers=[3, 5, 6, 9])
+    assert info.value.where == "5"
+    assert str(info.value) == ("empty target once the tokenizer normalises '\u2581' (it reads U+2581 '\u2581' as a "
+                               "space and strips spaces at the ends); 1 more such pair after it")
+    with pytest.raises(EmptySideError) as info:
+        TextPairs(pairs[2:], char, char, max_len=8)
+    assert info.value.where == "pair 1" and str(info.value).startswith("empty source once")
+    # The word tokenizer splits on whitespace alone: U+2581 is a word of its own there.
+    words = Vocab.build(text for pair in pairs for text in pair)
+    assert len(TextPairs(pairs, words, words, max_len=8)) == 4
 
 
 def test_text_pairs_drop_pairs_longer_than_max_len_and_count_them():

@@ -88,6 +88,18 @@ def test_evaluate_of_a_valid_run_reads_no_training_file_and_its_batches_read_it_
         next(Run.open(out).train_batches(0))
 
 
+def test_evaluate_data_with_a_side_the_tokenizer_empties_names_its_line_and_writes_nothing(bpe_run, tmp_path):
+    # U+2581 is the Metaspace word mark, which the bpe tokenizer reads as a space: a target of
+    # it alone is as empty as a blank one, and every reference empty leaves WER undefined.
+    data = tmp_path / "test.tsv"
+    data.write_text(corpus_lines(bpe_run[1])[0] + "\n\u2581\t\u2581\n")
+    hypotheses = tmp_path / "hyp.txt"
+    proc = cli("evaluate", "--checkpoint", str(bpe_run[0]), "--data", str(data), "--output", str(hypotheses))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{data}:2: empty source once the tokenizer normalises '\u2581' (it reads U+2581" in proc.stderr
+    assert "Traceback" not in proc.stderr and not hypotheses.exists()
+
+
 def corpus_lines(args):
     return open(args[args.index("--valid") + 1]).read().splitlines()
 

@@ -28,12 +28,12 @@ from .batches import (
     pad_batch,
     pad_rows,
 )
-from .parallel_text import TextPairs, check_columns, iter_lines, iter_tsv, read_tsv
+from .parallel_text import EmptySideError, TextPairs, check_columns, iter_lines, iter_tsv, read_tsv
 from .synthetic import TASKS, SyntheticTask
 from .vocab import Vocab
 
 __all__ = [
     "BOS", "EOS", "NUM_SPECIAL", "PAD", "SPECIAL_TOKENS", "UNK", "TASKS",
-    "Batch", "DataError", "SyntheticTask", "TextPairs", "Vocab",
+    "Batch", "DataError", "EmptySideError", "SyntheticTask", "TextPairs", "Vocab",
     "check_columns", "iter_lines", "iter_tsv", "make_batch", "make_source", "pad_batch", "pad_rows", "read_tsv",
 ]

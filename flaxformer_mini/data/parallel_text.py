@@ -172,6 +172,17 @@ def _has_lone_carriage_return(path):
         return False
 
 
+class EmptySideError(DataError):
+    """A pair one side of which encodes to no token (``where``: its line, or "pair N" without
+    line numbers): text that the tokenizer's normalisation empties, as it does a side of U+2581
+    marks alone. The readers refuse a side empty as written; this is the same refusal, made once
+    the tokenizer is known."""
+
+    def __init__(self, where, message):
+        super().__init__(message)
+        self.where = where
+
+
 def _flatten(encoded):
     """(flat int32 ids, int64 lengths) of a list of id lists."""
     lengths = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
@@ -200,6 +211,21 @@ def _split_line(line, columns):
     return "", (source, target)
 
 
+def _refuse_empty_sides(chunk, start, source_lengths, target_lengths, line_numbers):
+    """EmptySideError for the first pair of ``chunk`` (pairs ``start``... of the input) with a side
+    of no tokens, counting the chunk's others."""
+    empty = np.flatnonzero((source_lengths == 0) | (target_lengths == 0))
+    if not empty.size:
+        return
+    i = int(empty[0])
+    side = 0 if source_lengths[i] == 0 else 1
+    where = f"pair {start + i + 1}" if line_numbers is None else str(line_numbers[start + i])
+    more = f"; {empty.size - 1} more such pair{'s' if empty.size > 2 else ''} after it" if empty.size > 1 else ""
+    raise EmptySideError(where, f"empty {('source', 'target')[side]} once the tokenizer normalises "
+                                f"{chunk[i][side]!r} (it reads U+2581 '\u2581' as a space and strips spaces at "
+                                f"the ends){more}")
+
+
 class TextPairs:
     """Encoded parallel text with length-bucketed training batches.
 
@@ -209,7 +235,8 @@ class TextPairs:
     a ``DataError``. ``kept[i]`` is the index in ``pairs`` of example i (evaluate --output
     lines its hypotheses up with the input file's lines by it). ``line_numbers`` (optional,
     one per pair): the file's line of each, kept as ``line_numbers[i]`` for example i, so an
-    error can name ``file:line``; None without them.
+    error can name ``file:line``; None without them. A side that encodes to no token is an
+    ``EmptySideError`` naming its line (or its pair).
 
     ``length_multiple`` rounds each batch's S and T up to a multiple (capped at
     ``max_len``), so the jitted train step of a fixed batch size compiles for at most
@@ -234,6 +261,7 @@ class TextPairs:
             sources, targets = zip(*chunk)
             s_ids, s_len = _flatten(source_vocab.encode_batch(sources))
             t_ids, t_len = _flatten(target_vocab.encode_batch(targets))
+            _refuse_empty_sides(chunk, start, s_len, t_len, line_numbers)
             keep = (s_len + 1 <= self.max_len) & (t_len + 1 <= self.max_len)  # + EOS (or BOS)
             if not keep.all():
                 self.dropped += int((~keep).sum())

@@ -1,7 +1,7 @@
 """``evaluate`` of a finished run: its latest checkpoint scored on its held-out data or on
 another file of pairs, the hypotheses optionally written out line for line."""
 
-from flaxformer_mini.data import DataError, SyntheticTask, TextPairs, iter_lines, iter_tsv
+from flaxformer_mini.data import DataError, EmptySideError, SyntheticTask, TextPairs, iter_lines, iter_tsv
 from flaxformer_mini.decode.evaluation import evaluate_with_hypotheses
 from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, check_options
 from flaxformer_mini.files import write_atomic
@@ -91,6 +91,8 @@ def read_pairs(run, path, columns=None):
     try:
         held_out = TextPairs(pairs, *vocabs, run.config.model.max_len, run.config.data.length_multiple,
                              line_numbers=[n for n, _, _ in numbered])
+    except EmptySideError as e:
+        raise DataError(f"{path}:{e.where}: {e}") from None
     except DataError as e:
         raise DataError(f"{path}: {e} (the run's --max-len: a side's tokens plus its EOS)") from None
     return held_out, read[0]

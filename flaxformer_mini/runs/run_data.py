@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from flaxformer_mini.data import DataError, SyntheticTask, TextPairs, Vocab, iter_tsv, read_tsv, tokenizers
+from flaxformer_mini.data import DataError, EmptySideError, SyntheticTask, TextPairs, Vocab, iter_tsv, tokenizers
 from flaxformer_mini.runs import tokenizer_from
 from flaxformer_mini.runs.config import DataConfig, RunConfigError
 from flaxformer_mini.runs.directory import RunDir, data_file_sha256
@@ -62,16 +62,16 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True, with_train=Fals
         # An opened run (evaluate, generate): its saved vocabularies and its --valid file are all
         # that evaluating needs; the training file, maybe large, maybe moved, is left unread.
         vocabs = run_dir.load_vocabularies(config)
-        valid = read_tsv(config.valid_path, config.columns)
-        return RunData(None, _text_pairs(config.valid_path, valid, vocabs, config), vocabs)
-    rows = list(iter_tsv(config.train_path, config.columns))  # (line number, source, target)
-    held_out = []
+        return RunData(None, _text_pairs(config.valid_path, _rows(config.valid_path, config), vocabs, config), vocabs)
+    rows = _rows(config.train_path, config)
+    held_out_rows = []
     if config.valid_path is None and config.holdout:
         # A fixed split (seed 0): the same file always holds out the same pairs.
         n = min(config.holdout, len(rows) // 10)
         chosen = set(np.random.default_rng(0).choice(len(rows), size=n, replace=False).tolist()) if n else set()
-        held_out = [(source, target) for i, (_, source, target) in enumerate(rows) if i in chosen]
+        held_out_rows = [row for i, row in enumerate(rows) if i in chosen]
         rows = [row for i, row in enumerate(rows) if i not in chosen]
+    held_out = [(source, target) for _, source, target in held_out_rows]
     pairs = [(source, target) for _, source, target in rows]
     # A file with repeated lines puts copies of held-out pairs among the training pairs, and
     # the held-out scores then count pairs the model trained on: counted, for the run's note.
@@ -85,12 +85,11 @@ def load_data(config: DataConfig, run_dir: RunDir, rebuild=True, with_train=Fals
     else:
         with _naming_the_limit(config.train_path, config, held_out=len(held_out)):
             vocabs = build_tokenizers(config, pairs)
-    train = _text_pairs(config.train_path, pairs, vocabs, config, held_out=len(held_out),
-                        line_numbers=[line for line, _, _ in rows])
+    train = _text_pairs(config.train_path, rows, vocabs, config, held_out=len(held_out))
     if config.valid_path:
-        valid = _text_pairs(config.valid_path, read_tsv(config.valid_path, config.columns), vocabs, config)
+        valid = _text_pairs(config.valid_path, _rows(config.valid_path, config), vocabs, config)
     else:
-        valid = _text_pairs(config.train_path, held_out, vocabs, config, holding_out=True) if held_out else train
+        valid = _text_pairs(config.train_path, held_out_rows, vocabs, config, holding_out=True) if held_out else train
     return RunData(train, valid, vocabs, also_trained, len(held_out))
 
 
@@ -118,10 +117,19 @@ def unknown_tokens_note(pairs, path, what, mismatch_hint=True):
     return f"warning: {path}: {said} are outside the vocabulary ({what}) and read as <unk>{hint}"
 
 
-def _text_pairs(path, pairs, vocabs, config, held_out=0, line_numbers=None, holding_out=False):
-    """TextPairs of ``pairs`` read from ``path``; no pair that fits is an error (``_naming_the_limit``)."""
+def _rows(path, config):
+    """(line number, source, target) of each pair of the TSV file ``path``."""
+    return list(iter_tsv(path, config.columns))
+
+
+def _text_pairs(path, rows, vocabs, config, held_out=0, holding_out=False):
+    """TextPairs of ``rows`` ((line number, source, target), ``_rows``) read from ``path``; a
+    side that encodes to no token is an error naming ``path:line``, and so is no pair that
+    fits (``_naming_the_limit``)."""
+    pairs = [(source, target) for _, source, target in rows]
     with _naming_the_limit(path, config, held_out, len(pairs) if holding_out else None):
-        return TextPairs(pairs, *vocabs, config.model_max_len, config.length_multiple, line_numbers=line_numbers)
+        return TextPairs(pairs, *vocabs, config.model_max_len, config.length_multiple,
+                         line_numbers=[line for line, _, _ in rows])
 
 
 @contextlib.contextmanager
@@ -132,6 +140,8 @@ def _naming_the_limit(path, config, held_out=0, holding_out=None):
     validation (a count), saying so: the file's other pairs may well fit."""
     try:
         yield
+    except EmptySideError as e:
+        raise DataError(f"{path}:{e.where}: {e}") from None
     except DataError as e:
         limit = f"(--max-len {config.model_max_len}: a side's tokens plus its EOS)"
         if holding_out is not None:
