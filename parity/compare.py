@@ -81,6 +81,15 @@ def on_device_of(model, tensors):
     return tuple(t.to(held.device) if isinstance(t, torch.Tensor) else t for t in tensors)
 
 
+def _copied(output):
+    """``output`` with its tensors cloned (tuples and lists too, as some modules return)."""
+    if isinstance(output, torch.Tensor):
+        return output.detach().clone()
+    if isinstance(output, (tuple, list)):
+        return type(output)(_copied(o) for o in output)
+    return output
+
+
 def torch_intermediates(model, *inputs, sequential=False):
     """Run ``model(*inputs)`` without grad; return (output, {name: numpy array}) in completion order.
 
@@ -101,7 +110,9 @@ def torch_intermediates(model, *inputs, sequential=False):
             continue
 
         def hook(_module, _args, output, name=name):
-            records.append((name, output))
+            # Copied now: a later in-place op (nn.ReLU(inplace=True), x.add_()) would
+            # otherwise change the stored output before it is read.
+            records.append((name, _copied(output)))
 
         handles.append(module.register_forward_hook(hook))
     try:

@@ -476,3 +476,82 @@ def test_a_torch_model_in_a_wrapper_is_refused_naming_the_attribute_that_holds_t
     with pytest.raises(TypeError, match=rf"compare_gradients: the torch model is a .*wrapper, whose paths all start "
                                         rf"with '{attribute}\.': pass torch_model\.{attribute}"):
         parity.compare_gradients(wrap(t), f, lambda m, x: m(x).sum(), lambda m, x: m(x).sum(), *inputs)
+
+
+# ------------------------------------------------------------------- an in-place op after a row
+
+
+class _TorchNormRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj, self.norm, self.act = torch.nn.Linear(D, HID), torch.nn.LayerNorm(HID), torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.norm(self.proj(x)))
+
+
+class _Relu(nnx.Module):
+    def __call__(self, x):
+        return jax.nn.relu(x)
+
+
+class _FlaxNormRelu(nnx.Module):
+    def __init__(self, rngs):
+        self.proj, self.norm, self.act = nnx.Linear(D, HID, rngs=rngs), nnx.LayerNorm(HID, epsilon=1e-5, rngs=rngs), _Relu()
+
+    def __call__(self, x):
+        return self.act(self.norm(self.proj(x)))
+
+
+def test_a_row_overwritten_by_a_later_in_place_op_is_compared_as_it_was_computed():
+    # ReLU(inplace=True) writes into the LayerNorm's output tensor: a row kept by reference would
+    # read the ReLU's output as the norm's and fail a correct port at "norm".
+    torch.manual_seed(0)
+    t, f = _TorchNormRelu().eval(), _FlaxNormRelu(nnx.Rngs(0))
+    _copy_linear(f.proj, t.proj)
+    x = _rand(N, D)
+    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5)
+    assert report.ok, report.format_table(show_all=True)
+    assert [r.name for r in report.rows] == ["proj", "norm", "act", ""]
+    _, rows = parity.torch_intermediates(t, torch.as_tensor(x))
+    assert (rows["norm"] < 0).any() and (rows["act"] >= 0).all()  # the norm's own negatives kept
+
+
+# ------------------------------------------------------------------------------- a 0-d parameter
+
+
+class _TorchScaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj, self.scale = torch.nn.Linear(D, OUT), torch.nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x):
+        return self.proj(x) * self.scale
+
+
+class _FlaxScaled(nnx.Module):
+    def __init__(self, rngs):
+        self.proj, self.scale = nnx.Linear(D, OUT, rngs=rngs), nnx.Param(jnp.asarray(0.0))
+
+    def __call__(self, x):
+        return self.proj(x) * self.scale[...]
+
+
+_SCALED_RULES = dict(parity.RULES)
+parity.register_rule(_FlaxScaled, parity.Rule("scale", "scale"), table=_SCALED_RULES)
+
+
+def test_a_scalar_parameter_converts_both_ways_and_its_gradient_compares():
+    # np.ascontiguousarray makes a 0-d array 1-d: the scalar would come back as shape (1,), which
+    # torch's load_state_dict refuses and the gradient comparison fails as a shape mismatch.
+    torch.manual_seed(0)
+    t = _TorchScaled().eval()
+    f = parity.torch_to_flax(t.state_dict(), _FlaxScaled(nnx.Rngs(0)), rules=_SCALED_RULES)
+    back = parity.flax_to_torch(f, rules=_SCALED_RULES)
+    assert back["scale"].shape == () and float(back["scale"]) == 1.5
+    t.load_state_dict(back)
+    x = _rand(N, D)
+    report = parity.compare_gradients(t, f, lambda m, x: m(x).sum(), lambda m, x: m(x).sum(),
+                                      (torch.as_tensor(x),), (x,), atol=1e-5, rules=_SCALED_RULES)
+    assert report.ok, report.format_table(show_all=True)
+    assert {r.name: r.shape for r in report.rows}["grad:scale"] == ()
