@@ -45,7 +45,7 @@ class Rename:
         self.table = dict(table)
         self._forward = [(src, _compile(src), tgt if isinstance(tgt, tuple) else (tgt,)) for src, tgt in table.items()]
         self._backward = [(src, tgts, [_compile(t) for t in tgts]) for src, _, tgts in self._forward]
-        self._modules = _module_pairs(self._forward)
+        self._modules, self._ambiguous = _module_pairs(self._forward)
 
     @staticmethod
     def _report(direction, unused, twice, collide, wrapped=None):
@@ -136,11 +136,19 @@ class Rename:
     def module_path(self, torch_path):
         """A torch module path renamed as its parameters are (for matching intermediates), or
         itself: a pattern's module part ("layers.{}.wq") or its part up to a ``{}``
-        ("layers.{}" -> "blocks.{}", for a block that holds no parameter of its own)."""
-        for head, target in self._modules:
-            m = head.match(torch_path)
-            if m:
-                return _fill(target, m.groups())
+        ("layers.{}" -> "blocks.{}", for a block that holds no parameter of its own). A path
+        no pattern names whole is renamed by its longest prefix that one names: a child without
+        parameters ("layers.0.act") lives where its renamed parent does. Below a prefix the
+        table sends to two places, nothing is renamed: no one parent holds it."""
+        segments = torch_path.split(".")
+        for k in range(len(segments), 0, -1):
+            prefix, rest = ".".join(segments[:k]), segments[k:]
+            if any(rx.match(prefix) for rx in self._ambiguous):
+                return torch_path
+            for head, target in self._modules:
+                m = head.match(prefix)
+                if m:
+                    return ".".join([_fill(target, m.groups()), *rest])
         return torch_path
 
 
@@ -150,7 +158,7 @@ def _module_pairs(forward):
     shorter prefixes of module parts of as many segments, ``{}`` in the same places, segment
     for segment ("layers.{}.attn.wq" -> "blocks.{}.attention.query" gives "layers.{}.attn" ->
     "blocks.{}.attention": a module that holds no parameter of its own). A prefix the table
-    maps to two targets is no module's name, and is left out."""
+    maps to two targets is no module's name: returned apart, as the second list."""
     pairs = [(head, target) for src, _, tgts in forward if len(tgts) == 1 for head, target in _prefix_pairs(src, tgts[0])]
     aligned = {}
     for src, _, tgts in forward:
@@ -163,7 +171,8 @@ def _module_pairs(forward):
             aligned.setdefault(".".join(s_parts[:k]), set()).add(".".join(t_parts[:k]))
     heads = {head for head, _ in pairs}
     pairs += [(head, targets.pop()) for head, targets in aligned.items() if len(targets) == 1 and head not in heads]
-    return [(_compile(head), target) for head, target in pairs]
+    ambiguous = [_compile(head) for head, targets in aligned.items() if len(targets) > 1 and head not in heads]
+    return [(_compile(head), target) for head, target in pairs], ambiguous
 
 
 def _closest_pattern(pattern, keys):

@@ -5,6 +5,7 @@ not fit (which would otherwise leave rows unmatched, and ignore_missing would hi
 Shapes: x (N, L, D); every linear layer D -> D but the head, D -> OUT.
 """
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -187,3 +188,48 @@ def test_a_module_the_rename_map_renames_only_through_its_childrens_keys_is_matc
     split = {"layers.0.attn.wq.{}": "blocks.0.attention.query.{}", "layers.0.attn.wo.{}": "blocks.0.mixer.out.{}"}
     assert parity.Rename(split).module_path("layers.0.attn") == "layers.0.attn"
     assert parity.Rename(split).module_path("layers.0") == "blocks.0"
+
+
+class _TorchActMixer(_TorchMixer):  # a parameter-free child under a module the map renames
+    def __init__(self):
+        super().__init__()
+        self.act = torch.nn.GELU()
+
+    def forward(self, x):
+        return self.wo(self.act(self.wq(x)))
+
+
+class _Gelu(nnx.Module):
+    def __call__(self, x):
+        return jax.nn.gelu(x, approximate=False)  # torch.nn.GELU's default is the exact erf form
+
+
+class _FlaxActMixer(_FlaxMixer):
+    def __init__(self, rngs):
+        super().__init__(rngs)
+        self.act = _Gelu()
+
+    def __call__(self, x):
+        return self.out(self.act(self.query(x)))
+
+
+def test_a_parameter_free_child_of_a_renamed_module_is_matched_under_its_parents_new_name():
+    # layers.0.attn.act is named by no pattern, whole or in part: left under its torch name it
+    # would be missing on the Flax side, blocks.0.attention.act on torch's.
+    rename = {"layers.{}.attn.wq.{}": "blocks.{}.attention.query.{}", "layers.{}.attn.wo.{}": "blocks.{}.attention.out.{}"}
+    torch.manual_seed(0)
+    t = _TorchMixerNet()
+    for layer in t.layers:
+        layer.attn = _TorchActMixer()
+    t.eval()
+    f = _FlaxMixerNet(nnx.Rngs(0))
+    for block in f.blocks:
+        block.attention = _FlaxActMixer(nnx.Rngs(0))
+    f = parity.torch_to_flax(t.state_dict(), f, rename=rename)
+    x = np.random.default_rng(0).standard_normal((N, L, D)).astype(np.float32)
+    report = parity.compare(t, f, (torch.as_tensor(x),), (x,), atol=1e-5, rename=rename)
+    assert report.ok, report.format_table(show_all=True)
+    assert [r.name for r in report.rows] == [f"blocks.{i}.attention{part}" for i in range(LAYERS)
+                                             for part in (".query", ".act", ".out", "")] + [""]
+    split = {"layers.0.attn.wq.{}": "blocks.0.attention.query.{}", "layers.0.attn.wo.{}": "blocks.0.mixer.out.{}"}
+    assert parity.Rename(split).module_path("layers.0.attn.act") == "layers.0.attn.act"  # no one parent
