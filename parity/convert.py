@@ -112,7 +112,8 @@ def numpy_to_tensor(array):
     """``array`` as a torch tensor on torch's default device (the CPU unless
     ``torch.set_default_device`` chose another), as torch's own factories make theirs:
     ``torch.from_numpy`` alone would leave it on the CPU beside a model on CUDA."""
-    array = np.ascontiguousarray(array)
+    # order="C", not np.ascontiguousarray: that makes a 0-d array (a scalar parameter) 1-d.
+    array = np.asarray(array, order="C")
     if array.dtype == ml_dtypes.bfloat16:
         # .copy(), as below: np.asarray of a jax array is a read-only view of its buffer, and a
         # tensor wrapping it would let in-place torch ops write into the Flax parameter.

@@ -136,7 +136,7 @@ def save_flax_params(params, config: ModelConfig, path, *, overwrite=False, assu
     ``replace_file=False``: a .safetensors file is never replaced, even one created while this
     wrote."""
     config = as_model_config(config)
-    params = {k: np.ascontiguousarray(v) for k, v in params.items()}
+    params = {k: np.asarray(v, order="C") for k, v in params.items()}  # 0-d stays 0-d
     if is_orbax_path(path):
         return _save_orbax(params, config, Path(path), overwrite, assumed, tokenizers)
     path = Path(path)
