@@ -580,3 +580,21 @@ def test_exact_match_counts_every_labelled_position():
     target_out = np.array([[5, 6, EOS, PAD], [7, EOS, PAD, PAD], [8, EOS, PAD, PAD]])
     predicted = np.array([[5, 6, EOS], [7, 9, EOS], [8, EOS, PAD]])  # shorter: padded with PAD
     np.testing.assert_array_equal(exact_match(predicted, target_out), [True, False, True])
+
+
+def test_a_narrow_integer_source_decodes_target_ids_past_its_range(source):
+    # The output buffers are int32 whatever the source's integer dtype: an int8 source with a
+    # target vocabulary past 127 would otherwise wrap the ids it emits.
+    config = CONFIG.replace(target_vocab_size=300)
+    model = fm.Transformer.from_config(config, rngs=nnx.Rngs(MODEL_SEED))
+    runs = {
+        "greedy": lambda s: decoding.greedy_decode(model, s, N),
+        "uncached": lambda s: decoding.greedy_decode_uncached(model, s, N),
+        "sample": lambda s: decoding.sample(model, s, N, seed=3),
+        "beam": lambda s: decoding.beam_search(model, s, N, beam_size=2)[0],
+    }
+    for name, run in runs.items():
+        wide, narrow = np.asarray(run(source.astype(np.int32))), run(source.astype(np.int8))
+        assert narrow.dtype == jnp.int32, name
+        assert wide.max() > 127, f"{name}: no id past int8's range, so nothing could wrap"
+        np.testing.assert_array_equal(np.asarray(narrow), wide, err_msg=name)

@@ -58,7 +58,9 @@ def _check(model, source, max_new_tokens):
     # Checked here first: check_options reads None as "not given", and decoding needs it.
     check_options(c, max_new_tokens=integer_option("max_new_tokens", max_new_tokens))
     check_tokens(source, c.source_vocab_size, c.max_len, "source")
-    source = jnp.asarray(source)
+    # int32 whatever integer dtype came in: the output buffers take the source's dtype, and an
+    # int8 or uint8 one would wrap target ids past its range (the target vocabulary may be larger).
+    source = jnp.asarray(source, jnp.int32)
     if source.shape[1] == 0:
         raise ValueError("source: empty input (length 0)")
     return source, *eval_split(model)
