@@ -9,6 +9,7 @@ shape. The twins' forward parity with F != D is in ``tests/test_twins_forward.py
 import json
 
 import jax
+import numpy as np
 import pytest
 import torch
 from flax import nnx
@@ -51,6 +52,16 @@ def test_ffn_dim_defaults_to_none_and_comes_after_the_seed_arguments_so_their_po
 def test_model_config_rejects_an_unusable_ffn_dim_naming_it(tiny_config, bad):
     with pytest.raises(ValueError, match=r"ffn_dim must be None \(= embed_size\) or an integer >= 1, got"):
         tiny_config.replace(ffn_dim=bad)
+
+
+def test_numpy_integer_sizes_are_accepted_and_stored_as_python_numbers(tiny_config):
+    # ffn_dim=np.int64(64) was refused while the seed's integer fields took numpy integers; and a
+    # numpy scalar kept in the config would fail json.dumps of its dict (a run's config.json).
+    config = tiny_config.replace(ffn_dim=np.int64(64), embed_size=np.int32(tiny_config.embed_size),
+                                 dropout=np.float64(0.25))
+    assert config == tiny_config.replace(ffn_dim=64, dropout=0.25)
+    assert [type(config.ffn_dim), type(config.embed_size), type(config.dropout)] == [int, int, float]
+    assert json.loads(json.dumps(config.to_dict()))["ffn_dim"] == 64
 
 
 def test_model_dict_written_before_ffn_dim_existed_still_loads(tiny_config, ffn_config):

@@ -51,13 +51,19 @@ class ModelConfig:
                     if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), numbers.Integral)]
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real):
             problems.append(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        if self.ffn_dim is not None and (isinstance(self.ffn_dim, bool) or not isinstance(self.ffn_dim, numbers.Integral)):
+            problems.append(f"ffn_dim must be None (= embed_size) or an integer >= 1, got {self.ffn_dim!r}")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
+        # numpy's integers and floats pass as numbers; stored as Python's, since json (a run's
+        # config.json, a file's metadata) writes no numpy scalar.
+        for name in (*_INTEGER_FIELDS, *(("ffn_dim",) if self.ffn_dim is not None else ())):
+            object.__setattr__(self, name, int(getattr(self, name)))
+        object.__setattr__(self, "dropout", float(self.dropout))
         for name in _SIZE_FIELDS:
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.ffn_dim is not None and (isinstance(self.ffn_dim, bool) or not isinstance(self.ffn_dim, int)
-                                         or self.ffn_dim < 1):
+        if self.ffn_dim is not None and self.ffn_dim < 1:
             problems.append(f"ffn_dim must be None (= embed_size) or an integer >= 1, got {self.ffn_dim!r}")
         if self.heads >= 1 and self.embed_size % self.heads:
             problems.append(f"embed_size={self.embed_size} is not divisible by heads={self.heads}")
