@@ -107,6 +107,17 @@ def test_torch_twin_rejects_bad_input_with_a_message_naming_it(torch_model, make
         torch_model(torch.from_numpy(source), torch.from_numpy(target))
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.uint16, torch.uint32], ids=str)
+def test_torch_twin_refuses_integer_ids_nn_embedding_cannot_look_up_naming_the_dtype(torch_model, dtype):
+    # Unrefused, int8/uint8/int16 fail inside nn.Embedding and uint16/uint32 in the value check,
+    # neither naming the input; the Flax twin looks up any integer dtype.
+    source, target = _good_batch()
+    with pytest.raises(TypeError, match=rf"source input: token ids must be torch.int32 or torch.int64 .*got dtype {dtype}"):
+        torch_model(torch.from_numpy(source).to(dtype), torch.from_numpy(target))
+    for fine in (torch.int32, torch.int64):
+        torch_model(torch.from_numpy(source).to(fine), torch.from_numpy(target).to(fine))
+
+
 @pytest.mark.parametrize("make, exc, match, side", CASES)
 def test_flax_twin_rejects_bad_input_with_a_message_naming_it(flax_model, make, exc, match, side):
     source, target = make()

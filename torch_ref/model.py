@@ -26,6 +26,11 @@ def check_tokens(tokens, vocab_size, max_len, name="input"):
         raise TypeError(f"{name}: expected a torch.Tensor of token ids, got {type(tokens).__name__}")
     if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
         raise TypeError(f"{name}: token ids must be integers, got dtype {tokens.dtype}")
+    # nn.Embedding looks up int32 and int64 ids only: other integer dtypes fail inside it
+    # ("Expected tensor for argument #1 'indices'") or in the value check below (uint16, uint32).
+    if tokens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: token ids must be torch.int32 or torch.int64 (what nn.Embedding looks up), "
+                        f"got dtype {tokens.dtype}")
     if tokens.dim() != 2:
         raise ValueError(f"{name}: expected shape (batch, length), got {tuple(tokens.shape)}")
     if tokens.shape[1] > max_len:
