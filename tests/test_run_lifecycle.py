@@ -342,6 +342,14 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     (s1, a), (s2, b) = latest_state(straight), latest_state(out)
     assert s1 == s2 == 10
     assert_same_training_state(a, b)
+    # A step missing its item directory altogether: orbax, left to infer the item from the step
+    # it reads, then turned to several items and read no step at all (the older one included).
+    gone = tmp_path / "gone"
+    shutil.copytree(straight, gone)
+    shutil.rmtree(gone / "checkpoints" / "10" / "default")
+    evaluated = cli("evaluate", "--checkpoint", str(gone), "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "checkpoint 10 cannot be read" in evaluated.stderr and "using step 5" in evaluated.stderr
 
 
 def test_every_checkpoint_damaged_is_one_clear_error(tmp_path):

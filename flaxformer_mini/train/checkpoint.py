@@ -54,7 +54,10 @@ def open_manager(directory, max_to_keep=3):
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "a checkpoint directory must be a directory, not a file", str(directory))
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, enable_async_checkpointing=False, create=True)
-    return ocp.CheckpointManager(directory, options=options)
+    # One item, named by the handler up front: left to infer it, orbax takes it from the first
+    # step it reads, and a step missing its "default" item turns the manager to several items,
+    # after which no step reads ("Must provide `args` of type `Composite`").
+    return ocp.CheckpointManager(directory, options=options, item_handlers=ocp.StandardCheckpointHandler())
 
 
 def _check_manager(manager):
