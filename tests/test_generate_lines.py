@@ -405,3 +405,13 @@ def test_arriving_lines_are_a_binary_files_lines_and_ready_only_when_one_can_be_
         os.close(read)
         if write is not None:
             os.close(write)
+
+
+def test_sampling_with_the_largest_seed_goes_on_past_the_first_batch(run):
+    # Batch i samples with seed + i, taken modulo 2**63 (jax.random.key's limit): the second
+    # batch of --seed 2**63 - 1 samples with seed 0, not an OverflowError.
+    top = cli("generate", "--checkpoint", str(run), "--seed", str(2**63 - 1), "--temperature", "2", "--batch-size", "1",
+              stdin="1 2\n3 4\n")
+    assert top.returncode == 0 and len(top.stdout.splitlines()) == 2, top.stderr
+    refused = cli("generate", "--checkpoint", str(run), "--seed", str(2**63), "--temperature", "2", "1 2")
+    assert refused.returncode == 2 and "--seed must be in [0, 2**63), got 9223372036854775808" in refused.stderr

@@ -61,6 +61,8 @@ def _finite(v):
 # Every numeric option's range, checked once after parsing, before anything is written or
 # computed; the message names the option. (argparse's `type=` sees one value at a time and
 # words its errors as "argument --x: ..."; this table keeps the ranges in one place.)
+SEED_LIMIT = 2**63
+
 RANGES = {
     "steps": (lambda v: v >= 1, ">= 1"),
     "embed_size": (lambda v: v >= 1, ">= 1"),
@@ -78,7 +80,8 @@ RANGES = {
     "num_processes": (lambda v: v >= 1, ">= 1"),
     "process_id": (lambda v: v >= 0, ">= 0"),
     "distributed_timeout": (lambda v: v >= 1, ">= 1"),
-    "seed": (lambda v: v >= 0, ">= 0"),
+    # jax.random.key takes a seed below 2**63 (a C long).
+    "seed": (lambda v: 0 <= v < SEED_LIMIT, "in [0, 2**63)"),
     "vocab_size": (lambda v: v >= 5, ">= 5 (4 special tokens and at least one value)"),
     "min_len": (lambda v: v >= 1, ">= 1"),
     "max_len": (lambda v: v >= 2, ">= 2"),

@@ -134,7 +134,8 @@ def _stream(texts, codec, load_model, model_config, max_new_tokens, batch_size, 
             rows = order[start : start + rows_per_batch]
             source = _source([encoded[i].ids for i in rows], rows_per_batch, max_len)
             if nbest is None:
-                tokens = decode(model, source, max_new_tokens, seed=seed + batch_index, **options)
+                # Modulo 2**63, jax.random.key's limit: a seed near it goes on past the first batch.
+                tokens = decode(model, source, max_new_tokens, seed=(seed + batch_index) % 2**63, **options)
                 best, scores = np.asarray(tokens)[:, None], None  # (B, 1, N)
             else:  # greedy is beam size 1
                 best, scores = beam_search(model, source, max_new_tokens, beam_size=options["beam_size"],
