@@ -395,7 +395,9 @@ CASES = [
      r"--length-multiple goes with --data \(synthetic tasks have integer tokens and fixed-size batches\)"),
     ("label_smoothing_one", train_option("--label-smoothing", "1"), 2, r"--label-smoothing must be in \[0, 1\)"),
     ("dropout_negative", train_option("--dropout", "-0.1"), 2, r"--dropout must be in \[0, 1\)"),
-    ("seed_negative", train_option("--seed", "-1"), 2, r"--seed must be >= 0"),
+    ("seed_negative", train_option("--seed", "-1"), 2, r"--seed must be in \[0, 2\*\*63\)"),
+    # jax.random.key's C long: refused before --out is made, not a traceback after it.
+    ("seed_past_jax_keys", train_option("--seed", str(2**63)), 2, r"--seed must be in \[0, 2\*\*63\), got 9223372036854775808"),
     ("vocab_size_too_small", train_option("--vocab-size", "4"), 2, r"--vocab-size must be >= 5"),
     ("min_len_over_max_len", train_option("--min-len", "9"), 2, r"--min-len 9 is greater than --max-len 5"),
     ("unknown_preset", train_option("--preset", "huge"), 2, r"invalid choice: 'huge'"),
@@ -506,6 +508,9 @@ CASES = [
     ("generate_temperature_nan", on_run("generate", "--temperature", "nan", "1 2"), 2, r"--temperature must be > 0"),
     ("generate_top_k_zero", on_run("generate", "--top-k", "0", "1 2"), 2, r"--top-k must be >= 1"),
     ("generate_top_k_over_vocabulary", on_run("generate", "--top-k", "99", "1 2"), 2, r"--top-k must be in \[1, 11\]"),
+    # ((5 + 5) / 6) ** 1000 is past float32: every score would round to -0.0 and rank nothing.
+    ("generate_length_penalty_past_float32", on_run("generate", "--beam-size", "2", "--length-penalty", "1000", "1 2"), 2,
+     r"--length-penalty=1000.0 makes the length penalty .* too large for float32 scores at 6 tokens"),
     ("generate_beam_and_sampling", on_run("generate", "--beam-size", "2", "--temperature", "0.5", "1"), 2, r"exclude each other"),
     ("generate_empty_input", on_run("generate", stdin="\n\n"), 2, r"empty input"),
     # An over-long input gets an empty output line and a warning; the other lines are decoded.
@@ -559,6 +564,8 @@ CASES = [
     ("eval_beam_size_zero", train_option("--eval-beam-size", "0"), 2, r"--eval-beam-size must be >= 1"),
     ("eval_length_penalty_with_greedy_evaluation", train_option("--eval-length-penalty", "1"), 2,
      r"--eval-length-penalty goes with --eval-beam-size K > 1"),
+    ("eval_length_penalty_past_float32", train_option("--eval-beam-size", "2", "--eval-length-penalty", "1000"), 2,
+     r"--eval-length-penalty\): length penalty alpha=1000.0 makes the length penalty .* too large"),
     ("eval_length_penalty_negative", train_option("--eval-beam-size", "2", "--eval-length-penalty", "-1"), 2,
      r"--eval-length-penalty must be a finite number >= 0"),
     ("eval_beam_size_past_memory", train_option("--eval-beam-size", "100000000"), 2,

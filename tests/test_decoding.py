@@ -33,7 +33,7 @@ import flaxformer_mini as fm
 from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.data import BOS, EOS, PAD
 from flaxformer_mini.decode.metrics import exact_match
-from flaxformer_mini.decode.options import OptionError
+from flaxformer_mini.decode.options import MAX_LOG_LENGTH_PENALTY, OptionError
 from parity import sample_batch, torch_to_flax, transformer_pair
 from torch_ref.decoding import greedy_decode as torch_greedy_decode
 
@@ -559,6 +559,17 @@ def test_beam_size_below_one_is_refused(model, source, beam_size):
 def test_negative_length_penalty_is_refused(model, source, alpha):
     with pytest.raises(ValueError, match="alpha must be >= 0"):
         decoding.beam_search(model, source, 3, alpha=alpha)
+
+
+def test_a_length_penalty_float32_cannot_hold_is_refused_and_the_largest_allowed_still_ranks(model, source):
+    # At max_len 17 the penalty is ((5 + 17) / 6) ** alpha: past 1e30 the scores (log p over it)
+    # near float32's smallest normal number and round to 0; up to it they stay apart.
+    most = MAX_LOG_LENGTH_PENALTY / np.log((5 + CONFIG.max_len) / 6)
+    with pytest.raises(OptionError, match=r"alpha=60.0 makes the length penalty .* at 17 tokens: .*at most 53.17 here"):
+        decoding.beam_search(model, source, N, alpha=60.0)
+    _, scores = decoding.beam_search(model, source, N, beam_size=2, alpha=most)
+    scores = np.asarray(scores)
+    assert np.all(scores < 0) and np.all(scores[:, 0] > scores[:, 1])
 
 
 @pytest.mark.parametrize("temperature", [0.0, -1.0, float("nan")])

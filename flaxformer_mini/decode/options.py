@@ -2,6 +2,7 @@
 ``check_options`` refuses what cannot work with an ``OptionError`` that names the option as the
 library spells it and as the command line does."""
 
+import math
 import operator
 
 from flaxformer_mini.model import memory
@@ -9,6 +10,9 @@ from flaxformer_mini.model import memory
 # The Flax WMT example's default length penalty: score = log p / ((5 + length) / 6) ** alpha,
 # length counting the hypothesis's tokens with its EOS (`generate --length-penalty`).
 DEFAULT_LENGTH_PENALTY = 0.6
+# The largest length penalty's natural log, 1e30: a log-probability divided by more would come
+# near float32's smallest normal number (1e-38), where scores round to 0 and stop ranking.
+MAX_LOG_LENGTH_PENALTY = 30 * math.log(10)
 
 
 class OptionError(ValueError):
@@ -80,6 +84,12 @@ def check_options(model_config, *, max_new_tokens=None, beam_size=1, alpha=DEFAU
         raise _refuse("{beam_size} must be >= 1, got {w}", w=beam_size)
     if not alpha >= 0:  # NaN included (it fails every comparison)
         raise _refuse("{alpha} must be >= 0, got {a}", a=alpha)
+    longest = c.max_len if max_new_tokens is None else max_new_tokens
+    if alpha * math.log((5 + longest) / 6) > MAX_LOG_LENGTH_PENALTY:
+        raise _refuse("{alpha}={a} makes the length penalty ((5 + length) / 6) ** {a} too large for float32 scores "
+                      "at {L} tokens: the scores would round to 0 and rank nothing (at most {most:.4g} here; "
+                      "GNMT uses 0.6 to 1)", a=alpha, L=longest,
+                      most=MAX_LOG_LENGTH_PENALTY / math.log((5 + longest) / 6))
     sampling = temperature is not None or top_k is not None
     if sampling and beam_size > 1:
         raise _refuse("beam search ({beam_size} > 1) and sampling ({temperature}, {top_k}) exclude each other")

@@ -12,7 +12,7 @@ import math
 import jax.numpy as jnp
 
 from flaxformer_mini.data.parallel_text import LENGTH_MULTIPLE, check_columns
-from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY
+from flaxformer_mini.decode.options import DEFAULT_LENGTH_PENALTY, OptionError, check_options
 from flaxformer_mini.model.config import DTYPES, ModelConfig, get_preset
 from flaxformer_mini.model.transformer import Transformer
 from flaxformer_mini.runs.selection import BEST_METRICS
@@ -177,6 +177,11 @@ class RunConfig:
             raise RunConfigError(f"accumulate must be >= 1, got {self.accumulate}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise RunConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.evaluation.beam_size > 1:  # here, where max_len is known: refused before training, not at its first evaluation
+            try:
+                check_options(self.model, beam_size=self.evaluation.beam_size, alpha=self.evaluation.length_penalty)
+            except OptionError as e:
+                raise RunConfigError(f"evaluation.length_penalty (--eval-length-penalty): {e}") from None
 
     @property
     def compute_dtype(self):
