@@ -598,6 +598,14 @@ CASES = [
     ("average_into_a_file", lambda d, f: (d / "avg").write_text("mine") and [
         "average", "--checkpoint", str(copy_run()(d, f)), "--last", "2", "--out", str(d / "avg")], 2,
      r"--out \S*avg: exists and is a file, not a directory; give a new directory for the average"),
+    # OUT inside the run would become a checkpoint the run never saved (or its best one).
+    ("average_into_its_own_run", lambda d, f: [
+        "average", "--checkpoint", str(copy_run()(d, f)), "--last", "2", "--out", str(d / "run" / "checkpoints" / "100")],
+     2, r"--out \S*run/checkpoints/100: inside the run it averages \(\S*run\); give a directory outside it "
+        r"\(nothing was written\)"),
+    ("average_into_a_symbolic_link", lambda d, f: (d / "elsewhere").mkdir() or (d / "avg").symlink_to(d / "elsewhere")
+     or ["average", "--checkpoint", str(copy_run()(d, f)), "--last", "2", "--out", str(d / "avg")], 2,
+     r"--out \S*avg: a symbolic link; give the directory itself, or a new one \(nothing was written\)"),
     ("average_the_best_checkpoint",
      lambda d, f: ["average", "--checkpoint", str(copy_run()(d, f) / "best"), "--last", "2", "--out", str(d / "avg")],
      2, r"run/best: the best checkpoint is one state; average reads a run's rotating checkpoints"),

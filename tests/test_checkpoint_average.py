@@ -4,10 +4,14 @@ the newest step with that step's optimizer state, which evaluate, generate and p
 read as any run and train refuses to continue."""
 
 import json
+import os
+import signal
+import time
 
 import chex
 import jax
 import numpy as np
+import pytest
 
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train import checkpoint
@@ -49,3 +53,40 @@ def test_average_writes_a_run_of_the_last_checkpoints_mean_parameters(tmp_path):
     assert refused.returncode == 2
     assert f"--out {avg} holds an average of checkpoints of {run.absolute()} (`flaxformer-mini average`)" in refused.stderr
     assert snapshot(avg) == before
+
+
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory):
+    """A tiny run holding the checkpoints of steps 5 and 10."""
+    run = tmp_path_factory.mktemp("average") / "run"
+    trained = cli("train", *TINY_RUN, "--steps", "10", "--save-every", "5", "--out", str(run))
+    assert trained.returncode == 0, trained.stderr
+    return run
+
+
+def test_average_into_the_working_directory_is_refused_and_writes_nothing(two_checkpoints, tmp_path, monkeypatch):
+    # An empty working directory passes the emptiness check, but a directory in use cannot be
+    # renamed onto: the staged average would be left beside it.
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    refused = cli("average", "--checkpoint", str(two_checkpoints), "--last", "2", "--out", ".")
+    assert refused.returncode == 2
+    assert "--out .: the working directory; give a new directory for the average (nothing was written)" in refused.stderr
+    assert list(tmp_path.iterdir()) == [here] and list(here.iterdir()) == []
+
+
+def test_sigterm_while_the_average_is_written_stops_it_and_leaves_no_staging(two_checkpoints, tmp_path, monkeypatch):
+    def terminated(*args, **kwargs):
+        # Without the CLI's handler, SIGTERM's default action would end the test's own process.
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises in this thread before the sleep ends
+        raise AssertionError("SIGTERM did not interrupt the write")
+
+    monkeypatch.setattr(checkpoint, "save", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    stopped = cli("average", "--checkpoint", str(two_checkpoints), "--last", "2", "--out", str(tmp_path / "avg"))
+    assert stopped.returncode == 130, stopped.stderr
+    assert list(tmp_path.iterdir()) == []  # neither AVG nor its .avg.averaging-PID staging directory
+    assert signal.getsignal(signal.SIGTERM) is before

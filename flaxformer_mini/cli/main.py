@@ -17,7 +17,9 @@ parses (``parser.py``), dispatches to the command's module (``train.py``, ``eval
 import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 
 from flaxformer_mini.cli import errors
 from flaxformer_mini.cli.parser import DEBUG_ENV, build_parser, problem
@@ -72,8 +74,28 @@ def _signals(command):
     """``train``: Ctrl-C and SIGTERM become stop requests (``StopRequests``) from before JAX
     loads: a signal at any moment stops every process at the same step, saved, never the
     default action (which would end this process at once and abort its peers); a second Ctrl-C
-    ends the process, even inside a compilation. The other commands keep Python's Ctrl-C."""
-    return StopRequests(force_exit=True) if command == "train" else contextlib.nullcontext(None)
+    ends the process, even inside a compilation. The other commands keep Python's Ctrl-C, and
+    SIGTERM becomes one (``_terminate_as_interrupt``)."""
+    return StopRequests(force_exit=True) if command == "train" else _terminate_as_interrupt()
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does: the command's clean-up runs (``average``'s
+    staging directory, ``evaluate --output``'s temporary file), where SIGTERM's default action
+    ends the process mid-write. Python lets only the main thread set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupted(e):

@@ -33,6 +33,7 @@ def average_run(source, last, out):
         raise RunConfigError(f"{source}: the best checkpoint is one state; average reads a run's rotating checkpoints "
                              f"(give {run.path})")
     out = Path(out)
+    _check_out(out, Path(run.path))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         what = "a directory that is not empty" if out.is_dir() else "a file, not a directory"
         raise RunConfigError(f"--out {out}: exists and is {what}; give a new directory for the average "
@@ -56,6 +57,22 @@ def average_run(source, last, out):
     config = dataclasses.replace(run.config, averaged=Averaged(run=str(Path(run.path).absolute()), steps=tuple(chosen)))
     _write(run, config, averaged, out)
     return chosen
+
+
+def _check_out(out, source):
+    """Refuse an ``out`` the average cannot be renamed onto, or one inside the run it reads."""
+    if out.is_symlink():
+        raise RunConfigError(f"--out {out}: a symbolic link; give the directory itself, or a new one "
+                             f"(nothing was written)")
+    here = out.resolve()
+    if here == Path.cwd().resolve():
+        raise RunConfigError(f"--out {out}: the working directory; give a new directory for the average "
+                             f"(nothing was written)")
+    run_root = source.resolve()
+    if here == run_root or run_root in here.parents:
+        # OUT/checkpoints/N would be a checkpoint the run never saved, OUT/best its best one.
+        raise RunConfigError(f"--out {out}: inside the run it averages ({source}); give a directory outside it "
+                             f"(nothing was written)")
 
 
 def _write(run, config, state, out):
