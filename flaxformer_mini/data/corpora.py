@@ -22,13 +22,16 @@ import errno
 import functools
 import hashlib
 import json
+import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from flaxformer_mini.files import describe_os_error, write_atomic
+from flaxformer_mini.files import describe_os_error, sigterm_as_interrupt, signals_held, write_atomic
 
 _WORD = re.compile(r"[a-z']+")
 SPLITS = ("train", "valid", "test")
@@ -86,13 +89,35 @@ def write_cmudict(outdir, seed=0, keep_stress=False):
         "target": "phonemes of the first pronunciation" + ("" if keep_stress else ", stress removed"),
         "files": {},
     }
-    for name in SPLITS:  # each file whole or not at all (a kill or a full disk leaves no torn TSV)
+    texts = {}
+    for name in SPLITS:
         text = "".join(f"{' '.join(word)}\t{phonemes}\n" for word, phonemes in parts[name])
-        path = outdir / f"{name}.tsv"
-        write_atomic(path, text)
-        manifest["files"][path.name] = {"pairs": len(parts[name]), "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    write_atomic(outdir / "manifest.json", json.dumps(manifest, indent=1) + "\n")  # last: the set is complete
+        texts[f"{name}.tsv"] = text
+        manifest["files"][f"{name}.tsv"] = {"pairs": len(parts[name]), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    texts["manifest.json"] = json.dumps(manifest, indent=1) + "\n"
+    _write_set(outdir, texts)
     return manifest
+
+
+def _write_set(outdir, texts):
+    """Every file of ``texts`` (name -> str) into ``outdir``, or none: written whole into a staging
+    directory, then renamed into place together (a kill, a full disk or a path in the way leaves
+    the files that were there as they were, never a set mixing two splits)."""
+    for name in texts:
+        path = outdir / name
+        if os.path.lexists(path) and not path.is_file():
+            raise FileExistsError(errno.EEXIST, "a directory (or other non-file) is in the way of the file this "
+                                  "writes; move it, or give another OUTDIR (nothing was written)", str(path))
+    staging = Path(tempfile.mkdtemp(dir=outdir, prefix=".corpora-"))
+    try:
+        for name, text in texts.items():
+            write_atomic(staging / name, text)
+        with signals_held():  # the renames all happen once begun; the manifest last, as the set's seal
+            for name in texts:
+                os.replace(staging / name, outdir / name)
+    finally:
+        with signals_held():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def main(argv=None):
@@ -107,9 +132,12 @@ def main(argv=None):
     if Path(args.outdir).exists() and not Path(args.outdir).is_dir():
         parser.exit(2, f"{parser.prog}: error: {args.outdir}: is a file; OUTDIR is the directory to write the TSVs into\n")
     try:
-        manifest = write_cmudict(args.outdir, args.seed, args.keep_stress)
+        with sigterm_as_interrupt():
+            manifest = write_cmudict(args.outdir, args.seed, args.keep_stress)
     except ImportError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the files that were there stay as they were
+        parser.exit(130, f"{parser.prog}: stopped; nothing was written\n")
     except OSError as e:  # a missing permission, a full disk: one line naming the file
         if e.filename is None:
             raise
