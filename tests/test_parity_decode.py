@@ -150,16 +150,19 @@ def test_a_perturbed_torch_weight_is_named_by_row_position_tokens_and_margins(so
     assert [x.row for x in decoded.differences] == want_rows
 
 
-def test_check_names_the_first_difference_and_exits_1(perturbed, perturbed_decodes):
+def test_check_names_the_first_difference_and_exits_1(perturbed, perturbed_decodes, source):
     code, stdout, data = perturbed
     assert code == 1
-    torch_tokens, flax_tokens, _, _ = perturbed_decodes
+    torch_tokens, flax_tokens, torch_model, _ = perturbed_decodes
     assert data["decode"]["torch_tokens"] == torch_tokens.tolist()
     assert data["decode"]["flax_tokens"] == flax_tokens.tolist()
     d = data["decode"]["first_difference"]
     row, position = first_difference(torch_tokens, flax_tokens)
     assert (d["row"], d["position"]) == (row, position)
     assert (d["torch_token"], d["flax_token"]) == (torch_tokens[row, position], flax_tokens[row, position])
+    # The margin printed is the one torch's full forward pass gives here, computed apart from the check.
+    assert d["torch_margin"] == pytest.approx(
+        full_forward_margin(torch_model, source, torch_tokens, row, position, other=d["flax_token"]), abs=ATOL)
     assert (f"first difference: row {row}, position {position}: torch chose {d['torch_token']} "
             f"({d['torch_margin']:.3e} above {d['flax_token']} in torch's logits), Flax chose {d['flax_token']}") in stdout
     assert "decoding diverges" in stdout
