@@ -48,6 +48,11 @@ def write_atomic(path, data, replace=True):
         raise
 
 
+class StoppedAfterWriting(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM answered once the output (its path: ``str(e)``) was in place: held
+    through the renames that put it there, it reaches the caller after them."""
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """Within the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does: a command's clean-up runs
@@ -59,14 +64,24 @@ def sigterm_as_interrupt():
         yield None
         return
 
-    def interrupt(_signum, _frame):
-        raise KeyboardInterrupt
+    inside, late = [True], []
+
+    def interrupt(signum, _frame):
+        if inside[0]:
+            raise KeyboardInterrupt
+        late.append(signum)  # past the block, before the restore: the previous handler's to answer
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # Nested, so that a KeyboardInterrupt raised as the block ends still restores the handler.
+        try:
+            inside[0] = False
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        if late:
+            signal.raise_signal(signal.SIGTERM)
 
 
 @contextlib.contextmanager

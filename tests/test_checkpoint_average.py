@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from flaxformer_mini.runs import average
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train import checkpoint
 from helpers import TINY_RUN, cli
@@ -89,4 +90,23 @@ def test_sigterm_while_the_average_is_written_stops_it_and_leaves_no_staging(two
     stopped = cli("average", "--checkpoint", str(two_checkpoints), "--last", "2", "--out", str(tmp_path / "avg"))
     assert stopped.returncode == 130, stopped.stderr
     assert list(tmp_path.iterdir()) == []  # neither AVG nor its .avg.averaging-PID staging directory
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_sigterm_during_the_rename_is_answered_after_it_saying_the_average_was_written(two_checkpoints, tmp_path,
+                                                                                       monkeypatch):
+    out, rename, sent = tmp_path / "avg", os.rename, []
+    out.mkdir()  # an empty OUT: its removal and the rename happen both, or neither
+
+    def terminated_first(src, dst):
+        if str(dst) == str(out) and not sent:  # held until the rename is done
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        rename(src, dst)
+
+    monkeypatch.setattr(average.os, "rename", terminated_first)
+    before = signal.getsignal(signal.SIGTERM)
+    stopped = cli("average", "--checkpoint", str(two_checkpoints), "--last", "2", "--out", str(out))
+    monkeypatch.setattr(average.os, "rename", rename)
+    assert sent and stopped.returncode == 130 and f"stopped once {out} was written" in stopped.stderr, stopped.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["avg"] and (out / "checkpoints").is_dir()  # no staging left
     assert signal.getsignal(signal.SIGTERM) is before

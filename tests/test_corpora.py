@@ -2,6 +2,7 @@
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -125,14 +126,38 @@ def test_a_full_disk_at_the_last_file_keeps_the_earlier_set_whole(earlier_set, c
 
     def fills_up(path, text):
         if path.name == "test.tsv":  # train.tsv and valid.tsv are written by then
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            raise OSError(errno.ENOSPC, "No space left on device")  # a failed write names no file
         write_atomic(path, text)
 
     monkeypatch.setattr(corpora, "write_atomic", fills_up)
     with pytest.raises(SystemExit) as info:
         corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    assert info.value.code == 1 and "No space left on device" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and f"{earlier_set / 'test.tsv'}: No space left on device" in err, err
+    assert "Traceback" not in err and ".corpora-" not in err  # the staging directory is never named
     assert _contents(earlier_set) == before  # no file of seed 3 beside seed 0's manifest, no staging left
+
+
+def test_a_sigterm_during_the_renames_is_answered_after_them_saying_the_new_set_was_written(earlier_set, capsys,
+                                                                                             monkeypatch):
+    replace, sent, handler = os.replace, [], signal.getsignal(signal.SIGTERM)
+
+    def terminated_midway(src, dst):
+        # The first rename into OUTDIR (write_atomic's own renames stay inside the staging
+        # directory): the signal is held until the last one is done.
+        if os.path.dirname(dst) == str(earlier_set) and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        replace(src, dst)
+
+    monkeypatch.setattr(corpora.os, "replace", terminated_midway)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    monkeypatch.setattr(corpora.os, "replace", replace)
+    err = capsys.readouterr().err
+    assert sent and info.value.code == 130 and f"stopped once the new set was written to {earlier_set}" in err, err
+    assert json.loads((earlier_set / "manifest.json").read_text())["seed"] == 3
+    assert sorted(_contents(earlier_set)) == ["manifest.json", "test.tsv", "train.tsv", "valid.tsv"]  # no staging left
+    assert signal.getsignal(signal.SIGTERM) is handler  # the command's handler removed
 
 
 def test_sigterm_while_the_set_is_written_exits_130_and_keeps_the_earlier_set(earlier_set, capsys, monkeypatch):
@@ -151,4 +176,18 @@ def test_sigterm_while_the_set_is_written_exits_130_and_keeps_the_earlier_set(ea
         corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
     err = capsys.readouterr().err
     assert info.value.code == 130 and "stopped; nothing was written" in err and "Traceback" not in err
+    assert _contents(earlier_set) == before
+
+
+def test_an_outdir_it_may_not_write_into_is_named_not_the_staging_directory(earlier_set, capsys, monkeypatch):
+    before = _contents(earlier_set)
+
+    def refused(dir, prefix):  # what mkdtemp raises there: its own candidate's name
+        raise PermissionError(errno.EACCES, "Permission denied", os.path.join(dir, prefix + "k2j4x9"))
+
+    monkeypatch.setattr(corpora.tempfile, "mkdtemp", refused)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"{earlier_set}: Permission denied" in err and ".corpora-" not in err, err
     assert _contents(earlier_set) == before

@@ -290,3 +290,58 @@ def test_signals_held_together_each_reach_their_handler_and_the_first_exception_
         for s, handler in before.items():
             signal.signal(s, handler)
     assert calls == ["the block ended", "SIGTERM", "SIGINT"]
+
+
+def test_sigterm_as_interrupt_raises_inside_and_restores_the_handler_after():
+    from flaxformer_mini.files import sigterm_as_interrupt
+
+    def previous(signum, frame):
+        raise AssertionError("the previous handler answered a SIGTERM sent inside the block")
+
+    before = signal.signal(signal.SIGTERM, previous)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with sigterm_as_interrupt():
+                signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) is previous
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_sigterm_as_the_block_ends_reaches_the_previous_handler_and_the_handler_is_restored(monkeypatch):
+    # The signal lands after the block's last line and before the handler is put back: it is
+    # the previous handler's to answer, and the block's own handler does not stay installed.
+    from flaxformer_mini import files
+
+    calls, restore = [], signal.signal
+
+    def previous(signum, frame):
+        calls.append(signum)
+
+    def signalled_first(signum, handler):
+        if handler is previous:
+            signal.raise_signal(signal.SIGTERM)
+        return restore(signum, handler)
+
+    before = signal.signal(signal.SIGTERM, previous)
+    try:
+        with files.sigterm_as_interrupt():
+            monkeypatch.setattr(files.signal, "signal", signalled_first)
+        monkeypatch.setattr(files.signal, "signal", restore)
+        assert calls == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is previous
+    finally:
+        restore(signal.SIGTERM, before)
+
+
+def test_an_ignored_sigterm_stays_ignored_under_sigterm_as_interrupt():
+    from flaxformer_mini.files import sigterm_as_interrupt
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with sigterm_as_interrupt():
+            signal.raise_signal(signal.SIGTERM)  # ignored: the block runs on
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)

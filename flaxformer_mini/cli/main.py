@@ -21,7 +21,7 @@ import sys
 from flaxformer_mini.cli import errors
 from flaxformer_mini.cli.parser import DEBUG_ENV, build_parser, problem
 from flaxformer_mini.collector import collecting_rarely
-from flaxformer_mini.files import sigterm_as_interrupt
+from flaxformer_mini.files import StoppedAfterWriting, sigterm_as_interrupt
 from flaxformer_mini.malloc_tunables import restart_keeping_freed_memory
 from flaxformer_mini.process_exit import exit_now
 from flaxformer_mini.train.stop import STOPPED_AT_ONCE, StopNow, Stopped, StopRequests
@@ -80,6 +80,8 @@ def _signals(command):
 def _interrupted(e):
     if isinstance(e, StopNow):  # a second Ctrl-C: in the watcher's words (stop.py), had it come first
         print(f"\n{STOPPED_AT_ONCE}", file=sys.stderr)
+    elif isinstance(e, StoppedAfterWriting):
+        print(f"\nstopped once {e} was written", file=sys.stderr)
     elif not isinstance(e, Stopped):  # a Ctrl-C before the stop handler was in
         print("\nstopped", file=sys.stderr)
     else:  # fit raises it, so jax is up; process 0 said it already (train's echo), the others say it too

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxformer_mini.files import describe_os_error, sigterm_as_interrupt, signals_held, write_atomic
+from flaxformer_mini.files import StoppedAfterWriting, describe_os_error, sigterm_as_interrupt, signals_held, write_atomic
 
 _WORD = re.compile(r"[a-z']+")
 SPLITS = ("train", "valid", "test")
@@ -101,20 +101,37 @@ def write_cmudict(outdir, seed=0, keep_stress=False):
 
 def _write_set(outdir, texts):
     """Every file of ``texts`` (name -> str) into ``outdir``, or none: written whole into a staging
-    directory, then renamed into place together (a kill, a full disk or a path in the way leaves
-    the files that were there as they were, never a set mixing two splits)."""
+    directory, then renamed into place together, the manifest last (a full disk, Ctrl-C or a
+    path in the way leaves the files that were there as they were; only a kill during the
+    renames can mix two sets, and the manifest's checksums then tell). An OSError names the
+    file of ``outdir`` it was writing, never the staging directory."""
     for name in texts:
         path = outdir / name
         if os.path.lexists(path) and not path.is_file():
             raise FileExistsError(errno.EEXIST, "a directory (or other non-file) is in the way of the file this "
                                   "writes; move it, or give another OUTDIR (nothing was written)", str(path))
-    staging = Path(tempfile.mkdtemp(dir=outdir, prefix=".corpora-"))
+    try:
+        staging = Path(tempfile.mkdtemp(dir=outdir, prefix=".corpora-"))
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(outdir)) from None
+    committed = False
     try:
         for name, text in texts.items():
-            write_atomic(staging / name, text)
+            try:
+                write_atomic(staging / name, text)
+            except OSError as e:  # a write error (ENOSPC, EFBIG) carries no file name of its own
+                raise OSError(e.errno, e.strerror, str(outdir / name)) from None
         with signals_held():  # the renames all happen once begun; the manifest last, as the set's seal
             for name in texts:
-                os.replace(staging / name, outdir / name)
+                try:
+                    os.replace(staging / name, outdir / name)
+                except OSError as e:
+                    raise OSError(e.errno, e.strerror, str(outdir / name)) from None
+            committed = True
+    except KeyboardInterrupt:
+        if committed:
+            raise StoppedAfterWriting(str(outdir)) from None
+        raise
     finally:
         with signals_held():
             shutil.rmtree(staging, ignore_errors=True)
@@ -136,9 +153,11 @@ def main(argv=None):
             manifest = write_cmudict(args.outdir, args.seed, args.keep_stress)
     except ImportError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
+    except StoppedAfterWriting:
+        parser.exit(130, f"{parser.prog}: stopped once the new set was written to {args.outdir}\n")
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the files that were there stay as they were
         parser.exit(130, f"{parser.prog}: stopped; nothing was written\n")
-    except OSError as e:  # a missing permission, a full disk: one line naming the file
+    except OSError as e:  # a missing permission, a full disk: one line naming the file (_write_set names it)
         if e.filename is None:
             raise
         full = e.errno in (errno.ENOSPC, errno.EDQUOT)  # exit 1, as the other commands: the fix is space, not input
