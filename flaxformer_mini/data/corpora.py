@@ -18,7 +18,9 @@ same files byte for byte; the manifest records both and each file's sha256.
 """
 
 import argparse
+import contextlib
 import errno
+import fcntl
 import functools
 import hashlib
 import json
@@ -35,6 +37,7 @@ from flaxformer_mini.files import StoppedAfterWriting, describe_os_error, sigter
 
 _WORD = re.compile(r"[a-z']+")
 SPLITS = ("train", "valid", "test")
+LOCK_NAME, STAGING_PREFIX = ".corpora.lock", ".corpora-"
 
 
 def _cmudict():
@@ -103,15 +106,43 @@ def _write_set(outdir, texts):
     """Every file of ``texts`` (name -> str) into ``outdir``, or none: written whole into a staging
     directory, then renamed into place together, the manifest last (a full disk, Ctrl-C or a
     path in the way leaves the files that were there as they were; only a kill during the
-    renames can mix two sets, and the manifest's checksums then tell). An OSError names the
-    file of ``outdir`` it was writing, never the staging directory."""
+    renames can mix two sets, and the manifest's checksums then tell). One process writes into
+    ``outdir`` at a time (``_writing``). An OSError names the file of ``outdir`` it was writing,
+    never the staging directory."""
     for name in texts:
         path = outdir / name
         if os.path.lexists(path) and not path.is_file():
             raise FileExistsError(errno.EEXIST, "a directory (or other non-file) is in the way of the file this "
                                   "writes; move it, or give another OUTDIR (nothing was written)", str(path))
+    with _writing(outdir):
+        _write_staged(outdir, texts)
+
+
+@contextlib.contextmanager
+def _writing(outdir):
+    """Held while this process writes a set into ``outdir``: an exclusive ``flock`` on
+    ``outdir/.corpora.lock`` (the kernel drops it when its process dies, ``kill -9`` included).
+    A second process is refused by name; staging directories found under the lock are those of
+    processes killed mid-write, whose clean-up never ran, and are removed."""
     try:
-        staging = Path(tempfile.mkdtemp(dir=outdir, prefix=".corpora-"))
+        lock = open(outdir / LOCK_NAME, "a")
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(outdir)) from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BlockingIOError(errno.EAGAIN, "another process is writing a set here; wait for it to end, or "
+                                  "give another OUTDIR (nothing was written)", str(outdir)) from None
+        for stale in outdir.glob(f"{STAGING_PREFIX}*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+        yield
+
+
+def _write_staged(outdir, texts):
+    try:
+        staging = Path(tempfile.mkdtemp(dir=outdir, prefix=STAGING_PREFIX))
     except OSError as e:
         raise OSError(e.errno, e.strerror, str(outdir)) from None
     committed = False
