@@ -54,6 +54,22 @@ class StoppedAfterWriting(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
+def placing(path):
+    """Hold Ctrl-C and SIGTERM through the block that puts ``path`` in place (its renames): one
+    held there is answered after it as ``StoppedAfterWriting(path)``, so that the caller can say
+    the output was written; one that ends the block early stays a KeyboardInterrupt."""
+    placed = False
+    try:
+        with signals_held():
+            yield
+            placed = True
+    except KeyboardInterrupt:
+        if placed:
+            raise StoppedAfterWriting(str(path)) from None
+        raise
+
+
+@contextlib.contextmanager
 def sigterm_as_interrupt():
     """Within the block SIGTERM raises KeyboardInterrupt, as Ctrl-C does: a command's clean-up runs
     (a staging directory, a temporary file), where SIGTERM's default action ends the process

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxformer_mini.files import StoppedAfterWriting, describe_os_error, sigterm_as_interrupt, signals_held, write_atomic
+from flaxformer_mini.files import (StoppedAfterWriting, describe_os_error, placing, sigterm_as_interrupt, signals_held,
+                                   write_atomic)
 
 _WORD = re.compile(r"[a-z']+")
 SPLITS = ("train", "valid", "test")
@@ -124,10 +125,8 @@ def _writing(outdir):
     ``outdir/.corpora.lock`` (the kernel drops it when its process dies, ``kill -9`` included).
     A second process is refused by name; staging directories found under the lock are those of
     processes killed mid-write, whose clean-up never ran, and are removed."""
-    try:
+    with _naming(outdir):
         lock = open(outdir / LOCK_NAME, "a")
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, str(outdir)) from None
     with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -140,29 +139,27 @@ def _writing(outdir):
         yield
 
 
-def _write_staged(outdir, texts):
+@contextlib.contextmanager
+def _naming(path):
+    """An OSError raised within names ``path``: a write error (ENOSPC, EFBIG) carries no file
+    name of its own, and the staging directory's is never shown."""
     try:
-        staging = Path(tempfile.mkdtemp(dir=outdir, prefix=STAGING_PREFIX))
+        yield
     except OSError as e:
-        raise OSError(e.errno, e.strerror, str(outdir)) from None
-    committed = False
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+def _write_staged(outdir, texts):
+    with _naming(outdir):
+        staging = Path(tempfile.mkdtemp(dir=outdir, prefix=STAGING_PREFIX))
     try:
         for name, text in texts.items():
-            try:
+            with _naming(outdir / name):
                 write_atomic(staging / name, text)
-            except OSError as e:  # a write error (ENOSPC, EFBIG) carries no file name of its own
-                raise OSError(e.errno, e.strerror, str(outdir / name)) from None
-        with signals_held():  # the renames all happen once begun; the manifest last, as the set's seal
+        with placing(outdir):  # the renames all happen once begun; the manifest last, as the set's seal
             for name in texts:
-                try:
+                with _naming(outdir / name):
                     os.replace(staging / name, outdir / name)
-                except OSError as e:
-                    raise OSError(e.errno, e.strerror, str(outdir / name)) from None
-            committed = True
-    except KeyboardInterrupt:
-        if committed:
-            raise StoppedAfterWriting(str(outdir)) from None
-        raise
     finally:
         with signals_held():
             shutil.rmtree(staging, ignore_errors=True)

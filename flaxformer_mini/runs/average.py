@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from flaxformer_mini.files import StoppedAfterWriting, signals_held, write_atomic
+from flaxformer_mini.files import placing, write_atomic
 from flaxformer_mini.runs.config import Averaged, RunConfigError
 from flaxformer_mini.runs.directory import CONFIG_CHECKSUM, RunDir
 from flaxformer_mini.runs.run import Run
@@ -79,7 +79,6 @@ def _write(run, config, state, out):
     """The averaged run's directory: made beside ``out``, renamed into place when whole."""
     staging = out.parent / f".{out.name}.averaging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-    written = False
     try:
         # The source's recorded sha256s (tokenizer and data files) carry over with its files; the
         # config's own is recomputed for the config with `averaged`.
@@ -94,16 +93,10 @@ def _write(run, config, state, out):
             checkpoint.save(checkpoint.open_manager(RunDir(staging).checkpoints.absolute(), max_to_keep=1), state)
         finally:
             lock.release()
-        with signals_held():  # the empty OUT's removal and the rename: both, or neither
+        with placing(out):  # the empty OUT's removal and the rename: both, or neither
             if out.is_dir():
                 out.rmdir()  # empty (checked): the rename takes its place
             os.rename(staging, out)
-            written = True
-    except KeyboardInterrupt:
-        if written:  # a signal held through the rename comes after it
-            raise StoppedAfterWriting(str(out)) from None
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    except BaseException:
+    except BaseException:  # after the rename (StoppedAfterWriting) there is no staging left to remove
         shutil.rmtree(staging, ignore_errors=True)
         raise
