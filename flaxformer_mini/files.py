@@ -54,17 +54,24 @@ class StoppedAfterWriting(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def placing(path):
+def placing(path, placed=None):
     """Hold Ctrl-C and SIGTERM through the block that puts ``path`` in place (its renames): one
     held there is answered after it as ``StoppedAfterWriting(path)``, so that the caller can say
-    the output was written; one that ends the block early stays a KeyboardInterrupt."""
-    placed = False
+    the output was written; one that ends the block early stays a KeyboardInterrupt.
+
+    ``placed``, a list the caller keeps, gets ``str(path)`` appended as the block ends, while
+    signals are still held: a Ctrl-C or SIGTERM that comes later (held by the caller's clean-up,
+    or landing on its way out) is a plain KeyboardInterrupt, and the list still says that the
+    output was written."""
+    done = False
     try:
         with signals_held():
             yield
-            placed = True
+            done = True
+            if placed is not None:
+                placed.append(str(path))
     except KeyboardInterrupt:
-        if placed:
+        if done:
             raise StoppedAfterWriting(str(path)) from None
         raise
 

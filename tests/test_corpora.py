@@ -218,3 +218,83 @@ def test_a_second_process_writing_into_the_same_outdir_is_refused_and_nothing_ch
     err = capsys.readouterr().err
     assert info.value.code == 2 and f"{earlier_set}: another process is writing a set here" in err, err
     assert _contents(earlier_set) == before
+
+
+def test_a_signal_after_the_renames_says_the_new_set_was_written(earlier_set, capsys, monkeypatch):
+    # One held by the staging directory's removal, which comes after the renames: answered
+    # there, it must not say that nothing was written.
+    rmtree, sent = shutil.rmtree, []
+
+    def terminated_while_removing(path, *args, **kwargs):
+        if os.path.basename(path).startswith(corpora.STAGING_PREFIX) and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(corpora.shutil, "rmtree", terminated_while_removing)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert sent and info.value.code == 130 and f"stopped once the new set was written to {earlier_set}" in err, err
+    assert json.loads((earlier_set / "manifest.json").read_text())["seed"] == 3
+
+
+def test_a_rename_that_fails_midway_names_the_files_already_replaced(earlier_set, capsys, monkeypatch):
+    # Another program makes a directory of test.tsv after the check for one in the way: the
+    # first two renames are done, and the error says the set is now mixed.
+    replace = os.replace
+
+    def test_tsv_taken(src, dst):
+        if str(dst) == str(earlier_set / "test.tsv"):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", dst)
+        replace(src, dst)
+
+    monkeypatch.setattr(corpora.os, "replace", test_tsv_taken)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and (f"{earlier_set / 'test.tsv'}: Is a directory; train.tsv, valid.tsv of the new "
+                                     "set already replaced the earlier ones") in err, err
+    assert "Traceback" not in err and ".corpora-" not in err
+    assert json.loads((earlier_set / "manifest.json").read_text())["seed"] == 0  # the seal is the earlier set's
+
+
+def test_a_lock_file_another_user_made_is_locked_read_only(earlier_set, capsys, monkeypatch):
+    # The lock file of another user's run is 0644: opening it to write is refused (as root no
+    # permission is, so the refusal is made here), and a flock needs only a read.
+    open_, flags = os.open, []
+
+    def as_another_users_file(path, flag, *args, **kwargs):
+        if os.path.basename(path) == corpora.LOCK_NAME:
+            flags.append(flag)
+            if flag & (os.O_WRONLY | os.O_RDWR):
+                raise PermissionError(errno.EACCES, "Permission denied", path)
+        return open_(path, flag, *args, **kwargs)
+
+    monkeypatch.setattr(corpora.os, "open", as_another_users_file)
+    assert corpora.main(["cmudict", str(earlier_set), "--seed", "3"]) is None
+    assert flags and json.loads((earlier_set / "manifest.json").read_text())["seed"] == 3
+
+
+def test_a_lock_that_cannot_be_taken_is_named_in_one_line(earlier_set, capsys, monkeypatch):
+    before = _contents(earlier_set)
+
+    def no_locks(fd, operation):  # NFS without its lock daemon
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(corpora.fcntl, "flock", no_locks)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"{earlier_set / corpora.LOCK_NAME}: No locks available" in err, err
+    assert "Traceback" not in err and _contents(earlier_set) == before
+
+
+def test_a_directory_where_the_lock_file_goes_is_named(earlier_set, capsys):
+    (earlier_set / corpora.LOCK_NAME).unlink()
+    (earlier_set / corpora.LOCK_NAME).mkdir()
+    before = _contents(earlier_set)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"{earlier_set / corpora.LOCK_NAME}: Is a directory" in err, err
+    assert _contents(earlier_set) == before

@@ -33,8 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxformer_mini.files import (StoppedAfterWriting, describe_os_error, placing, sigterm_as_interrupt, signals_held,
-                                   write_atomic)
+from flaxformer_mini.files import describe_os_error, placing, sigterm_as_interrupt, signals_held, write_atomic
 
 _WORD = re.compile(r"[a-z']+")
 SPLITS = ("train", "valid", "test")
@@ -77,8 +76,9 @@ def split(pairs, seed=0, valid_fraction=0.05, test_fraction=0.05):
     return {name: [pairs[i] for i in sorted(idx.tolist())] for name, idx in parts.items()}
 
 
-def write_cmudict(outdir, seed=0, keep_stress=False):
-    """Write the TSVs and the manifest into ``outdir``; returns the manifest (a dict)."""
+def write_cmudict(outdir, seed=0, keep_stress=False, *, placed=None):
+    """Write the TSVs and the manifest into ``outdir``; returns the manifest (a dict).
+    ``placed`` (a list): ``files.placing``'s record that the new set is in place."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     parts = split(cmudict_pairs(keep_stress), seed)
@@ -99,24 +99,26 @@ def write_cmudict(outdir, seed=0, keep_stress=False):
         texts[f"{name}.tsv"] = text
         manifest["files"][f"{name}.tsv"] = {"pairs": len(parts[name]), "sha256": hashlib.sha256(text.encode()).hexdigest()}
     texts["manifest.json"] = json.dumps(manifest, indent=1) + "\n"
-    _write_set(outdir, texts)
+    _write_set(outdir, texts, placed)
     return manifest
 
 
-def _write_set(outdir, texts):
+def _write_set(outdir, texts, placed=None):
     """Every file of ``texts`` (name -> str) into ``outdir``, or none: written whole into a staging
     directory, then renamed into place together, the manifest last (a full disk, Ctrl-C or a
-    path in the way leaves the files that were there as they were; only a kill during the
-    renames can mix two sets, and the manifest's checksums then tell). One process writes into
-    ``outdir`` at a time (``_writing``). An OSError names the file of ``outdir`` it was writing,
-    never the staging directory."""
+    path in the way leaves the files that were there as they were). Only a kill during the
+    renames, or a rename that fails midway (another program making a directory of a path after
+    the check below), can mix two sets: the manifest's checksums then tell, and the second's
+    error names the files already replaced. One process writes into ``outdir`` at a time
+    (``_writing``). An OSError names the file of ``outdir`` it was writing, never the staging
+    directory."""
     for name in texts:
         path = outdir / name
         if os.path.lexists(path) and not path.is_file():
             raise FileExistsError(errno.EEXIST, "a directory (or other non-file) is in the way of the file this "
                                   "writes; move it, or give another OUTDIR (nothing was written)", str(path))
     with _writing(outdir):
-        _write_staged(outdir, texts)
+        _write_staged(outdir, texts, placed)
 
 
 @contextlib.contextmanager
@@ -125,14 +127,20 @@ def _writing(outdir):
     ``outdir/.corpora.lock`` (the kernel drops it when its process dies, ``kill -9`` included).
     A second process is refused by name; staging directories found under the lock are those of
     processes killed mid-write, whose clean-up never ran, and are removed."""
-    with _naming(outdir):
-        lock = open(outdir / LOCK_NAME, "a")
-    with lock:
+    path = outdir / LOCK_NAME
+    # Read-only: a flock needs no write access, so another user may lock a file the first made
+    # (0644 under the usual umask), as they may replace the set in a directory they can write.
+    with _naming(path):
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    with open(fd) as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise BlockingIOError(errno.EAGAIN, "another process is writing a set here; wait for it to end, or "
                                   "give another OUTDIR (nothing was written)", str(outdir)) from None
+        except OSError as e:  # ENOLCK (a filesystem without locks, as NFS without its lock daemon): no file name
+            raise OSError(e.errno, f"{e.strerror}: the lock that keeps a second writer out cannot be taken here; "
+                          "give an OUTDIR on a local filesystem (nothing was written)", str(path)) from None
         for stale in outdir.glob(f"{STAGING_PREFIX}*"):
             if stale.is_dir() and not stale.is_symlink():
                 shutil.rmtree(stale, ignore_errors=True)
@@ -149,17 +157,24 @@ def _naming(path):
         raise OSError(e.errno, e.strerror, str(path)) from None
 
 
-def _write_staged(outdir, texts):
+def _write_staged(outdir, texts, placed):
     with _naming(outdir):
         staging = Path(tempfile.mkdtemp(dir=outdir, prefix=STAGING_PREFIX))
     try:
         for name, text in texts.items():
             with _naming(outdir / name):
                 write_atomic(staging / name, text)
-        with placing(outdir):  # the renames all happen once begun; the manifest last, as the set's seal
+        with placing(outdir, placed):  # the renames all happen once begun; the manifest last, as the set's seal
+            replaced = []
             for name in texts:
-                with _naming(outdir / name):
+                try:
                     os.replace(staging / name, outdir / name)
+                except OSError as e:
+                    mixed = (f"; {', '.join(replaced)} of the new set already replaced the earlier ones, the rest "
+                             "are the earlier set's (the manifest's checksums tell which): run the command again"
+                             if replaced else "")
+                    raise OSError(e.errno, f"{e.strerror}{mixed}", str(outdir / name)) from None
+                replaced.append(name)
     finally:
         with signals_held():
             shutil.rmtree(staging, ignore_errors=True)
@@ -176,22 +191,22 @@ def main(argv=None):
         parser.exit(2, f"{parser.prog}: error: --seed must be >= 0, got {args.seed}\n")
     if Path(args.outdir).exists() and not Path(args.outdir).is_dir():
         parser.exit(2, f"{parser.prog}: error: {args.outdir}: is a file; OUTDIR is the directory to write the TSVs into\n")
+    placed = []  # placing's record: a signal answered at any moment after the renames finds it set
     try:
         with sigterm_as_interrupt():
-            manifest = write_cmudict(args.outdir, args.seed, args.keep_stress)
+            manifest = write_cmudict(args.outdir, args.seed, args.keep_stress, placed=placed)
+            sizes = ", ".join(f"{name} {info['pairs']}" for name, info in manifest["files"].items())
+            print(f"wrote {args.outdir}: {sizes} pairs (cmudict {manifest['cmudict_version']}, seed {args.seed})")
     except ImportError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    except StoppedAfterWriting:
-        parser.exit(130, f"{parser.prog}: stopped once the new set was written to {args.outdir}\n")
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the files that were there stay as they were
-        parser.exit(130, f"{parser.prog}: stopped; nothing was written\n")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: before the renames, the files that were there stay as they were
+        parser.exit(130, f"{parser.prog}: stopped once the new set was written to {args.outdir}\n" if placed
+                    else f"{parser.prog}: stopped; nothing was written\n")
     except OSError as e:  # a missing permission, a full disk: one line naming the file (_write_set names it)
         if e.filename is None:
             raise
         full = e.errno in (errno.ENOSPC, errno.EDQUOT)  # exit 1, as the other commands: the fix is space, not input
         parser.exit(1 if full else 2, f"{parser.prog}: error: {describe_os_error(e)}\n")
-    sizes = ", ".join(f"{name} {info['pairs']}" for name, info in manifest["files"].items())
-    print(f"wrote {args.outdir}: {sizes} pairs (cmudict {manifest['cmudict_version']}, seed {args.seed})")
 
 
 if __name__ == "__main__":
