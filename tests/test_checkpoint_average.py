@@ -3,6 +3,7 @@ the mean of the parameters of RUN's newest N checkpoints (fairseq's average_chec
 the newest step with that step's optimizer state, which evaluate, generate and parity convert
 read as any run and train refuses to continue."""
 
+import importlib
 import json
 import os
 import signal
@@ -96,7 +97,7 @@ def test_sigterm_while_the_average_is_written_stops_it_and_leaves_no_staging(two
 def test_a_sigterm_during_the_rename_is_answered_after_it_saying_the_average_was_written(two_checkpoints, tmp_path,
                                                                                        monkeypatch):
     out, rename, sent = tmp_path / "avg", os.rename, []
-    out.mkdir()  # an empty OUT: its removal and the rename happen both, or neither
+    out.mkdir()  # an empty OUT: the rename puts the average in its place
 
     def terminated_first(src, dst):
         if str(dst) == str(out) and not sent:  # held until the rename is done
@@ -110,3 +111,36 @@ def test_a_sigterm_during_the_rename_is_answered_after_it_saying_the_average_was
     assert sent and stopped.returncode == 130 and f"stopped once {out} was written" in stopped.stderr, stopped.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["avg"] and (out / "checkpoints").is_dir()  # no staging left
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_an_out_filled_by_another_program_during_the_write_is_kept_and_named(two_checkpoints, tmp_path, monkeypatch):
+    # The empty OUT passed the check; a file put there before the rename makes the rename fail,
+    # and OUT is kept as it is (never removed to make room).
+    out, rename = tmp_path / "avg", os.rename
+    out.mkdir()
+
+    def filled_first(src, dst):
+        if str(dst) == str(out):
+            (out / "theirs.txt").write_text("another program's file")
+        rename(src, dst)
+
+    monkeypatch.setattr(average.os, "rename", filled_first)
+    refused = cli("average", "--checkpoint", str(two_checkpoints), "--last", "2", "--out", str(out))
+    assert refused.returncode == 2 and f"{out}: Directory not empty (nothing was written)" in refused.stderr, refused.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["avg"] and [p.name for p in out.iterdir()] == ["theirs.txt"]
+
+
+def test_a_signal_after_the_rename_still_says_the_average_was_written(two_checkpoints, tmp_path, monkeypatch):
+    command = importlib.import_module("flaxformer_mini.cli.average")  # the module main() runs
+
+    out, sent = tmp_path / "avg", []
+
+    def terminated_before_printing(*args, **kwargs):  # the command's line after the rename
+        sent.append(signal.SIGTERM)  # before the kill: the handler raises as os.kill returns
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises in this thread before the sleep ends
+
+    monkeypatch.setattr(command, "print", terminated_before_printing, raising=False)
+    stopped = cli("average", "--checkpoint", str(two_checkpoints), "--last", "2", "--out", str(out))
+    assert sent and stopped.returncode == 130 and f"stopped once {out} was written" in stopped.stderr, stopped.stderr
+    assert (out / "checkpoints").is_dir()

@@ -24,10 +24,11 @@ from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train import checkpoint
 
 
-def average_run(source, last, out):
+def average_run(source, last, out, *, placed=None):
     """Average the parameters of the newest ``last`` checkpoints of the run in ``source`` into a
     new run directory ``out`` (absent, or an empty directory); returns the averaged steps.
-    Written beside ``out`` and renamed into place: a failure leaves no half-made run."""
+    Written beside ``out`` and renamed into place: a failure leaves no half-made run.
+    ``placed`` (a list): ``files.placing``'s record that ``out`` is in place."""
     run = Run.open(source)
     if run.best:
         raise RunConfigError(f"{source}: the best checkpoint is one state; average reads a run's rotating checkpoints "
@@ -55,7 +56,7 @@ def average_run(source, last, out):
                                (newest.params, newest.ema))
     averaged = newest.replace(params=params, ema=ema)
     config = dataclasses.replace(run.config, averaged=Averaged(run=str(Path(run.path).absolute()), steps=tuple(chosen)))
-    _write(run, config, averaged, out)
+    _write(run, config, averaged, out, placed)
     return chosen
 
 
@@ -75,7 +76,7 @@ def _check_out(out, source):
                              f"(nothing was written)")
 
 
-def _write(run, config, state, out):
+def _write(run, config, state, out, placed):
     """The averaged run's directory: made beside ``out``, renamed into place when whole."""
     staging = out.parent / f".{out.name}.averaging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -93,10 +94,13 @@ def _write(run, config, state, out):
             checkpoint.save(checkpoint.open_manager(RunDir(staging).checkpoints.absolute(), max_to_keep=1), state)
         finally:
             lock.release()
-        with placing(out):  # the empty OUT's removal and the rename: both, or neither
-            if out.is_dir():
-                out.rmdir()  # empty (checked): the rename takes its place
-            os.rename(staging, out)
+        # rename(2) puts a directory in the place of an empty one: OUT, if there, is never
+        # removed first (one filled meanwhile by another program refuses the rename, and stays).
+        with placing(out, placed):
+            try:
+                os.rename(staging, out)
+            except OSError as e:  # it names the staging directory first, which the user never made
+                raise OSError(e.errno, f"{e.strerror} (nothing was written)", str(out)) from None
     except BaseException:  # after the rename (StoppedAfterWriting) there is no staging left to remove
         shutil.rmtree(staging, ignore_errors=True)
         raise
