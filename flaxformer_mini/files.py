@@ -94,8 +94,9 @@ def sigterm_as_interrupt():
             raise KeyboardInterrupt
         late.append(signum)  # past the block, before the restore: the previous handler's to answer
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    previous = signal.getsignal(signal.SIGTERM)
+    try:  # installed inside the try: a SIGTERM the moment it is in still restores the previous one
+        signal.signal(signal.SIGTERM, interrupt)
         yield None
     finally:
         # Nested, so that a KeyboardInterrupt raised as the block ends still restores the handler.

@@ -334,6 +334,35 @@ def test_a_sigterm_as_the_block_ends_reaches_the_previous_handler_and_the_handle
         restore(signal.SIGTERM, before)
 
 
+def test_a_sigterm_the_moment_the_handler_is_in_stops_the_block_and_the_previous_handler_is_restored(monkeypatch):
+    # The signal lands as the block's handler is installed, before the block runs: it stops the
+    # block (KeyboardInterrupt), and the handler does not stay installed past it.
+    from flaxformer_mini import files
+
+    install = signal.signal
+
+    def previous(signum, frame):
+        raise AssertionError("the previous handler answered a SIGTERM sent as the block's was installed")
+
+    def signalled_at_once(signum, handler):
+        old = install(signum, handler)
+        if handler is not previous:  # the block's own handler, just installed
+            signal.raise_signal(signal.SIGTERM)
+        return old
+
+    before = install(signal.SIGTERM, previous)
+    try:
+        monkeypatch.setattr(files.signal, "signal", signalled_at_once)
+        ran = []
+        with pytest.raises(KeyboardInterrupt):
+            with files.sigterm_as_interrupt():
+                ran.append("the block")
+        monkeypatch.setattr(files.signal, "signal", install)
+        assert ran == [] and signal.getsignal(signal.SIGTERM) is previous
+    finally:
+        install(signal.SIGTERM, before)
+
+
 def test_an_ignored_sigterm_stays_ignored_under_sigterm_as_interrupt():
     from flaxformer_mini.files import sigterm_as_interrupt
 
