@@ -298,3 +298,43 @@ def test_a_directory_where_the_lock_file_goes_is_named(earlier_set, capsys):
     err = capsys.readouterr().err
     assert info.value.code == 2 and f"{earlier_set / corpora.LOCK_NAME}: Is a directory" in err, err
     assert _contents(earlier_set) == before
+
+
+def test_a_failed_rename_after_a_held_signal_still_names_the_files_already_replaced(earlier_set, capsys, monkeypatch):
+    # The signal is held through the renames; the rename of test.tsv then fails. The command
+    # ends either way: what it says is which files are the new set's, not "nothing was written".
+    replace, sent = os.replace, []
+
+    def signalled_then_taken(src, dst):
+        if os.path.dirname(dst) == str(earlier_set) and not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        if str(dst) == str(earlier_set / "test.tsv"):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", dst)
+        replace(src, dst)
+
+    monkeypatch.setattr(corpora.os, "replace", signalled_then_taken)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert sent and info.value.code == 2 and "train.tsv, valid.tsv of the new set already replaced" in err, err
+    assert "nothing was written" not in err and ".corpora-" not in err
+
+
+def test_an_outdir_without_the_right_to_make_the_lock_file_is_named_not_the_lock_file(earlier_set, capsys,
+                                                                                       monkeypatch):
+    # A directory the user may not write into: the lock file cannot be made, and the directory is
+    # what to look at (as root every write is allowed, so the refusal is made here).
+    (earlier_set / corpora.LOCK_NAME).unlink()
+    before, open_ = _contents(earlier_set), os.open
+
+    def not_writable(path, flag, *args, **kwargs):
+        if os.path.basename(path) == corpora.LOCK_NAME and flag & os.O_CREAT:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return open_(path, flag, *args, **kwargs)
+
+    monkeypatch.setattr(corpora.os, "open", not_writable)
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"{earlier_set}: Permission denied" in err and corpora.LOCK_NAME not in err, err
+    assert _contents(earlier_set) == before

@@ -127,12 +127,7 @@ def _writing(outdir):
     ``outdir/.corpora.lock`` (the kernel drops it when its process dies, ``kill -9`` included).
     A second process is refused by name; staging directories found under the lock are those of
     processes killed mid-write, whose clean-up never ran, and are removed."""
-    path = outdir / LOCK_NAME
-    # Read-only: a flock needs no write access, so another user may lock a file the first made
-    # (0644 under the usual umask), as they may replace the set in a directory they can write.
-    with _naming(path):
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
-    with open(fd) as lock:
+    with open(_lock_file(outdir)) as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -140,11 +135,29 @@ def _writing(outdir):
                                   "give another OUTDIR (nothing was written)", str(outdir)) from None
         except OSError as e:  # ENOLCK (a filesystem without locks, as NFS without its lock daemon): no file name
             raise OSError(e.errno, f"{e.strerror}: the lock that keeps a second writer out cannot be taken here; "
-                          "give an OUTDIR on a local filesystem (nothing was written)", str(path)) from None
+                          "give an OUTDIR on a local filesystem (nothing was written)", str(outdir / LOCK_NAME)) from None
         for stale in outdir.glob(f"{STAGING_PREFIX}*"):
             if stale.is_dir() and not stale.is_symlink():
                 shutil.rmtree(stale, ignore_errors=True)
         yield
+
+
+def _lock_file(outdir):
+    """A descriptor of ``outdir/.corpora.lock``, made if absent. Opened to write where it may be
+    (NFS emulates flock with fcntl locks, whose exclusive lock needs a file open to write), read
+    only where not: another user's lock file (0644 under the usual umask) in a directory this
+    user may write into, where a local flock needs no more. An error names the lock file, or
+    ``outdir`` when the file is not there (no right to make it: the directory is the cause)."""
+    path = outdir / LOCK_NAME
+    try:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS) or not os.path.lexists(path):
+                raise
+            return os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path if os.path.lexists(path) else outdir)) from None
 
 
 @contextlib.contextmanager
@@ -160,24 +173,33 @@ def _naming(path):
 def _write_staged(outdir, texts, placed):
     with _naming(outdir):
         staging = Path(tempfile.mkdtemp(dir=outdir, prefix=STAGING_PREFIX))
+    mixed = []  # a rename's error once earlier ones were done: it outranks a signal held meanwhile
     try:
-        for name, text in texts.items():
-            with _naming(outdir / name):
-                write_atomic(staging / name, text)
-        with placing(outdir, placed):  # the renames all happen once begun; the manifest last, as the set's seal
-            replaced = []
-            for name in texts:
-                try:
-                    os.replace(staging / name, outdir / name)
-                except OSError as e:
-                    mixed = (f"; {', '.join(replaced)} of the new set already replaced the earlier ones, the rest "
-                             "are the earlier set's (the manifest's checksums tell which): run the command again"
-                             if replaced else "")
-                    raise OSError(e.errno, f"{e.strerror}{mixed}", str(outdir / name)) from None
-                replaced.append(name)
-    finally:
-        with signals_held():
-            shutil.rmtree(staging, ignore_errors=True)
+        try:
+            for name, text in texts.items():
+                with _naming(outdir / name):
+                    write_atomic(staging / name, text)
+            with placing(outdir, placed):  # the renames all happen once begun; the manifest last, as the set's seal
+                replaced = []
+                for name in texts:
+                    try:
+                        os.replace(staging / name, outdir / name)
+                    except OSError as e:
+                        error = OSError(e.errno, e.strerror, str(outdir / name))
+                        if replaced:
+                            error.strerror += (f"; {', '.join(replaced)} of the new set already replaced the earlier "
+                                               "ones, the rest are the earlier set's (the manifest's checksums tell "
+                                               "which): run the command again")
+                            mixed.append(error)
+                        raise error from None
+                    replaced.append(name)
+        finally:
+            with signals_held():
+                shutil.rmtree(staging, ignore_errors=True)
+    except KeyboardInterrupt:
+        if mixed:  # the command ends at once either way; what it must say is which files are new
+            raise mixed[0] from None
+        raise
 
 
 def main(argv=None):
