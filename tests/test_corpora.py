@@ -110,15 +110,21 @@ def earlier_set(written, tmp_path):
     return out
 
 
+def _rewritten_with_seed_3(outdir, capsys):
+    """The command's exit code and its standard error, rewriting ``outdir`` with seed 3, for a
+    run that is refused or stopped."""
+    with pytest.raises(SystemExit) as info:
+        corpora.main(["cmudict", str(outdir), "--seed", "3"])
+    return info.value.code, capsys.readouterr().err
+
+
 def test_a_directory_in_the_way_of_a_file_is_named_and_the_earlier_set_is_kept(earlier_set, capsys):
     before = _contents(earlier_set)
     (earlier_set / "test.tsv").unlink()
     (earlier_set / "test.tsv").mkdir()
     del before["test.tsv"]
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and f"{earlier_set / 'test.tsv'}: a directory (or other non-file) is in the way of the file this writes" in err
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert code == 2 and f"{earlier_set / 'test.tsv'}: a directory (or other non-file) is in the way of the file this writes" in err
     assert "Traceback" not in err and ".tmp" not in err
     assert _contents(earlier_set) == {**before, "test.tsv": "a directory"}  # and no staging directory left
 
@@ -132,10 +138,8 @@ def test_a_full_disk_at_the_last_file_keeps_the_earlier_set_whole(earlier_set, c
         write_atomic(path, text)
 
     monkeypatch.setattr(corpora, "write_atomic", fills_up)
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert info.value.code == 1 and f"{earlier_set / 'test.tsv'}: No space left on device" in err, err
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert code == 1 and f"{earlier_set / 'test.tsv'}: No space left on device" in err, err
     assert "Traceback" not in err and ".corpora-" not in err  # the staging directory is never named
     assert _contents(earlier_set) == before  # no file of seed 3 beside seed 0's manifest, no staging left
 
@@ -175,10 +179,8 @@ def test_sigterm_while_the_set_is_written_exits_130_and_keeps_the_earlier_set(ea
         write_atomic(path, text)
 
     monkeypatch.setattr(corpora, "write_atomic", terminated)
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert info.value.code == 130 and "stopped; nothing was written" in err and "Traceback" not in err
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert code == 130 and "stopped; nothing was written" in err and "Traceback" not in err
     assert _contents(earlier_set) == before
 
 
@@ -189,10 +191,8 @@ def test_an_outdir_it_may_not_write_into_is_named_not_the_staging_directory(earl
         raise PermissionError(errno.EACCES, "Permission denied", os.path.join(dir, prefix + "k2j4x9"))
 
     monkeypatch.setattr(corpora.tempfile, "mkdtemp", refused)
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and f"{earlier_set}: Permission denied" in err and ".corpora-" not in err, err
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert code == 2 and f"{earlier_set}: Permission denied" in err and ".corpora-" not in err, err
     assert _contents(earlier_set) == before
 
 
@@ -231,10 +231,8 @@ def test_a_signal_after_the_renames_says_the_new_set_was_written(earlier_set, ca
         rmtree(path, *args, **kwargs)
 
     monkeypatch.setattr(corpora.shutil, "rmtree", terminated_while_removing)
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert sent and info.value.code == 130 and f"stopped once the new set was written to {earlier_set}" in err, err
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert sent and code == 130 and f"stopped once the new set was written to {earlier_set}" in err, err
     assert json.loads((earlier_set / "manifest.json").read_text())["seed"] == 3
 
 
@@ -249,10 +247,8 @@ def test_a_rename_that_fails_midway_names_the_files_already_replaced(earlier_set
         replace(src, dst)
 
     monkeypatch.setattr(corpora.os, "replace", test_tsv_taken)
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and (f"{earlier_set / 'test.tsv'}: Is a directory; train.tsv, valid.tsv of the new "
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert code == 2 and (f"{earlier_set / 'test.tsv'}: Is a directory; train.tsv, valid.tsv of the new "
                                      "set already replaced the earlier ones") in err, err
     assert "Traceback" not in err and ".corpora-" not in err
     assert json.loads((earlier_set / "manifest.json").read_text())["seed"] == 0  # the seal is the earlier set's
@@ -282,10 +278,8 @@ def test_a_lock_that_cannot_be_taken_is_named_in_one_line(earlier_set, capsys, m
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(corpora.fcntl, "flock", no_locks)
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and f"{earlier_set / corpora.LOCK_NAME}: No locks available" in err, err
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert code == 2 and f"{earlier_set / corpora.LOCK_NAME}: No locks available" in err, err
     assert "Traceback" not in err and _contents(earlier_set) == before
 
 
@@ -293,10 +287,8 @@ def test_a_directory_where_the_lock_file_goes_is_named(earlier_set, capsys):
     (earlier_set / corpora.LOCK_NAME).unlink()
     (earlier_set / corpora.LOCK_NAME).mkdir()
     before = _contents(earlier_set)
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and f"{earlier_set / corpora.LOCK_NAME}: Is a directory" in err, err
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert code == 2 and f"{earlier_set / corpora.LOCK_NAME}: Is a directory" in err, err
     assert _contents(earlier_set) == before
 
 
@@ -313,10 +305,8 @@ def test_a_failed_rename_after_a_held_signal_still_names_the_files_already_repla
         replace(src, dst)
 
     monkeypatch.setattr(corpora.os, "replace", signalled_then_taken)
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert sent and info.value.code == 2 and "train.tsv, valid.tsv of the new set already replaced" in err, err
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert sent and code == 2 and "train.tsv, valid.tsv of the new set already replaced" in err, err
     assert "nothing was written" not in err and ".corpora-" not in err
 
 
@@ -333,8 +323,6 @@ def test_an_outdir_without_the_right_to_make_the_lock_file_is_named_not_the_lock
         return open_(path, flag, *args, **kwargs)
 
     monkeypatch.setattr(corpora.os, "open", not_writable)
-    with pytest.raises(SystemExit) as info:
-        corpora.main(["cmudict", str(earlier_set), "--seed", "3"])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and f"{earlier_set}: Permission denied" in err and corpora.LOCK_NAME not in err, err
+    code, err = _rewritten_with_seed_3(earlier_set, capsys)
+    assert code == 2 and f"{earlier_set}: Permission denied" in err and corpora.LOCK_NAME not in err, err
     assert _contents(earlier_set) == before
