@@ -144,3 +144,28 @@ def test_a_signal_after_the_rename_still_says_the_average_was_written(two_checkp
     stopped = cli("average", "--checkpoint", str(two_checkpoints), "--last", "2", "--out", str(out))
     assert sent and stopped.returncode == 130 and f"stopped once {out} was written" in stopped.stderr, stopped.stderr
     assert (out / "checkpoints").is_dir()
+
+
+def test_a_signal_as_the_command_flushes_its_line_says_its_work_was_finished(two_checkpoints, tmp_path):
+    # Past the command's own handling: main flushes stdout and removes its handlers. A signal
+    # there stops nothing the command was writing, and says so rather than a bare "stopped".
+    import contextlib
+    import io
+
+    from flaxformer_mini.cli.main import main
+
+    out, sent = tmp_path / "avg", []
+
+    class SignalledAtFlush(io.StringIO):
+        def flush(self):
+            if not sent:
+                sent.append(signal.SIGTERM)  # before the kill: the handler raises as os.kill returns
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises in this thread before the sleep ends
+
+    stdout, stderr = SignalledAtFlush(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["average", "--checkpoint", str(two_checkpoints), "--last", "2", "--out", str(out)])
+    assert sent and code == 130, stderr.getvalue()
+    assert "stopped after the command had finished its work" in stderr.getvalue()
+    assert f"{out}: the mean parameters" in stdout.getvalue() and (out / "checkpoints").is_dir()

@@ -41,10 +41,12 @@ def main(argv=None):
         top.commands[args.command].error(found)
     if getattr(args, "keep_freed_memory", False):
         restart_keeping_freed_memory()  # re-executes with GLIBC_TUNABLES set, before JAX loads: malloc_tunables.py
+    finished = []  # the command's work is done: a signal from here on stops nothing it was writing
     try:
         with _signals(args.command) as stop, collecting_rarely():
             command = importlib.import_module(COMMANDS[args.command])
             code = (command.run(args) if stop is None else command.run(args, stop)) or errors.EXIT_OK
+            finished.append(code)
             if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
                 sys.stdout.flush()  # here, so that a reader gone away is handled below, not at exit
             return code
@@ -57,7 +59,7 @@ def main(argv=None):
         os.close(devnull)
         return errors.EXIT_BROKEN_PIPE
     except KeyboardInterrupt as e:
-        return _interrupted(e)
+        return _interrupted(e, finished=bool(finished))
     except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
         code, message = errors.explain(e)
         if code is None or args.debug or os.environ.get(DEBUG_ENV):
@@ -77,11 +79,13 @@ def _signals(command):
     return StopRequests(force_exit=True) if command == "train" else sigterm_as_interrupt()
 
 
-def _interrupted(e):
+def _interrupted(e, finished=False):
     if isinstance(e, StopNow):  # a second Ctrl-C: in the watcher's words (stop.py), had it come first
         print(f"\n{STOPPED_AT_ONCE}", file=sys.stderr)
     elif isinstance(e, StoppedAfterWriting):
         print(f"\nstopped once {e} was written", file=sys.stderr)
+    elif finished and not isinstance(e, Stopped):  # while stdout was flushed or the handlers removed
+        print("\nstopped after the command had finished its work", file=sys.stderr)
     elif not isinstance(e, Stopped):  # a Ctrl-C before the stop handler was in
         print("\nstopped", file=sys.stderr)
     else:  # fit raises it, so jax is up; process 0 said it already (train's echo), the others say it too
