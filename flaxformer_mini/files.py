@@ -227,6 +227,17 @@ _OS_ERROR_HINTS = {errno.EISDIR: "give a file, not a directory", errno.EACCES: "
                    errno.ENOENT: "check the path", errno.ENOTDIR: "a part of the path is a file, not a directory"}
 
 
+@contextlib.contextmanager
+def naming(path, detail=""):
+    """An OSError raised within names ``path`` (``detail`` added to its reason): a write error
+    (ENOSPC, EFBIG) carries no file name of its own, and a staging directory's name, which the
+    user never gave, is not shown."""
+    try:
+        yield
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror}{detail}", str(path)) from None
+
+
 def describe_os_error(error):
     """``'FILE: reason (hint)'``: one line for an OSError that names its file, the wording every
     command line of the project uses."""

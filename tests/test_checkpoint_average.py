@@ -3,7 +3,9 @@ the mean of the parameters of RUN's newest N checkpoints (fairseq's average_chec
 the newest step with that step's optimizer state, which evaluate, generate and parity convert
 read as any run and train refuses to continue."""
 
+import contextlib
 import importlib
+import io
 import json
 import os
 import signal
@@ -14,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from flaxformer_mini.cli.main import main
 from flaxformer_mini.runs import average
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train import checkpoint
@@ -149,11 +152,6 @@ def test_a_signal_after_the_rename_still_says_the_average_was_written(two_checkp
 def test_a_signal_as_the_command_flushes_its_line_says_its_work_was_finished(two_checkpoints, tmp_path):
     # Past the command's own handling: main flushes stdout and removes its handlers. A signal
     # there stops nothing the command was writing, and says so rather than a bare "stopped".
-    import contextlib
-    import io
-
-    from flaxformer_mini.cli.main import main
-
     out, sent = tmp_path / "avg", []
 
     class SignalledAtFlush(io.StringIO):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flaxformer_mini.files import describe_os_error, placing, sigterm_as_interrupt, signals_held, write_atomic
+from flaxformer_mini.files import describe_os_error, naming, placing, sigterm_as_interrupt, signals_held, write_atomic
 
 _WORD = re.compile(r"[a-z']+")
 SPLITS = ("train", "valid", "test")
@@ -160,24 +160,14 @@ def _lock_file(outdir):
         raise OSError(e.errno, e.strerror, str(path if os.path.lexists(path) else outdir)) from None
 
 
-@contextlib.contextmanager
-def _naming(path):
-    """An OSError raised within names ``path``: a write error (ENOSPC, EFBIG) carries no file
-    name of its own, and the staging directory's is never shown."""
-    try:
-        yield
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, str(path)) from None
-
-
 def _write_staged(outdir, texts, placed):
-    with _naming(outdir):
+    with naming(outdir):
         staging = Path(tempfile.mkdtemp(dir=outdir, prefix=STAGING_PREFIX))
     mixed = []  # a rename's error once earlier ones were done: it outranks a signal held meanwhile
     try:
         try:
             for name, text in texts.items():
-                with _naming(outdir / name):
+                with naming(outdir / name):
                     write_atomic(staging / name, text)
             with placing(outdir, placed):  # the renames all happen once begun; the manifest last, as the set's seal
                 replaced = []

@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from flaxformer_mini.files import placing, write_atomic
+from flaxformer_mini.files import naming, placing, write_atomic
 from flaxformer_mini.runs.config import Averaged, RunConfigError
 from flaxformer_mini.runs.directory import CONFIG_CHECKSUM, RunDir
 from flaxformer_mini.runs.run import Run
@@ -96,11 +96,8 @@ def _write(run, config, state, out, placed):
             lock.release()
         # rename(2) puts a directory in the place of an empty one: OUT, if there, is never
         # removed first (one filled meanwhile by another program refuses the rename, and stays).
-        with placing(out, placed):
-            try:
-                os.rename(staging, out)
-            except OSError as e:  # it names the staging directory first, which the user never made
-                raise OSError(e.errno, f"{e.strerror} (nothing was written)", str(out)) from None
+        with placing(out, placed), naming(out, " (nothing was written)"):
+            os.rename(staging, out)
     except BaseException:  # after the rename (StoppedAfterWriting) there is no staging left to remove
         shutil.rmtree(staging, ignore_errors=True)
         raise
