@@ -1,14 +1,16 @@
 """Test-wide settings, and why. How to run the suite, where its time goes and what is left
 out to keep it short: docs/testing.md.
 
-- Numerics: parity runs use exact float32 matmuls on both sides (DESIGN.md). As in Equinox's
+- Numerics: parity runs use exact float32 matmuls on both sides (DESIGN.md): on an accelerator
+  JAX's highest matmul precision, and on a CPU its default one, which XLA:CPU computes in
+  float32 all the same (the commands' precision, so their programs are shared). As in Equinox's
   tests, implicit rank promotion is an error, so a missing axis is caught, and implicit dtype
   promotion too (a float32 constant silently widening a bfloat16 activation, an int mixing
   with a float): the few library calls that promote on purpose say so where they run
   (``jax.numpy_dtype_promotion("standard")`` around optax's update and Flax's LayerNorm).
 - ``--torch-device cuda`` (with ``-m parity``, on a GPU): torch's tensors and modules on CUDA
   (``torch.set_default_device``), JAX on its default device, TF32 off and JAX's highest
-  matmul precision, as everywhere here.
+  matmul precision.
 - Speed: XLA:CPU compiles at LLVM optimisation level 0 and runs its kernels on one thread,
   torch on one thread per worker (below); the pytest workers and the subprocesses the tests
   start (the CLI, multi-process runs) share one persistent compilation cache per pytest run;
@@ -55,6 +57,12 @@ from parity import parity_numerics
 from parity.policy import DEFAULT_ATOL
 
 parity_numerics()
+# XLA:CPU computes float32 dots in float32 at every matmul precision: there the precision is only
+# a word in the program, and a key of the compilation cache. On a CPU the workers keep the
+# precision a command runs under, so a test's library call and the command it is compared with
+# (in this process or in one of its own) run one compiled program, not two.
+SUITE_PRECISION = "highest" if jax.default_backend() != "cpu" else None
+jax.config.update("jax_default_matmul_precision", SUITE_PRECISION)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 torch.set_num_threads(1)  # one thread per worker: see TEST_XLA_FLAGS above
@@ -135,6 +143,15 @@ HEAVY_FIRST = ("test_multiprocess.py", "test_run_lifecycle.py", "test_benchmarks
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))  # stable: the rest keep their order
+
+
+@pytest.fixture(autouse=True)
+def suite_precision():
+    """The suite's matmul precision again after each test: `parity check` and `parity
+    bfloat16` set the highest one for their process, which here is the worker."""
+    yield
+    if jax.config.jax_default_matmul_precision != SUITE_PRECISION:
+        jax.config.update("jax_default_matmul_precision", SUITE_PRECISION)
 
 
 @pytest.fixture

@@ -62,9 +62,9 @@ def run_process(*args, env=None, stdin=None):
 
 def command_precision():
     """JAX's default matmul precision, the one a command runs under in a process of its own, in
-    place of the parity precision the workers set (conftest). A value computed in a test to be
-    compared bit for bit with one a command wrote is computed under it too: on a GPU JAX's
-    default allows TF32, and the parity precision does not."""
+    place of the parity precision the workers set on an accelerator (conftest; on a CPU they keep
+    this one). A value computed in a test to be compared bit for bit with one a command wrote is
+    computed under it too: on a GPU JAX's default allows TF32, and the parity precision does not."""
     import jax
 
     return jax.default_matmul_precision(None)

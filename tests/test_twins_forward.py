@@ -225,3 +225,24 @@ def test_eval_mode_is_deterministic_and_train_mode_is_not(tiny_config, dropout):
     f.train()
     differs = not np.array_equal(np.asarray(f(js, jt)), np.asarray(f(js, jt)))
     assert differs == (dropout > 0)  # fresh dropout masks each call, only when there is dropout
+
+
+def test_on_a_cpu_the_default_matmul_precision_gives_the_highest_ones_bits():
+    # conftest runs the CPU suite at JAX's default precision (the commands') and an accelerator
+    # at the highest: the same parity only if XLA:CPU computes float32 dots alike at both.
+    import jax
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("on an accelerator the default precision may round a product's inputs (TF32, bfloat16 passes)")
+    _, f = pair("SelfAttention", D, H)
+    (_, jq), (_, jk) = randn(B, T, D, seed=1), randn(B, S, D, seed=2)
+    _, jm = padding_mask([S, 7, 1], S)
+    loss = lambda m, q, k: (m(q, k, k, jm) ** 2).sum()  # noqa: E731 - forward and backward dots
+    got = {}
+    for precision in ("default", "highest"):
+        with jax.default_matmul_precision(precision):
+            got[precision] = nnx.jit(nnx.value_and_grad(loss, argnums=(0, 1, 2)))(f, jq, jk)
+    leaves = [jax.tree.leaves(got[p]) for p in ("default", "highest")]
+    assert len(leaves[0]) == len(leaves[1]) > 3
+    for a, b in zip(*leaves):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
