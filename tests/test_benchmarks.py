@@ -312,14 +312,22 @@ def test_the_base_preset_is_the_issues():
 
 
 @pytest.mark.usefixtures("earlier_objects_out_of_the_collectors_reach")
-def test_scaling_quick_reports_every_path_at_every_point(tmp_path, capsys):
+def test_scaling_quick_reports_every_path_at_every_point(tmp_path, capsys, monkeypatch):
     """``python -m benchmarks.scaling --quick`` on one sweep: a row per point and path (the
     scanned-layers path included), with a time, a memory reading and a compile time; the table
     and the plot are written. At one depth, 1, given with ``--values``: each point costs every
     Flax path a compilation (a stack of one layer is still scanned; the scanned numerics are
-    tests/test_scanned_layers.py's), and a second depth runs the same code again."""
+    tests/test_scanned_layers.py's), and a second depth runs the same code again. The point has
+    the tiny run's batch and length (the benchmarks' tiny preset, whose model the quick sweep
+    uses), so its unscanned train step is the tiny run's program, read from the suite's
+    compilation cache: the sweep's sizes are none of the properties here."""
     from benchmarks import scaling
+    from benchmarks.presets import get_bench_preset
 
+    tiny = get_bench_preset("tiny")
+    depth = scaling.QUICK["depth"]
+    monkeypatch.setitem(scaling.QUICK, "depth", dict(depth, fixed=dict(depth["fixed"], batch=tiny.batch,
+                                                                     seq_len=tiny.seq_len)))
     out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
     threads = torch.get_num_threads()
     try:

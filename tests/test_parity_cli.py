@@ -25,9 +25,9 @@ Properties checked:
   directory serves as --config, and check takes the run itself.
 
 Most runs call ``parity.cli.main`` in-process (JAX's compiled primitives are then shared
-between tests); two go through a subprocess, end to end. The checks of models of SIZES run at
-batch 2, as both subprocesses do (the tiny preset's model has the same shapes), so their
-programs compile once: a check's batch size is none of the properties here.
+between tests); one, the sigpipe test, goes through ``python -m parity check``, end to end. The
+checks of models of SIZES run at batch 2, as that process does (the tiny preset's model has the
+same shapes), so their programs compile once: a check's batch size is none of the properties here.
 """
 
 import json
@@ -87,11 +87,6 @@ def write(tmp_path, name, state_dict):
     path = tmp_path / name
     save_state_dict(state_dict, path)
     return str(path)
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "parity", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
@@ -198,17 +193,20 @@ def test_a_checkpoint_with_a_key_that_is_not_a_string_is_refused_in_one_line(see
     assert not (tmp_path / "out.safetensors").exists()
 
 
-def test_check_of_a_seed_checkpoint_exits_0_names_every_landmark_and_writes_json_and_plot(checkpoint, tmp_path):
+def test_check_of_a_seed_checkpoint_exits_0_names_every_landmark_and_writes_json_and_plot(checkpoint, tmp_path,
+                                                                                          capsys):
     report, plot = tmp_path / "report.json", tmp_path / "report.png"
-    # --batch 2: the shapes of the sigpipe test's check below (the tiny preset's model) and of the
-    # in-process checks here, which read its compiled programs from the suite's compilation cache.
-    proc = run_cli("check", "--torch-checkpoint", checkpoint, "--heads", 5, "--batch", 2, "--json", report, "--plot", plot)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "vocab 23/19, max_len 17, embed 30, ffn 30, 5 heads (--heads" in proc.stdout
-    table = proc.stdout.splitlines()
+    # In process (`parity` as a process: the sigpipe test below). --batch 2: the shapes of that
+    # test's check (the tiny preset's model) and of the other checks here, which share its programs.
+    code = main(["check", "--torch-checkpoint", str(checkpoint), "--heads", "5", "--batch", "2", "--json", str(report),
+                 "--plot", str(plot)])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "vocab 23/19, max_len 17, embed 30, ffn 30, 5 heads (--heads" in out
+    table = out.splitlines()
     for name in LANDMARKS:
         assert any(line.startswith(name + " ") for line in table), name
-    assert f"intermediates within {ATOL:g}" in proc.stdout
+    assert f"intermediates within {ATOL:g}" in out
 
     data = json.loads(report.read_text())
     assert data["ok"] is True and data["first_divergence"] is None and data["atol"] == ATOL
@@ -247,6 +245,7 @@ def test_check_of_a_torch_ref_checkpoint_with_gradients_adds_a_row_per_parameter
     model = torch_ref.Transformer(**SIZES)
     path = write(tmp_path, "model.pt", model.state_dict())
     report = tmp_path / "report.json"
+    # --batch 2, as test_parity_float64.py's command-line gradient check: one gradient program for both.
     code = main(["check", "--torch-checkpoint", path, "--heads", "5", "--grads", "--json", str(report),
                  "--torch-device", "cpu", "--batch", "2"])
     out = capsys.readouterr().out

@@ -141,11 +141,15 @@ def test_max_tokens_batches_respect_the_budget_and_are_a_function_of_the_step(bp
 
 
 BUDGET = 60  # --max-tokens of the accumulating runs below: characters give their micro-batches several shapes
+# Lengths rounded to 16 (or the cap, 24): two shapes, (3, 16) and (2, 24), mixed in the first
+# update; one compiled micro-step fewer than at the default multiple's three lengths.
+LENGTH_MULTIPLE = 16
 
 
 def budget_args(corpus, out, steps):
     return text_args(corpus, out, "--tokenizer", "char", "--max-tokens", str(BUDGET), "--accumulate", "2",
-                     "--steps", str(steps), "--save-every", "2", "--eval-every", "100")
+                     "--length-multiple", str(LENGTH_MULTIPLE), "--steps", str(steps), "--save-every", "2",
+                     "--eval-every", "100")
 
 
 @pytest.fixture(scope="module")
@@ -235,14 +239,19 @@ def test_a_max_tokens_accumulate_run_stopped_at_a_checkpoint_resumes_bit_identic
     # A resumed run draws the --max-tokens batches the uninterrupted one drew at the same
     # steps, in the same order, with the same tokenizer: the end states are equal bit for bit.
     # Stopped after a checkpoint as an interrupted run is (tests/test_train_cli.py kills runs
-    # with Ctrl-C, SIGTERM and SIGKILL and resumes them). In this process, which compiles each
-    # batch shape once for both runs. (The same without --accumulate has no test of its own:
-    # the token batches and their resume are the same code; the plain step's resume is
+    # with Ctrl-C, SIGTERM and SIGKILL and resumes them): what `kill -9` leaves after step 2's
+    # checkpoint is the uninterrupted run without its newest one (step 4), its log past step 2.
+    # A copy of it, not a second run trained; in this process, which compiled each batch shape
+    # for the uninterrupted run. (The same without --accumulate has no test of its own: the
+    # token batches and their resume are the same code; the plain step's resume is
     # test_train_cli's.)
+    import shutil
+
     out = tmp_path / "stopped"
-    assert cli(*budget_args(corpus, out, 2)).returncode == 0
+    shutil.copytree(accumulating_run[0], out)
+    shutil.rmtree(out / "checkpoints" / "4")
     resumed = cli(*budget_args(corpus, out, 4))
-    assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr
+    assert resumed.returncode == 0 and f"resuming {out} from step 2" in resumed.stderr, resumed.stderr
     (s1, a), (s2, b) = latest_state(accumulating_run[0]), latest_state(out)
     assert s1 == s2 == 4
     assert_same_training_state(a, b)

@@ -160,9 +160,10 @@ def _worker():
     out = {"device_count": jax.device_count(), "threefry_partitionable": bool(jax.config.jax_threefry_partitionable)}
 
     runs = {
-        # name: (dropout, strategy); each is compared with its unsharded twin
+        # name: (dropout, strategy); each is compared with its unsharded twin. FSDP is run with
+        # dropout alone: its masks are the one thing dropout adds to the sharded step, and a
+        # dropout-free FSDP run would compile an 8-device step more to show a subset of it.
         "replicated": (0.0, "replicated"),
-        "fsdp": (0.0, "fsdp"),
         "fsdp_dropout": (DROPOUT, "fsdp"),
     }
     references = {}
@@ -217,7 +218,7 @@ def test_training_moves_the_parameters_well_beyond_the_tolerance(runs):
         assert runs[f"reference_{dropout}"]["params_moved"] > 100 * ATOL
 
 
-@pytest.mark.parametrize("name", ["replicated", "fsdp", "fsdp_dropout"])
+@pytest.mark.parametrize("name", ["replicated", "fsdp_dropout"])
 def test_sharded_training_matches_single_device(runs, name):
     r = runs[name]
     assert len(r["losses"]) == STEPS
@@ -234,16 +235,15 @@ def test_dropout_draws_the_same_masks_sharded_and_unsharded(runs):
     assert runs["fsdp_dropout"]["loss_diff"] <= ATOL
 
 
-@pytest.mark.parametrize("name", ["replicated", "fsdp", "fsdp_dropout"])
+@pytest.mark.parametrize("name", ["replicated", "fsdp_dropout"])
 def test_train_step_keeps_the_state_sharding(runs, name):
     # Trainer.train_step as it is: jit follows the input shardings, and the output keeps them.
     assert runs[name]["lost"] == []
     assert runs[name]["num_keys"] > 0 and runs[name]["keys_replicated"]
 
 
-@pytest.mark.parametrize("name", ["fsdp", "fsdp_dropout"])
-def test_fsdp_splits_parameters_across_devices(runs, name):
-    r = runs[name]
+def test_fsdp_splits_parameters_across_devices(runs):
+    r = runs["fsdp_dropout"]
     assert len(r["split_params"]) >= r["num_params"] // 2, r["split_params"]
     ex = r["example"]
     assert ex["shard_shape"] != ex["global_shape"]

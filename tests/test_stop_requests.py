@@ -2,9 +2,10 @@
 
 Python runs a signal handler only when the main thread is between bytecodes. An XLA
 compilation lets it run but holds back what it raises until the compilation ends; other native
-code (here ``hashlib.pbkdf2_hmac``, which releases the GIL and never checks for signals) does
-not let it run at all. Either way the stop watcher answers: it says the first signal was
-heard, and a second Ctrl-C ends the process at once.
+code does not let it run at all: here ``pthread_mutex_lock`` of a mutex the main thread already
+holds, called through ctypes (which releases the GIL), which waits without using the CPU and
+never returns, not even on a signal (glibc waits again after EINTR). Either way the stop watcher
+answers: it says the first signal was heard, and a second Ctrl-C ends the process at once.
 """
 
 import contextlib
@@ -20,17 +21,22 @@ from flaxformer_mini.cli import errors
 from flaxformer_mini.train import stop
 from helpers import Lines, start
 
-# A child that installs the stop requests, says so, then stays in native code for minutes
-# (about 0.3 us an iteration: the test ends it long before).
+# A child that installs the stop requests, says so, then stays in native code until it is
+# ended, idle: the second lock of a default (non-recursive) mutex, all zeros as glibc's
+# PTHREAD_MUTEX_INITIALIZER is, waits for an unlock that never comes. A busy native loop
+# would take a core from the other pytest worker for the child's whole life.
 NATIVE = """
-import hashlib, sys
+import ctypes, sys
 from flaxformer_mini.process_exit import before_exit_now
 from flaxformer_mini.train.stop import StopRequests
 
+libc = ctypes.CDLL(None)  # CDLL, not PyDLL: the GIL is released during the call
+mutex = ctypes.create_string_buffer(64)  # zeroed, larger than any pthread_mutex_t
+assert libc.pthread_mutex_lock(mutex) == 0
 before_exit_now(lambda: print("before exit", flush=True))
 with StopRequests(force_exit=sys.argv[1] == "force_exit"):
     print("in native code", flush=True)
-    hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 2_000_000_000)
+    libc.pthread_mutex_lock(mutex)
     print("returned", flush=True)
 """
 TIMEOUT_S = 60

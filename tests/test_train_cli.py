@@ -212,7 +212,8 @@ def library_greedy(out, texts):
 def test_generate_prints_one_line_per_input_in_the_runs_token_format(straight_run):
     out = straight_run[0]
     texts = ["5 3 6 2", "1", "0 0 4"]
-    proc = run_process("generate", "--checkpoint", str(out), stdin="".join(t + "\n" for t in texts))
+    # In this process: generate reading a real pipe is tests/test_generate_lines.py's.
+    proc = cli("generate", "--checkpoint", str(out), stdin="".join(t + "\n" for t in texts))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines == library_greedy(out, texts)
