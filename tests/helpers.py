@@ -241,6 +241,11 @@ SHARED_RUNS = {
     # learnt yet), which truncation at the references' length would hide (tests/test_evaluate_cli.py).
     "char_4_steps": lambda d: [*text_args((write_corpus(d / "train.tsv", 60), write_corpus(d / "valid.tsv", 7)),
                                           d / "run", "--tokenizer", "char"), "--steps", "4"],
+    # A word-level run of two steps at --max-len 6 (5 words and EOS), with two held-out pairs: its
+    # outputs run to the limit, no EOS learnt yet (tests/test_generate_lines.py's notes and
+    # warnings); tests/test_exported_run_in_torch.py exports it.
+    "word_2_steps": lambda d: text_args((write_corpus(d / "train.tsv", 40), write_corpus(d / "valid.tsv", 2)),
+                                        d / "run", "--max-len", "6", "--steps", "2"),
 }
 
 

@@ -37,27 +37,34 @@ def _padded_batch(config, B=3, S=7, T=6):
     return source, target
 
 
-# Each model's forward and gradient under nnx.jit: one compiled program each, where running them
-# op by op compiles every primitive of every shape apart (alone, AMD EPYC family 25: the
-# gradient test 4.7 s jitted, 9.4 s op by op; the logits 3.3 s and 5.2 s).
-_forward = nnx.jit(lambda model, source, target: model(source, target))
-
-
-def test_xla_attention_gives_the_einsum_logits():
-    ref, other = _models(CONFIG)
-    source, target = _padded_batch(CONFIG)
-    np.testing.assert_allclose(_forward(other, source, target), _forward(ref, source, target), atol=ATOL, rtol=0)
-
-
-def test_xla_attention_gives_the_einsum_gradients():
-    ref, other = _models(CONFIG)
-    source, target = _padded_batch(CONFIG)
-
+# Each model's logits and gradients in one compiled program (the logits as the loss's aux), read
+# by the logits test and the gradients test: running them op by op compiles every primitive of
+# every shape apart (alone, AMD EPYC family 25: the gradient test 4.7 s jitted, 9.4 s op by op;
+# the logits 3.3 s and 5.2 s), and a forward of its own would be a second program per model.
+@nnx.jit
+def _logits_and_gradients(model, source, target):
     def loss(model):
-        return jnp.mean(jax.nn.log_softmax(model(source, target))[..., 5])
+        logits = model(source, target)
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 5]), logits
 
-    grad = nnx.jit(nnx.grad(loss))
-    g_ref, g_other = grad(ref), grad(other)
+    (_, logits), grads = nnx.value_and_grad(loss, has_aux=True)(model)
+    return logits, grads
+
+
+@pytest.fixture(scope="module")
+def computed():
+    """{"einsum": (logits, gradients), "xla": (logits, gradients)}: the same weights and batch."""
+    ref, other = _models(CONFIG)
+    source, target = _padded_batch(CONFIG)
+    return {"einsum": _logits_and_gradients(ref, source, target), "xla": _logits_and_gradients(other, source, target)}
+
+
+def test_xla_attention_gives_the_einsum_logits(computed):
+    np.testing.assert_allclose(computed["xla"][0], computed["einsum"][0], atol=ATOL, rtol=0)
+
+
+def test_xla_attention_gives_the_einsum_gradients(computed):
+    g_ref, g_other = computed["einsum"][1], computed["xla"][1]
     flat_ref, flat_other = nnx.to_flat_state(g_ref), nnx.to_flat_state(g_other)
     assert [p for p, _ in flat_ref] == [p for p, _ in flat_other]
     for (path, a), (_, b) in zip(flat_ref, flat_other):

@@ -57,48 +57,69 @@ def generated(out, sources):
     return proc.stdout.splitlines()
 
 
-def test_evaluate_hypotheses_and_metrics_do_not_depend_on_the_batch_size_and_equal_generates(char_run, test_file,
-                                                                                             tmp_path):
+def kept_indices(pairs):
+    """The indices of the pairs the run can take: all but OVER_LONG."""
+    return [i for i, pair in enumerate(pairs) if pair != OVER_LONG]
+
+
+@pytest.fixture(scope="module")
+def evaluated(char_run, test_file, tmp_path_factory):
+    """`evaluate --data test.tsv --output hyp.txt` at the run's batch size (64: one batch of the
+    6 pairs it takes, as any batch size of 6 or more makes): (its JSON, its stderr, hyp.txt).
+    One command for the tests that read it; none writes to it."""
+    out, _ = char_run
+    path, _ = test_file
+    hypotheses = tmp_path_factory.mktemp("evaluated") / "hyp.txt"
+    result, stderr = evaluate(out, "--data", path, "--output", hypotheses)
+    return result, stderr, hypotheses
+
+
+@pytest.fixture(scope="module")
+def generated_kept(char_run, test_file):
+    """`generate`'s lines for the sources of test.tsv's pairs the run can take, in order."""
+    out, _ = char_run
+    _, pairs = test_file
+    return generated(out, [pairs[i][0] for i in kept_indices(pairs)])
+
+
+def test_evaluate_hypotheses_and_metrics_do_not_depend_on_the_batch_size_and_equal_generates(
+        char_run, test_file, evaluated, generated_kept, tmp_path):
+    # Batch size 1 (six batches of a row) against the run's 64 (one batch of the six pairs the
+    # run takes; 7 made the same single batch).
     out, _ = char_run
     path, pairs = test_file
-    results, outputs = [], []
-    for batch_size in (1, 7, 64):
-        hypotheses = tmp_path / f"hyp{batch_size}.txt"
-        results.append(evaluate(out, "--data", path, "--batch-size", batch_size, "--output", hypotheses)[0])
-        outputs.append(hypotheses.read_text().splitlines())
-    assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
+    hypotheses = tmp_path / "hyp1.txt"
+    results = [evaluate(out, "--data", path, "--batch-size", 1, "--output", hypotheses)[0], evaluated[0]]
+    outputs = [hypotheses.read_text().splitlines(), evaluated[2].read_text().splitlines()]
+    assert outputs[1] == outputs[0]
     for result in results[1:]:
         assert {k: result[k] for k in TEXT_METRICS} == {k: results[0][k] for k in TEXT_METRICS}
         # The same examples; their float32 losses summed in other batches (~1e-7 relative apart).
         assert result["loss"] == pytest.approx(results[0]["loss"], rel=1e-5)
-    kept = [i for i, pair in enumerate(pairs) if pair != OVER_LONG]
-    assert [outputs[0][i] for i in kept] == generated(out, [pairs[i][0] for i in kept])
+    assert [outputs[0][i] for i in kept_indices(pairs)] == generated_kept
 
 
-def test_a_hypothesis_longer_than_its_reference_is_scored_at_its_full_length(char_run, test_file, tmp_path):
+def test_a_hypothesis_longer_than_its_reference_is_scored_at_its_full_length(char_run, test_file, evaluated,
+                                                                              generated_kept):
     out, _ = char_run
     path, pairs = test_file
-    (full,) = generated(out, [SHORT_REFERENCE[0]])
+    kept = kept_indices(pairs)
+    full = generated_kept[kept.index(pairs.index(SHORT_REFERENCE))]  # generate's line for SHORT_REFERENCE's source
     # The reference's labels (a, EOS) padded to 8: a cut there would leave at most 8 characters.
     assert len(full) > 8, f"the run's hypothesis {full!r} is too short for this test"
-    hypotheses = tmp_path / "hyp.txt"
-    result, _ = evaluate(out, "--data", path, "--output", hypotheses)
+    result, _, hypotheses = evaluated
     lines = hypotheses.read_text().splitlines()
     assert lines[pairs.index(SHORT_REFERENCE)] == full
     run = Run.open(out)
     target = run.dir.load_vocabularies(run.config.data)[1]
-    kept = [i for i, pair in enumerate(pairs) if pair != OVER_LONG]
     expected = corpus_metrics([lines[i] for i in kept], [run.codec.decode(target.encode(pairs[i][1])) for i in kept])
     for key in ("bleu", "chrf", "wer", "cer"):
         assert result[key] == pytest.approx(expected[key], abs=1e-9)
 
 
-def test_evaluate_output_has_one_line_per_data_line_and_an_empty_one_for_an_over_long_pair(char_run, test_file,
-                                                                                           tmp_path):
-    out, _ = char_run
+def test_evaluate_output_has_one_line_per_data_line_and_an_empty_one_for_an_over_long_pair(test_file, evaluated):
     path, pairs = test_file
-    hypotheses = tmp_path / "hyp.txt"
-    _, stderr = evaluate(out, "--data", path, "--output", hypotheses)
+    _, stderr, hypotheses = evaluated
     lines = hypotheses.read_text().split("\n")
     assert lines[-1] == "" and len(lines[:-1]) == len(pairs) == 7  # one line per pair, each ended by \n
     assert lines[pairs.index(OVER_LONG)] == ""
@@ -106,7 +127,8 @@ def test_evaluate_output_has_one_line_per_data_line_and_an_empty_one_for_an_over
             f"{hypotheses} holds an empty line for each, so its lines match {path}'s") in stderr
 
 
-def test_evaluate_output_lines_up_with_a_data_file_that_has_blank_lines(char_run, test_file, tmp_path):
+def test_evaluate_output_lines_up_with_a_data_file_that_has_blank_lines(char_run, test_file, generated_kept,
+                                                                       tmp_path):
     # paste test.tsv hyp.txt: blank lines (at the start, in the middle, whitespace only, at the
     # end) keep their places as empty lines, as generate keeps a blank input line's place.
     out, _ = char_run
@@ -118,7 +140,7 @@ def test_evaluate_output_lines_up_with_a_data_file_that_has_blank_lines(char_run
     evaluate(out, "--data", path, "--output", hypotheses)
     written = hypotheses.read_text().split("\n")
     assert written[-1] == "" and len(written[:-1]) == len(lines) == 11
-    decoded = iter(generated(out, [s for s, _ in pairs if (s, _) != OVER_LONG]))
+    decoded = iter(generated_kept)  # the lines of [s for s, _ in pairs if (s, _) != OVER_LONG]
     expected = ["" if not line.strip() or tuple(line.split("\t")) == OVER_LONG else next(decoded) for line in lines]
     assert written[:-1] == expected
 

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from parity.cli import main as parity_main
-from helpers import cli, text_args, write_corpus
+from helpers import cli
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
 # Besides the blank line, as many inputs as the runs' evaluations decode rows (copy_60_steps' batch
-# of 8, the 7 held-out pairs of the text runs), the longest of TEXT_INPUTS over 16 characters
+# of 8, char_4_steps' 7 held-out pairs), the longest of TEXT_INPUTS over 16 characters
 # (char_4_steps' held-out width, 24): generate decodes at the shapes of the decoding loops the
-# runs' training compiled, reused where this process trained the run.
+# runs' training compiled, reused where this process trained the run. (word_2_steps, at --max-len
+# 6, takes the longest, five words, whole; its evaluation decodes 2 rows.)
 SYNTHETIC_INPUTS = ["5 3 6 2", "1", "", "0 0 4", "6 5 4 3 2", "2 2", "4 6 1", "3", "0 1 2 3"]
 TEXT_INPUTS = ["the cat", "a red dog sat", "", "zzzq cat", "the <eos> cat",  # an unknown word, a special's spelling
                "old tree", "sat on the mat", "the red fox ran far"]
@@ -47,14 +48,11 @@ def exported(run, out):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, trained_run):
-    # The synthetic and char runs are the ones tests/test_generate_lines.py and
+    # The synthetic, word and char runs are the ones tests/test_generate_lines.py and
     # tests/test_evaluate_cli.py decode (helpers.SHARED_RUNS), trained once for all three files.
     d = tmp_path_factory.mktemp("exported")
     synthetic = trained_run("copy_60_steps") / "run"
-    text = {"word": d / "word", "char": trained_run("char_4_steps") / "run"}
-    corpus = write_corpus(d / "train.tsv", 40), write_corpus(d / "valid.tsv", 7)
-    proc = cli(*text_args(corpus, text["word"], "--tokenizer", "word", "--steps", "8"))
-    assert proc.returncode == 0, proc.stderr
+    text = {"word": trained_run("word_2_steps") / "run", "char": trained_run("char_4_steps") / "run"}
     return {"synthetic": (synthetic, exported(synthetic, d / "synthetic.pt"), SYNTHETIC_INPUTS),
             "word": (text["word"], exported(text["word"], d / "word.safetensors"), TEXT_INPUTS),
             "char": (text["char"], exported(text["char"], d / "char.pt"), TEXT_INPUTS)}

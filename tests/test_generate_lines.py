@@ -19,7 +19,7 @@ from flaxformer_mini.decode import search as decoding
 from flaxformer_mini.decode import generation
 from flaxformer_mini.runs.generate import generate
 from flaxformer_mini.runs.run import Run
-from helpers import CLI, Lines, cli, command_precision, text_args, write_corpus
+from helpers import CLI, Lines, cli, command_precision
 
 # TINY_RUN's model: max_len 6, so at most 5 tokens and EOS; token values 0..6.
 LONGEST_FITTING = 5
@@ -179,13 +179,11 @@ def test_one_text_instead_of_an_iterable_of_texts_is_refused_at_the_call(run, te
 
 
 @pytest.fixture(scope="module")
-def text_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("generate_text")
-    # Two held-out pairs: the run's evaluation decodes the shape of the test's two decoded lines (one compiled decoder).
-    corpus = write_corpus(d / "train.tsv", 40), write_corpus(d / "valid.tsv", 2)
-    proc = cli(*text_args(corpus, d / "run", "--max-len", "6", "--steps", "2"))
-    assert proc.returncode == 0, proc.stderr
-    return d / "run"
+def text_run(trained_run):
+    # A word run of two steps at --max-len 6 (helpers.SHARED_RUNS; tests/test_exported_run_in_torch.py
+    # exports the same run). Two held-out pairs: where this process trained it, the run's evaluation
+    # decoded the shape of the test's two decoded lines (one compiled decoder).
+    return trained_run("word_2_steps") / "run"
 
 
 def test_text_run_notes_name_real_line_numbers_and_the_bom_is_no_word(text_run):

@@ -163,10 +163,10 @@ def test_pairs_longer_than_max_len_are_reported_and_add_no_words(tmp_path):
     assert sorted(source_words) == ["a", "b", "c"] and sorted(target_words) == ["x", "y", "z"]
 
 
-def test_a_run_written_by_version_1_resumes_evaluates_and_generates(tmp_path):
+def test_a_run_written_by_version_1_resumes_evaluates_and_generates(text_run):
     # Version 1 stored a text run's max_len as the model's (tokens + EOS); version 2 stores the
     # longest side in tokens. A version-1 run must go on as it was.
-    out, args = text_run(tmp_path)
+    out, args = text_run
     config = json.loads((out / "config.json").read_text())
     assert config["version"] == 2 and config["data"]["max_len"] == 7
     config["version"], config["data"]["max_len"] = 1, 8  # as version 1 wrote it
@@ -278,17 +278,37 @@ def text_args(train, out, *extra):
             "--max-len", "8", "--save-every", "3", "--eval-every", "3", "--no-progress", "--no-plot", *extra]
 
 
-def text_run(tmp_path, steps=3):
-    train = tmp_path / "train.tsv"
+@pytest.fixture(scope="module")
+def trained_text_run(tmp_path_factory):
+    """DIR holding train.tsv (TEXT_PAIRS) and DIR/mt, its run of 3 steps: trained once for the
+    file's text-run tests, each of which changes a copy of its own (``text_run``)."""
+    d = tmp_path_factory.mktemp("text_run")
+    train = d / "train.tsv"
     train.write_text(TEXT_PAIRS)
-    args = text_args(train, tmp_path / "mt")
-    proc = cli(*args, "--steps", str(steps))
+    proc = cli(*text_args(train, d / "mt"), "--steps", "3")
     assert proc.returncode == 0, proc.stderr
-    return tmp_path / "mt", args
+    return d
 
 
-def test_a_hand_edited_vocabulary_is_refused_naming_the_file(tmp_path):
-    out, args = text_run(tmp_path)
+@pytest.fixture
+def text_run(trained_text_run, tmp_path):
+    """(tmp_path/mt, its `train` arguments): the files training it there makes, tmp_path/train.tsv
+    and the run reading it: a copy of ``trained_text_run`` with its config.json's data.train_path
+    (outside the file's checksum) the copy's train.tsv, as the same command trains them."""
+    train, out = tmp_path / "train.tsv", tmp_path / "mt"
+    shutil.copy(trained_text_run / "train.tsv", train)
+    shutil.copytree(trained_text_run / "mt", out)
+    config = out / "config.json"
+    text = config.read_text()
+    recorded = json.dumps(str(trained_text_run / "train.tsv"))
+    assert text.count(recorded) == 1, text
+    config.write_text(text.replace(recorded, json.dumps(str(train))))
+    assert json.loads(config.read_text())["data"]["train_path"] == str(train)
+    return out, text_args(train, out)
+
+
+def test_a_hand_edited_vocabulary_is_refused_naming_the_file(text_run):
+    out, args = text_run
     vocab = json.loads((out / "vocab_target.json").read_text())
     vocab["tokens"][4], vocab["tokens"][5] = vocab["tokens"][5], vocab["tokens"][4]  # two words swapped
     (out / "vocab_target.json").write_text(json.dumps(vocab))
@@ -298,8 +318,8 @@ def test_a_hand_edited_vocabulary_is_refused_naming_the_file(tmp_path):
         assert "vocab_target.json differs from the file this run wrote" in proc.stderr, proc.stderr
 
 
-def test_a_deleted_vocabulary_is_named_and_rebuilt_identically_on_resume(tmp_path):
-    out, args = text_run(tmp_path)
+def test_a_deleted_vocabulary_is_named_and_rebuilt_identically_on_resume(text_run):
+    out, args = text_run
     original = (out / "vocab_source.json").read_bytes()
     (out / "vocab_source.json").unlink()
     gen = cli("generate", "--checkpoint", str(out), "a b")
@@ -311,8 +331,8 @@ def test_a_deleted_vocabulary_is_named_and_rebuilt_identically_on_resume(tmp_pat
     assert cli("generate", "--checkpoint", str(out), stdin=TEXT_INPUTS).returncode == 0
 
 
-def test_a_torn_metrics_line_is_dropped_with_a_warning_on_resume(tmp_path):
-    out, args = text_run(tmp_path)
+def test_a_torn_metrics_line_is_dropped_with_a_warning_on_resume(text_run):
+    out, args = text_run
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "lo')  # a write cut short by a full disk
     resumed = cli(*args, "--steps", "6")
@@ -406,11 +426,11 @@ def test_a_run_records_absolute_data_paths_and_evaluates_from_anywhere_without_i
     assert len(hypotheses.read_text().splitlines()) == 4
 
 
-def test_a_run_that_recorded_relative_paths_resumes_from_its_directory(tmp_path, monkeypatch):
+def test_a_run_that_recorded_relative_paths_resumes_from_its_directory(text_run, tmp_path, monkeypatch):
     # Runs written before paths were recorded absolute hold them as typed: the same command
     # from the same directory resumes, as it did.
     monkeypatch.chdir(tmp_path)
-    out, args = text_run(tmp_path)
+    out, args = text_run
     config = json.loads((out / "config.json").read_text())
     config["data"]["train_path"] = "train.tsv"
     (out / "config.json").write_text(json.dumps(config))
@@ -419,10 +439,10 @@ def test_a_run_that_recorded_relative_paths_resumes_from_its_directory(tmp_path,
     assert latest_state(out)[0] == 6
 
 
-def test_a_training_file_changed_since_the_run_started_is_refused_on_resume(tmp_path):
+def test_a_training_file_changed_since_the_run_started_is_refused_on_resume(text_run, tmp_path):
     # Without --valid the held-out pairs come from the training file's lines: a shuffled or
     # edited file would resume silently, training on pairs it had held out.
-    out, args = text_run(tmp_path)
+    out, args = text_run
     recorded = json.loads((out / "config.json").read_text())["checksums"]["data.train_path"]
     train = tmp_path / "train.tsv"
     assert recorded == hashlib.sha256(train.read_bytes()).hexdigest()
@@ -436,8 +456,8 @@ def test_a_training_file_changed_since_the_run_started_is_refused_on_resume(tmp_
     assert latest_state(out)[0] == before[0] == 3
 
 
-def test_a_training_file_moved_with_the_same_contents_resumes_from_its_new_path(tmp_path):
-    out, args = text_run(tmp_path)
+def test_a_training_file_moved_with_the_same_contents_resumes_from_its_new_path(text_run, tmp_path):
+    out, args = text_run
     moved = tmp_path / "elsewhere" / "pairs.tsv"
     moved.parent.mkdir()
     (tmp_path / "train.tsv").rename(moved)
