@@ -41,12 +41,12 @@ def main(argv=None):
         top.commands[args.command].error(found)
     if getattr(args, "keep_freed_memory", False):
         restart_keeping_freed_memory()  # re-executes with GLIBC_TUNABLES set, before JAX loads: malloc_tunables.py
-    finished = []  # the command's work is done: a signal from here on stops nothing it was writing
+    finished = False  # the command's work is done: a signal from here on stops nothing it was writing
     try:
         with _signals(args.command) as stop, collecting_rarely():
             command = importlib.import_module(COMMANDS[args.command])
             code = (command.run(args) if stop is None else command.run(args, stop)) or errors.EXIT_OK
-            finished.append(code)
+            finished = True
             if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
                 sys.stdout.flush()  # here, so that a reader gone away is handled below, not at exit
             return code
@@ -59,7 +59,7 @@ def main(argv=None):
         os.close(devnull)
         return errors.EXIT_BROKEN_PIPE
     except KeyboardInterrupt as e:
-        return _interrupted(e, finished=bool(finished))
+        return _interrupted(e, finished=finished)
     except Exception as e:  # noqa: BLE001 - a user's mistake becomes a message; a bug keeps its traceback
         code, message = errors.explain(e)
         if code is None or args.debug or os.environ.get(DEBUG_ENV):
