@@ -15,6 +15,7 @@ import errno
 import io
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -463,6 +464,15 @@ def wait_for(predicate, procs, what, timeout=LAUNCH_TIMEOUT_S):
 def checkpoint_steps(out):
     ckpts = out / "checkpoints"
     return sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.exists() else []
+
+
+def killed_before_its_last_checkpoint(run, out):
+    """``out``: what `kill -9` leaves of ``run`` killed after its last step, before that step's
+    checkpoint was written (metrics are logged before a checkpoint): a copy of ``run`` without its
+    newest checkpoint. A real kill -9 and its resume are tests/test_train_cli.py's."""
+    shutil.copytree(run, out)
+    shutil.rmtree(out / "checkpoints" / str(checkpoint_steps(out)[-1]))
+    return out
 
 
 def final_state(out):

@@ -21,7 +21,8 @@ from flaxformer_mini.runs.tensorboard import read_scalars
 from flaxformer_mini.train.optimizer import TrainConfig
 from flaxformer_mini.train import trainer as trainer_module
 from flaxformer_mini.train.trainer import Trainer
-from helpers import assert_same_training_state, cli, latest_state, run_process, text_args, write_corpus
+from helpers import (assert_same_training_state, cli, killed_before_its_last_checkpoint, latest_state, run_process, text_args,
+                     write_corpus)
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
@@ -240,16 +241,11 @@ def test_a_max_tokens_accumulate_run_stopped_at_a_checkpoint_resumes_bit_identic
     # steps, in the same order, with the same tokenizer: the end states are equal bit for bit.
     # Stopped after a checkpoint as an interrupted run is (tests/test_train_cli.py kills runs
     # with Ctrl-C, SIGTERM and SIGKILL and resumes them): what `kill -9` leaves after step 2's
-    # checkpoint is the uninterrupted run without its newest one (step 4), its log past step 2.
-    # A copy of it, not a second run trained; in this process, which compiled each batch shape
+    # checkpoint, not a second run trained; in this process, which compiled each batch shape
     # for the uninterrupted run. (The same without --accumulate has no test of its own: the
     # token batches and their resume are the same code; the plain step's resume is
     # test_train_cli's.)
-    import shutil
-
-    out = tmp_path / "stopped"
-    shutil.copytree(accumulating_run[0], out)
-    shutil.rmtree(out / "checkpoints" / "4")
+    out = killed_before_its_last_checkpoint(accumulating_run[0], tmp_path / "stopped")
     resumed = cli(*budget_args(corpus, out, 4))
     assert resumed.returncode == 0 and f"resuming {out} from step 2" in resumed.stderr, resumed.stderr
     (s1, a), (s2, b) = latest_state(accumulating_run[0]), latest_state(out)

@@ -3,7 +3,6 @@ run, the learning rate a run logs is the schedule's, every training batch is pad
 of M, and a run killed past its last checkpoint resumes to the state of one never stopped."""
 
 import json
-import shutil
 
 import numpy as np
 
@@ -12,7 +11,7 @@ from flaxformer_mini.data import parallel_text
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train import optimizer
 from flaxformer_mini.train.optimizer import learning_rate_schedule
-from helpers import assert_same_training_state, cli, latest_state, text_args, write_corpus
+from helpers import assert_same_training_state, cli, killed_before_its_last_checkpoint, latest_state, text_args, write_corpus
 
 # The batches' longest rows hold 3 and 5 tokens (--length-multiple 1): a multiple of 6 pads every
 # batch to 6, one shape (one compiled train step), a length no multiple of 8 gives.
@@ -61,8 +60,7 @@ def test_a_cosine_run_padded_to_a_multiple_records_both_and_resumes_bit_for_bit(
     assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == before
 
     # What kill -9 leaves before step 10's checkpoint: the checkpoint of step 5 and the log past it.
-    shutil.copytree(straight, killed)
-    shutil.rmtree(killed / "checkpoints" / str(STEPS))
+    killed_before_its_last_checkpoint(straight, killed)
     resumed = cli(*text_args(corpus, killed, *options))
     assert resumed.returncode == 0 and f"resuming {killed} from step 5" in resumed.stderr, resumed.stderr
     (step_a, a), (step_b, b) = latest_state(straight), latest_state(killed)

@@ -13,7 +13,6 @@ tests/test_bad_input_matrix.py.
 
 import json
 import re
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +37,7 @@ from parity.twins import sample_batch, transformer_pair, twins_from_state_dict
 from torch_ref.training import make_optimizer, train_step
 
 from conftest import ATOL
-from helpers import assert_same_training_state, cli, latest_state
+from helpers import assert_same_training_state, cli, killed_before_its_last_checkpoint, latest_state
 
 pytestmark = pytest.mark.parity  # torch twin against Flax twin: the GPU run (pyproject's markers)
 
@@ -329,13 +328,10 @@ def test_a_tied_run_records_its_tie_and_resumes_after_kill_9_bit_for_bit(tied_ru
     assert config["model"]["tie_embeddings"] == "all" and config["data"]["shared_vocab"] is True
     state = Run.open(tied_run / "straight").latest_state()
     assert "embedding_layer" not in state.params["encoder"] and "kernel" not in state.params["decoder"]["fc"]
-    # What `kill -9` leaves (a real one: tests/test_train_cli.py's kill leg): the run past its
-    # newest checkpoint, its log too. A copy of the straight run without its newest checkpoint,
-    # not a second run killed: the resume must give the straight run's last step again.
-    out = tied_run / "killed"
+    # What `kill -9` leaves, not a second run killed: the resume must give the straight run's
+    # last step again.
+    out = killed_before_its_last_checkpoint(tied_run / "straight", tied_run / "killed")
     command = train_command(tied_run / "train.tsv", out)
-    shutil.copytree(tied_run / "straight", out)
-    shutil.rmtree(out / "checkpoints" / str(STEPS))
     killed_at = latest_state(out)[0]
     assert killed_at < STEPS
     resumed = cli(*command)
