@@ -199,10 +199,12 @@ def assert_close(flax_value, torch_value, atol=ATOL):
 
 def flax_twin_of(torch_module, flax_cls, *args, **kwargs):
     """The Flax twin of ``torch_module`` (built with the same constructor arguments), holding
-    its weights, in eval mode."""
+    its weights, in eval mode. Built from shapes (``nnx.eval_shape``), as parity's own twins
+    are: ``torch_to_flax`` is strict and sets every variable, and a random init would compile
+    an initializer for each new shape only to be overwritten."""
     from parity import torch_to_flax
 
-    model = flax_cls(*args, **kwargs, rngs=nnx.Rngs(0))
+    model = nnx.eval_shape(lambda: flax_cls(*args, **kwargs, rngs=nnx.Rngs(0)))
     torch_to_flax(torch_module.state_dict(), model)
     model.eval()
     return model

@@ -30,11 +30,12 @@ def _models(config):
 
 
 def _padded_batch(config, B=3, S=7, T=6):
-    keys = jax.random.split(jax.random.key(1), 2)
-    source = jax.random.randint(keys[0], (B, S), 4, config.source_vocab_size)
-    source = source.at[0, 4:].set(0).at[1, 1:].set(0)  # padding, one row almost all padding
-    target = jax.random.randint(keys[1], (B, T), 4, config.target_vocab_size)
-    return source, target
+    # Drawn by numpy: jax.random.randint would compile a program for each shape.
+    rng = np.random.default_rng(1)
+    source = rng.integers(4, config.source_vocab_size, (B, S), dtype=np.int32)
+    source[0, 4:], source[1, 1:] = 0, 0  # padding, one row almost all padding
+    target = rng.integers(4, config.target_vocab_size, (B, T), dtype=np.int32)
+    return jnp.asarray(source), jnp.asarray(target)
 
 
 # Each model's logits and gradients in one compiled program (the logits as the loss's aux), read
@@ -122,7 +123,7 @@ def test_cudnn_attention_without_a_gpu_is_refused_by_name():
 
 
 def test_unknown_attention_impls_and_models_without_attention_are_refused():
-    model = fm.Transformer.from_config(fm.get_preset("tiny"), rngs=nnx.Rngs(0))
+    model = fm.Transformer.from_config(CONFIG, rngs=nnx.Rngs(0))  # the file's model: its init is compiled
     with pytest.raises(ValueError, match="unknown attention_impl 'flash'; choose one of einsum, xla, cudnn"):
         set_attention_impl(model, "flash")
     assert {a.attention_impl for _, a in nnx.iter_modules(model) if isinstance(a, fm.SelfAttention)} == {"einsum"}

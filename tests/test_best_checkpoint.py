@@ -17,9 +17,11 @@ from flaxformer_mini.runs.run import Run
 from helpers import TINY_RUN, TINY_RUN_INPUTS, assert_same_training_state, cli, latest_state
 
 # exact_match over the 16 held-out sequences ties often on the tiny model, so --patience 4 stops
-# the run well before --steps (at step 50, its best at step 30).
-STEPS = 60
-COMMAND = ["train", *TINY_RUN, "--steps", str(STEPS), "--eval-every", "5", "--save-every", "10",
+# the run well before --steps (at step 50, its best at step 30). The rotating checkpoints are
+# saved only where a run ends (a stop, an early stop, --steps), the states these tests compare and
+# resume from; the killed run, which must resume from an earlier one, saves every SAVE_EVERY steps.
+STEPS, SAVE_EVERY = 60, 10
+COMMAND = ["train", *TINY_RUN, "--steps", str(STEPS), "--eval-every", "5", "--save-every", str(STEPS),
            "--best-metric", "exact_match", "--patience", "4"]
 
 
@@ -98,11 +100,12 @@ def test_a_run_killed_past_its_last_checkpoint_resumes_to_the_same_best_checkpoi
     # the same step: OUT/best one evaluation past the newest checkpoint (step 20), the log past it too.
     kill_at = 30
     assert result["best_step"] == kill_at, "the case needs a best evaluation after the checkpoint resumed from"
-    result_of(cli(*COMMAND, "--steps", str(kill_at), "--out", str(killed)))
+    command = [*COMMAND, "--save-every", str(SAVE_EVERY)]  # the last --save-every wins
+    result_of(cli(*command, "--steps", str(kill_at), "--out", str(killed)))
     shutil.rmtree(killed / "checkpoints" / str(kill_at))
     assert sorted(int(p.name) for p in (killed / "best").iterdir()) == [kill_at]
-    resumed = cli(*COMMAND, "--out", str(killed))
-    assert f"resuming {killed} from step {kill_at - 10}" in resumed.stderr
+    resumed = cli(*command, "--out", str(killed))
+    assert f"resuming {killed} from step {kill_at - SAVE_EVERY}" in resumed.stderr
     # The count of evaluations without a better one (two at step 20) went on from the log.
     assert result_of(resumed) == result
     assert evaluations(killed) == evaluations(out)

@@ -598,8 +598,10 @@ def test_a_narrow_integer_source_decodes_target_ids_past_its_range(source):
     # The output buffers are int32 whatever the source's integer dtype: an int8 source with a
     # target vocabulary past 127 would otherwise wrap the ids it emits. One layer a side: the
     # buffers' dtype does not depend on depth, and each of the four loops compiles in half the time.
+    # Torch's random weights converted (transformer_pair): a Flax random init would compile its
+    # initialisers for the new vocabulary's shapes.
     config = CONFIG.replace(target_vocab_size=300, num_layers=1)
-    model = fm.Transformer.from_config(config, rngs=nnx.Rngs(MODEL_SEED))
+    model = transformer_pair(config, seed=MODEL_SEED)[1]
     runs = {
         "greedy": lambda s: decoding.greedy_decode(model, s, N),
         "uncached": lambda s: decoding.greedy_decode_uncached(model, s, N),

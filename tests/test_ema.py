@@ -16,7 +16,7 @@ from flaxformer_mini.data import SyntheticTask
 from flaxformer_mini.runs.config import TrainOptions, train_config_for
 from flaxformer_mini.runs.run import Run
 from flaxformer_mini.train.trainer import Trainer
-from helpers import TINY_RUN, assert_same_training_state, cli, command_precision, latest_state
+from helpers import TINY_RUN, TINY_RUN_INPUTS, assert_same_training_state, cli, command_precision, latest_state
 
 DECAY = 0.2  # reached from the third update on: (1 + n) / (10 + n) is 0.1, 0.18, then 0.25 > DECAY
 
@@ -74,7 +74,9 @@ def test_a_killed_run_resumes_its_average_bit_for_bit_and_evaluate_generate_and_
     assert result["loss"] == on_average
     scored = json.loads(cli("evaluate", "--checkpoint", str(straight), "--json").stdout)
     assert scored["loss"] == on_average
-    assert cli("generate", "--checkpoint", str(straight), "1 2 3").returncode == 0
+    # A batch of the held-out batch's rows: generate decodes with the program the run's evaluation compiled.
+    generated = cli("generate", "--checkpoint", str(straight), stdin=TINY_RUN_INPUTS)
+    assert generated.returncode == 0 and generated.stdout.count("\n") == TINY_RUN_INPUTS.count("\n"), generated.stderr
     from parity.convert import state_dict_from_run
 
     exported, _, _ = state_dict_from_run(straight)

@@ -364,11 +364,26 @@ def test_processes_seeing_different_checkpoint_steps_are_refused_naming_them(tmp
         run.restore_or_init(run.checkpoints(), echo=lambda m: None)
 
 
-def test_an_unreachable_coordinator_is_an_error_naming_it_within_the_timeout(tmp_path):
+def refused_in_this_process(argv, monkeypatch):
+    """``(returncode, stdout, stderr)`` of a launcher's ``train`` command run by ``cli`` in this
+    process, for a refusal that comes before JAX's runtime starts (``distributed.start_runtime``'s
+    checks): the same main() and message as in a process of its own. The host's process-id lock
+    is not taken, so that this process holds none for a later launch that draws the same port."""
+    from flaxformer_mini.scale import host_guards
+
+    assert argv[:len(MULTIPROCESS_CLI)] == MULTIPROCESS_CLI
+    monkeypatch.setattr(host_guards, "hold_process_slot", lambda *a: None)
+    proc = cli(*argv[len(MULTIPROCESS_CLI):])
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_an_unreachable_coordinator_is_an_error_naming_it_within_the_timeout(tmp_path, monkeypatch):
+    # Process 1 waits for the coordinator in Python (distributed._wait_for_coordinator), before
+    # JAX's runtime starts: in this process.
     port = free_port()  # nobody listens there
     t0 = time.time()
-    (code, _, err), = finish(start_processes(
-        lambda i: train_cli(tmp_path / "run", 2, port=port, timeout_s=1)(1) + ["--steps", "2"], 1), timeout=120)
+    code, _, err = refused_in_this_process(train_cli(tmp_path / "run", 2, port=port, timeout_s=1)(1) + ["--steps", "2"],
+                                           monkeypatch)
     assert code == 2, err[-2000:]
     assert f"127.0.0.1:{port}" in err and "within 1s" in err, err[-2000:]
     assert time.time() - t0 < 60
@@ -404,7 +419,7 @@ def test_a_process_id_out_of_range_is_refused():
     assert "--process-id 2 is out of range for --num-processes 2" in proc.stderr
 
 
-def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(tmp_path):
+def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(tmp_path, monkeypatch):
     # jax's coordinator binds with SO_REUSEPORT: a second run on a port in use binds it too, and
     # its other processes then join the first run's service, which aborts the first run
     # (SIGABRT, steps lost). Here a plain program holds the port; unchecked, process 0 blames a
@@ -415,8 +430,8 @@ def test_a_coordinator_port_already_in_use_refuses_process_0_at_once_naming_it(t
         held.listen()
         port = held.getsockname()[1]
         t0 = time.time()
-        (code, _, err), = finish(start_processes(lambda i: train_cli(out, 2, port=port)(0) + ["--steps", "2"], 1),
-                                 timeout=120)
+        # Process 0's port check comes before JAX's runtime starts: in this process.
+        code, _, err = refused_in_this_process(train_cli(out, 2, port=port)(0) + ["--steps", "2"], monkeypatch)
     assert code == 2, err[-2000:]
     assert (f"error: --coordinator 127.0.0.1:{port}: port {port} is already in use on this host: another run or "
             f"program holds it. Choose another --coordinator port") in err, err[-2000:]

@@ -708,15 +708,18 @@ def test_a_four_head_model_converted_without_heads_is_warned_of_each_assumed_set
 @pytest.fixture(scope="module")
 def training_run(tmp_path_factory):
     """A flaxformer-mini run (config.json and one checkpoint) of a one-layer tiny model: 5
-    heads and dropout 0.1, neither the seed's."""
+    heads and dropout 0.1, neither the seed's. Its width, source vocabulary and length are SIZES',
+    and its checks run at --batch 2: the check's eager operations are then those the checks of
+    SIZES here compile (a second layer adds no shape), all but the target vocabulary's."""
     from flaxformer_mini.train import checkpoint
     from flaxformer_mini.runs.run import Run
     from flaxformer_mini.runs.config import DataConfig, RunConfig, model_config_for
     from flaxformer_mini.train.optimizer import TrainConfig
 
     out = tmp_path_factory.mktemp("run") / "run"
-    data = DataConfig(kind="synthetic", task="copy", vocab_size=11, max_len=5, eval_sequences=16)
-    model = model_config_for("tiny", 11, 11, data.model_max_len).replace(num_layers=1)
+    data = DataConfig(kind="synthetic", task="copy", vocab_size=SIZES["source_vocab_size"], max_len=SIZES["max_len"] - 1,
+                      eval_sequences=16)
+    model = model_config_for("tiny", data.vocab_size, data.vocab_size, data.model_max_len).replace(num_layers=1)
     run = Run.create(out, RunConfig(model=model, train=TrainConfig(), data=data, batch_size=8), echo=lambda m: None)
     checkpoint.save(run.checkpoints(), run.initial_state())
     run.close()
@@ -731,7 +734,7 @@ def test_a_training_runs_directory_or_config_json_gives_check_and_convert_the_ru
     assert main(["convert", str(run), str(exported)]) == 0
     capsys.readouterr()
     for config in (run / "config.json", run):  # the run's own config.json, as the reviewer gave it, or its directory
-        assert main(["check", "--torch-checkpoint", str(exported), "--config", str(config), "--batch", "1"]) == 0
+        assert main(["check", "--torch-checkpoint", str(exported), "--config", str(config), "--batch", "2"]) == 0
         out, err = capsys.readouterr()
         assert err == "" and "5 heads (config file; not in the weights)" in out
     assert main(["convert", str(exported), str(tmp_path / "flax.safetensors"), "--config", str(run)]) == 0
@@ -739,7 +742,7 @@ def test_a_training_runs_directory_or_config_json_gives_check_and_convert_the_ru
     assert load_flax_params(tmp_path / "flax.safetensors")[1] == model
 
     # The run itself, checked: its newest checkpoint with its config, not "an orbax directory".
-    assert main(["check", "--torch-checkpoint", str(run), "--batch", "1"]) == 0
+    assert main(["check", "--torch-checkpoint", str(run), "--batch", "2"]) == 0
     out = capsys.readouterr().out
     assert f"training run {run}, its newest checkpoint (step 0)" in out and "5 heads (the run's config.json" in out
     assert main(["check", "--torch-checkpoint", str(run), "--heads", "5"]) == 2

@@ -105,7 +105,8 @@ def test_transformer_twins_agree_on_random_small_configs(example):
 
     B, T = target.shape
     assert flax_logits.shape == (B, T, config.target_vocab_size)
-    assert bool(jnp.isfinite(flax_logits).all())
+    # On the host: jnp's isfinite and all would compile two programs for each example's shape.
+    assert np.isfinite(np.asarray(flax_logits)).all()
     assert_close(flax_logits, torch_logits, atol=ATOL)
 
 

@@ -30,10 +30,16 @@ def corpus(tmp_path_factory):
     return write_corpus(d / "train.tsv", 60), write_corpus(d / "valid.tsv", 7)
 
 
+# The bpe runs' lengths rounded to 16: every pair of these corpora then pads to 16 tokens a side,
+# one --max-tokens 96 batch shape, (6, 16), and one compiled train step, where the default multiple
+# gives two, (12, 8) and (6, 16). A budget's batches of several shapes are the accumulating runs'.
+BPE_LENGTHS = ["--length-multiple", "16"]
+
+
 @pytest.fixture(scope="module")
 def bpe_run(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("bpe") / "run"
-    args = text_args(corpus, out, "--tokenizer", "bpe", "--vocab-size", "40", "--max-tokens", "96")
+    args = text_args(corpus, out, "--tokenizer", "bpe", "--vocab-size", "40", "--max-tokens", "96", *BPE_LENGTHS)
     proc = cli(*args, "--steps", "8")
     assert proc.returncode == 0, proc.stderr
     return out, args
@@ -373,7 +379,7 @@ def test_a_run_fine_tuned_from_a_runs_weights_with_tokenizer_from_numbers_tokens
     # 7 held-out pairs, of the lengths of bpe_run's: its evaluation's compiled programs serve this run's too.
     new = write_corpus(tmp_path / "new.tsv", 30, reverse_words=False), write_corpus(tmp_path / "new_valid.tsv", 7)
     out = tmp_path / "tuned"
-    args = text_args(new, out, "--max-tokens", "96", "--init-from", str(weights))
+    args = text_args(new, out, "--max-tokens", "96", *BPE_LENGTHS, "--init-from", str(weights))
     proc = cli(*args, "--tokenizer-from", str(source), "--steps", "1")
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr

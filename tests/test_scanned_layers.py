@@ -30,8 +30,8 @@ from flax import nnx
 import flaxformer_mini as fm
 from flaxformer_mini.train import checkpoint
 from flaxformer_mini.decode import search as decoding
-from flaxformer_mini.data import EOS, Batch
-from flaxformer_mini.runs.config import DataConfig, RunConfig
+from flaxformer_mini.data import EOS, SyntheticTask
+from flaxformer_mini.runs.config import DataConfig, RunConfig, TrainOptions, train_config_for
 from flaxformer_mini.train.loss import token_cross_entropy
 from flaxformer_mini.train.optimizer import TrainConfig
 from flaxformer_mini.train.trainer import Trainer
@@ -231,24 +231,24 @@ def test_remat_gives_the_same_gradients_as_keeping_activations():
 # --- training -----------------------------------------------------------------------------
 
 
-def _batches(n, config=CONFIG, batch=4):
-    out = []
-    for i in range(n):
-        source, target = sample_batch(config, batch=batch, seed=10 + i)
-        out.append(Batch(source, target[:, :-1], target[:, 1:]))
-    return out
+# The command-line test's run below (TINY_RUN at two layers, --dropout 0, --scan-layers --remat):
+# its model, optimizer and batch shape, so that its scanned train step is the program the
+# training test compiles (the suite's compilation cache), not a second one.
+RUN_ARGS = [*TINY_RUN, "--layers", "2", "--dropout", "0", "--save-every", "4"]
+RUN_CONFIG = fm.get_preset("tiny").replace(num_layers=2, max_len=6, source_vocab_size=11, target_vocab_size=11,
+                                           dropout=0.0)
 
 
 def test_train_steps_give_the_unscanned_models_losses():
-    config = CONFIG.replace(num_layers=2)  # two layers: the unscanned step compiles faster
     torch.manual_seed(6)
-    state_dict = fm_torch(config).state_dict()
-    train = TrainConfig(schedule="constant", learning_rate=1e-3, seed=0)
-    batch = _batches(1, config)[0]
+    state_dict = fm_torch(RUN_CONFIG).state_dict()
+    train = train_config_for(TrainOptions(preset="tiny", warmup=5), RUN_CONFIG.embed_size)
+    batch = SyntheticTask("copy", vocab_size=11, min_len=1, max_len=5).batch(0, 0, 8)
     losses = {}
+    # Scanned with remat, as the run's: the scan and the train step are what is compared.
     for scan in (False, True):
-        trainer = Trainer(torch_to_flax(state_dict, fm.Transformer.from_config(config, scan_layers=scan,
-                                                                               rngs=nnx.Rngs(1))), train)
+        model = fm.Transformer.from_config(RUN_CONFIG, scan_layers=scan, remat=scan, rngs=nnx.Rngs(1))
+        trainer = Trainer(torch_to_flax(state_dict, model), train)
         state, losses[scan] = trainer.init_state(), []
         for _ in range(3):  # one batch three times: the loss must fall
             state, metrics = trainer.step(state, batch)
@@ -307,7 +307,7 @@ def test_a_scanned_train_state_saves_and_restores(tmp_path):
 def test_train_scan_layers_remat_is_recorded_and_evaluate_generate_and_export_load_it(tmp_path):
     out = tmp_path / "run"
     # Two layers (TINY_RUN has one): a stack for --scan-layers to scan and `parity convert` to unstack.
-    args = ["train", *TINY_RUN, "--layers", "2", "--save-every", "4", "--out", str(out)]
+    args = ["train", *RUN_ARGS, "--out", str(out)]
     proc = cli(*args, "--steps", "4", "--scan-layers", "--remat")
     assert proc.returncode == 0, proc.stderr
     config = json.loads((out / "config.json").read_text())

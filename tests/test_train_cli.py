@@ -35,8 +35,10 @@ STRAIGHT = ["train", *PLOTTED_TINY_RUN, "--steps", str(STRAIGHT_STEPS), "--save-
 def straight_run(tmp_path_factory):
     # In this process: the story below resumes its last part here too, with the same compiled
     # steps, and the runs it stops are real processes.
+    # Saved at its end only: it is compared where it ends, and the stopped runs, which resume
+    # from their checkpoints, save every SAVE_EVERY steps (the last --save-every wins).
     out = tmp_path_factory.mktemp("straight") / "run"
-    proc = cli(*STRAIGHT, "--out", str(out))
+    proc = cli(*STRAIGHT, "--save-every", str(STRAIGHT_STEPS), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     return out, proc
 
@@ -211,15 +213,16 @@ def library_greedy(out, texts):
 
 def test_generate_prints_one_line_per_input_in_the_runs_token_format(straight_run):
     out = straight_run[0]
-    texts = ["5 3 6 2", "1", "0 0 4"]
-    # In this process: generate reading a real pipe is tests/test_generate_lines.py's.
-    proc = cli("generate", "--checkpoint", str(out), stdin="".join(t + "\n" for t in texts))
+    # TINY_RUN_INPUTS: a batch of the held-out batch's shape, decoded by the program the run's
+    # evaluation compiled. In this process: generate reading a real pipe is tests/test_generate_lines.py's.
+    texts = TINY_RUN_INPUTS.splitlines()
+    proc = cli("generate", "--checkpoint", str(out), stdin=TINY_RUN_INPUTS)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines == library_greedy(out, texts)
     assert all(re.fullmatch(r"(\d+( \d+)*)?", line) for line in lines)
     # Words given as arguments are one input.
-    args = cli("generate", "--checkpoint", str(out), "5", "3", "6", "2")
+    args = cli("generate", "--checkpoint", str(out), *texts[0].split())
     assert args.returncode == 0 and args.stdout.splitlines() == lines[:1]
 
 
