@@ -539,7 +539,9 @@ def test_an_option_of_the_wrong_type_is_refused_by_name(model, source, case):
 
 
 def test_numpy_integers_are_counts_like_ints(model, source, greedy):
+    compiled = decoding._token_by_token._cache_size()  # the int count's loop is compiled (`greedy`)
     np.testing.assert_array_equal(np.asarray(decoding.greedy_decode(model, source, np.int64(N))), greedy)
+    assert decoding._token_by_token._cache_size() == compiled, "a numpy count compiled the loop again"
 
 
 def test_float_source_is_refused(pair, source):

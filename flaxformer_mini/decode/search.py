@@ -51,19 +51,22 @@ def eval_split(model):
 
 
 def _check(model, source, max_new_tokens):
-    """Check the inputs; return ``(source as an array, *eval_split(model))``. ``source`` may be
-    any array-like of ids, nested lists included, as the model's forward takes."""
+    """Check the inputs; return ``(source as an array, the count as an int, *eval_split(model))``.
+    ``source`` may be any array-like of ids, nested lists included, as the model's forward takes.
+    The count is a static argument of the loops: a numpy integer would key a compilation of its
+    own, though it equals the int."""
     model.check_has_arrays()
     c = model.config
     # Checked here first: check_options reads None as "not given", and decoding needs it.
-    check_options(c, max_new_tokens=integer_option("max_new_tokens", max_new_tokens))
+    max_new_tokens = integer_option("max_new_tokens", max_new_tokens)
+    check_options(c, max_new_tokens=max_new_tokens)
     check_tokens(source, c.source_vocab_size, c.max_len, "source")
     # int32 whatever integer dtype came in: the output buffers take the source's dtype, and an
     # int8 or uint8 one would wrap target ids past its range (the target vocabulary may be larger).
     source = jnp.asarray(source, jnp.int32)
     if source.shape[1] == 0:
         raise ValueError("source: empty input (length 0)")
-    return source, *eval_split(model)
+    return source, max_new_tokens, *eval_split(model)
 
 
 # Loop bodies (lax.while_loop, fori_loop) merge their own copy of the model from (graphdef,
@@ -119,7 +122,7 @@ def _token_by_token(graphdef, state, source, max_new_tokens, rule, key, temperat
 def greedy_decode(model, source, max_new_tokens):
     """Greedy tokens (B, max_new_tokens) for ``source`` (B, S), with the KV cache: EOS
     included, PAD after it. ``max_new_tokens`` may be at most ``max_len``."""
-    source, graphdef, state = _check(model, source, max_new_tokens)
+    source, max_new_tokens, graphdef, state = _check(model, source, max_new_tokens)
     return _token_by_token(graphdef, state, source, max_new_tokens, ("greedy",), jax.random.key(0),
                            jnp.float32(1.0))
 
@@ -128,7 +131,7 @@ def sample(model, source, max_new_tokens, *, temperature=1.0, top_k=None, seed=0
     """Sampled tokens (B, max_new_tokens): softmax(logits / temperature), restricted to the
     ``top_k`` most likely tokens when given. The same seed gives the same tokens."""
     check_options(model.config, temperature=temperature, top_k=top_k)
-    source, graphdef, state = _check(model, source, max_new_tokens)
+    source, max_new_tokens, graphdef, state = _check(model, source, max_new_tokens)
     return _token_by_token(graphdef, state, source, max_new_tokens, ("sample", top_k),
                            jax.random.key(seed), jnp.float32(temperature))
 
@@ -208,7 +211,7 @@ def beam_search(model, source, max_new_tokens, *, beam_size=4, alpha=DEFAULT_LEN
     """Beam search: (tokens (B, W, N), scores (B, W)), beams sorted best first. A score is
     the hypothesis's log-probability divided by ``length_penalty(length, alpha)``."""
     check_options(model.config, beam_size=beam_size, alpha=alpha)
-    source, graphdef, state = _check(model, source, max_new_tokens)
+    source, max_new_tokens, graphdef, state = _check(model, source, max_new_tokens)
     return _beam(graphdef, state, source, max_new_tokens, beam_size, float(alpha))
 
 
@@ -252,5 +255,5 @@ def _greedy_uncached(graphdef, state, source, max_new_tokens):
 def greedy_decode_uncached(model, source, max_new_tokens):
     """Greedy decoding that runs the full decoder over the whole target buffer for every new
     token (no cache): the reference for ``greedy_decode``, and the benchmark's baseline."""
-    source, graphdef, state = _check(model, source, max_new_tokens)
+    source, max_new_tokens, graphdef, state = _check(model, source, max_new_tokens)
     return _greedy_uncached(graphdef, state, source, max_new_tokens)
