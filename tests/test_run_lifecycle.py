@@ -19,7 +19,8 @@ from flaxformer_mini.decode import search
 from flaxformer_mini.decode.search import greedy_decode, sample
 from flaxformer_mini.runs.evaluate import evaluate_run
 from flaxformer_mini.runs.directory import RunDir
-from helpers import TINY_RUN, assert_same_training_state, cli, damage, latest_state, run_process, start, wait_for_checkpoint
+from helpers import (TINY_RUN, assert_same_training_state, checkpoint_steps, cli, damage, latest_state, run_process, start,
+                     wait_for_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -379,7 +380,7 @@ def test_every_checkpoint_damaged_is_one_clear_error(tiny_run, tmp_path):
     # A copy of the file's run, whose one checkpoint (step 20) is then damaged.
     out = tmp_path / "run"
     shutil.copytree(tiny_run, out)
-    assert [p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()] == ["20"]
+    assert checkpoint_steps(out) == [20]
     damage(out / "checkpoints" / "20")
     proc = cli("evaluate", "--checkpoint", str(out))
     assert proc.returncode == 2
