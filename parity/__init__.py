@@ -75,4 +75,8 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+# The modules docs/porting.md reaches by attribute (``parity.rules.TIES[MyHead] = ...``), imported
+# on first use like the names above: docs/design.md lists them with the module paths kept stable.
+_MODULES = ("checkpoint_io", "nn_transformer", "rules", "tied", "twins")
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), subpackages=_MODULES)

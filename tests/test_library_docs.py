@@ -136,8 +136,8 @@ def test_design_md_lists_every_module_path_the_docs_import_and_each_holds_its_na
     design = (repo / "docs" / "design.md").read_text()
     section = design[design.index("- These module paths"):design.index("Every other module path is internal")]
     listed = {m.group(1): re.findall(r"`(\w+)`", m.group(2) or "")
-              for m in re.finditer(r"`(flaxformer_mini(?:\.\w+)+)`(?: \(([^)]*)\))?", section)}
-    assert len(listed) == 15 and listed["flaxformer_mini.train.checkpoint"] == ["open_manager", "save", "restore"]
+              for m in re.finditer(r"`((?:flaxformer_mini|parity)(?:\.\w+)+)`(?: \(([^)]*)\))?", section)}
+    assert len(listed) == 20 and listed["flaxformer_mini.train.checkpoint"] == ["open_manager", "save", "restore"]
     for path, names in listed.items():
         module = importlib.import_module(path)
         assert [n for n in names if not hasattr(module, n)] == [], path
@@ -149,6 +149,19 @@ def test_design_md_lists_every_module_path_the_docs_import_and_each_holds_its_na
                                                                    (PACKAGE / "__init__.py").read_text())}
     imported.discard("flaxformer_mini.train")
     assert imported and imported <= set(listed), sorted(imported - set(listed))
+    # parity's modules the guides reach by attribute after a plain `import parity`, in a fresh
+    # process (here the suite has imported them all): without the lazy attribute,
+    # "AttributeError: module 'parity' has no attribute 'rules'".
+    import subprocess
+
+    reached = sorted({m.groups() for p in texts
+                      for m in re.finditer(r"\b(parity\.(?!cli\b)\w+)\.([A-Za-z_]\w*)\b", p.read_text())})
+    modules = {path for path, _ in reached}
+    assert {"parity.rules", "parity.tied", "parity.checkpoint_io", "parity.nn_transformer"} <= modules
+    assert modules <= set(listed), sorted(modules - set(listed))
+    code = f"import parity; [getattr(getattr(parity, p.split('.')[1]), n) for p, n in {reached!r}]"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_help_of_a_transformer_call_says_what_it_takes_and_returns():
