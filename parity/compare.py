@@ -28,6 +28,7 @@ from parity import in_float64
 from parity.convert import tensor_to_numpy
 from parity.engine import ConversionError, plan
 from parity.flax_calls import record_flax_calls, within
+from parity.model_kinds import check_pair
 from parity.policy import DEFAULT_ATOL, FLOAT64_ATOL, check_tolerance
 from parity.rename import Rename
 from parity.report import (  # noqa: F401 - names parity.compare has always given
@@ -214,8 +215,10 @@ def check_inputs(torch_inputs, flax_inputs, channels_last=False, who="compare"):
             raise TypeError(f"{who}: {side} is a tuple of the model's positional inputs, got one array of shape "
                             f"{tuple(given.shape)}: pass (x,)")
         if not isinstance(given, (tuple, list)):  # a generator would be used up here, and reach the model empty
+            hint = ("the losses come before the inputs" if callable(given) and who == "compare_gradients"
+                    else "pass tuple(...) of it")
             raise TypeError(f"{who}: {side} is a tuple (or list) of the model's positional inputs, got a "
-                            f"{type(given).__name__}: pass tuple(...) of it")
+                            f"{type(given).__name__}: {hint}")
     torch_inputs, flax_inputs = tuple(torch_inputs), tuple(flax_inputs)
     if len(torch_inputs) != len(flax_inputs):
         raise ValueError(f"{who}: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")
@@ -380,6 +383,7 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
     """
     if atol is not None:
         check_tolerance(atol, "compare", float64=float64)
+    check_pair(torch_model, flax_model, "compare", "torch_model, flax_model, torch_inputs, flax_inputs, ...")
     check_unwrapped(torch_model)
     if rules is not None:
         check_table(rules)
@@ -464,8 +468,10 @@ def compare(torch_model, flax_model, torch_inputs, flax_inputs, atol=None, renam
     t, f = {k: v for k, v in t.items() if k not in left}, {k: v for k, v in f.items() if k not in left}
     still = [k for k in [*only_torch, *only_flax] if k not in left]
     if still:  # the usual cause is no porting error: say how to leave them out, and what that costs
-        notes.append((f"{len(still)} row(s) only one side has ({listed(still)}): a port that calls a function where "
-                      f"torch has a module (nnx.gelu for nn.GELU()) or computes a tied head with Embed.attend has no "
+        renaming = ("a port whose module paths differ from torch's (blocks.* for layers.*) gives compare the "
+                    "rename map it gives torch_to_flax; " if rename is None else "")
+        notes.append((f"{len(still)} row(s) only one side has ({listed(still)}): {renaming}a port that calls a "
+                      f"function where torch has a module (nnx.gelu for nn.GELU()) or computes a tied head with Embed.attend has no "
                       f"row there; ignore_missing=[module-path prefixes] leaves those rows out by name ({{}} for a "
                       f"layer index: 'blocks.{{}}.mlp.act'), ignore_missing=True every such row", False))
     report = compare_intermediates(t, f, atol)

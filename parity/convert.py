@@ -27,6 +27,7 @@ import torch_ref
 from flaxformer_mini.runs.directory import RunDir, best_of, sha256
 from parity import engine, flax_io
 from parity.engine import ConversionError, layer_depths  # noqa: F401 - public names
+from parity.model_kinds import check_flax_model
 from parity.rename import Rename
 from parity.rules import RULES, Rule, register_rule  # noqa: F401 - public names
 from parity.tied import Tied, model_ties
@@ -168,6 +169,8 @@ def torch_to_flax(state_dict, model, rename=None, rules=None, tied=None):
     are cast to each variable's dtype, as torch's load_state_dict copies into its own (an
     integer buffer only from integers that fit it). Returns ``model``.
     """
+    check_flax_model(model, "torch_to_flax", "model", swapped="load a torch model's weights with "
+                     "torch_model.load_state_dict(state_dict); torch_to_flax loads them into a Flax model")
     _, converted = check_state_dict(state_dict, model, rules, rename, tied)
     variables = engine.flax_variables(model)
     # copy=True: on CPU jnp.asarray may wrap the numpy buffer, which may be the torch tensor's
@@ -185,6 +188,8 @@ def flax_to_torch(model, rename=None, rules=None, tied=None):
     as ``torch_to_flax`` takes it, None for the model's own ties); the
     torch model loads it with strict=True. Dtypes are the Flax variables' (an int32 buffer
     comes back int32; torch's load_state_dict copies it into its int64 buffer)."""
+    check_flax_model(model, "flax_to_torch", "model", swapped="a torch model's state dict is torch_model.state_dict(); "
+                     "flax_to_torch converts a Flax model's weights to one")
     the_plan = _plan(model, rules)
     tie = _tie(tied, the_plan, rename, model)
     arrays = engine.to_torch(the_plan, engine.flax_arrays(model))

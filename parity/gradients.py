@@ -21,11 +21,14 @@ from flaxformer_mini.data import PAD
 from flaxformer_mini.train.loss import token_cross_entropy as flax_token_cross_entropy
 from parity import in_float64
 from parity.compare import check_inputs, check_unwrapped, on_device_of, random_layer_notes, say_notes
+from parity.model_kinds import check_pair
 from parity.report import GRAD_PREFIX, LOSS_ROW, Report, Row, compared_row
 from parity.convert import flax_to_torch, tensor_to_numpy
 from parity.policy import DEFAULT_ATOL, FLOAT64_ATOL, check_tolerance
 from parity.row_selection import listed
 from torch_ref.training import token_cross_entropy as torch_token_cross_entropy
+
+SIGNATURE = "torch_model, flax_model, torch_loss, flax_loss, torch_inputs, flax_inputs, ..."
 
 
 def next_token_labels(target, pad_id=PAD):
@@ -124,6 +127,11 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
     ``flaxformer_mini``'s ``token_cross_entropy`` makes, or in the model): a note says so."""
     if atol is not None:
         check_tolerance(atol, "compare_gradients", float64=float64)
+    check_pair(torch_model, flax_model, "compare_gradients", SIGNATURE)
+    for side, loss in (("torch_loss", torch_loss), ("flax_loss", flax_loss)):
+        if not callable(loss):
+            raise TypeError(f"compare_gradients: {side} is a function of the model and its inputs, got a "
+                            f"{type(loss).__name__}: the losses come before the inputs, compare_gradients({SIGNATURE})")
     check_unwrapped(torch_model, "compare_gradients")
     check_inputs(torch_inputs, flax_inputs, channels_last, who="compare_gradients")
     notes = random_layer_notes(torch_model, flax_model)
@@ -152,10 +160,13 @@ def compare_gradients(torch_model, flax_model, torch_loss, flax_loss, torch_inpu
                      *_grad_rows(torch_grads, flax_grads, atol)], atol,
                     left_out=[(GRAD_PREFIX + k, "frozen in torch by requires_grad=False") for k in frozen])
     unmatched = [k for k in torch_grads if k not in flax_grads] + [k for k in flax_grads if k not in torch_grads]
+    copies = sorted({k for k, _ in torch_model.named_parameters(remove_duplicate=False)} - set(params))
     if unmatched:  # the usual cause is a port with names of its own, given no rename map here
         notes.append((f"{len(unmatched)} gradient(s) only one side has ({listed(unmatched)}): the Flax parameters' "
                       f"names, converted to torch's, do not meet torch's there; a port whose paths differ from "
-                      f"torch's gives compare_gradients the rename map (and rules) it gives torch_to_flax", False))
+                      f"torch's gives compare_gradients the rename map (and rules) it gives torch_to_flax"
+                      + (f"; torch ties {listed(copies)} to other parameters: give it the tied= it gives torch_to_flax"
+                         if copies and tied is None else ""), False))
     return say_notes(report, notes + _padding_row_notes(torch_model, report, torch_grads, flax_grads, atol))
 
 
@@ -167,6 +178,12 @@ def _user_torch_grads(model, inputs, loss_fn):
         p.grad = None
     try:
         loss = loss_fn(model, *on_device_of(model, inputs))
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            got = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+                   else f"a {type(loss).__name__}")
+            raise TypeError(f"compare_gradients: torch_loss(torch_model, *torch_inputs) returned {got}: it returns the "
+                            f"loss as a one-element tensor (not loss.item(); a batch's losses reduced by .mean() or "
+                            f".sum()), whose gradient torch takes")
         loss.backward()
         grads = {k: tensor_to_numpy(p.grad if p.grad is not None else torch.zeros_like(p)).copy()
                  for k, p in params.items()}

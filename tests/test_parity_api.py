@@ -293,3 +293,87 @@ def test_inputs_given_as_a_generator_are_refused_by_name(pair):
                                         r"inputs, got a generator: pass tuple\(\.\.\.\) of it"):
         parity.compare(t, f, (x for x in [torch.as_tensor(IDS)]), (IDS,), rename=RENAME)
     assert parity.compare(t, f, [torch.as_tensor(IDS)], [IDS], rename=RENAME).ok  # a list is fine
+
+
+def test_a_class_or_the_other_frameworks_model_given_for_a_model_is_refused_by_name(pair):
+    # Unchecked, each failed deep inside Flax's traversals or torch's named_modules
+    # (IndexError: tuple index out of range; 'Linear' object has no attribute 'named_modules').
+    t, f = pair
+    ids = (torch.as_tensor(IDS),), (IDS,)
+    with pytest.raises(TypeError, match=r"^torch_to_flax: model is the Flax model, got the class FlaxNet: build it "
+                                        r"first: FlaxNet\(\.\.\., rngs=nnx\.Rngs\(0\)\)$"):
+        torch_to_flax(t.state_dict(), FlaxNet, rename=RENAME)
+    with pytest.raises(TypeError, match=r"^flax_to_torch: model is the Flax model, got the torch module TorchNet: a "
+                                        r"torch model's state dict is torch_model\.state_dict\(\)"):
+        flax_to_torch(t, rename=RENAME)
+    with pytest.raises(TypeError, match=r"^compare: torch_model is the torch model, got the Flax module FlaxNet: the "
+                                        r"torch model comes first: compare\(torch_model, flax_model, "):
+        parity.compare(f, t, *ids, rename=RENAME)
+    with pytest.raises(TypeError, match=r"^compare_gradients: flax_model is the Flax model, got a str: an "
+                                        r"nnx\.Module instance$"):
+        parity.compare_gradients(t, "f", lambda m, x: m(x).sum(), lambda m, x: m(x).sum(), *ids)
+    assert parity.compare(t, f, *ids, rename=RENAME).ok  # the same call the right way round
+
+
+def test_compare_gradients_with_the_losses_after_the_inputs_says_their_order(pair):
+    t, f = pair
+    loss = lambda m, x: m(x).sum()  # noqa: E731
+    with pytest.raises(TypeError, match=r"^compare_gradients: torch_loss is a function of the model and its inputs, "
+                                        r"got a tuple: the losses come before the inputs, compare_gradients\(torch_model, "
+                                        r"flax_model, torch_loss, flax_loss, torch_inputs, flax_inputs, \.\.\.\)$"):
+        parity.compare_gradients(t, f, (torch.as_tensor(IDS),), (IDS,), loss, loss, rename=RENAME)
+
+
+@pytest.mark.parametrize("torch_loss, got", [
+    (lambda m, x: m(x).sum().item(), "a float"),
+    (lambda m, x: m(x).sum(dim=-1), r"a tensor of shape \(2, 4\)"),
+])
+def test_a_torch_loss_that_is_not_a_one_element_tensor_is_refused_by_name(pair, torch_loss, got):
+    t, f = pair
+    with pytest.raises(TypeError, match=rf"^compare_gradients: torch_loss\(torch_model, \*torch_inputs\) returned "
+                                        rf"{got}: it returns the loss as a one-element tensor"):
+        parity.compare_gradients(t, f, torch_loss, lambda m, x: m(x).sum(), (torch.as_tensor(IDS),), (IDS,),
+                                 rename=RENAME)
+    assert all(p.grad is None for p in t.parameters())  # the caller's model as it was given
+
+
+def test_compare_without_the_rename_map_says_to_give_it(pair):
+    t, f = pair
+    report = parity.compare(t, f, (torch.as_tensor(IDS),), (IDS,))
+    assert not report.ok
+    assert "a port whose module paths differ from torch's (blocks.* for layers.*) gives compare the rename map" \
+        in report.format_table()
+
+
+class TorchTiedHead(torch.nn.Module):
+    """The head registered before the embedding it shares: named_parameters gives the pair under
+    the head's name, which the port (holding the table once, as embed) does not have."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(D, V, bias=False)
+        self.tok = torch.nn.Embedding(V, D)
+        self.head.weight = self.tok.weight
+
+    def forward(self, ids):
+        return self.head(self.tok(ids))
+
+
+class FlaxTiedHead(nnx.Module):
+    def __init__(self, rngs):
+        self.embed = nnx.Embed(V, D, rngs=rngs)
+
+    def __call__(self, ids):
+        return self.embed.attend(self.embed(ids))
+
+
+def test_compare_gradients_of_a_tied_model_without_tied_says_to_give_it():
+    torch.manual_seed(0)
+    t = TorchTiedHead().eval()
+    rename, tied = {"tok.weight": "embed.weight"}, {"head.weight": "tok.weight"}
+    f = torch_to_flax(t.state_dict(), FlaxTiedHead(nnx.Rngs(0)), rename=rename, tied=tied)
+    loss = lambda m, x: m(x).sum()  # noqa: E731
+    ids = (torch.as_tensor(IDS),), (IDS,)
+    said = parity.compare_gradients(t, f, loss, loss, *ids, rename=rename).format_table()
+    assert "torch ties tok.weight to other parameters: give it the tied= it gives torch_to_flax" in said, said
+    assert parity.compare_gradients(t, f, loss, loss, *ids, rename=rename, tied=tied).ok
