@@ -215,10 +215,8 @@ def check_inputs(torch_inputs, flax_inputs, channels_last=False, who="compare"):
             raise TypeError(f"{who}: {side} is a tuple of the model's positional inputs, got one array of shape "
                             f"{tuple(given.shape)}: pass (x,)")
         if not isinstance(given, (tuple, list)):  # a generator would be used up here, and reach the model empty
-            hint = ("the losses come before the inputs" if callable(given) and who == "compare_gradients"
-                    else "pass tuple(...) of it")
             raise TypeError(f"{who}: {side} is a tuple (or list) of the model's positional inputs, got a "
-                            f"{type(given).__name__}: {hint}")
+                            f"{type(given).__name__}: pass tuple(...) of it")
     torch_inputs, flax_inputs = tuple(torch_inputs), tuple(flax_inputs)
     if len(torch_inputs) != len(flax_inputs):
         raise ValueError(f"{who}: {len(torch_inputs)} torch inputs but {len(flax_inputs)} Flax inputs")
