@@ -132,3 +132,21 @@ def test_a_transformer_whose_heads_do_not_divide_its_width_is_refused_where_it_i
             seed_classes.Transformer(*args.values())(ids, ids)
     with pytest.raises(ValueError, match=f"^heads must be a positive divisor of embed_size, got heads={heads} and embed_size=30:"):
         torch_ref.Transformer(**args)
+
+
+def test_positions_and_the_causal_mask_are_made_on_the_inputs_device():
+    # Seed slip 3: the seed makes its positions (torch.arange) and its causal mask (torch.ones)
+    # on the CPU whatever the input's device, which fails on a GPU. Torch's meta device shows
+    # where each is made on a CPU-only machine (meta tensors hold shapes, no data).
+    with torch.device("meta"):
+        model = torch_ref.Transformer(0, 11, 13, 9, 16, 4, 1, 0.0).eval()
+        source, target = torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long)
+    seen = []
+    for table in (model.encoder.positional_encoding, model.decoder.positional_embedding):  # the seed's names
+        table.register_forward_pre_hook(lambda module, args: seen.append(args[0].device))
+    source_mask = model.create_source_mask(source)
+    encoded = model.encoder(source, source_mask, check_inputs=False)  # token checks read values: meta has none
+    target_mask = model.create_target_mask(target)
+    logits = model.decoder(target, encoded, source_mask, target_mask, check_inputs=False)
+    assert [d.type for d in seen] == ["meta", "meta"]
+    assert (target_mask.device.type, logits.device.type, logits.shape) == ("meta", "meta", (2, 4, 13))

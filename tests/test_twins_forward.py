@@ -119,6 +119,25 @@ def test_multi_head_attention_matches_torch():
     assert_close(f(jq, jk, jk), t(tq, tk, tk))
 
 
+def test_multi_head_attention_with_a_mask_matches_torch_hides_masked_keys_and_prints_nothing(capsys):
+    # Seed slip 6: seed 002's attention prints every shape on every call and takes no mask; the
+    # twins take one (mask=None after V) and print nothing.
+    t, f = pair("MultiHeadAttention", D, H)
+    (tq, jq), (tk, jk) = randn(B, T, D, seed=1), randn(B, S, D, seed=2)
+    lengths = [S, 6, 2]
+    tm, jm = padding_mask(lengths, S)
+    got = f(jq, jk, jk, jm)
+    assert_close(got, t(tq, tk, tk, tm))
+    # Keys and values past each row's length changed: the masked outputs do not move.
+    beyond = np.arange(S)[None, :, None] >= np.asarray(lengths)[:, None, None]
+    (tn, jn) = randn(B, S, D, seed=3)
+    tk2, jk2 = torch.where(torch.as_tensor(beyond), tn, tk), jnp.where(beyond, jn, jk)
+    assert np.array_equal(np.asarray(f(jq, jk2, jk2, jm)), np.asarray(got))
+    assert torch.equal(t(tq, tk2, tk2, tm), t(tq, tk, tk, tm))
+    assert not np.allclose(np.asarray(f(jq, jk2, jk2)), np.asarray(f(jq, jk, jk)))  # unmasked, they would
+    assert capsys.readouterr() == ("", "")
+
+
 def test_per_head_self_attention_matches_torch():
     t, f = pair("PerHeadSelfAttention", D, H)
     (tq, jq), (tk, jk) = randn(B, T, D, seed=1), randn(B, S, D, seed=2)

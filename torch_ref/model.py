@@ -103,7 +103,7 @@ class Decoder(nn.Module):
         if check_inputs:  # False: checked by the caller (Transformer)
             check_tokens(input, self.target_vocab_size, self.max_len, "target input")
         B, T = input.shape
-        # Seed slip 3, as in the Encoder.
+        # Seed slip 3: the seed's torch.arange is made on the CPU whatever input's device.
         positions = torch.arange(0, T, device=input.device).expand((B, T))
 
         x = self.dropout(self.embedding_layer(input) + self.positional_embedding(positions))
@@ -155,8 +155,9 @@ class Transformer(nn.Module):
 
     def create_target_mask(self, target_input):
         B, T = target_input.shape
-        # Causal: query t sees keys 0..t. (Seed slip 4 is in the prose next to this: tril of
-        # the scores is not a softmax; the softmax happens inside SelfAttention.)
+        # Causal: query t sees keys 0..t. Seed slip 4: the seed's prose calls the tril of the
+        # scores a softmax; the softmax happens inside SelfAttention. Seed slip 3: the seed's
+        # torch.ones is made on the CPU whatever input's device, as its torch.arange is.
         return torch.tril(torch.ones((B, 1, T, T), device=target_input.device))  # (B, 1, T, T)
 
     def encode(self, source_input, *, check_inputs=True):
