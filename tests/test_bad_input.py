@@ -405,6 +405,27 @@ def test_train_config_names_a_field_of_the_wrong_type(changes, match):
     assert TrainConfig(seed=np.int64(3), learning_rate=np.float32(1e-3), clip_norm=None).seed == 3
 
 
+@pytest.mark.parametrize("changes, match", [
+    pytest.param(dict(b1=1.0), r"^b1 must be in \[0, 1\), got 1.0$", id="b1_1"),
+    pytest.param(dict(b1=-0.5), r"^b1 must be in \[0, 1\), got -0.5$", id="b1_negative"),
+    pytest.param(dict(b1=float("nan")), r"^b1 must be in \[0, 1\), got nan$", id="b1_nan"),
+    pytest.param(dict(b2=1.0), r"^b2 must be in \[0, 1\), got 1.0$", id="b2_1"),
+    # torch.optim.Adam accepts eps=0; here a gradient 0 so far divides 0 by 0 (NaN parameters).
+    pytest.param(dict(eps=0.0), r"^eps must be a finite number > 0, got 0.0$", id="eps_0"),
+    pytest.param(dict(eps=float("inf")), r"^eps must be a finite number > 0, got inf$", id="eps_inf"),
+    pytest.param(dict(learning_rate=0.0), r"^learning_rate must be a finite number > 0, got 0.0$", id="lr_0"),
+    pytest.param(dict(weight_decay=-1.0), r"^weight_decay must be a finite number >= 0, got -1.0$", id="decay"),
+    pytest.param(dict(ema_decay=1.0), r"^ema_decay must be in \(0, 1\) or None", id="ema_1"),
+    pytest.param(dict(clip_norm=0.0), r"^clip_norm must be a finite number > 0 or None", id="clip_0"),
+])
+def test_train_config_names_a_field_out_of_its_range(changes, match):
+    from flaxformer_mini.train.optimizer import TrainConfig
+
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**changes)
+    assert TrainConfig(b1=0.0, b2=0.0, eps=1e-12).b1 == 0.0  # the ends each range includes
+
+
 def test_a_model_of_shapes_a_config_dict_and_an_int_for_rngs_are_named():
     from flaxformer_mini.decode.search import greedy_decode
 

@@ -70,6 +70,13 @@ class TrainConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        # torch.optim.Adam's bounds for the betas. Its eps may be 0, which this refuses: a parameter
+        # whose gradient is 0 at every step so far (an embedding row no batch has used) divides 0 by 0.
+        for name in ("b1", "b2"):
+            if not 0 <= getattr(self, name) < 1:  # NaN fails it too
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"eps must be a finite number > 0, got {self.eps}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:  # NaN fails it too
