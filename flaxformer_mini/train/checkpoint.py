@@ -202,15 +202,40 @@ def _read(manager, step, target, wanted):
     if (not all(s.is_fully_addressable for s in jax.tree.leaves(shardings)) or available is None
             or state_bytes > HOST_READ_MAX_SHARE * available):
         _refuse_another_model(manager, step, _read_stored_shapes(manager, step), wanted)
-        return manager.restore(step, args=ocp.args.StandardRestore(target))
+        try:
+            return manager.restore(step, args=ocp.args.StandardRestore(target))
+        except ValueError as e:
+            _refuse_another_training_state(manager, step, e)
+            raise
     try:
         on_host = manager.restore(step, args=ocp.args.StandardRestore(jax.tree.map(lambda t: np.empty(t.shape, t.dtype), target)))
-    except Exception:
+    except Exception as e:
         # orbax refuses another tree (another depth, scanned layers) before reading an array.
         _refuse_another_model(manager, step, _read_stored_shapes(manager, step), wanted)
+        _refuse_another_training_state(manager, step, e)
         raise
     _refuse_another_model(manager, step, _shapes(on_host["params"]), wanted)
     return jax.device_put(on_host, shardings)
+
+
+# orbax's words for a restore target whose tree is not the stored one's; its report lists each
+# differing path on a line of its own ("opt_state[1]:", "ema:").
+_TREES_DIFFER = "tree structures do not match"
+
+
+def _refuse_another_training_state(manager, step, error):
+    """A ``CheckpointMismatchError`` when orbax refused ``error``'s restore for a tree other
+    than the stored one's where the parameters agree: the optimizer state or the moving average
+    differs, which the TrainConfig decides. Left to orbax, the message suggests an option
+    ``restore`` does not take and prints the target's uninitialised arrays."""
+    if _TREES_DIFFER not in str(error):
+        return
+    parts = sorted({m.group(1) for m in re.finditer(r"^(\w+)[\[:]", str(error), re.MULTILINE)} - {"params"})
+    raise CheckpointMismatchError(
+        f"checkpoint {step} in {manager.directory} holds this model's parameters but another training state"
+        + (f" (in {', '.join(parts)})" if parts else "") + ": the TrainConfig decides what the optimizer state "
+        "and the moving average hold (weight_decay above 0 or not, clip_norm or None, ema_decay or None); restore it "
+        "into a Trainer of the TrainConfig it was saved with") from None
 
 
 def _refuse_another_model(manager, step, have, wanted):
