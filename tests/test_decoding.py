@@ -202,6 +202,27 @@ def test_cached_decode_matches_full_forward_at_every_step():
     np.testing.assert_allclose(cached, full, rtol=0, atol=ATOL)
 
 
+def test_the_cache_steps_refuse_ids_outside_the_vocabulary_and_positions_outside_the_cache(model, source):
+    # Unchecked, JAX's gather clamps an id or a position past the table silently.
+    with pytest.raises(ValueError, match=r"^prefill: max_positions must be an int in \[1, 17\] \(the decoder's max_len\), "
+                                        r"got 18$"):
+        decoding.prefill(model, source, 18)
+    bad = np.array(source)
+    bad[0, 0] = CONFIG.source_vocab_size
+    with pytest.raises(ValueError, match="source input"):
+        decoding.prefill(model, bad, 5)
+    cache = decoding.prefill(model, source, np.int64(5))  # a numpy count is a count
+    tokens = jnp.full((len(source),), BOS, jnp.int32)
+    with pytest.raises(ValueError, match=r"^decode_one_token's tokens: .*19"):
+        decoding.decode_one_token(model, cache, tokens.at[0].set(CONFIG.target_vocab_size), 0)
+    with pytest.raises(ValueError, match=r"^decode_one_token: tokens are one id per sequence, shape \(B,\), got \(5, 1\)$"):
+        decoding.decode_one_token(model, cache, tokens[:, None], 0)
+    with pytest.raises(ValueError, match=r"^decode_one_token: position t=5 is outside the cache's 5 positions \(0\.\.4; "):
+        decoding.decode_one_token(model, cache, tokens, 5)
+    logits, _ = decoding.decode_one_token(model, cache, tokens, 4)  # the last position is in range
+    assert logits.shape == (len(source), CONFIG.target_vocab_size)
+
+
 @pytest.mark.parametrize("size", sorted(SIZES))
 def test_cached_decode_matches_full_forward_under_jit(size):
     config, source_len, target_len, max_positions = SIZES[size]

@@ -10,12 +10,16 @@ Shapes: B batch, S source length, N decode positions, L decoder layers, H heads,
 width, V target vocabulary.
 """
 
+import numbers
+
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from flaxformer_mini.model import scanned
+from flaxformer_mini.model.token_checks import check_tokens
 
 
 @flax.struct.dataclass
@@ -36,9 +40,16 @@ class DecodeCache:
                            source_mask=jnp.repeat(self.source_mask, n, axis=0))
 
 
-def prefill(model, source, max_positions):
-    """Encode ``source`` (B, S) and build the cache for ``max_positions`` target positions."""
-    enc_out, source_mask = model.encode(source, check_inputs=False)  # _check checked it
+def prefill(model, source, max_positions, *, check_inputs=True):
+    """Encode ``source`` (B, S) and build the cache for ``max_positions`` target positions (at
+    most the decoder's ``max_len``, its positional table's size). The model computes in the
+    mode it is in: decode in eval mode (``model.eval()``), as the searches do, or its dropout
+    applies. ``check_inputs=False``: the caller (a search) has checked ``source`` already."""
+    if check_inputs:
+        if not isinstance(max_positions, numbers.Integral) or not 1 <= max_positions <= model.decoder.max_len:
+            raise ValueError(f"prefill: max_positions must be an int in [1, {model.decoder.max_len}] (the decoder's "
+                             f"max_len), got {max_positions!r}")
+    enc_out, source_mask = model.encode(source, check_inputs=check_inputs)
     decoder = model.decoder
     cross_k, cross_v = scanned.per_layer(  # (L, B, H, S, K) each
         decoder.decoder_layers, lambda layer: layer.transformer_block.attention.project_kv(enc_out, enc_out),
@@ -48,11 +59,21 @@ def prefill(model, source, max_positions):
     return DecodeCache(self_k=empty, self_v=empty, cross_k=cross_k, cross_v=cross_v, source_mask=source_mask)
 
 
-def decode_one_token(model, cache: DecodeCache, tokens, t):
+def decode_one_token(model, cache: DecodeCache, tokens, t, *, check_inputs=True):
     """Logits (B, V) for the next token after ``tokens`` (B,) at position ``t``; the cache
-    with position t's keys/values written."""
+    with position t's keys/values written. ``check_inputs``: the token ids, and a concrete
+    ``t`` against the cache's positions (a traced one, as in a search's compiled loop, is the
+    caller's to keep in range); False for a caller that made them itself."""
     decoder = model.decoder
     N = cache.self_k.shape[3]
+    if check_inputs:
+        ids = tokens if hasattr(tokens, "ndim") else np.asarray(tokens)
+        if ids.ndim != 1:
+            raise ValueError(f"decode_one_token: tokens are one id per sequence, shape (B,), got {tuple(ids.shape)}")
+        check_tokens(ids[:, None], decoder.target_vocab_size, decoder.max_len, "decode_one_token's tokens")
+        if not isinstance(t, jax.core.Tracer) and not 0 <= int(t) < N:
+            raise ValueError(f"decode_one_token: position t={int(t)} is outside the cache's {N} positions "
+                             f"(0..{N - 1}; prefill's max_positions)")
     position = jnp.full((tokens.shape[0], 1), t)
     # Same as Decoder.__call__ for one position: token + position embedding, (eval) dropout.
     x = decoder.dropout(decoder.embedding_layer(tokens[:, None]) + decoder.positional_embedding(position))  # (B, 1, D)

@@ -101,7 +101,7 @@ def _pick(rule, logits, t, key, temperature):
 def _token_by_token(graphdef, state, source, max_new_tokens, rule, key, temperature):
     model = nnx.merge(graphdef, state)
     B = source.shape[0]
-    cache = prefill(model, source, max_new_tokens)
+    cache = prefill(model, source, max_new_tokens, check_inputs=False)  # _check checked both
 
     def cond(carry):
         t, _, _, _, done = carry
@@ -110,7 +110,7 @@ def _token_by_token(graphdef, state, source, max_new_tokens, rule, key, temperat
     def body(carry):
         t, tokens, cache, out, done = carry
         # The body's own copy of the model: nnx transforms refuse Variables of another trace.
-        logits, cache = decode_one_token(nnx.merge(graphdef, state, copy=True), cache, tokens, t)
+        logits, cache = decode_one_token(nnx.merge(graphdef, state, copy=True), cache, tokens, t, check_inputs=False)
         token = jnp.where(done, PAD, _pick(rule, logits, t, key, temperature).astype(tokens.dtype))  # after EOS, padding
         return t + 1, token, cache, out.at[:, t].set(token), done | (token == EOS)
 
@@ -153,7 +153,7 @@ def _take(x, index):
 def _beam(graphdef, state, source, max_new_tokens, beam_size, alpha):
     model = nnx.merge(graphdef, state)
     B, W, N = source.shape[0], beam_size, max_new_tokens
-    cache = prefill(model, source, N).repeat_rows(W)  # beams of item b at rows b*W..b*W+W-1
+    cache = prefill(model, source, N, check_inputs=False).repeat_rows(W)  # beams of item b at rows b*W..b*W+W-1
     V = model.config.target_vocab_size
 
     def cond(carry):
@@ -163,7 +163,7 @@ def _beam(graphdef, state, source, max_new_tokens, beam_size, alpha):
     def body(carry):
         t, tokens, cache, alive_seq, alive_logp, fin_seq, fin_score = carry
         # (B*W, V); the body's own copy of the model: nnx transforms refuse Variables of another trace
-        logits, cache = decode_one_token(nnx.merge(graphdef, state, copy=True), cache, tokens, t)
+        logits, cache = decode_one_token(nnx.merge(graphdef, state, copy=True), cache, tokens, t, check_inputs=False)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(B, W, V) + alive_logp[..., None]
         # 2W candidates: even if W of them end in EOS, W remain to continue.
         cand_logp, flat = jax.lax.top_k(logp.reshape(B, W * V), 2 * W)  # (B, 2W)
