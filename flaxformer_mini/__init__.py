@@ -66,7 +66,8 @@ Checkpoints (orbax, rotating): saved from a state, restored into the trainer's t
 
 A ``torch_ref`` model's state dict loads into the twin through ``parity.torch_to_flax(state_dict,
 model)`` (README.md, "A short tour"; docs/porting.md). A whole training run, its directory, its
-evaluation and text generation: ``flaxformer_mini.runs`` (``Run``, ``runs.fit.fit``).
+evaluation and text generation: ``flaxformer_mini.runs.run.Run`` (its docstring starts one),
+``flaxformer_mini.runs.fit.fit``, ``flaxformer_mini.runs.generate`` and ``flaxformer_mini.runs.evaluate``.
 """
 
 from flaxformer_mini.lazy_exports import lazy_exports
