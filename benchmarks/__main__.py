@@ -4,9 +4,9 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 import benchmarks
+from benchmarks.outputs import output_problem
 from benchmarks.stopping import exit_interrupted, stop_on_signals, stopping_while_importing
 
 NOTHING_FINISHED = "no operation had finished: nothing written"
@@ -93,38 +93,6 @@ def gpu_attention_problem(args):
     if backend == "gpu":
         return None
     return f"--attention cudnn: cuDNN's attention needs a GPU and JAX sees none ({backend}); --force runs it anyway"
-
-
-def output_problem(path, option="--json"):
-    """Why ``path`` cannot take an output file (None if it can): checked before the run."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return f"{option} {path}: is a directory; give a file name"
-    if not os.path.isdir(parent):
-        return f"{option} {path}: its directory {parent} does not exist"
-    if not os.access(parent, os.W_OK):
-        return f"{option} {path}: its directory {parent} is not writable"
-    return None
-
-
-def directory_problem(path, option="--out"):
-    """Why ``path`` cannot be made (where missing) and written as an output directory (None if it
-    can): its nearest existing ancestor must be a directory a file can be made in, which a probe
-    tries, as ``os.access`` says yes to root where the kernel still refuses (/proc)."""
-    path = os.fspath(path)
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"{option} {path}: is a file; give a directory"
-    ancestor = os.path.abspath(path)
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        return f"{option} {path}: {ancestor} is a file, not a directory"
-    try:
-        with tempfile.TemporaryFile(dir=ancestor):
-            pass
-    except OSError as e:
-        return f"{option} {path}: cannot be written under {ancestor} ({e.strerror or e})"
-    return None
 
 
 def preset_from_args(args):

@@ -39,7 +39,8 @@ NOTHING_MEASURED = "no point had been measured: nothing written"
 # The presets' import of JAX and flax takes seconds: a Ctrl-C then is one line too.
 with stopping_while_importing(__name__, f"interrupted: {NOTHING_MEASURED}"):
     from benchmarks import code_version, machine, one_at_a_time
-    from benchmarks.__main__ import output_problem, write_json
+    from benchmarks.__main__ import write_json
+    from benchmarks.outputs import output_problem
     from benchmarks.inputs import make_batch
     from benchmarks.measure import log, measure
     from benchmarks.presets import get_bench_preset

@@ -72,6 +72,7 @@ from pathlib import Path
 
 from benchmarks import one_at_a_time
 from benchmarks.earlier_runs import same_cpu
+from benchmarks.outputs import directory_problem
 from flaxformer_mini.cli.parser import LENGTH_MULTIPLE, SCHEDULES
 
 JSON_NAME, PLOT_NAME = "train_parity.json", "train_parity.png"
@@ -165,8 +166,6 @@ def parse_args(argv=None):
             if action.option_strings and action.dest in TRAINING_DESTS and (
                     getattr(args, action.dest) != action.default):
                 parser.error(f"{action.option_strings[0]} has no effect with --merge (the reports' recipe is kept)")
-    from benchmarks.__main__ import directory_problem
-
     if problem := directory_problem(args.out, "--out"):
         parser.error(problem)  # before the run, not after it
     if args.merge is None:
@@ -771,13 +770,14 @@ def format_table(rep):
         c = s["loss_curves"]
         lines.append(f"seed {seed}: training loss flax - torch: max |diff| {c['max_abs_diff']:.2e} (first 10 steps "
                      f"{c['max_abs_diff_first_10_steps']:.2e}), mean {c['mean_diff']:+.2e}, last tenth "
-                     f"{c['mean_diff_last_tenth']:+.2e}; apart by 1e-3 from step {c['first_step_apart_by_1e-3']}")
+                     f"{c['mean_diff_last_tenth']:+.2e}; " + ("never apart by 1e-3" if c['first_step_apart_by_1e-3'] is None
+                                                              else f"apart by 1e-3 from step {c['first_step_apart_by_1e-3']}"))
     v = rep["summary"]
     w = v["word_error_rate"]
     lines.append(f"final WER mean flax {w['mean']['flax']:.4f}, torch {w['mean']['torch']:.4f} (gap "
                  f"{w['gap_flax_minus_torch']:+.4f}; spread over seeds flax {_fmt(w['spread_over_seeds']['flax'], '.4f')}, "
                  f"torch {_fmt(w['spread_over_seeds']['torch'], '.4f')}): Flax within the seeds' spread: "
-                 f"{v['flax_wer_within_seed_spread']}")
+                 + {True: "yes", False: "no", None: "not judged (one seed has no spread)"}[v['flax_wer_within_seed_spread']])
     rates = v["target_tokens_per_s"]
     lines.append(f"target tokens/s: flax {rates['flax']:,.0f}, torch {rates['torch']:,.0f} (flax/torch "
                  f"{v['throughput_flax_over_torch']:.2f}x); the figure to beat: {v['figure_to_beat_target_tokens_per_s']:,.0f}")

@@ -7,6 +7,7 @@ parse: a tool's ``main([...])`` called in-process, its ``SystemExit`` caught.
 import os
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -320,3 +321,14 @@ def test_measure_loading_interrupted_corpus_write_leaves_no_file_at_the_final_na
     assert not corpus.exists()
     [partial] = tmp_path.iterdir()  # the line written went to the temporary name only
     assert partial.name == "c.tsv.partial" and partial.read_text().count("\n") == 1
+
+
+def test_measure_loading_checks_its_options_without_loading_jax_into_its_childrens_parent():
+    # Its children, started from this process, report their peak memory after their own imports,
+    # and Linux carries a process's peak across fork and exec: with JAX here (about 140 MB), every
+    # figure they wrote was that much too high.
+    code = ("import sys; sys.argv = ['measure_loading']; from tools import measure_loading; "
+            "print(sorted(m for m in ('jax', 'flax', 'torch') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=pathlib.Path(__file__).parents[1])
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]

@@ -166,6 +166,15 @@ def _as_seed(rep, seed, wer_shift):
     return other
 
 
+def test_the_printed_summary_of_one_seed_says_what_it_cannot_judge_in_words(report):
+    rep, _ = report
+    text = train_parity.format_table(rep)
+    assert "Flax within the seeds' spread: not judged (one seed has no spread)" in text, text
+    apart = rep["seeds"]["3"]["loss_curves"]["first_step_apart_by_1e-3"]
+    assert ("never apart by 1e-3" if apart is None else f"apart by 1e-3 from step {apart}") in text
+    assert "None" not in text, text
+
+
 def test_merge_joins_the_seeds_of_runs_made_apart_and_judges_them_together(report, tmp_path, capsys):
     rep, _ = report
     later = _as_seed(rep, 4, 0.25)

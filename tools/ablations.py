@@ -50,7 +50,8 @@ import threading
 import time
 
 from benchmarks import matmul_peak, one_at_a_time
-from benchmarks.__main__ import output_problem, preset_from_args, write_json
+from benchmarks.__main__ import preset_from_args, write_json
+from benchmarks.outputs import output_problem
 from benchmarks.measure import log, measure
 from benchmarks.presets import PRESETS
 from flaxformer_mini.malloc_tunables import (

@@ -21,6 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+# benchmarks.outputs imports the standard library alone: the children, started from this process,
+# measure their peak memory after their own imports (Linux carries a peak across fork and exec).
+from benchmarks.outputs import directory_problem, output_problem
+
 
 def write_corpus(path, lines, seed=0):
     rng = np.random.default_rng(seed)
@@ -48,9 +52,6 @@ def count_lines(path):
 
 def check_args(parser, args):
     """Each refusal an argparse error, before a corpus is written or a child started."""
-    # Imported here: the children measure their memory after their own imports alone.
-    from benchmarks.__main__ import directory_problem, output_problem
-
     if args.lines < 1:
         parser.error(f"--lines must be >= 1, got {args.lines}")
     path = Path(args.file)

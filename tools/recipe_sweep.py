@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from benchmarks import machine as machines
+from benchmarks.outputs import directory_problem
 from flaxformer_mini.cli.errors import EXIT_INTERRUPTED
 
 COMMON = ["--tokenizer", "word", "--max-len", "32", "--no-progress", "--no-plot", "--log-every", "100"]
@@ -150,9 +151,6 @@ def check_args(parser, args):
     for split in ("train.tsv", "valid.tsv"):
         if not (args.data / split).is_file():
             parser.error(f"--data {args.data}: {split} not found there")
-    # Imported here: benchmarks.__main__ brings JAX, which the sweep's own process does not use.
-    from benchmarks.__main__ import directory_problem
-
     if problem := directory_problem(args.out, "--out"):
         parser.error(problem)
 

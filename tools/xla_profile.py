@@ -65,7 +65,8 @@ import time
 import jax
 
 from benchmarks import flax_bench, one_at_a_time
-from benchmarks.__main__ import output_problem, preset_from_args
+from benchmarks.__main__ import preset_from_args
+from benchmarks.outputs import output_problem
 from benchmarks.inputs import make_batch
 from benchmarks.presets import PRESETS
 from benchmarks.runner import check_device
