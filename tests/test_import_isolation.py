@@ -214,3 +214,15 @@ def test_train_init_from_reads_a_torch_safetensors_file_without_torch(tmp_path):
     save_file(model.state_dict(), tmp_path / "model.safetensors")
     torch.save(model.state_dict(), tmp_path / "model.pt")
     run_blocking({"torch", "torch_ref"}, INIT_FROM_WITHOUT_TORCH.format(d=str(tmp_path)))
+
+
+def test_a_missing_module_of_an_installed_package_keeps_its_traceback_not_an_install_hint():
+    # "pip install jax" is no answer when jax is installed and one of its modules is not there
+    # (a broken install, or a module path that is wrong in the code): the traceback says which.
+    from flaxformer_mini.cli.errors import describe_missing_dependency, explain
+
+    inside = ModuleNotFoundError("No module named 'jax._no_such_module'", name="jax._no_such_module")
+    assert describe_missing_dependency(inside) is None and explain(inside) == (None, None)
+    whole = ModuleNotFoundError("No module named 'jax'", name="jax")
+    assert describe_missing_dependency(whole).startswith("this command needs the Python package jax, which is not "
+                                                         "installed here")

@@ -9,6 +9,7 @@ traceback. Every import here is light: errors are told apart without starting JA
 """
 
 import errno
+import importlib.util
 import sys
 
 from flaxformer_mini.files import describe_os_error
@@ -29,12 +30,23 @@ DEPENDENCIES = {"jax": "jax", "jaxlib": "jaxlib", "flax": "flax", "optax": "opta
 TORCH_EXTRA = ("torch", "safetensors")
 
 
+def _installed(name):
+    """Whether the top-level module ``name`` can be found, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a finder that refuses it says so by raising
+        return False
+
+
 def describe_missing_dependency(error):
     """One line for an ImportError of one of the project's dependencies (``DEPENDENCIES``), or
     None: any other module missing is a bug, and keeps its traceback."""
-    name = (getattr(error, "name", None) or "").split(".")[0]
+    module = getattr(error, "name", None) or ""
+    name = module.split(".")[0]
     if not isinstance(error, ModuleNotFoundError) or name not in DEPENDENCIES:
         return None
+    if module != name and _installed(name):
+        return None  # the package is installed and lacks one of its modules: a broken install or a bug
     install = ('pip install torch==2.13.0 (the CPU build), then pip install -e ".[torch]"' if name in TORCH_EXTRA
                else "pip install -e . (the Flax side), as the README's set-up does")
     return f"this command needs the Python package {DEPENDENCIES[name]}, which is not installed here: {install}"
