@@ -207,6 +207,8 @@ def test_the_cache_steps_refuse_ids_outside_the_vocabulary_and_positions_outside
     with pytest.raises(ValueError, match=r"^prefill: max_positions must be an int in \[1, 17\] \(the decoder's max_len\), "
                                         r"got 18$"):
         decoding.prefill(model, source, 18)
+    with pytest.raises(ValueError, match=r"^prefill: max_positions must be an int .* got True$"):
+        decoding.prefill(model, source, True)
     bad = np.array(source)
     bad[0, 0] = CONFIG.source_vocab_size
     with pytest.raises(ValueError, match="source input"):

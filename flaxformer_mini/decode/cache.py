@@ -15,7 +15,6 @@ import numbers
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from flaxformer_mini.model import scanned
@@ -46,7 +45,9 @@ def prefill(model, source, max_positions, *, check_inputs=True):
     mode it is in: decode in eval mode (``model.eval()``), as the searches do, or its dropout
     applies. ``check_inputs=False``: the caller (a search) has checked ``source`` already."""
     if check_inputs:
-        if not isinstance(max_positions, numbers.Integral) or not 1 <= max_positions <= model.decoder.max_len:
+        # A bool is no count, as decode/options.py's integer_option rules for the searches' counts.
+        if (not isinstance(max_positions, numbers.Integral) or isinstance(max_positions, bool)
+                or not 1 <= max_positions <= model.decoder.max_len):
             raise ValueError(f"prefill: max_positions must be an int in [1, {model.decoder.max_len}] (the decoder's "
                              f"max_len), got {max_positions!r}")
     enc_out, source_mask = model.encode(source, check_inputs=check_inputs)
@@ -67,10 +68,10 @@ def decode_one_token(model, cache: DecodeCache, tokens, t, *, check_inputs=True)
     decoder = model.decoder
     N = cache.self_k.shape[3]
     if check_inputs:
-        ids = tokens if hasattr(tokens, "ndim") else np.asarray(tokens)
-        if ids.ndim != 1:
-            raise ValueError(f"decode_one_token: tokens are one id per sequence, shape (B,), got {tuple(ids.shape)}")
-        check_tokens(ids[:, None], decoder.target_vocab_size, decoder.max_len, "decode_one_token's tokens")
+        tokens = jnp.asarray(tokens)  # a list too: the check and the step below read one array
+        if tokens.ndim != 1:
+            raise ValueError(f"decode_one_token: tokens are one id per sequence, shape (B,), got {tuple(tokens.shape)}")
+        check_tokens(tokens[:, None], decoder.target_vocab_size, decoder.max_len, "decode_one_token's tokens")
         if not isinstance(t, jax.core.Tracer) and not 0 <= int(t) < N:
             raise ValueError(f"decode_one_token: position t={int(t)} is outside the cache's {N} positions "
                              f"(0..{N - 1}; prefill's max_positions)")
